@@ -1,0 +1,101 @@
+// bench_engine: GFLOP/s of matmul and conv2d, forward and forward+backward, and the bandwidth of an
+// elementwise add, on one device. scripts/bench_engine.sh runs the same shapes in PyTorch in the
+// same run and prints the ratios. Output: one line per case, "case<TAB>seconds<TAB>rate<TAB>unit".
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <functional>
+
+#include "engine/ops.h"
+
+namespace ef = evenflow;
+
+namespace {
+
+// Median seconds of fn over enough repetitions to fill ~min_seconds (at least 3), after warm-up.
+double time_it(const std::function<void()>& fn, const ef::Device& d, double min_seconds) {
+  fn();
+  fn();
+  ef::synchronize(d);
+  std::vector<double> times;
+  double total = 0;
+  while (times.size() < 3 || (total < min_seconds && times.size() < 50)) {
+    const auto t0 = std::chrono::steady_clock::now();
+    fn();
+    ef::synchronize(d);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    times.push_back(s);
+    total += s;
+  }
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+void report(const std::string& name, double seconds, double amount, const char* unit) {
+  std::printf("%s\t%.6f\t%.2f\t%s\n", name.c_str(), seconds, amount / seconds / 1e9, unit);
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"evenflow engine benchmark"};
+  std::string device = "cpu:0", only;
+  double min_seconds = 1.0;
+  int threads = 0;
+  app.add_option("--device", device, "cpu:N or cuda:N");
+  app.add_option("--threads", threads, "intra-op threads on CPU (default: all cores)");
+  app.add_option("--min-seconds", min_seconds, "time budget per case");
+  app.add_option("--only", only, "run only cases whose name contains this");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    const ef::Device d(device);
+    if (threads > 0) ef::set_num_threads(threads);
+    const ef::TensorOptions o{.dtype = ef::kFloat32, .device = d};
+    ef::manual_seed(d, 0);
+
+    for (auto [m, k, n] : {std::tuple<int64_t, int64_t, int64_t>{1024, 1024, 1024}, {4096, 1024, 1024}, {100, 3136, 1024}}) {
+      const std::string name = "matmul_" + std::to_string(m) + "x" + std::to_string(k) + "x" + std::to_string(n);
+      if (!only.empty() && name.find(only) == std::string::npos) continue;
+      const ef::Tensor a = ef::randn({m, k}, o), b = ef::randn({k, n}, o);
+      const double flops = 2.0 * static_cast<double>(m * k * n);
+      report(name + "_fwd", time_it([&] { ef::matmul(a, b); }, d, min_seconds), flops, "GFLOP/s");
+      const ef::Tensor ag = a.detach().requires_grad_(), bg = b.detach().requires_grad_();
+      const ef::Tensor gy = ef::randn({m, n}, o);
+      report(name + "_fwdbwd", time_it([&] { ef::matmul(ag, bg).backward(gy); }, d, min_seconds), 3 * flops, "GFLOP/s");
+    }
+
+    struct ConvCase {
+      const char* name;
+      int64_t n, c, h, w, o, k, pad;
+    };
+    for (const ConvCase& c : {ConvCase{"conv_fmnist1_100x1x28x28_k5x32", 100, 1, 28, 28, 32, 5, 2},
+                              ConvCase{"conv_fmnist2_100x32x14x14_k5x64", 100, 32, 14, 14, 64, 5, 2},
+                              ConvCase{"conv_resnet_32x64x56x56_k3x64", 32, 64, 56, 56, 64, 3, 1}}) {
+      if (!only.empty() && std::string(c.name).find(only) == std::string::npos) continue;
+      const ef::Tensor x = ef::randn({c.n, c.c, c.h, c.w}, o), w = ef::randn({c.o, c.c, c.k, c.k}, o);
+      const ef::Conv2dOptions co{.padding = {c.pad, c.pad}};
+      const double flops = 2.0 * static_cast<double>(c.n * c.o * c.h * c.w * c.c * c.k * c.k);
+      report(std::string(c.name) + "_fwd", time_it([&] { ef::conv2d(x, w, ef::Tensor(), co); }, d, min_seconds), flops,
+             "GFLOP/s");
+      const ef::Tensor xg = x.detach().requires_grad_(), wg = w.detach().requires_grad_();
+      const ef::Tensor gy = ef::randn({c.n, c.o, c.h, c.w}, o);
+      report(std::string(c.name) + "_fwdbwd",
+             time_it([&] { ef::conv2d(xg, wg, ef::Tensor(), co).backward(gy); }, d, min_seconds), 3 * flops, "GFLOP/s");
+    }
+
+    if (only.empty() || std::string("add_bandwidth").find(only) != std::string::npos) {
+      const int64_t n = int64_t{1} << 26;  // 256 MiB per float32 operand
+      const ef::Tensor a = ef::randn({n}, o), b = ef::randn({n}, o);
+      report("add_bandwidth_64M", time_it([&] { ef::add(a, b); }, d, min_seconds), 3.0 * 4.0 * static_cast<double>(n),
+             "GB/s");
+      report("copy_bandwidth_64M", time_it([&] { ef::clone(a); }, d, min_seconds), 2.0 * 4.0 * static_cast<double>(n),
+             "GB/s");
+    }
+    return 0;
+  } catch (const ef::Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  }
+}

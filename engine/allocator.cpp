@@ -1,0 +1,115 @@
+#include "engine/allocator.h"
+
+#include <iomanip>
+#include <sstream>
+
+#include "engine/backend.h"
+#include "engine/context.h"
+#include "engine/error.h"
+
+namespace evenflow {
+
+namespace {
+std::string human_bytes(size_t n) {
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(1);
+  if (n >= (size_t{1} << 30)) os << static_cast<double>(n) / (1 << 30) << " GiB";
+  else if (n >= (size_t{1} << 20)) os << static_cast<double>(n) / (1 << 20) << " MiB";
+  else if (n >= 1024) os << static_cast<double>(n) / 1024 << " KiB";
+  else os << n << " B";
+  return os.str();
+}
+}  // namespace
+
+// Size classes: multiples of 512 B up to 64 KiB, then four classes per power of two, so a reused
+// block wastes at most a quarter of its size.
+size_t CachingAllocator::round_size(size_t nbytes) {
+  if (nbytes <= 512) return 512;
+  if (nbytes <= 65536) return (nbytes + 511) / 512 * 512;
+  size_t pow2 = 65536;
+  while (pow2 * 2 < nbytes) pow2 *= 2;
+  const size_t step = pow2 / 4;
+  return (nbytes + step - 1) / step * step;
+}
+
+CachingAllocator::~CachingAllocator() {
+  std::lock_guard<std::mutex> lock(mu_);
+  empty_cache_locked();
+}
+
+void* CachingAllocator::allocate(size_t nbytes, size_t* block_bytes) {
+  const size_t size = round_size(nbytes);
+  std::lock_guard<std::mutex> lock(mu_);
+  ++stats_.num_allocs;
+  void* ptr = nullptr;
+  if (auto it = free_blocks_.find(size); it != free_blocks_.end()) {
+    ptr = it->second;
+    free_blocks_.erase(it);
+    ++stats_.num_cache_hits;
+  } else {
+    const bool over_limit = stats_.limit != 0 && stats_.reserved + size > stats_.limit;
+    if (!over_limit) ptr = backend_.raw_alloc(size);
+    if (ptr == nullptr && !free_blocks_.empty()) {  // retry once with the cache given back
+      empty_cache_locked();
+      if (stats_.limit == 0 || stats_.reserved + size <= stats_.limit) ptr = backend_.raw_alloc(size);
+    }
+    if (ptr == nullptr) {
+      EF_ERROR("out of memory on ", device_.str(), ": could not allocate ", human_bytes(size), " (",
+               size, " bytes); in use ", human_bytes(stats_.allocated), ", reserved ",
+               human_bytes(stats_.reserved), ", peak in use ", human_bytes(stats_.peak_allocated),
+               stats_.limit != 0 ? ", limit " + human_bytes(stats_.limit) : std::string());
+    }
+    ++stats_.num_device_allocs;
+    stats_.reserved += size;
+    stats_.peak_reserved = std::max(stats_.peak_reserved, stats_.reserved);
+  }
+  stats_.allocated += size;
+  stats_.peak_allocated = std::max(stats_.peak_allocated, stats_.allocated);
+  *block_bytes = size;
+  return ptr;
+}
+
+void CachingAllocator::release(void* ptr, size_t block_bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.allocated -= block_bytes;
+  free_blocks_.emplace(block_bytes, ptr);
+}
+
+void CachingAllocator::empty_cache_locked() {
+  for (auto& [size, ptr] : free_blocks_) {
+    backend_.raw_free(ptr);
+    stats_.reserved -= size;
+  }
+  free_blocks_.clear();
+}
+
+MemoryStats CachingAllocator::stats() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+void CachingAllocator::reset_peak() {
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.peak_allocated = stats_.allocated;
+  stats_.peak_reserved = stats_.reserved;
+}
+
+void CachingAllocator::empty_cache() {
+  std::lock_guard<std::mutex> lock(mu_);
+  empty_cache_locked();
+}
+
+void CachingAllocator::set_limit(size_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.limit = bytes;
+}
+
+MemoryStats memory_stats(const Device& d) { return context(d).allocator().stats(); }
+void reset_peak_memory(const Device& d) { context(d).allocator().reset_peak(); }
+void empty_cache(const Device& d) {
+  synchronize(d);
+  context(d).allocator().empty_cache();
+}
+void set_memory_limit(const Device& d, size_t bytes) { context(d).allocator().set_limit(bytes); }
+
+}  // namespace evenflow

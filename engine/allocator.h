@@ -1,0 +1,67 @@
+// Per-device caching allocator. Freed blocks are kept in size-class bins and reused, so a training
+// step allocates from the device only on its first iteration (on CUDA, plain cudaMalloc blocks,
+// never managed memory). Every allocator counts the bytes in use and reserved, with peaks that can
+// be reset: this is how memory balance across devices is measured, on CPU and GPU alike.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "engine/device.h"
+
+namespace evenflow {
+
+class Backend;
+
+struct MemoryStats {
+  size_t allocated = 0;       // bytes in blocks handed out now
+  size_t peak_allocated = 0;  // highest `allocated` since the last reset_peak_memory
+  size_t reserved = 0;        // allocated + cached, as obtained from the device
+  size_t peak_reserved = 0;
+  size_t limit = 0;           // reserved may not exceed this (0: no limit)
+  uint64_t num_allocs = 0;    // allocate() calls
+  uint64_t num_cache_hits = 0;
+  uint64_t num_device_allocs = 0;  // blocks obtained from the device
+};
+
+class CachingAllocator {
+ public:
+  CachingAllocator(Device device, Backend& backend) : device_(device), backend_(backend) {}
+  ~CachingAllocator();
+  CachingAllocator(const CachingAllocator&) = delete;
+  CachingAllocator& operator=(const CachingAllocator&) = delete;
+
+  // Returns a block of at least nbytes (its size in *block_bytes). Throws ef::Error, with the
+  // device's statistics, when the device has no memory left or the limit would be exceeded.
+  void* allocate(size_t nbytes, size_t* block_bytes);
+  void release(void* ptr, size_t block_bytes);
+
+  MemoryStats stats();
+  void reset_peak();
+  void empty_cache();
+  void set_limit(size_t bytes);
+
+  static size_t round_size(size_t nbytes);
+
+ private:
+  void empty_cache_locked();
+
+  Device device_;
+  Backend& backend_;
+  std::mutex mu_;
+  std::multimap<size_t, void*> free_blocks_;
+  MemoryStats stats_;
+};
+
+// Statistics of a device's allocator (see MemoryStats).
+MemoryStats memory_stats(const Device& d);
+void reset_peak_memory(const Device& d);
+// Returns cached blocks to the device.
+void empty_cache(const Device& d);
+// Caps a device's reserved bytes (0 removes the cap): for tests and for sharing a GPU.
+void set_memory_limit(const Device& d, size_t bytes);
+
+}  // namespace evenflow

@@ -1,0 +1,388 @@
+#include "engine/autograd.h"
+
+#include <condition_variable>
+#include <exception>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "engine/context.h"
+#include "engine/ops.h"
+
+namespace evenflow {
+
+namespace {
+thread_local bool tls_grad_enabled = true;
+}
+
+bool grad_enabled() { return tls_grad_enabled; }
+GradModeGuard::GradModeGuard(bool enabled) : previous_(tls_grad_enabled) { tls_grad_enabled = enabled; }
+GradModeGuard::~GradModeGuard() { tls_grad_enabled = previous_; }
+
+// --- Nodes -----------------------------------------------------------------------------------------
+
+Node::Node(const char* name, Device device, std::vector<Edge> next, std::vector<OutputInfo> outputs,
+           std::vector<Tensor> saved, BackwardFn fn)
+    : name_(name),
+      device_(device),
+      next_(std::move(next)),
+      outputs_(std::move(outputs)),
+      saved_(std::move(saved)),
+      fn_(std::move(fn)) {
+  saved_versions_.reserve(saved_.size());
+  for (const Tensor& t : saved_) saved_versions_.push_back(t.version());
+}
+
+// Note [Saved tensor versions]
+// Views share their storage's version counter and every in-place op bumps it. A node remembers the
+// versions of the tensors its closure captured; if one changed before backward, the gradient
+// would silently use the new values, so we refuse and name the op and both versions.
+std::vector<Tensor> Node::apply(const std::vector<Tensor>& grads) {
+  EF_CHECK(!released_, name_,
+           ": backward through the graph a second time, after its saved tensors were freed; "
+           "pass retain_graph=true to the first backward or grad call");
+  for (size_t i = 0; i < saved_.size(); ++i) {
+    EF_CHECK(saved_[i].version() == saved_versions_[i], name_, ": a tensor saved for backward (",
+             saved_[i].str(), ") was modified in place: it is at version ", saved_[i].version(),
+             ", the graph expects version ", saved_versions_[i]);
+  }
+  return fn_(grads);
+}
+
+void Node::release() {
+  released_ = true;
+  fn_ = nullptr;
+  saved_.clear();
+  saved_versions_.clear();
+}
+
+// Note [Leaf accumulators]
+// A leaf's AccumulateGrad node holds the leaf strongly; the leaf points back weakly, so there is no
+// cycle, and all graphs that use the leaf share one accumulator while any of them is alive. The
+// accumulated gradient is itself a differentiable sum (under create_graph the engine runs with
+// grad mode on), so gradients accumulated with create_graph=true can be differentiated again.
+class AccumulateGrad final : public Node {
+ public:
+  explicit AccumulateGrad(const Tensor& leaf)
+      : Node("AccumulateGrad", leaf.device(), {}, {{leaf.shape(), leaf.dtype(), leaf.device()}}, {}, nullptr),
+        leaf_(leaf) {}
+
+  std::vector<Tensor> apply(const std::vector<Tensor>& grads) override {
+    const Tensor& g = grads[0];
+    TensorImpl* impl = leaf_.impl();
+    std::lock_guard<std::mutex> lock(impl->grad_mu);
+    Tensor incoming = grad_enabled() ? g : g.detach();
+    impl->grad = impl->grad.defined() ? add(impl->grad, incoming) : incoming;
+    return {};
+  }
+  void release() override {}
+
+ private:
+  Tensor leaf_;
+};
+
+std::shared_ptr<Node> grad_accumulator(const Tensor& leaf) {
+  TensorImpl* impl = leaf.impl();
+  std::lock_guard<std::mutex> lock(impl->grad_mu);
+  std::shared_ptr<Node> node = impl->grad_accumulator.lock();
+  if (!node) {
+    node = std::make_shared<AccumulateGrad>(leaf);
+    impl->grad_accumulator = node;
+  }
+  return node;
+}
+
+static Edge edge_of(const Tensor& t) {
+  if (!t.defined() || !t.requires_grad()) return {};
+  if (t.grad_fn()) return {t.grad_fn(), t.output_nr()};
+  return {grad_accumulator(t), 0};
+}
+
+bool any_requires_grad(const std::vector<Tensor>& inputs) {
+  for (const Tensor& t : inputs)
+    if (t.defined() && t.requires_grad()) return true;
+  return false;
+}
+
+void record(const char* name, const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
+            const std::vector<Tensor>& saved, BackwardFn fn) {
+  if (!grad_enabled() || !any_requires_grad(inputs)) return;
+  std::vector<Edge> next;
+  next.reserve(inputs.size());
+  for (const Tensor& t : inputs) next.push_back(edge_of(t));
+  std::vector<OutputInfo> infos;
+  for (const Tensor& o : outputs) infos.push_back({o.shape(), o.dtype(), o.device()});
+  auto node = std::make_shared<Node>(name, outputs.at(0).device(), std::move(next), std::move(infos), saved, std::move(fn));
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    TensorImpl* impl = outputs[i].impl();
+    EF_ASSERT(impl->grad_fn == nullptr, name, ": output already has a grad_fn");
+    impl->requires_grad = true;
+    impl->grad_fn = node;
+    impl->output_nr = static_cast<uint32_t>(i);
+  }
+}
+
+// --- The engine ----------------------------------------------------------------------------------
+
+namespace {
+
+std::string str_cat_backward(const Node* node, const std::string& what) {
+  return detail::str_cat("in backward of ", node->name(), " on ", node->device().str(), ": ", what);
+}
+
+// One backward pass: the graph below the roots, its dependency counts, and the gradients in flight.
+struct GraphTask {
+  bool create_graph = false;
+  bool retain_graph = false;
+  bool accumulate = true;  // backward(): leaves accumulate; grad(): gradients are captured
+
+  std::mutex mu;
+  std::unordered_map<Node*, int> deps;
+  std::unordered_map<Node*, std::vector<std::vector<Tensor>>> buffers;  // per output, partial grads
+  std::unordered_map<Node*, std::vector<std::pair<uint32_t, size_t>>> captures;  // output -> result slot
+  std::unordered_set<Node*> needed;
+  std::vector<std::shared_ptr<Node>> nodes;  // keeps every node alive for the pass
+  std::vector<Tensor> captured;
+
+  int outstanding = 0;
+  bool done = false;
+  std::string error;
+  std::condition_variable done_cv;
+  Worker* waiting_worker = nullptr;
+};
+
+void schedule(const std::shared_ptr<GraphTask>& task, Node* node);
+
+// Sums a node's partial gradients per output (a differentiable add under create_graph) and fills
+// outputs that received nothing with zeros.
+std::vector<Tensor> take_grads(GraphTask& task, Node* node) {
+  std::vector<std::vector<Tensor>> partials;
+  {
+    std::lock_guard<std::mutex> lock(task.mu);
+    auto it = task.buffers.find(node);
+    if (it != task.buffers.end()) {
+      partials = std::move(it->second);
+      task.buffers.erase(it);
+    }
+  }
+  const auto& outs = node->outputs();
+  std::vector<Tensor> grads(outs.size());
+  for (size_t i = 0; i < outs.size(); ++i) {
+    if (i < partials.size()) {
+      for (Tensor& g : partials[i]) grads[i] = grads[i].defined() ? add(grads[i], g) : g;
+    }
+    if (!grads[i].defined()) grads[i] = zeros(outs[i].shape, {.dtype = outs[i].dtype, .device = outs[i].device});
+  }
+  return grads;
+}
+
+void run_node(const std::shared_ptr<GraphTask>& task, Node* node) {
+  std::vector<Tensor> input_grads;
+  std::string failure;
+  try {
+    GradModeGuard mode(task->create_graph);
+    bool failed;
+    {
+      std::lock_guard<std::mutex> lock(task->mu);
+      failed = !task->error.empty();
+    }
+    const bool captures = task->captures.count(node) != 0;
+    const bool needed = task->needed.count(node) != 0;
+    if (failed || (!needed && !captures && node->retained.empty())) {
+      std::lock_guard<std::mutex> lock(task->mu);
+      task->buffers.erase(node);
+    } else {
+      std::vector<Tensor> grads = take_grads(*task, node);
+      if (auto it = task->captures.find(node); it != task->captures.end()) {
+        std::lock_guard<std::mutex> lock(task->mu);
+        for (auto [output, slot] : it->second) task->captured[slot] = grads[output];
+      }
+      for (size_t i = 0; i < node->retained.size() && i < grads.size(); ++i) {
+        if (auto impl = node->retained[i].lock()) {
+          Tensor owner(impl);
+          std::lock_guard<std::mutex> lock(impl->grad_mu);
+          Tensor g = task->create_graph ? grads[i] : grads[i].detach();
+          impl->grad = impl->grad.defined() ? add(impl->grad, g) : g;
+        }
+      }
+      if (needed) {
+        input_grads = node->apply(grads);
+        if (!task->retain_graph) node->release();
+        EF_ASSERT(input_grads.empty() || input_grads.size() == node->next_edges().size(), node->name(),
+                  " backward returned ", input_grads.size(), " gradients for ", node->next_edges().size(), " inputs");
+      }
+    }
+  } catch (const std::exception& e) {
+    failure = str_cat_backward(node, e.what());
+  } catch (...) {
+    failure = str_cat_backward(node, "unknown exception");
+  }
+
+  std::vector<Node*> ready;
+  Worker* to_wake = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(task->mu);
+    if (!failure.empty() && task->error.empty()) task->error = failure;
+    if (task->error.empty()) {
+      const auto& edges = node->next_edges();
+      for (size_t i = 0; i < edges.size(); ++i) {
+        Node* next = edges[i].fn.get();
+        if (next == nullptr) continue;
+        if (i < input_grads.size() && input_grads[i].defined()) {
+          auto& buf = task->buffers[next];
+          if (buf.size() < next->outputs().size()) buf.resize(next->outputs().size());
+          buf[edges[i].input_nr].push_back(std::move(input_grads[i]));
+        }
+        if (--task->deps[next] == 0) ready.push_back(next);
+      }
+    }
+    task->outstanding += static_cast<int>(ready.size()) - 1;
+    if (task->outstanding == 0) {
+      task->done = true;
+      to_wake = task->waiting_worker;
+      task->done_cv.notify_all();
+    }
+  }
+  if (to_wake) to_wake->wake();
+  for (Node* n : ready) schedule(task, n);
+}
+
+void schedule(const std::shared_ptr<GraphTask>& task, Node* node) {
+  context(node->device()).worker().post([task, node] { run_node(task, node); });
+}
+
+}  // namespace
+
+static std::vector<Tensor> run_backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>& grad_outputs,
+                                        const std::vector<Tensor>* inputs, bool retain_graph, bool create_graph,
+                                        bool allow_unused, const char* api) {
+  EF_CHECK(!outputs.empty(), api, ": no outputs given");
+  EF_CHECK(grad_outputs.empty() || grad_outputs.size() == outputs.size(), api, ": ", grad_outputs.size(),
+           " grad_outputs for ", outputs.size(), " outputs");
+  auto task = std::make_shared<GraphTask>();
+  task->create_graph = create_graph;
+  task->retain_graph = retain_graph;
+  task->accumulate = inputs == nullptr;
+
+  // Roots and their seed gradients.
+  std::vector<std::pair<Edge, Tensor>> roots;
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const Tensor& out = outputs[i];
+    EF_CHECK(out.defined(), api, ": outputs[", i, "] is undefined");
+    EF_CHECK(out.requires_grad(), api, ": outputs[", i, "] (", out.str(),
+             ") does not require grad and has no grad_fn");
+    Tensor seed;
+    if (!grad_outputs.empty() && grad_outputs[i].defined()) {
+      seed = grad_outputs[i];
+      EF_CHECK(seed.shape() == out.shape(), api, ": grad_outputs[", i, "] has shape ", shape_str(seed.shape()),
+               " but outputs[", i, "] has shape ", shape_str(out.shape()));
+      EF_CHECK(seed.device() == out.device(), api, ": grad_outputs[", i, "] is on ", seed.device().str(),
+               " but outputs[", i, "] is on ", out.device().str());
+      EF_CHECK(seed.dtype() == out.dtype(), api, ": grad_outputs[", i, "] is ", dtype_name(seed.dtype()),
+               " but outputs[", i, "] is ", dtype_name(out.dtype()));
+    } else {
+      EF_CHECK(out.numel() == 1, api, ": grad can be created implicitly only for one-element outputs, but outputs[",
+               i, "] has shape ", shape_str(out.shape()), "; pass grad_outputs");
+      seed = ones_like(out);
+    }
+    roots.emplace_back(edge_of(out), seed);
+  }
+
+  // Discover the graph and count each node's incoming edges.
+  std::vector<Node*> stack;
+  auto visit = [&](const std::shared_ptr<Node>& n) {
+    if (task->deps.emplace(n.get(), 0).second) {
+      task->nodes.push_back(n);
+      stack.push_back(n.get());
+    }
+  };
+  for (auto& [edge, seed] : roots) visit(edge.fn);
+  while (!stack.empty()) {
+    Node* n = stack.back();
+    stack.pop_back();
+    for (const Edge& e : n->next_edges()) {
+      if (!e.fn) continue;
+      visit(e.fn);
+      ++task->deps[e.fn.get()];
+    }
+  }
+
+  // Which nodes must run: all for backward(); for grad(), those on a path to an input.
+  if (inputs != nullptr) {
+    task->captured.resize(inputs->size());
+    for (size_t i = 0; i < inputs->size(); ++i) {
+      const Tensor& in = (*inputs)[i];
+      EF_CHECK(in.defined() && in.requires_grad(), api, ": inputs[", i, "] ",
+               in.defined() ? "(" + in.str() + ") does not require grad" : "is undefined");
+      Edge e{in.grad_fn(), in.output_nr()};
+      if (!e.fn) {
+        std::lock_guard<std::mutex> lock(in.impl()->grad_mu);
+        e = Edge{in.impl()->grad_accumulator.lock(), 0};
+      }
+      if (e.fn && task->deps.count(e.fn.get())) task->captures[e.fn.get()].emplace_back(e.input_nr, i);
+    }
+    // A node is needed if an edge below it leads to a capture point.
+    std::unordered_map<Node*, bool> memo;
+    std::function<bool(Node*)> leads_to_capture = [&](Node* n) -> bool {
+      if (auto it = memo.find(n); it != memo.end()) return it->second;
+      memo[n] = false;
+      bool any = false;
+      for (const Edge& e : n->next_edges())
+        if (e.fn && (task->captures.count(e.fn.get()) || leads_to_capture(e.fn.get()))) any = true;
+      memo[n] = any;
+      return any;
+    };
+    for (auto& n : task->nodes)
+      if (dynamic_cast<AccumulateGrad*>(n.get()) == nullptr && leads_to_capture(n.get())) task->needed.insert(n.get());
+  } else {
+    for (auto& n : task->nodes) task->needed.insert(n.get());
+  }
+
+  // Seed and start the nodes nobody else feeds.
+  std::vector<Node*> ready;
+  for (auto& [edge, seed] : roots) {
+    auto& buf = task->buffers[edge.fn.get()];
+    if (buf.size() < edge.fn->outputs().size()) buf.resize(edge.fn->outputs().size());
+    buf[edge.input_nr].push_back(seed);
+  }
+  for (auto& [edge, seed] : roots)
+    if (task->deps[edge.fn.get()] == 0 && std::find(ready.begin(), ready.end(), edge.fn.get()) == ready.end())
+      ready.push_back(edge.fn.get());
+  EF_ASSERT(!ready.empty(), api, ": the graph has a cycle");
+  Worker* self = Worker::current();
+  task->waiting_worker = self;
+  task->outstanding = static_cast<int>(ready.size());
+  for (Node* n : ready) schedule(task, n);
+
+  // Wait. A worker thread keeps running its own queue meanwhile: the pass may need it.
+  if (self != nullptr) {
+    self->run_until([&] {
+      std::lock_guard<std::mutex> lock(task->mu);
+      return task->done;
+    });
+  } else {
+    std::unique_lock<std::mutex> lock(task->mu);
+    task->done_cv.wait(lock, [&] { return task->done; });
+  }
+  if (!task->error.empty()) throw Error(task->error);
+
+  if (inputs == nullptr) return {};
+  for (size_t i = 0; i < inputs->size(); ++i) {
+    EF_CHECK(allow_unused || task->captured[i].defined(), api, ": inputs[", i, "] (", (*inputs)[i].str(),
+             ") was not used to compute the outputs; pass allow_unused=true if that is expected");
+  }
+  return task->captured;
+}
+
+std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
+                         const std::vector<Tensor>& grad_outputs, const GradOptions& opts) {
+  EF_CHECK(!inputs.empty(), "grad: no inputs given");
+  return run_backward(outputs, grad_outputs, &inputs, opts.retain_graph.value_or(opts.create_graph), opts.create_graph,
+                      opts.allow_unused, "grad");
+}
+
+void backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>& grad_outputs, bool retain_graph,
+              bool create_graph) {
+  run_backward(outputs, grad_outputs, nullptr, retain_graph || create_graph, create_graph, false, "backward");
+}
+
+}  // namespace evenflow

@@ -1,0 +1,123 @@
+// The kernel interface a backend implements: a small set of non-differentiable kernels over strided
+// views of device memory. Shape checks, dtype promotion, autograd and every derivative live above
+// it, in ops.cpp, once for all backends. The CPU backend (cpu/) uses Eigen and OpenMP; the CUDA
+// backend (cuda/) uses cuBLAS, cuDNN and kernels of its own.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "engine/dtype.h"
+#include "engine/scalar_ops.h"
+
+namespace evenflow {
+
+inline constexpr int kMaxDims = 8;
+
+// A strided window on one device's memory. Strides count elements and may be 0 (broadcast).
+struct View {
+  void* data = nullptr;
+  DType dtype = DType::Float32;
+  int ndim = 0;
+  int64_t shape[kMaxDims] = {};
+  int64_t strides[kMaxDims] = {};
+
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int d = 0; d < ndim; ++d) n *= shape[d];
+    return n;
+  }
+  bool is_contiguous() const {
+    int64_t expected = 1;
+    for (int d = ndim - 1; d >= 0; --d) {
+      if (shape[d] != 1 && strides[d] != expected) return false;
+      expected *= shape[d];
+    }
+    return true;
+  }
+};
+
+// Row-major batched GEMM: C[b] = alpha * op(A[b]) * op(B[b]) + beta * C[b], op(A) is [m, k],
+// op(B) is [k, n], C is [m, n]. lda/ldb/ldc are row strides of the stored (untransposed) matrices.
+struct GemmArgs {
+  DType dtype = DType::Float32;
+  bool trans_a = false, trans_b = false;
+  int64_t m = 0, n = 0, k = 0, batch = 1;
+  const void* a = nullptr;
+  int64_t lda = 0, stride_a = 0;
+  const void* b = nullptr;
+  int64_t ldb = 0, stride_b = 0;
+  void* c = nullptr;
+  int64_t ldc = 0, stride_c = 0;
+  double alpha = 1.0, beta = 0.0;
+};
+
+// 2-D convolution geometry, NCHW input, OIHW weight (O = c_out, I = c_in / groups).
+struct ConvArgs {
+  int64_t n = 0, c_in = 0, h = 0, w = 0;
+  int64_t c_out = 0, kh = 0, kw = 0;
+  int64_t oh = 0, ow = 0;
+  int64_t stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0, dil_h = 1, dil_w = 1;
+  int64_t groups = 1;
+};
+
+struct PoolArgs {
+  int64_t n = 0, c = 0, h = 0, w = 0, oh = 0, ow = 0;
+  int64_t kh = 1, kw = 1, stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0, dil_h = 1, dil_w = 1;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  // Memory. raw_alloc returns nullptr when the device has no memory left (the caching allocator
+  // turns that into an ef::Error with the device's statistics).
+  virtual void* raw_alloc(size_t nbytes) = 0;
+  virtual void raw_free(void* ptr) = 0;
+  virtual void copy_from_host(void* dst, const void* src, size_t nbytes) = 0;
+  virtual void copy_to_host(void* dst, const void* src, size_t nbytes) = 0;
+  // Waits for all work queued on this device (a no-op on CPU devices).
+  virtual void synchronize() = 0;
+
+  // Elementwise. Outputs are never aliased with inputs unless the op is an explicit in-place op
+  // (then out and the first input are the same view). Inputs arrive already broadcast to out's
+  // shape (stride 0 on broadcast dims).
+  virtual void fill(const View& out, double value) = 0;
+  virtual void arange(const View& out, double start, double step) = 0;  // contiguous 1-D
+  virtual void copy(const View& out, const View& x) = 0;                // casts between dtypes
+  virtual void unary(UnaryOp op, const View& out, const View& x, double a, double b) = 0;
+  virtual void binary(BinaryOp op, const View& out, const View& x, const View& y) = 0;
+  virtual void where(const View& out, const View& cond, const View& x, const View& y) = 0;
+
+  // Reduction: out has x's ndim; each dim of out is either x's size or 1 (a reduced dim).
+  // ArgMax/ArgMin write int64 indices and reduce exactly one dim.
+  virtual void reduce(ReduceOp op, const View& out, const View& x) = 0;
+
+  virtual void gemm(const GemmArgs& args) = 0;
+
+  // Convolution kernels; every view is contiguous. conv2d_input_grad and conv2d_weight_grad
+  // overwrite their outputs.
+  virtual void conv2d(const ConvArgs& args, const View& y, const View& x, const View& w) = 0;
+  virtual void conv2d_input_grad(const ConvArgs& args, const View& gx, const View& gy, const View& w) = 0;
+  virtual void conv2d_weight_grad(const ConvArgs& args, const View& gw, const View& x, const View& gy) = 0;
+
+  // Softmax or log-softmax over the last dim of a contiguous [rows, cols] view.
+  virtual void softmax(const View& out, const View& x, bool log) = 0;
+
+  // Max pooling over contiguous NCHW; indices (int64) are flat positions within each H*W plane.
+  // Padding never wins (it acts as -infinity).
+  virtual void max_pool2d(const PoolArgs& args, const View& out, const View& indices, const View& x) = 0;
+
+  // torch.gather / scatter_add semantics along `dim`; index is int64, contiguous, shaped like out
+  // (gather) or src (scatter_add). scatter_add adds into out, which holds its initial values.
+  virtual void gather(const View& out, const View& x, int dim, const View& index) = 0;
+  virtual void scatter_add(const View& out, int dim, const View& index, const View& src) = 0;
+  // index_select / index_add along `dim` with a 1-D int64 index; index_add adds into out.
+  virtual void index_select(const View& out, const View& x, int dim, const View& index) = 0;
+  virtual void index_add(const View& out, int dim, const View& index, const View& src) = 0;
+
+  // Fills a contiguous view with random::sample(kind, a, b, seed, offset + i).
+  virtual void random(const View& out, RandomKind kind, double a, double b, uint64_t seed, uint64_t offset) = 0;
+};
+
+}  // namespace evenflow

@@ -1,0 +1,706 @@
+// The CPU backend (see backend.h): memory, elementwise ops, reductions, softmax, pooling, indexing
+// and random numbers as OpenMP loops over strided views. Every kernel that walks views goes through
+// one strided-iteration helper (Note [Strided iteration]); the scalar math comes from scalar_ops.h,
+// shared with the CUDA backend. GEMM and convolution need Eigen and live in cpu_conv.cpp.
+#include "engine/cpu/cpu_backend.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "engine/cpu/cpu_conv.h"
+#include "engine/device.h"
+#include "engine/error.h"
+#include "engine/random.h"
+
+namespace evenflow::cpu_backend {
+namespace {
+
+// Loops over fewer elements than this run on the calling thread: waking an OpenMP team costs
+// microseconds, more than such a loop takes.
+constexpr int64_t kParallelGrain = 32768;
+
+int threads_for(int64_t work) { return work > kParallelGrain ? std::max(1, num_threads()) : 1; }
+
+// Float32 sums and softmax normalizers accumulate in double: tests compare against float64
+// references, and a float accumulator over 10^6 elements loses about three digits.
+template <typename T>
+using acc_t = std::conditional_t<std::is_same_v<T, float>, double, T>;
+
+// ------------------------------------------------------------------------------------------------
+// Note [Strided iteration]
+// Elementwise kernels, reductions and indexing all walk N views of one shape, each with its own
+// strides (0 on broadcast dims), with StridedIter. make_iter drops size-1 dims and merges adjacent
+// dims across which every operand is contiguous, so a contiguous or plainly broadcast problem
+// collapses to a few long rows. The walk hands a kernel whole rows (pointers plus the innermost
+// byte strides); the kernel's inner loop is written once and instantiated for unit strides, which
+// the compiler vectorizes, and for general strides. Work is split into equal element ranges, one
+// per thread, or into whole rows where a kernel needs rows kept together (scatter_add).
+
+template <int N>
+struct StridedIter {
+  int ndim = 1;
+  int64_t shape[kMaxDims] = {1};
+  int64_t strides[N][kMaxDims] = {};  // in bytes
+  char* data[N] = {};
+
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int d = 0; d < ndim; ++d) n *= shape[d];
+    return n;
+  }
+};
+
+template <size_t M>
+StridedIter<static_cast<int>(M)> make_iter(const std::array<View, M>& views) {
+  constexpr int N = static_cast<int>(M);
+  const View& ref = views[0];
+  StridedIter<N> it;
+  int nd = 0;
+  for (int d = 0; d < ref.ndim; ++d) {
+    const int64_t size = ref.shape[d];
+    if (size == 1) continue;
+    bool merge = nd > 0;
+    for (int k = 0; k < N && merge; ++k) {
+      const int64_t inner = views[k].strides[d] * static_cast<int64_t>(dtype_size(views[k].dtype));
+      merge = it.strides[k][nd - 1] == inner * size;
+    }
+    if (merge) {
+      it.shape[nd - 1] *= size;
+    } else {
+      it.shape[nd] = size;
+      ++nd;
+    }
+    for (int k = 0; k < N; ++k)
+      it.strides[k][nd - 1] = views[k].strides[d] * static_cast<int64_t>(dtype_size(views[k].dtype));
+  }
+  if (nd == 0) {  // a single element
+    nd = 1;
+    it.shape[0] = 1;
+    for (int k = 0; k < N; ++k) it.strides[k][0] = 0;
+  }
+  it.ndim = nd;
+  for (int k = 0; k < N; ++k) {
+    EF_ASSERT(views[k].ndim == ref.ndim, "strided operands differ in rank");
+    for (int d = 0; d < ref.ndim; ++d) EF_ASSERT(views[k].shape[d] == ref.shape[d], "strided operands differ in shape");
+    it.data[k] = static_cast<char*>(views[k].data);
+  }
+  return it;
+}
+
+// Calls body(ptrs, inner_strides, n) for each row piece of elements [begin, end) in row-major order.
+template <int N, typename Body>
+void run_range(const StridedIter<N>& it, char* const* base, int64_t begin, int64_t end, Body& body) {
+  const int last = it.ndim - 1;
+  int64_t idx[kMaxDims];
+  char* p[N];
+  for (int k = 0; k < N; ++k) p[k] = base[k];
+  int64_t rem = begin;
+  for (int d = last; d >= 0; --d) {
+    idx[d] = rem % it.shape[d];
+    rem /= it.shape[d];
+    for (int k = 0; k < N; ++k) p[k] += idx[d] * it.strides[k][d];
+  }
+  int64_t inner[N];
+  for (int k = 0; k < N; ++k) inner[k] = it.strides[k][last];
+  while (begin < end) {
+    const int64_t n = std::min(it.shape[last] - idx[last], end - begin);
+    body(static_cast<char* const*>(p), static_cast<const int64_t*>(inner), n);
+    begin += n;
+    if (begin >= end) break;
+    // The row is done: step to the start of the next one, carrying into outer dims.
+    for (int k = 0; k < N; ++k) p[k] += (n - it.shape[last]) * inner[k];
+    idx[last] = 0;
+    for (int d = last - 1; d >= 0; --d) {
+      for (int k = 0; k < N; ++k) p[k] += it.strides[k][d];
+      if (++idx[d] < it.shape[d]) break;
+      for (int k = 0; k < N; ++k) p[k] -= it.shape[d] * it.strides[k][d];
+      idx[d] = 0;
+    }
+  }
+}
+
+// Runs body over every element of `it`, split across threads when large enough. With whole_rows,
+// no row is split between threads.
+template <int N, typename Body>
+void for_each_row(const StridedIter<N>& it, Body body, bool whole_rows = false) {
+  const int64_t total = it.numel();
+  if (total == 0) return;
+  const int nt = threads_for(total);
+  if (nt <= 1) {
+    run_range(it, it.data, 0, total, body);
+    return;
+  }
+  const int64_t unit = whole_rows ? it.shape[it.ndim - 1] : 1;
+  const int64_t units = total / unit;
+#pragma omp parallel num_threads(nt)
+  {
+    const int64_t t = omp_get_thread_num(), nteam = omp_get_num_threads();
+    const int64_t b = units * t / nteam * unit, e = units * (t + 1) / nteam * unit;
+    if (b < e) run_range(it, it.data, b, e, body);
+  }
+}
+
+// The element-wise loop every elementwise kernel uses: out[i] = f(in_0[i], in_1[i], ...).
+template <typename Out, typename... In, typename F>
+void map_elements(const View& out, const std::array<View, sizeof...(In)>& ins, F f) {
+  constexpr int N = 1 + static_cast<int>(sizeof...(In));
+  [&]<size_t... I>(std::index_sequence<I...>) {
+    const StridedIter<N> it = make_iter(std::array<View, N>{out, ins[I]...});
+    for_each_row(it, [&f](char* const* p, const int64_t* s, int64_t n) {
+      constexpr size_t kOperands = 1 + sizeof...(In);
+      Out* o = reinterpret_cast<Out*>(p[0]);
+      const std::tuple<const In*...> in{reinterpret_cast<const In*>(p[I + 1])...};
+      const int64_t es[kOperands] = {s[0] / static_cast<int64_t>(sizeof(Out)), (s[I + 1] / static_cast<int64_t>(sizeof(In)))...};
+      // Written once; stride(i) is the constant 1 in the unit-stride instantiation.
+      const auto loop = [&](auto stride) {
+        for (int64_t k = 0; k < n; ++k) o[k * stride(0)] = f(std::get<I>(in)[k * stride(I + 1)]...);
+      };
+      if (std::all_of(es, es + kOperands, [](int64_t e) { return e == 1; })) loop([](size_t) { return int64_t{1}; });
+      else loop([&es](size_t i) { return es[i]; });
+    });
+  }(std::index_sequence_for<In...>{});
+}
+
+// ------------------------------------------------------------------------------------------------
+// Elementwise kernels.
+
+void fill_impl(const View& out, double value) {
+  EF_DISPATCH_ALL(out.dtype, "fill", [&] {
+    const scalar_t v = static_cast<scalar_t>(value);
+    map_elements<scalar_t>(out, {}, [v]() { return v; });
+  });
+}
+
+template <typename T>
+void arange_typed(T* o, int64_t n, double start, double step) {
+  const int nt = threads_for(n);
+#pragma omp parallel for num_threads(nt) if (nt > 1)
+  for (int64_t i = 0; i < n; ++i) o[i] = static_cast<T>(start + static_cast<double>(i) * step);
+}
+
+void arange_impl(const View& out, double start, double step) {
+  EF_ASSERT(out.ndim == 1 && out.is_contiguous(), "arange: output must be contiguous 1-D");
+  EF_DISPATCH_ALL(out.dtype, "arange", [&] { arange_typed(static_cast<scalar_t*>(out.data), out.shape[0], start, step); });
+}
+
+template <typename Out>
+void copy_to(const View& out, const View& x) {
+  EF_DISPATCH_ALL(x.dtype, "copy", [&] {
+    map_elements<Out, scalar_t>(out, {x}, [](scalar_t v) { return static_cast<Out>(v); });
+  });
+}
+
+void copy_impl(const View& out, const View& x) {
+  EF_DISPATCH_ALL(out.dtype, "copy", [&] { copy_to<scalar_t>(out, x); });
+}
+
+void unary_impl(UnaryOp op, const View& out, const View& x, double a, double b) {
+  EF_ASSERT(out.dtype == x.dtype, "unary: output and input dtypes differ");
+  EF_DISPATCH_FLOAT(out.dtype, "unary", [&] {
+    visit_unary(op, [&](auto fn) { map_elements<scalar_t, scalar_t>(out, {x}, [fn, a, b](scalar_t v) { return fn(v, a, b); }); });
+  });
+}
+
+void binary_impl(BinaryOp op, const View& out, const View& x, const View& y) {
+  EF_ASSERT(out.dtype == x.dtype && out.dtype == y.dtype, "binary: operand dtypes differ");
+  // Integer division by zero is undefined behaviour in C++; PyTorch's int64 division is floor
+  // division anyway, not what the Div functor computes.
+  EF_CHECK(!(op == BinaryOp::Div && out.dtype == DType::Int64), "div: int64 tensors are not supported (convert to a float dtype first)");
+  EF_DISPATCH_ALL(out.dtype, "binary", [&] {
+    visit_binary(op, [&](auto fn) { map_elements<scalar_t, scalar_t, scalar_t>(out, {x, y}, fn); });
+  });
+}
+
+void where_impl(const View& out, const View& cond, const View& x, const View& y) {
+  EF_ASSERT(out.dtype == cond.dtype && out.dtype == x.dtype && out.dtype == y.dtype, "where: operand dtypes differ");
+  EF_DISPATCH_ALL(out.dtype, "where", [&] {
+    map_elements<scalar_t, scalar_t, scalar_t, scalar_t>(
+        out, {cond, x, y}, [](scalar_t c, scalar_t a, scalar_t b) { return c != scalar_t(0) ? a : b; });
+  });
+}
+
+// ------------------------------------------------------------------------------------------------
+// Reductions.
+
+// Max and Min propagate NaN, as PyTorch does (x != x only for NaN; false for integers).
+template <ReduceOp Op, typename A>
+struct Reducer {
+  static A init() {
+    if constexpr (Op == ReduceOp::Sum) return A(0);
+    else if constexpr (std::numeric_limits<A>::has_infinity)
+      return Op == ReduceOp::Max ? -std::numeric_limits<A>::infinity() : std::numeric_limits<A>::infinity();
+    else return Op == ReduceOp::Max ? std::numeric_limits<A>::lowest() : std::numeric_limits<A>::max();
+  }
+  static A step(A acc, A v) {
+    if constexpr (Op == ReduceOp::Sum) return acc + v;
+    else if constexpr (Op == ReduceOp::Max) return (v > acc || v != v) ? v : acc;
+    else return (v < acc || v != v) ? v : acc;
+  }
+};
+
+// Reduces n elements at p with the given element stride into acc. Eight independent lanes let the
+// compiler vectorize a unit-stride row (and are a step towards pairwise summation's accuracy).
+template <typename R, typename T, typename A>
+A reduce_row(const T* p, int64_t n, int64_t stride, A acc) {
+  constexpr int kLanes = 8;
+  A lanes[kLanes];
+  for (A& l : lanes) l = R::init();
+  const auto loop = [&](auto st) {
+    int64_t k = 0;
+    for (; k + kLanes <= n; k += kLanes)
+      for (int l = 0; l < kLanes; ++l) lanes[l] = R::step(lanes[l], static_cast<A>(p[(k + l) * st()]));
+    for (; k < n; ++k) lanes[0] = R::step(lanes[0], static_cast<A>(p[k * st()]));
+  };
+  if (stride == 1) loop([] { return int64_t{1}; });
+  else loop([stride] { return stride; });
+  for (const A& l : lanes) acc = R::step(acc, l);
+  return acc;
+}
+
+// A set of dims pulled out of a collapsed iterator: the kept (output) dims or the reduced ones.
+struct DimSet {
+  int ndim = 0;
+  int64_t shape[kMaxDims] = {};
+  int64_t out_stride[kMaxDims] = {};  // bytes
+  int64_t x_stride[kMaxDims] = {};    // bytes
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int d = 0; d < ndim; ++d) n *= shape[d];
+    return n;
+  }
+  // Byte offsets into out and x of the i-th element (row-major).
+  void offsets(int64_t i, int64_t& out_off, int64_t& x_off) const {
+    out_off = x_off = 0;
+    for (int d = ndim - 1; d >= 0; --d) {
+      const int64_t j = i % shape[d];
+      i /= shape[d];
+      out_off += j * out_stride[d];
+      x_off += j * x_stride[d];
+    }
+  }
+  StridedIter<1> x_iter() const {
+    StridedIter<1> it;
+    it.ndim = std::max(ndim, 1);
+    if (ndim == 0) it.strides[0][0] = 0;
+    for (int d = 0; d < ndim; ++d) {
+      it.shape[d] = shape[d];
+      it.strides[0][d] = x_stride[d];
+    }
+    return it;
+  }
+};
+
+// Note [CPU reductions]
+// Out is viewed with x's shape and stride 0 on reduced dims, and the pair is collapsed like an
+// elementwise problem, so reduced and kept dims alternate. Two layouts cover the common cases:
+// - the innermost dim is reduced (sum over the last dims, or over N,H,W of NCHW): each output
+//   reduces contiguous rows with reduce_row; threads take outputs, or, when there are fewer
+//   outputs than threads, split each output's reduction and combine the partials in order;
+// - the innermost dim is kept (sum over leading dims, as for a bias gradient): each task keeps a
+//   chunk of adjacent outputs in accumulators and adds whole input rows into them.
+template <ReduceOp Op, typename T>
+void reduce_typed(const View& out, const View& x) {
+  using A = acc_t<T>;
+  using R = Reducer<Op, A>;
+  View ob = out;
+  for (int d = 0; d < x.ndim; ++d) {
+    ob.shape[d] = x.shape[d];
+    if (out.shape[d] == 1 && x.shape[d] != 1) ob.strides[d] = 0;
+  }
+  const StridedIter<2> it = make_iter(std::array<View, 2>{ob, x});
+  DimSet kept, red;
+  for (int d = 0; d < it.ndim; ++d) {
+    if (it.shape[d] == 1) continue;
+    DimSet& s = it.strides[0][d] == 0 ? red : kept;
+    s.shape[s.ndim] = it.shape[d];
+    s.out_stride[s.ndim] = it.strides[0][d];
+    s.x_stride[s.ndim] = it.strides[1][d];
+    ++s.ndim;
+  }
+  char* const out_data = static_cast<char*>(out.data);
+  char* const x_data = static_cast<char*>(x.data);
+  const int64_t outputs = kept.numel(), per_output = red.numel();
+  const int nt = threads_for(outputs * per_output);
+  const StridedIter<1> red_it = red.x_iter();
+  const bool inner_reduced = red.ndim > 0 && (kept.ndim == 0 || it.strides[0][it.ndim - 1] == 0);
+
+  if (inner_reduced || kept.ndim == 0) {
+    // Reduces elements [b, e) of one output's reduction, starting from x_base.
+    const auto reduce_part = [&](char* x_base, int64_t b, int64_t e) {
+      A acc = R::init();
+      auto body = [&acc](char* const* p, const int64_t* s, int64_t n) {
+        acc = reduce_row<R>(reinterpret_cast<const T*>(p[0]), n, s[0] / static_cast<int64_t>(sizeof(T)), acc);
+      };
+      char* const base[1] = {x_base};
+      run_range(red_it, base, b, e, body);
+      return acc;
+    };
+    if (nt == 1 || outputs >= 4 * nt) {
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
+      for (int64_t o = 0; o < outputs; ++o) {
+        int64_t oo, xo;
+        kept.offsets(o, oo, xo);
+        *reinterpret_cast<T*>(out_data + oo) = static_cast<T>(reduce_part(x_data + xo, 0, per_output));
+      }
+    } else {
+      std::vector<A> partial(static_cast<size_t>(nt));
+      for (int64_t o = 0; o < outputs; ++o) {
+        int64_t oo, xo;
+        kept.offsets(o, oo, xo);
+#pragma omp parallel num_threads(nt)
+        {
+          const int64_t t = omp_get_thread_num(), nteam = omp_get_num_threads();
+          partial[static_cast<size_t>(t)] = reduce_part(x_data + xo, per_output * t / nteam, per_output * (t + 1) / nteam);
+          // Threads that did not start leave their slot at init, which combines as a no-op.
+        }
+        A acc = R::init();
+        for (const A& p : partial) acc = R::step(acc, p);
+        *reinterpret_cast<T*>(out_data + oo) = static_cast<T>(acc);
+      }
+    }
+    return;
+  }
+
+  // The innermost dim is kept: chunks of it accumulate whole reduced rows.
+  const int last = kept.ndim - 1;
+  const int64_t cols = kept.shape[last];
+  const int64_t xs = kept.x_stride[last] / static_cast<int64_t>(sizeof(T));
+  const int64_t os = kept.out_stride[last] / static_cast<int64_t>(sizeof(T));
+  DimSet outer = kept;
+  outer.ndim = last;
+  const int64_t outer_n = outer.numel();
+  constexpr int64_t kChunk = 256;
+  int64_t chunk = std::min(kChunk, cols);
+  if (outer_n * ((cols + chunk - 1) / chunk) < nt) chunk = std::max<int64_t>(16, (cols + nt - 1) / nt);
+  const int64_t chunks = (cols + chunk - 1) / chunk;
+  const int64_t tasks = outer_n * chunks;
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
+  for (int64_t task = 0; task < tasks; ++task) {
+    int64_t oo, xo;
+    outer.offsets(task / chunks, oo, xo);
+    const int64_t j0 = (task % chunks) * chunk, len = std::min(chunk, cols - j0);
+    A acc[kChunk];
+    std::fill(acc, acc + len, R::init());
+    char* const base[1] = {x_data + xo + j0 * xs * static_cast<int64_t>(sizeof(T))};
+    auto rows = [&](char* const* p, const int64_t* s, int64_t n) {
+      for (int64_t r = 0; r < n; ++r) {
+        const T* row = reinterpret_cast<const T*>(p[0] + r * s[0]);
+        const auto add = [&](auto st) {
+          for (int64_t j = 0; j < len; ++j) acc[j] = R::step(acc[j], static_cast<A>(row[j * st()]));
+        };
+        if (xs == 1) add([] { return int64_t{1}; });
+        else add([xs] { return xs; });
+      }
+    };
+    run_range(red_it, base, 0, per_output, rows);
+    T* o = reinterpret_cast<T*>(out_data + oo) + j0 * os;
+    for (int64_t j = 0; j < len; ++j) o[j * os] = static_cast<T>(acc[j]);
+  }
+}
+
+// ArgMax / ArgMin over the one reduced dim: first occurrence on ties; NaN counts as the extreme,
+// as in PyTorch.
+template <bool IsMax, typename T>
+void arg_reduce_typed(const View& out, const View& x, int dim) {
+  const int64_t len = x.shape[dim], stride = x.strides[dim];
+  View xb = x, ob = out;
+  xb.shape[dim] = 1;
+  ob.dtype = DType::Int64;
+  const StridedIter<2> it = make_iter(std::array<View, 2>{ob, xb});
+  for_each_row(it, [len, stride](char* const* p, const int64_t* s, int64_t n) {
+    for (int64_t k = 0; k < n; ++k) {
+      const T* row = reinterpret_cast<const T*>(p[1] + k * s[1]);
+      T best = row[0];
+      int64_t best_i = 0;
+      for (int64_t i = 1; i < len && best == best; ++i) {
+        const T v = row[i * stride];
+        if ((IsMax ? v > best : v < best) || v != v) {
+          best = v;
+          best_i = i;
+        }
+      }
+      *reinterpret_cast<int64_t*>(p[0] + k * s[0]) = best_i;
+    }
+  });
+}
+
+void reduce_impl(ReduceOp op, const View& out, const View& x) {
+  EF_ASSERT(out.ndim == x.ndim, "reduce: output rank ", out.ndim, " differs from input rank ", x.ndim);
+  for (int d = 0; d < x.ndim; ++d)
+    EF_ASSERT(out.shape[d] == x.shape[d] || out.shape[d] == 1, "reduce: output dim ", d, " is ", out.shape[d],
+              ", input ", x.shape[d]);
+  if (op == ReduceOp::ArgMax || op == ReduceOp::ArgMin) {
+    EF_ASSERT(out.dtype == DType::Int64, "reduce: arg reductions write int64");
+    int dim = -1;
+    for (int d = 0; d < x.ndim; ++d) {
+      if (out.shape[d] == x.shape[d]) continue;
+      EF_ASSERT(dim < 0, "reduce: argmax/argmin reduce exactly one dim");
+      dim = d;
+    }
+    if (dim < 0) {  // the reduced dim has size 1: every index is 0
+      fill_impl(out, 0.0);
+      return;
+    }
+    EF_DISPATCH_ALL(x.dtype, "argmax", [&] {
+      if (op == ReduceOp::ArgMax) arg_reduce_typed<true, scalar_t>(out, x, dim);
+      else arg_reduce_typed<false, scalar_t>(out, x, dim);
+    });
+    return;
+  }
+  EF_ASSERT(out.dtype == x.dtype, "reduce: output and input dtypes differ");
+  EF_DISPATCH_ALL(x.dtype, "reduce", [&] {
+    switch (op) {
+      case ReduceOp::Sum: return reduce_typed<ReduceOp::Sum, scalar_t>(out, x);
+      case ReduceOp::Max: return reduce_typed<ReduceOp::Max, scalar_t>(out, x);
+      case ReduceOp::Min: return reduce_typed<ReduceOp::Min, scalar_t>(out, x);
+      default: EF_ERROR("reduce: unknown op");
+    }
+  });
+}
+
+// ------------------------------------------------------------------------------------------------
+// Softmax and pooling.
+
+template <typename T>
+void softmax_typed(T* out, const T* x, int64_t rows, int64_t cols, bool log) {
+  const int nt = threads_for(rows * cols);
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* xr = x + r * cols;
+    T* yr = out + r * cols;
+    T mx = -std::numeric_limits<T>::infinity();
+    for (int64_t c = 0; c < cols; ++c) mx = std::max(mx, xr[c]);
+    acc_t<T> sum = 0;
+    if (log) {
+      for (int64_t c = 0; c < cols; ++c) sum += std::exp(xr[c] - mx);
+      const T lse = mx + static_cast<T>(std::log(sum));
+      for (int64_t c = 0; c < cols; ++c) yr[c] = xr[c] - lse;
+    } else {
+      for (int64_t c = 0; c < cols; ++c) {
+        yr[c] = std::exp(xr[c] - mx);
+        sum += yr[c];
+      }
+      const T inv = static_cast<T>(1.0 / sum);
+      for (int64_t c = 0; c < cols; ++c) yr[c] *= inv;
+    }
+  }
+}
+
+template <typename T>
+void max_pool2d_typed(const PoolArgs& a, T* out, int64_t* indices, const T* x) {
+  const int64_t planes = a.n * a.c, plane_out = a.oh * a.ow;
+  const int nt = threads_for(planes * plane_out * a.kh * a.kw);
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
+  for (int64_t p = 0; p < planes; ++p) {
+    const T* xp = x + p * a.h * a.w;
+    T* op = out + p * plane_out;
+    int64_t* ip = indices + p * plane_out;
+    for (int64_t oh = 0; oh < a.oh; ++oh) {
+      for (int64_t ow = 0; ow < a.ow; ++ow) {
+        T best = -std::numeric_limits<T>::infinity();
+        int64_t best_i = -1;
+        for (int64_t i = 0; i < a.kh; ++i) {
+          const int64_t ih = oh * a.stride_h - a.pad_h + i * a.dil_h;
+          if (ih < 0 || ih >= a.h) continue;
+          for (int64_t j = 0; j < a.kw; ++j) {
+            const int64_t iw = ow * a.stride_w - a.pad_w + j * a.dil_w;
+            if (iw < 0 || iw >= a.w) continue;
+            const T v = xp[ih * a.w + iw];
+            // The first valid element always takes the slot (so -inf inputs get an index); a NaN
+            // wins and then keeps it.
+            if (best_i < 0 || ((v > best || v != v) && best == best)) {
+              best = v;
+              best_i = ih * a.w + iw;
+            }
+          }
+        }
+        op[oh * a.ow + ow] = best;
+        ip[oh * a.ow + ow] = std::max<int64_t>(best_i, 0);
+      }
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Indexing. Indices are checked before any parallel loop: an exception must not leave an OpenMP
+// region.
+
+void check_indices(const char* op, const int64_t* idx, int64_t n, int dim, int64_t size) {
+  int64_t lo = std::numeric_limits<int64_t>::max(), hi = std::numeric_limits<int64_t>::min();
+  const int nt = threads_for(n);
+#pragma omp parallel for num_threads(nt) if (nt > 1) reduction(min : lo) reduction(max : hi)
+  for (int64_t i = 0; i < n; ++i) {
+    lo = std::min(lo, idx[i]);
+    hi = std::max(hi, idx[i]);
+  }
+  if (lo >= 0 && hi < size) return;
+  for (int64_t i = 0; i < n; ++i)
+    EF_CHECK(idx[i] >= 0 && idx[i] < size, op, ": index ", idx[i], " is out of range for dim ", dim, " of size ", size,
+             " (valid range [0, ", size - 1, "])");
+}
+
+// The 1-D index of index_select / index_add as an index view shaped like `like`: stride 1 along
+// dim, 0 elsewhere. Both kernels then run as gather / scatter_add.
+View broadcast_index(const View& index, const View& like, int dim) {
+  View v = like;
+  v.data = index.data;
+  v.dtype = DType::Int64;
+  for (int d = 0; d < v.ndim; ++d) v.strides[d] = d == dim ? index.strides[0] : 0;
+  return v;
+}
+
+// out[i..., j, k...] = x[i..., index[i..., j, k...], k...] along dim; index shaped like out.
+void gather_impl(const char* op, const View& out, const View& x, int dim, const View& index) {
+  EF_ASSERT(index.dtype == DType::Int64 && out.dtype == x.dtype, op, ": bad dtypes");
+  View xb = x;
+  for (int d = 0; d < x.ndim; ++d) xb.shape[d] = out.shape[d];
+  xb.strides[dim] = 0;  // the row's base; the index supplies the position along dim
+  const int64_t xs = x.strides[dim];
+  EF_DISPATCH_ALL(out.dtype, op, [&] {
+    const StridedIter<3> it = make_iter(std::array<View, 3>{out, index, xb});
+    for_each_row(it, [xs](char* const* p, const int64_t* s, int64_t n) {
+      for (int64_t k = 0; k < n; ++k) {
+        const int64_t i = *reinterpret_cast<const int64_t*>(p[1] + k * s[1]);
+        *reinterpret_cast<scalar_t*>(p[0] + k * s[0]) = reinterpret_cast<const scalar_t*>(p[2] + k * s[2])[i * xs];
+      }
+    });
+  });
+}
+
+// out[i..., index[i..., j, k...], k...] += src[i..., j, k...] along dim; index shaped like src.
+// Dim is made the innermost and rows are never split between threads: two src elements can only
+// hit the same output when they lie in the same row, so no two threads write one output.
+void scatter_add_impl(const char* op, const View& out, int dim, const View& index, const View& src) {
+  EF_ASSERT(index.dtype == DType::Int64 && out.dtype == src.dtype, op, ": bad dtypes");
+  View ob = out;
+  for (int d = 0; d < src.ndim; ++d) ob.shape[d] = src.shape[d];
+  ob.strides[dim] = 0;
+  const int64_t os = out.strides[dim];
+  std::array<View, 3> views{src, index, ob};
+  for (View& v : views) {
+    std::rotate(v.shape + dim, v.shape + dim + 1, v.shape + v.ndim);
+    std::rotate(v.strides + dim, v.strides + dim + 1, v.strides + v.ndim);
+  }
+  EF_DISPATCH_ALL(out.dtype, op, [&] {
+    const StridedIter<3> it = make_iter(views);
+    for_each_row(
+        it,
+        [os](char* const* p, const int64_t* s, int64_t n) {
+          for (int64_t k = 0; k < n; ++k) {
+            const int64_t i = *reinterpret_cast<const int64_t*>(p[1] + k * s[1]);
+            reinterpret_cast<scalar_t*>(p[2] + k * s[2])[i * os] += *reinterpret_cast<const scalar_t*>(p[0] + k * s[0]);
+          }
+        },
+        /*whole_rows=*/true);
+  });
+}
+
+template <typename T>
+void random_typed(T* o, int64_t n, RandomKind kind, double a, double b, uint64_t seed, uint64_t offset) {
+  // A Philox draw costs as much as dozens of simple elementwise ops: parallelize at a smaller size.
+  const int nt = threads_for(n * 32);
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
+  for (int64_t i = 0; i < n; ++i)
+    o[i] = static_cast<T>(random::sample(static_cast<int>(kind), a, b, seed, offset + static_cast<uint64_t>(i)));
+}
+
+// ------------------------------------------------------------------------------------------------
+
+class CpuBackend final : public Backend {
+ public:
+  void* raw_alloc(size_t nbytes) override {
+    // aligned_alloc wants a multiple of the alignment; sizes near SIZE_MAX would wrap around.
+    constexpr size_t kAlign = 64;
+    if (nbytes > std::numeric_limits<size_t>::max() / 2) return nullptr;
+    const size_t rounded = std::max(kAlign, (nbytes + kAlign - 1) / kAlign * kAlign);
+    return std::aligned_alloc(kAlign, rounded);
+  }
+  void raw_free(void* ptr) override { std::free(ptr); }
+  void copy_from_host(void* dst, const void* src, size_t nbytes) override {
+    if (nbytes > 0) std::memcpy(dst, src, nbytes);
+  }
+  void copy_to_host(void* dst, const void* src, size_t nbytes) override {
+    if (nbytes > 0) std::memcpy(dst, src, nbytes);
+  }
+  void synchronize() override {}
+
+  void fill(const View& out, double value) override { fill_impl(out, value); }
+  void arange(const View& out, double start, double step) override { arange_impl(out, start, step); }
+  void copy(const View& out, const View& x) override { copy_impl(out, x); }
+  void unary(UnaryOp op, const View& out, const View& x, double a, double b) override { unary_impl(op, out, x, a, b); }
+  void binary(BinaryOp op, const View& out, const View& x, const View& y) override { binary_impl(op, out, x, y); }
+  void where(const View& out, const View& cond, const View& x, const View& y) override { where_impl(out, cond, x, y); }
+  void reduce(ReduceOp op, const View& out, const View& x) override { reduce_impl(op, out, x); }
+
+  void gemm(const GemmArgs& args) override { cpu_backend::gemm(args); }
+  void conv2d(const ConvArgs& args, const View& y, const View& x, const View& w) override {
+    conv2d_forward(args, y, x, w);
+  }
+  void conv2d_input_grad(const ConvArgs& args, const View& gx, const View& gy, const View& w) override {
+    cpu_backend::conv2d_input_grad(args, gx, gy, w);
+  }
+  void conv2d_weight_grad(const ConvArgs& args, const View& gw, const View& x, const View& gy) override {
+    cpu_backend::conv2d_weight_grad(args, gw, x, gy);
+  }
+
+  void softmax(const View& out, const View& x, bool log) override {
+    EF_ASSERT(out.ndim == 2 && out.is_contiguous() && x.is_contiguous() && out.dtype == x.dtype,
+              "softmax: expects contiguous [rows, cols] views");
+    EF_DISPATCH_FLOAT(x.dtype, "softmax", [&] {
+      softmax_typed(static_cast<scalar_t*>(out.data), static_cast<const scalar_t*>(x.data), out.shape[0], out.shape[1], log);
+    });
+  }
+
+  void max_pool2d(const PoolArgs& args, const View& out, const View& indices, const View& x) override {
+    EF_ASSERT(out.is_contiguous() && indices.is_contiguous() && x.is_contiguous() && indices.dtype == DType::Int64,
+              "max_pool2d: expects contiguous views and int64 indices");
+    EF_DISPATCH_FLOAT(x.dtype, "max_pool2d", [&] {
+      max_pool2d_typed(args, static_cast<scalar_t*>(out.data), static_cast<int64_t*>(indices.data),
+                       static_cast<const scalar_t*>(x.data));
+    });
+  }
+
+  void gather(const View& out, const View& x, int dim, const View& index) override {
+    EF_ASSERT(index.is_contiguous(), "gather: index must be contiguous");
+    check_indices("gather", static_cast<const int64_t*>(index.data), index.numel(), dim, x.shape[dim]);
+    gather_impl("gather", out, x, dim, index);
+  }
+  void scatter_add(const View& out, int dim, const View& index, const View& src) override {
+    EF_ASSERT(index.is_contiguous(), "scatter_add: index must be contiguous");
+    check_indices("scatter_add", static_cast<const int64_t*>(index.data), index.numel(), dim, out.shape[dim]);
+    scatter_add_impl("scatter_add", out, dim, index, src);
+  }
+  void index_select(const View& out, const View& x, int dim, const View& index) override {
+    EF_ASSERT(index.ndim == 1 && index.is_contiguous(), "index_select: index must be contiguous 1-D");
+    check_indices("index_select", static_cast<const int64_t*>(index.data), index.numel(), dim, x.shape[dim]);
+    gather_impl("index_select", out, x, dim, broadcast_index(index, out, dim));
+  }
+  void index_add(const View& out, int dim, const View& index, const View& src) override {
+    EF_ASSERT(index.ndim == 1 && index.is_contiguous(), "index_add: index must be contiguous 1-D");
+    check_indices("index_add", static_cast<const int64_t*>(index.data), index.numel(), dim, out.shape[dim]);
+    scatter_add_impl("index_add", out, dim, broadcast_index(index, src, dim), src);
+  }
+
+  void random(const View& out, RandomKind kind, double a, double b, uint64_t seed, uint64_t offset) override {
+    EF_ASSERT(out.is_contiguous(), "random: output must be contiguous");
+    EF_DISPATCH_ALL(out.dtype, "random", [&] {
+      random_typed(static_cast<scalar_t*>(out.data), out.numel(), kind, a, b, seed, offset);
+    });
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_backend() { return std::make_unique<CpuBackend>(); }
+
+}  // namespace evenflow::cpu_backend

@@ -1,0 +1,18 @@
+// Internal to the CPU backend: the matrix kernels that need Eigen, kept out of cpu_backend.cpp so
+// that only cpu_conv.cpp compiles Eigen's GEMM. CpuBackend forwards gemm and the three convolution
+// kernels here; the convolutions are im2col/col2im around the same GEMM.
+#pragma once
+
+#include "engine/backend.h"
+
+namespace evenflow::cpu_backend {
+
+// Batched row-major GEMM as described at GemmArgs (Eigen; beta == 0 ignores C's old contents).
+void gemm(const GemmArgs& args);
+
+// The three convolution kernels of Backend (every view contiguous; outputs are overwritten).
+void conv2d_forward(const ConvArgs& args, const View& y, const View& x, const View& w);
+void conv2d_input_grad(const ConvArgs& args, const View& gx, const View& gy, const View& w);
+void conv2d_weight_grad(const ConvArgs& args, const View& gw, const View& x, const View& gy);
+
+}  // namespace evenflow::cpu_backend

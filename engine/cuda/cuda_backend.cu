@@ -1,0 +1,232 @@
+// The CUDA backend's device side: one CudaBackend per logical CUDA device, owning a non-blocking
+// stream on its GPU, lazily created cuBLAS/cuDNN handles bound to that stream, and a scratch buffer
+// for library workspaces. Here: construction, memory, host and peer copies, library state, and the
+// entry points of cuda_backend.h. The kernels are in cuda_kernels.cu, convolutions in cuda_conv.cu.
+#include <set>
+#include <utility>
+
+#include "engine/cuda/cuda_backend.h"
+#include "engine/cuda/cuda_internal.h"
+
+namespace evenflow::cuda_backend {
+
+CudaBackend::CudaBackend(int logical_index, int physical_id)
+    : logical_index_(logical_index), physical_id_(physical_id) {
+  activate();
+  CUDA_CHECK(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, physical_id_));
+  CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+}
+
+CudaBackend::~CudaBackend() {
+  // At process exit the CUDA runtime may already be gone, and with it everything we own.
+  const cudaError_t set_device_status = cudaSetDevice(physical_id_);
+  if (set_device_status == cudaErrorCudartUnloading) return;
+  CUDA_CHECK_PRINT(set_device_status);
+  CUDA_CHECK_PRINT(cudaStreamSynchronize(stream_));
+  if (cudnn_ != nullptr) CUDNN_CHECK_PRINT(cudnnDestroy(cudnn_));
+  if (cublas_ != nullptr) CUBLAS_CHECK_PRINT(cublasDestroy(cublas_));
+  if (scratch_ != nullptr) CUDA_CHECK_PRINT(cudaFree(scratch_));
+  CUDA_CHECK_PRINT(cudaStreamDestroy(stream_));
+}
+
+std::string CudaBackend::name() const {
+  return ::evenflow::detail::str_cat("cuda:", logical_index_, " (GPU ", physical_id_, ")");
+}
+
+void CudaBackend::activate() const {
+  CUDA_CHECK(cudaSetDevice(physical_id_));
+}
+
+// --- Memory and copies ---------------------------------------------------------------------------
+
+void* CudaBackend::raw_alloc(size_t nbytes) {
+  activate();
+  void* ptr = nullptr;
+  const cudaError_t cudaMalloc_status = cudaMalloc(&ptr, nbytes == 0 ? 1 : nbytes);
+  if (cudaMalloc_status == cudaErrorMemoryAllocation) {
+    (void)cudaGetLastError();  // not sticky: clear it so later checks do not report it
+    return nullptr;
+  }
+  CUDA_CHECK(cudaMalloc_status);
+  return ptr;
+}
+
+void CudaBackend::raw_free(void* ptr) {
+  if (ptr == nullptr) return;
+  CUDA_CHECK_PRINT(cudaSetDevice(physical_id_));
+  CUDA_CHECK_PRINT(cudaFree(ptr));
+}
+
+// Host memory is pageable; the copy is staged by the driver and we wait for it, so the caller may
+// reuse its buffer as soon as we return.
+void CudaBackend::copy_from_host(void* dst, const void* src, size_t nbytes) {
+  if (nbytes == 0) return;
+  activate();
+  CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyHostToDevice, stream_));
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void CudaBackend::copy_to_host(void* dst, const void* src, size_t nbytes) {
+  if (nbytes == 0) return;
+  activate();
+  CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToHost, stream_));
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void CudaBackend::synchronize() {
+  activate();
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+// --- Library state (Note [Library handles and threads]) ------------------------------------------
+
+void CudaBackend::check_held(const Lock& held) const {
+  EF_ASSERT(held.owns_lock() && held.mutex() == &library_mu_, "library state used without its lock");
+}
+
+cublasHandle_t CudaBackend::cublas(const Lock& held) {
+  check_held(held);
+  if (cublas_ == nullptr) {
+    cublasHandle_t handle = nullptr;
+    CUBLAS_CHECK(cublasCreate(&handle));
+    const cublasStatus_t stream_status = cublasSetStream(handle, stream_);
+    if (stream_status != CUBLAS_STATUS_SUCCESS) CUBLAS_CHECK_PRINT(cublasDestroy(handle));
+    CUBLAS_CHECK(stream_status);
+    cublas_ = handle;
+  }
+  return cublas_;
+}
+
+cudnnHandle_t CudaBackend::cudnn(const Lock& held) {
+  check_held(held);
+  if (cudnn_ == nullptr) {
+    cudnnHandle_t handle = nullptr;
+    CUDNN_CHECK(cudnnCreate(&handle));
+    const cudnnStatus_t stream_status = cudnnSetStream(handle, stream_);
+    if (stream_status != CUDNN_STATUS_SUCCESS) CUDNN_CHECK_PRINT(cudnnDestroy(handle));
+    CUDNN_CHECK(stream_status);
+    cudnn_ = handle;
+  }
+  return cudnn_;
+}
+
+void* CudaBackend::scratch(const Lock& held, size_t nbytes) {
+  check_held(held);
+  if (nbytes <= scratch_bytes_) return scratch_;
+  // Work already queued on the stream may still use the old buffer.
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+  const size_t old_bytes = scratch_bytes_;
+  if (scratch_ != nullptr) CUDA_CHECK(cudaFree(scratch_));
+  scratch_ = nullptr;
+  scratch_bytes_ = 0;
+  constexpr size_t kGranule = static_cast<size_t>(1) << 20;  // grow in whole MiB to avoid regrowing by a little
+  const size_t rounded = (nbytes + kGranule - 1) / kGranule * kGranule;
+  for (const size_t size : {rounded, old_bytes}) {
+    if (size == 0) break;
+    const cudaError_t cudaMalloc_status = cudaMalloc(&scratch_, size);
+    if (cudaMalloc_status == cudaSuccess) {
+      scratch_bytes_ = size;
+      break;
+    }
+    scratch_ = nullptr;
+    if (cudaMalloc_status != cudaErrorMemoryAllocation) CUDA_CHECK(cudaMalloc_status);
+    (void)cudaGetLastError();  // out of memory: try to get the old buffer back, then report failure
+  }
+  return nbytes <= scratch_bytes_ ? scratch_ : nullptr;
+}
+
+std::map<ConvKey, ConvAlgo>& CudaBackend::conv_algos(const Lock& held) {
+  check_held(held);
+  return conv_algos_;
+}
+
+// --- Entry points of cuda_backend.h ----------------------------------------------------------------
+
+int physical_device_count(std::string* why_none) {
+  try {
+    int count = 0;
+    const cudaError_t status = cudaGetDeviceCount(&count);
+    if (status != cudaSuccess) {
+      (void)cudaGetLastError();
+      if (why_none != nullptr) {
+        *why_none = ::evenflow::detail::str_cat("CUDA is not available: ", cudaGetErrorString(status), " (",
+                                                static_cast<int>(status), ")");
+      }
+      return 0;
+    }
+    if (count == 0 && why_none != nullptr) *why_none = "no CUDA GPU found";
+    return count;
+  } catch (...) {  // only std::bad_alloc from building the message; this function never throws
+    return 0;
+  }
+}
+
+std::unique_ptr<Backend> make_backend(int logical_index, int physical_id) {
+  std::string why_none;
+  const int count = physical_device_count(&why_none);
+  EF_CHECK(count > 0, "cuda:", logical_index, ": ", why_none);
+  EF_CHECK(physical_id >= 0 && physical_id < count, "cuda:", logical_index, " maps to GPU ", physical_id,
+           ", but this machine has ", count, " GPU", count == 1 ? "" : "s");
+  return std::make_unique<CudaBackend>(logical_index, physical_id);
+}
+
+namespace {
+
+// Lets `dst_gpu` reach `src_gpu`'s memory directly (NVLink / PCIe) where the hardware allows it,
+// once per pair. Without it cudaMemcpyPeerAsync still works, staged through the host. Called with
+// dst_gpu current.
+void enable_peer_access(int dst_gpu, int src_gpu) {
+  static std::mutex mu;
+  static std::set<std::pair<int, int>> tried;
+  std::lock_guard<std::mutex> lock(mu);
+  if (!tried.insert({dst_gpu, src_gpu}).second) return;
+  int can_access = 0;
+  if (cudaDeviceCanAccessPeer(&can_access, dst_gpu, src_gpu) != cudaSuccess || can_access == 0) {
+    (void)cudaGetLastError();
+    return;
+  }
+  // Already enabled (by someone else) or not possible after all: either way the copy still works.
+  if (cudaDeviceEnablePeerAccess(src_gpu, 0) != cudaSuccess) (void)cudaGetLastError();
+}
+
+// An event that records `stream`'s queued work, destroyed on scope exit.
+class StreamMark {
+ public:
+  explicit StreamMark(cudaStream_t stream) {
+    CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
+    const cudaError_t record_status = cudaEventRecord(event_, stream);
+    if (record_status != cudaSuccess) CUDA_CHECK_PRINT(cudaEventDestroy(event_));
+    CUDA_CHECK(record_status);
+  }
+  ~StreamMark() { CUDA_CHECK_PRINT(cudaEventDestroy(event_)); }
+  StreamMark(const StreamMark&) = delete;
+  StreamMark& operator=(const StreamMark&) = delete;
+  cudaEvent_t event() const { return event_; }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+};
+
+}  // namespace
+
+void copy_peer(Backend& dst_backend, void* dst, Backend& src_backend, const void* src, size_t nbytes) {
+  auto* to = dynamic_cast<CudaBackend*>(&dst_backend);
+  auto* from = dynamic_cast<CudaBackend*>(&src_backend);
+  EF_ASSERT(to != nullptr && from != nullptr, "copy_peer called with a backend that is not CUDA");
+  if (nbytes == 0) return;
+  // The copy runs on the destination's stream, after the source's queued work (which may still be
+  // writing src), and we wait for it: see cuda_backend.h.
+  from->activate();
+  const StreamMark src_ready(from->stream());
+  to->activate();
+  CUDA_CHECK(cudaStreamWaitEvent(to->stream(), src_ready.event(), 0));
+  if (to->physical_id() == from->physical_id()) {
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToDevice, to->stream()));
+  } else {
+    enable_peer_access(to->physical_id(), from->physical_id());
+    CUDA_CHECK(cudaMemcpyPeerAsync(dst, to->physical_id(), src, from->physical_id(), nbytes, to->stream()));
+  }
+  CUDA_CHECK(cudaStreamSynchronize(to->stream()));
+}
+
+}  // namespace evenflow::cuda_backend

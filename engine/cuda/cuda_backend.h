@@ -1,0 +1,26 @@
+// The CUDA backend's entry points, as seen from dispatch.cpp (plain C++: no CUDA headers here, so
+// g++-compiled files can include it). A backend is one logical CUDA device: a physical GPU plus its
+// own stream and library handles (see Note [Logical CUDA devices] in device.cpp).
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "engine/backend.h"
+
+namespace evenflow::cuda_backend {
+
+// The backend of logical device cuda:<logical_index>, running on GPU <physical_id>.
+std::unique_ptr<Backend> make_backend(int logical_index, int physical_id);
+
+// Number of physical GPUs. Never throws: on any error (no driver, driver too old, no device) it
+// returns 0 and, when why_none is not null, stores the reason there.
+int physical_device_count(std::string* why_none);
+
+// Copies nbytes from src (on src_backend's GPU) to dst (on dst_backend's GPU). Ordered after the
+// work queued on both devices and synchronous: it returns when the copy is done, so either side may
+// free or overwrite its buffer right away.
+void copy_peer(Backend& dst_backend, void* dst, Backend& src_backend, const void* src, size_t nbytes);
+
+}  // namespace evenflow::cuda_backend

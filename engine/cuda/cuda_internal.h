@@ -1,0 +1,106 @@
+// The CudaBackend class, shared by the three files that implement it: cuda_backend.cu (device,
+// stream, memory, copies, library handles), cuda_kernels.cu (elementwise ops, reductions, softmax,
+// pooling, indexing, random numbers, gemm) and cuda_conv.cu (cuDNN convolutions). Only .cu files
+// include this header; the rest of the engine sees cuda_backend.h.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "engine/backend.h"
+#include "engine/cuda/cuda_check.h"
+
+namespace evenflow::cuda_backend {
+
+// Note [Library handles and threads]
+// Any thread may call a backend: its device's worker thread, user threads, another device's worker
+// copying across. Kernel launches and stream operations are thread-safe, but a cuBLAS or cuDNN
+// handle must not be used by two threads at once, and the scratch buffer (library workspace) must
+// not be regrown while another thread has queued work that uses it. So each backend owns one handle
+// of each, bound to its stream, and `library_mu_`, held while a handle or the scratch buffer is in
+// use. The calls made under the lock only enqueue work on the stream, so it is held briefly; the
+// stream then runs the work in order, which is what makes one scratch buffer enough. Functions that
+// need the lock take the held lock as a parameter, so a caller cannot forget it.
+
+// A cuDNN algorithm chosen for one convolution shape (see cuda_conv.cu).
+struct ConvAlgo {
+  int algo = 0;       // a cudnnConvolution{Fwd,BwdData,BwdFilter}Algo_t
+  int math_type = 0;  // the cudnnMathType_t the algorithm runs with
+  size_t workspace = 0;
+};
+// Pass, dtype and the 16 ConvArgs fields: the shape a choice of algorithm depends on.
+using ConvKey = std::array<int64_t, 18>;
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend(int logical_index, int physical_id);
+  ~CudaBackend() override;
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  // Memory and copies (cuda_backend.cu).
+  void* raw_alloc(size_t nbytes) override;
+  void raw_free(void* ptr) override;
+  void copy_from_host(void* dst, const void* src, size_t nbytes) override;
+  void copy_to_host(void* dst, const void* src, size_t nbytes) override;
+  void synchronize() override;
+
+  // Kernels (cuda_kernels.cu).
+  void fill(const View& out, double value) override;
+  void arange(const View& out, double start, double step) override;
+  void copy(const View& out, const View& x) override;
+  void unary(UnaryOp op, const View& out, const View& x, double a, double b) override;
+  void binary(BinaryOp op, const View& out, const View& x, const View& y) override;
+  void where(const View& out, const View& cond, const View& x, const View& y) override;
+  void reduce(ReduceOp op, const View& out, const View& x) override;
+  void gemm(const GemmArgs& args) override;
+  void softmax(const View& out, const View& x, bool log) override;
+  void max_pool2d(const PoolArgs& args, const View& out, const View& indices, const View& x) override;
+  void gather(const View& out, const View& x, int dim, const View& index) override;
+  void scatter_add(const View& out, int dim, const View& index, const View& src) override;
+  void index_select(const View& out, const View& x, int dim, const View& index) override;
+  void index_add(const View& out, int dim, const View& index, const View& src) override;
+  void random(const View& out, RandomKind kind, double a, double b, uint64_t seed, uint64_t offset) override;
+
+  // Convolutions (cuda_conv.cu).
+  void conv2d(const ConvArgs& args, const View& y, const View& x, const View& w) override;
+  void conv2d_input_grad(const ConvArgs& args, const View& gx, const View& gy, const View& w) override;
+  void conv2d_weight_grad(const ConvArgs& args, const View& gw, const View& x, const View& gy) override;
+
+  int physical_id() const { return physical_id_; }
+  cudaStream_t stream() const { return stream_; }
+  int sm_count() const { return sm_count_; }
+  // "cuda:1 (GPU 0)", for messages.
+  std::string name() const;
+  // Makes this backend's GPU current on the calling thread; every entry point starts with it.
+  void activate() const;
+
+  // Library state, see Note [Library handles and threads]. Handles are created on first use.
+  using Lock = std::unique_lock<std::mutex>;
+  Lock lock_libraries() { return Lock{library_mu_}; }
+  cublasHandle_t cublas(const Lock& held);
+  cudnnHandle_t cudnn(const Lock& held);
+  // A device buffer of at least nbytes, valid until the next call; nullptr when out of memory.
+  void* scratch(const Lock& held, size_t nbytes);
+  std::map<ConvKey, ConvAlgo>& conv_algos(const Lock& held);
+
+ private:
+  void check_held(const Lock& held) const;
+
+  int logical_index_;
+  int physical_id_;
+  int sm_count_ = 1;
+  cudaStream_t stream_ = nullptr;
+
+  std::mutex library_mu_;
+  cublasHandle_t cublas_ = nullptr;
+  cudnnHandle_t cudnn_ = nullptr;
+  void* scratch_ = nullptr;
+  size_t scratch_bytes_ = 0;
+  std::map<ConvKey, ConvAlgo> conv_algos_;
+};
+
+}  // namespace evenflow::cuda_backend

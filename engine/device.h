@@ -1,0 +1,71 @@
+// Devices. `cpu:i` and `cuda:i` name logical devices. CPU devices are real, separate devices: each
+// has its own worker thread, allocator statistics and generator, so the whole multi-device engine
+// runs on a machine without a GPU. A CUDA logical device is a physical GPU plus a stream, library
+// handles and a worker thread; several logical devices may share one GPU (see Note [Logical CUDA
+// devices] in device.cpp).
+#pragma once
+
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace evenflow {
+
+enum class DeviceType : uint8_t { CPU, CUDA };
+
+struct Device {
+  DeviceType type = DeviceType::CPU;
+  int index = 0;
+
+  Device() = default;
+  Device(DeviceType t, int i) : type(t), index(i) {}
+  // Parses "cpu", "cpu:2", "cuda", "cuda:1"; throws ef::Error on anything else.
+  explicit Device(const std::string& spec);
+  Device(const char* spec) : Device(std::string(spec)) {}  // NOLINT: "cuda:0" reads naturally
+
+  bool is_cpu() const { return type == DeviceType::CPU; }
+  bool is_cuda() const { return type == DeviceType::CUDA; }
+  std::string str() const;
+  bool operator==(const Device& o) const { return type == o.type && index == o.index; }
+  bool operator!=(const Device& o) const { return !(*this == o); }
+  bool operator<(const Device& o) const { return type != o.type ? type < o.type : index < o.index; }
+};
+
+inline Device cpu(int index = 0) { return {DeviceType::CPU, index}; }
+inline Device cuda(int index = 0) { return {DeviceType::CUDA, index}; }
+
+inline constexpr int kMaxCpuDevices = 64;
+
+// Number of CUDA logical devices (0 without a GPU or a CUDA build; never throws).
+int cuda_device_count();
+// Why there are no CUDA devices ("built without CUDA", the driver's message, ...); empty if any.
+std::string cuda_unavailable_reason();
+// Maps logical CUDA devices to physical GPUs, e.g. {0, 0, 0, 0}: four logical devices on GPU 0.
+// Must be called before any CUDA device is used. Also read from EF_CUDA_DEVICES="0,0,0,0".
+void set_cuda_logical_devices(const std::vector<int>& physical_ids);
+
+// Throws ef::Error naming the device when it does not exist here.
+void check_device(const Device& d);
+
+// Blocks until all queued work on `d` is done.
+void synchronize(const Device& d);
+
+// Seeds every device's generator (and the default for devices created later).
+void manual_seed(uint64_t seed);
+void manual_seed(const Device& d, uint64_t seed);
+
+// A device's generator state: draws are a pure function of (seed, offset), see engine/random.h.
+struct GeneratorState {
+  uint64_t seed = 0;
+  uint64_t offset = 0;
+};
+GeneratorState generator_state(const Device& d);
+void set_generator_state(const Device& d, const GeneratorState& state);
+
+// Intra-op threads a CPU device's kernels use (default: hardware threads). Applies to every CPU
+// device; N CPU devices running concurrently share the machine's cores.
+void set_num_threads(int n);
+int num_threads();
+
+}  // namespace evenflow

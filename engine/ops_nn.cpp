@@ -1,0 +1,620 @@
+// Matrix products, convolution, pooling, resampling, softmax, indexing, dropout and normalization.
+// Fused kernels (gemm, conv, softmax, max-pool, gather/scatter) are ops whose backward is written
+// in ops; pooling, resampling and normalization are composites of those, so they are closed under
+// differentiation by construction.
+#include <algorithm>
+#include <cmath>
+
+#include "engine/ops.h"
+#include "engine/ops_util.h"
+
+namespace evenflow {
+
+using detail::backend_of;
+using detail::Grads;
+
+// --- matmul --------------------------------------------------------------------------------------------
+
+namespace {
+
+// One operand of a batched GEMM: a pointer, whether the stored matrix is transposed, its row
+// stride and its batch stride (0 when shared by every batch entry). `keep` owns any copy made.
+struct GemmOperand {
+  Tensor keep;
+  const void* data = nullptr;
+  bool trans = false;
+  int64_t ld = 0;
+  int64_t batch_stride = 0;
+};
+
+// Describes t, broadcast to batch_shape + its own last two dims, without copying when its strides
+// allow: a row-major or column-major matrix, batch dims that collapse to one stride.
+GemmOperand gemm_operand(const Tensor& t_in, const Shape& batch_shape) {
+  Tensor t = t_in.detach();
+  const int64_t rows = t.size(-2), cols = t.size(-1);
+  Shape full = batch_shape;
+  full.push_back(rows);
+  full.push_back(cols);
+  if (t.shape() != full) t = expand(t, full);
+  auto layout_ok = [&](const Tensor& m, bool& trans, int64_t& ld) {
+    const int64_t rs = m.strides()[m.strides().size() - 2], cs = m.strides().back();
+    if ((cs == 1 || cols == 1) && rs >= cols) {
+      trans = false;
+      ld = std::max<int64_t>(rs, std::max<int64_t>(cols, 1));
+      return true;
+    }
+    if ((rs == 1 || rows == 1) && cs >= rows) {
+      trans = true;
+      ld = std::max<int64_t>(cs, std::max<int64_t>(rows, 1));
+      return true;
+    }
+    return false;
+  };
+  // Batch dims must collapse to a single stride (all-zero strides count: a broadcast operand).
+  auto batch_stride_of = [&](const Tensor& m, int64_t& stride) {
+    stride = 0;
+    bool first = true;
+    int64_t expected = 0;
+    for (size_t i = batch_shape.size(); i-- > 0;) {
+      if (m.shape()[i] == 1) continue;
+      const int64_t s = m.strides()[i];
+      if (first) {
+        stride = s;
+        expected = s * m.shape()[i];
+        first = false;
+      } else {
+        if (s != expected) return false;
+        expected = s * m.shape()[i];
+      }
+    }
+    return true;
+  };
+  GemmOperand op;
+  if (!layout_ok(t, op.trans, op.ld) || !batch_stride_of(t, op.batch_stride)) {
+    t = clone(t);
+    layout_ok(t, op.trans, op.ld);
+    batch_stride_of(t, op.batch_stride);
+  }
+  op.keep = t;
+  op.data = t.data_ptr();
+  return op;
+}
+
+}  // namespace
+
+Tensor matmul(const Tensor& a, const Tensor& b) {
+  detail::check_float("matmul", a, "first input");
+  detail::check_compatible("matmul", a, b);
+  EF_CHECK(a.dim() >= 2 && b.dim() >= 2, "matmul: expected tensors with at least 2 dims, got ", shape_str(a.shape()),
+           " and ", shape_str(b.shape()));
+  const int64_t m = a.size(-2), k = a.size(-1), n = b.size(-1);
+  EF_CHECK(b.size(-2) == k, "matmul: shapes ", shape_str(a.shape()), " and ", shape_str(b.shape()),
+           " cannot be multiplied (", k, " vs ", b.size(-2), ")");
+  // [..., M, K] x [K, N]: one GEMM with the batch folded into M (its gradients follow the same path).
+  if (b.dim() == 2 && a.dim() > 2) {
+    Shape out_shape(a.shape().begin(), a.shape().end() - 1);
+    out_shape.push_back(n);
+    return reshape(matmul(reshape(a, {-1, k}), b), out_shape);
+  }
+  const Shape batch = detail::broadcast_shapes("matmul", Shape(a.shape().begin(), a.shape().end() - 2),
+                                               Shape(b.shape().begin(), b.shape().end() - 2));
+  Shape out_shape = batch;
+  out_shape.push_back(m);
+  out_shape.push_back(n);
+  Tensor y = detail::empty_like_shape(a, out_shape);
+  if (y.numel() > 0) {
+    if (k == 0) {
+      backend_of(a).fill(y.view(), 0.0);
+    } else {
+      const GemmOperand oa = gemm_operand(a, batch), ob = gemm_operand(b, batch);
+      GemmArgs g;
+      g.dtype = a.dtype();
+      g.m = m;
+      g.n = n;
+      g.k = k;
+      g.batch = numel_of(batch);
+      g.a = oa.data;
+      g.trans_a = oa.trans;
+      g.lda = oa.ld;
+      g.stride_a = oa.batch_stride;
+      g.b = ob.data;
+      g.trans_b = ob.trans;
+      g.ldb = ob.ld;
+      g.stride_b = ob.batch_stride;
+      g.c = y.data_ptr();
+      g.ldc = n;
+      g.stride_c = m * n;
+      backend_of(a).gemm(g);
+    }
+  }
+  // dA = g·Bᵀ [M,N]x[N,K], dB = Aᵀ·g [K,M]x[M,N], each summed over broadcast batch dims.
+  record("matmul", {y}, {a, b}, {a, b}, [a, b](const Grads& g) {
+    return Grads{a.requires_grad() ? sum_to(matmul(g[0], transpose(b, -1, -2)), a.shape()) : Tensor(),
+                 b.requires_grad() ? sum_to(matmul(transpose(a, -1, -2), g[0]), b.shape()) : Tensor()};
+  });
+  return y;
+}
+
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  detail::check_float("linear", x);
+  detail::check_compatible("linear", x, weight, "input", "weight");
+  EF_CHECK(weight.dim() == 2, "linear: weight must be 2-D [out, in], got ", shape_str(weight.shape()));
+  EF_CHECK(x.dim() >= 1 && x.size(-1) == weight.size(1), "linear: input has ", x.dim() ? x.size(-1) : 0,
+           " features, weight expects ", weight.size(1));
+  const Tensor x2 = x.dim() == 1 ? unsqueeze(x, 0) : x;
+  Tensor y = matmul(x2, transpose(weight, 0, 1));
+  if (bias.defined()) {
+    detail::check_compatible("linear", x, bias, "input", "bias");
+    EF_CHECK(bias.dim() == 1 && bias.size(0) == weight.size(0), "linear: bias has shape ", shape_str(bias.shape()),
+             ", expected [", weight.size(0), "]");
+    y = y + bias;
+  }
+  return x.dim() == 1 ? squeeze(y, 0) : y;
+}
+
+// --- Convolution -----------------------------------------------------------------------------------------
+
+// Note [Conv double backward]
+// conv2d(x, w)              -> dx = conv2d_input_grad(gy, w),      dw = conv2d_weight_grad(x, gy)
+// conv2d_input_grad(gy, w)  -> d/dgy = conv2d(ggx, w),            d/dw = conv2d_weight_grad(ggx, gy)
+// conv2d_weight_grad(x, gy) -> d/dx = conv2d_input_grad(gy, ggw), d/dgy = conv2d(x, ggw)
+// Each is linear in each argument, so the three ops are closed under differentiation.
+
+namespace {
+
+ConvArgs conv_args(const char* op, const Shape& x, const Shape& w, const Conv2dOptions& o) {
+  EF_CHECK(x.size() == 4, op, ": input must be 4-D [N, C, H, W], got ", shape_str(x));
+  EF_CHECK(w.size() == 4, op, ": weight must be 4-D [O, C/groups, kh, kw], got ", shape_str(w));
+  EF_CHECK(o.groups >= 1, op, ": groups must be positive, got ", o.groups);
+  EF_CHECK(o.stride.first >= 1 && o.stride.second >= 1, op, ": stride must be positive");
+  EF_CHECK(o.dilation.first >= 1 && o.dilation.second >= 1, op, ": dilation must be positive");
+  EF_CHECK(o.padding.first >= 0 && o.padding.second >= 0, op, ": padding must be non-negative");
+  EF_CHECK(x[1] == w[1] * o.groups, op, ": input has ", x[1], " channels, weight expects ", w[1] * o.groups,
+           " (", w[1], " per group x ", o.groups, " groups)");
+  EF_CHECK(w[0] % o.groups == 0, op, ": ", w[0], " output channels are not divisible by ", o.groups, " groups");
+  ConvArgs a;
+  a.n = x[0];
+  a.c_in = x[1];
+  a.h = x[2];
+  a.w = x[3];
+  a.c_out = w[0];
+  a.kh = w[2];
+  a.kw = w[3];
+  a.stride_h = o.stride.first;
+  a.stride_w = o.stride.second;
+  a.pad_h = o.padding.first;
+  a.pad_w = o.padding.second;
+  a.dil_h = o.dilation.first;
+  a.dil_w = o.dilation.second;
+  a.groups = o.groups;
+  const int64_t eff_h = a.dil_h * (a.kh - 1) + 1, eff_w = a.dil_w * (a.kw - 1) + 1;
+  EF_CHECK(a.h + 2 * a.pad_h >= eff_h && a.w + 2 * a.pad_w >= eff_w, op, ": input ", a.h, "x", a.w, " (padded ",
+           a.h + 2 * a.pad_h, "x", a.w + 2 * a.pad_w, ") is smaller than the kernel ", eff_h, "x", eff_w);
+  a.oh = (a.h + 2 * a.pad_h - eff_h) / a.stride_h + 1;
+  a.ow = (a.w + 2 * a.pad_w - eff_w) / a.stride_w + 1;
+  return a;
+}
+
+}  // namespace
+
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const Conv2dOptions& o) {
+  detail::check_float("conv2d", x);
+  detail::check_compatible("conv2d", x, weight, "input", "weight");
+  const ConvArgs a = conv_args("conv2d", x.shape(), weight.shape(), o);
+  Tensor y = detail::empty_like_shape(x, {a.n, a.c_out, a.oh, a.ow});
+  if (y.numel() > 0) backend_of(x).conv2d(a, y.view(), x.contiguous().view(), weight.contiguous().view());
+  record("conv2d", {y}, {x, weight}, {x, weight}, [x, weight, o](const Grads& g) {
+    return Grads{x.requires_grad() ? conv2d_input_grad(g[0], weight, x.shape(), o) : Tensor(),
+                 weight.requires_grad() ? conv2d_weight_grad(x, g[0], weight.shape(), o) : Tensor()};
+  });
+  if (bias.defined()) {
+    detail::check_compatible("conv2d", x, bias, "input", "bias");
+    EF_CHECK(bias.dim() == 1 && bias.size(0) == a.c_out, "conv2d: bias has shape ", shape_str(bias.shape()), ", expected [",
+             a.c_out, "]");
+    y = y + reshape(bias, {1, a.c_out, 1, 1});
+  }
+  return y;
+}
+
+Tensor conv2d_input_grad(const Tensor& gy, const Tensor& weight, const Shape& input_shape, const Conv2dOptions& o) {
+  detail::check_float("conv2d_input_grad", gy);
+  detail::check_compatible("conv2d_input_grad", gy, weight, "gradient", "weight");
+  const ConvArgs a = conv_args("conv2d_input_grad", input_shape, weight.shape(), o);
+  EF_CHECK(gy.shape() == Shape({a.n, a.c_out, a.oh, a.ow}), "conv2d_input_grad: gradient has shape ",
+           shape_str(gy.shape()), ", the convolution's output is ", shape_str({a.n, a.c_out, a.oh, a.ow}));
+  Tensor gx = detail::empty_like_shape(gy, input_shape);
+  if (gx.numel() > 0) backend_of(gy).conv2d_input_grad(a, gx.view(), gy.contiguous().view(), weight.contiguous().view());
+  record("conv2d_input_grad", {gx}, {gy, weight}, {gy, weight}, [gy, weight, o](const Grads& g) {
+    return Grads{gy.requires_grad() ? conv2d(g[0], weight, Tensor(), o) : Tensor(),
+                 weight.requires_grad() ? conv2d_weight_grad(g[0], gy, weight.shape(), o) : Tensor()};
+  });
+  return gx;
+}
+
+Tensor conv2d_weight_grad(const Tensor& x, const Tensor& gy, const Shape& weight_shape, const Conv2dOptions& o) {
+  detail::check_float("conv2d_weight_grad", x);
+  detail::check_compatible("conv2d_weight_grad", x, gy, "input", "gradient");
+  const ConvArgs a = conv_args("conv2d_weight_grad", x.shape(), weight_shape, o);
+  EF_CHECK(gy.shape() == Shape({a.n, a.c_out, a.oh, a.ow}), "conv2d_weight_grad: gradient has shape ",
+           shape_str(gy.shape()), ", the convolution's output is ", shape_str({a.n, a.c_out, a.oh, a.ow}));
+  Tensor gw = detail::empty_like_shape(x, weight_shape);
+  if (gw.numel() > 0) {
+    if (x.numel() == 0) backend_of(x).fill(gw.view(), 0.0);
+    else backend_of(x).conv2d_weight_grad(a, gw.view(), x.contiguous().view(), gy.contiguous().view());
+  }
+  record("conv2d_weight_grad", {gw}, {x, gy}, {x, gy}, [x, gy, o](const Grads& g) {
+    return Grads{x.requires_grad() ? conv2d_input_grad(gy, g[0], x.shape(), o) : Tensor(),
+                 gy.requires_grad() ? conv2d(x, g[0], Tensor(), o) : Tensor()};
+  });
+  return gw;
+}
+
+Tensor conv_transpose2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const ConvTranspose2dOptions& o) {
+  detail::check_float("conv_transpose2d", x);
+  detail::check_compatible("conv_transpose2d", x, weight, "input", "weight");
+  EF_CHECK(x.dim() == 4 && weight.dim() == 4, "conv_transpose2d: expected 4-D input and weight, got ",
+           shape_str(x.shape()), " and ", shape_str(weight.shape()));
+  EF_CHECK(x.size(1) == weight.size(0), "conv_transpose2d: input has ", x.size(1), " channels, weight expects ",
+           weight.size(0));
+  for (auto [op, s, d] : {std::tuple{o.output_padding.first, o.stride.first, o.dilation.first},
+                          std::tuple{o.output_padding.second, o.stride.second, o.dilation.second}})
+    EF_CHECK(op >= 0 && (op < s || op < d), "conv_transpose2d: output_padding ", op,
+             " must be smaller than stride ", s, " or dilation ", d);
+  const int64_t c_out = weight.size(1) * o.groups;
+  const int64_t oh = (x.size(2) - 1) * o.stride.first - 2 * o.padding.first + o.dilation.first * (weight.size(2) - 1) +
+                     o.output_padding.first + 1;
+  const int64_t ow = (x.size(3) - 1) * o.stride.second - 2 * o.padding.second +
+                     o.dilation.second * (weight.size(3) - 1) + o.output_padding.second + 1;
+  EF_CHECK(oh > 0 && ow > 0, "conv_transpose2d: output size ", oh, "x", ow, " is not positive");
+  Tensor y = conv2d_input_grad(x, weight, {x.size(0), c_out, oh, ow},
+                               Conv2dOptions{.stride = o.stride, .padding = o.padding, .dilation = o.dilation, .groups = o.groups});
+  if (bias.defined()) {
+    detail::check_compatible("conv_transpose2d", x, bias, "input", "bias");
+    EF_CHECK(bias.dim() == 1 && bias.size(0) == c_out, "conv_transpose2d: bias has shape ", shape_str(bias.shape()),
+             ", expected [", c_out, "]");
+    y = y + reshape(bias, {1, c_out, 1, 1});
+  }
+  return y;
+}
+
+// --- Pooling and resampling ------------------------------------------------------------------------------
+
+namespace {
+
+int64_t pooled_size(const char* op, int64_t in, int64_t k, int64_t s, int64_t p, int64_t d, bool ceil_mode) {
+  EF_CHECK(k >= 1 && s >= 1 && d >= 1 && p >= 0, op, ": kernel, stride and dilation must be positive, padding non-negative");
+  const int64_t eff = d * (k - 1) + 1;
+  EF_CHECK(2 * p <= eff, op, ": padding ", p, " must be at most half the kernel size ", eff);
+  const int64_t span = in + 2 * p - eff;
+  EF_CHECK(span >= 0, op, ": input size ", in, " (padded ", in + 2 * p, ") is smaller than the kernel ", eff);
+  int64_t out = (ceil_mode ? (span + s - 1) / s : span / s) + 1;
+  if (ceil_mode && (out - 1) * s >= in + p) --out;  // the last window must start inside the input
+  return out;
+}
+
+}  // namespace
+
+Tensor max_pool2d(const Tensor& x, const Pool2dOptions& o) {
+  detail::check_float("max_pool2d", x);
+  EF_CHECK(x.dim() == 4, "max_pool2d: input must be 4-D [N, C, H, W], got ", shape_str(x.shape()));
+  const auto stride = o.stride.value_or(o.kernel);
+  PoolArgs a;
+  a.n = x.size(0);
+  a.c = x.size(1);
+  a.h = x.size(2);
+  a.w = x.size(3);
+  a.kh = o.kernel.first;
+  a.kw = o.kernel.second;
+  a.stride_h = stride.first;
+  a.stride_w = stride.second;
+  a.pad_h = o.padding.first;
+  a.pad_w = o.padding.second;
+  a.dil_h = o.dilation.first;
+  a.dil_w = o.dilation.second;
+  a.oh = pooled_size("max_pool2d", a.h, a.kh, a.stride_h, a.pad_h, a.dil_h, o.ceil_mode);
+  a.ow = pooled_size("max_pool2d", a.w, a.kw, a.stride_w, a.pad_w, a.dil_w, o.ceil_mode);
+  Tensor y = detail::empty_like_shape(x, {a.n, a.c, a.oh, a.ow});
+  Tensor idx = empty({a.n, a.c, a.oh, a.ow}, {.dtype = kInt64, .device = x.device()});
+  if (y.numel() > 0) backend_of(x).max_pool2d(a, y.view(), idx.view(), x.contiguous().view());
+  // The gradient goes to each window's argmax: a scatter_add over the flattened planes, whose own
+  // derivative is a gather with the same indices.
+  record("max_pool2d", {y}, {x}, {}, [idx, in = x.shape()](const Grads& g) {
+    const int64_t n = in[0], c = in[1];
+    const Tensor flat_idx = idx.reshape({n, c, -1});
+    const Tensor zero = zeros({n, c, in[2] * in[3]}, detail::options_of(g[0]));
+    return Grads{reshape(scatter_add(zero, 2, flat_idx, reshape(g[0], {n, c, -1})), in)};
+  });
+  return y;
+}
+
+Tensor avg_pool2d(const Tensor& x, const Pool2dOptions& o) {
+  detail::check_float("avg_pool2d", x);
+  EF_CHECK(x.dim() == 4, "avg_pool2d: input must be 4-D [N, C, H, W], got ", shape_str(x.shape()));
+  EF_CHECK(!o.ceil_mode, "avg_pool2d: ceil_mode is not supported");
+  EF_CHECK(o.dilation.first == 1 && o.dilation.second == 1, "avg_pool2d: dilation is not supported");
+  const auto stride = o.stride.value_or(o.kernel);
+  pooled_size("avg_pool2d", x.size(2), o.kernel.first, stride.first, o.padding.first, 1, false);
+  pooled_size("avg_pool2d", x.size(3), o.kernel.second, stride.second, o.padding.second, 1, false);
+  // A window average is a depthwise convolution with a constant kernel: it inherits conv2d's
+  // derivatives of every order.
+  const int64_t n = x.size(0), c = x.size(1);
+  const Conv2dOptions co{.stride = stride, .padding = o.padding};
+  const Tensor ones_kernel = ones({1, 1, o.kernel.first, o.kernel.second}, detail::options_of(x));
+  const Tensor sums = conv2d(reshape(x, {n * c, 1, x.size(2), x.size(3)}), ones_kernel, Tensor(), co);
+  Tensor avg;
+  if (o.count_include_pad || (o.padding.first == 0 && o.padding.second == 0)) {
+    avg = mul_scalar(sums, 1.0 / static_cast<double>(o.kernel.first * o.kernel.second));
+  } else {
+    Tensor counts;
+    {
+      NoGradGuard no_grad;
+      counts = conv2d(ones({1, 1, x.size(2), x.size(3)}, detail::options_of(x)), ones_kernel, Tensor(), co);
+    }
+    avg = sums / counts;
+  }
+  return reshape(avg, {n, c, avg.size(2), avg.size(3)});
+}
+
+namespace {
+
+
+Tensor matrix_from(const std::vector<double>& values, int64_t rows, int64_t cols, const Tensor& like) {
+  return from_vector(values, {rows, cols}, detail::options_of(like));
+}
+
+Tensor adaptive_matrix(int64_t out, int64_t in, const Tensor& like) {
+  std::vector<double> m(static_cast<size_t>(out * in), 0.0);
+  for (int64_t i = 0; i < out; ++i) {
+    const int64_t start = (i * in) / out, end = ((i + 1) * in + out - 1) / out;
+    for (int64_t j = start; j < end; ++j) m[static_cast<size_t>(i * in + j)] = 1.0 / static_cast<double>(end - start);
+  }
+  return matrix_from(m, out, in, like);
+}
+
+// PyTorch's source coordinates: align_corners maps the corner pixels' centres onto each other;
+// otherwise pixel centres are scaled by in/out and clamped at 0.
+Tensor bilinear_matrix(int64_t out, int64_t in, bool align_corners, const Tensor& like) {
+  std::vector<double> m(static_cast<size_t>(out * in), 0.0);
+  for (int64_t i = 0; i < out; ++i) {
+    double src;
+    if (align_corners) src = out > 1 ? static_cast<double>(i) * static_cast<double>(in - 1) / static_cast<double>(out - 1) : 0.0;
+    else src = std::max((static_cast<double>(i) + 0.5) * static_cast<double>(in) / static_cast<double>(out) - 0.5, 0.0);
+    const int64_t i0 = std::min<int64_t>(static_cast<int64_t>(std::floor(src)), in - 1);
+    const int64_t i1 = std::min<int64_t>(i0 + 1, in - 1);
+    const double l = src - static_cast<double>(i0);
+    m[static_cast<size_t>(i * in + i0)] += 1.0 - l;
+    m[static_cast<size_t>(i * in + i1)] += l;
+  }
+  return matrix_from(m, out, in, like);
+}
+
+void check_resample(const char* op, const Tensor& x, std::pair<int64_t, int64_t> size) {
+  detail::check_float(op, x);
+  EF_CHECK(x.dim() == 4, op, ": input must be 4-D [N, C, H, W], got ", shape_str(x.shape()));
+  EF_CHECK(size.first >= 1 && size.second >= 1, op, ": output size must be positive, got ", size.first, "x", size.second);
+  EF_CHECK(x.size(2) >= 1 && x.size(3) >= 1, op, ": input has an empty spatial dim ", shape_str(x.shape()));
+}
+
+// rows·x·colsᵀ over the last two dims: [OH,H] x [N,C,H,W] x [W,OW].
+Tensor separable(const Tensor& rows, const Tensor& x, const Tensor& cols) {
+  return matmul(matmul(rows, x), transpose(cols, 0, 1));
+}
+
+}  // namespace
+
+Tensor adaptive_avg_pool2d(const Tensor& x, std::pair<int64_t, int64_t> size) {
+  check_resample("adaptive_avg_pool2d", x, size);
+  return separable(adaptive_matrix(size.first, x.size(2), x), x, adaptive_matrix(size.second, x.size(3), x));
+}
+
+Tensor upsample_bilinear2d(const Tensor& x, std::pair<int64_t, int64_t> size, bool align_corners) {
+  check_resample("upsample_bilinear2d", x, size);
+  return separable(bilinear_matrix(size.first, x.size(2), align_corners, x), x,
+                   bilinear_matrix(size.second, x.size(3), align_corners, x));
+}
+
+Tensor upsample_nearest2d(const Tensor& x, std::pair<int64_t, int64_t> size) {
+  check_resample("upsample_nearest2d", x, size);
+  auto nearest = [&](int64_t out, int64_t in) {
+    std::vector<int64_t> idx(static_cast<size_t>(out));
+    for (int64_t i = 0; i < out; ++i)
+      idx[static_cast<size_t>(i)] = std::min<int64_t>(static_cast<int64_t>(std::floor(static_cast<double>(i) *
+                                                                                      static_cast<double>(in) /
+                                                                                      static_cast<double>(out))),
+                                                      in - 1);
+    return from_int_vector(idx, {out}, x.device());
+  };
+  return index_select(index_select(x, 2, nearest(size.first, x.size(2))), 3, nearest(size.second, x.size(3)));
+}
+
+// --- Softmax ---------------------------------------------------------------------------------------------
+
+static Tensor softmax_kernel(const char* op, const Tensor& x, int64_t dim, bool log) {
+  detail::check_float(op, x);
+  const int64_t d = normalize_dim(dim, x.dim(), op);
+  if (x.dim() == 0) return log ? zeros_like(x) : ones_like(x);
+  const int64_t last = x.dim() - 1;
+  const Tensor moved = transpose(x.detach(), d, last).contiguous();
+  Tensor out = detail::empty_like_shape(x, moved.shape());
+  if (out.numel() > 0) {
+    const int64_t cols = moved.size(-1);
+    View in_v = moved.view(), out_v = out.view();
+    for (View* v : {&in_v, &out_v}) {
+      v->ndim = 2;
+      v->shape[0] = moved.numel() / cols;
+      v->shape[1] = cols;
+      v->strides[0] = cols;
+      v->strides[1] = 1;
+    }
+    backend_of(x).softmax(out_v, in_v, log);
+  }
+  NoGradGuard no_grad;
+  return transpose(out, d, last);
+}
+
+Tensor softmax(const Tensor& x, int64_t dim) {
+  Tensor y = softmax_kernel("softmax", x, dim, false);
+  record("softmax", {y}, {x}, {x}, [x, dim](const Grads& g) {
+    const Tensor s = softmax(x, dim);  // recomputed from the input: capturing y would be a cycle
+    return Grads{s * (g[0] - sum(g[0] * s, {dim}, true))};
+  });
+  return y;
+}
+
+Tensor log_softmax(const Tensor& x, int64_t dim) {
+  Tensor y = softmax_kernel("log_softmax", x, dim, true);
+  record("log_softmax", {y}, {x}, {x}, [x, dim](const Grads& g) {
+    return Grads{g[0] - softmax(x, dim) * sum(g[0], {dim}, true)};
+  });
+  return y;
+}
+
+// --- Indexing ----------------------------------------------------------------------------------------------
+
+static void check_gather_shapes(const char* op, const Tensor& x, int64_t d, const Tensor& index) {
+  EF_CHECK(index.dim() == x.dim(), op, ": index has ", index.dim(), " dims, input has ", x.dim());
+  for (int64_t i = 0; i < x.dim(); ++i)
+    EF_CHECK(i == d || index.size(i) <= x.size(i), op, ": index shape ", shape_str(index.shape()),
+             " is larger than input shape ", shape_str(x.shape()), " in dim ", i);
+}
+
+Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
+  detail::check_float("gather", x);
+  detail::check_index("gather", index, x);
+  const int64_t d = normalize_dim(dim, x.dim(), "gather");
+  check_gather_shapes("gather", x, d, index);
+  const Tensor idx = index.contiguous();
+  Tensor y = detail::empty_like_shape(x, index.shape());
+  if (y.numel() > 0) backend_of(x).gather(y.view(), x.view(), static_cast<int>(d), idx.view());
+  record("gather", {y}, {x}, {}, [idx, d, in = x.shape()](const Grads& g) {
+    return Grads{scatter_add(zeros(in, detail::options_of(g[0])), d, idx, g[0])};
+  });
+  return y;
+}
+
+Tensor scatter_add(const Tensor& base, int64_t dim, const Tensor& index, const Tensor& src) {
+  detail::check_float("scatter_add", base);
+  detail::check_compatible("scatter_add", base, src, "input", "source");
+  detail::check_index("scatter_add", index, base);
+  const int64_t d = normalize_dim(dim, base.dim(), "scatter_add");
+  check_gather_shapes("scatter_add", base, d, index);
+  EF_CHECK(src.shape() == index.shape(), "scatter_add: source shape ", shape_str(src.shape()), " differs from index shape ",
+           shape_str(index.shape()));
+  const Tensor idx = index.contiguous();
+  Tensor y = clone(base.detach());
+  if (src.numel() > 0) backend_of(base).scatter_add(y.view(), static_cast<int>(d), idx.view(), src.view());
+  record("scatter_add", {y}, {base, src}, {}, [idx, d](const Grads& g) { return Grads{g[0], gather(g[0], d, idx)}; });
+  return y;
+}
+
+Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
+  detail::check_float("index_select", x);
+  detail::check_index("index_select", index, x);
+  EF_CHECK(index.dim() == 1, "index_select: index must be 1-D, got ", shape_str(index.shape()));
+  const int64_t d = normalize_dim(dim, x.dim(), "index_select");
+  const Tensor idx = index.contiguous();
+  Shape shape = x.shape();
+  shape[static_cast<size_t>(d)] = index.numel();
+  Tensor y = detail::empty_like_shape(x, shape);
+  if (y.numel() > 0) backend_of(x).index_select(y.view(), x.view(), static_cast<int>(d), idx.view());
+  record("index_select", {y}, {x}, {}, [idx, d, in = x.shape()](const Grads& g) {
+    return Grads{index_add(zeros(in, detail::options_of(g[0])), d, idx, g[0])};
+  });
+  return y;
+}
+
+Tensor index_add(const Tensor& base, int64_t dim, const Tensor& index, const Tensor& src) {
+  detail::check_float("index_add", base);
+  detail::check_compatible("index_add", base, src, "input", "source");
+  detail::check_index("index_add", index, base);
+  EF_CHECK(index.dim() == 1, "index_add: index must be 1-D, got ", shape_str(index.shape()));
+  const int64_t d = normalize_dim(dim, base.dim(), "index_add");
+  Shape expected = base.shape();
+  expected[static_cast<size_t>(d)] = index.numel();
+  EF_CHECK(src.shape() == expected, "index_add: source shape ", shape_str(src.shape()), ", expected ", shape_str(expected));
+  const Tensor idx = index.contiguous();
+  Tensor y = clone(base.detach());
+  if (src.numel() > 0) backend_of(base).index_add(y.view(), static_cast<int>(d), idx.view(), src.view());
+  record("index_add", {y}, {base, src}, {}, [idx, d](const Grads& g) { return Grads{g[0], index_select(g[0], d, idx)}; });
+  return y;
+}
+
+Tensor dropout(const Tensor& x, double p, bool training) {
+  detail::check_float("dropout", x);
+  EF_CHECK(p >= 0 && p <= 1, "dropout: p must be in [0, 1], got ", p);
+  if (!training || p == 0) return x;
+  if (p == 1) return x * zeros_like(x);
+  const Tensor mask = mul_scalar(bernoulli(x.shape(), 1.0 - p, detail::options_of(x)), 1.0 / (1.0 - p));
+  return x * mask;
+}
+
+// --- Normalization ---------------------------------------------------------------------------------------
+
+Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
+                  const Tensor& running_var, bool training, double momentum, double eps) {
+  detail::check_float("batch_norm", x);
+  EF_CHECK(x.dim() >= 2, "batch_norm: input must have at least 2 dims [N, C, ...], got ", shape_str(x.shape()));
+  const int64_t c = x.size(1);
+  Shape stat_shape(static_cast<size_t>(x.dim()), 1);
+  stat_shape[1] = c;
+  Shape dims{0};
+  for (int64_t i = 2; i < x.dim(); ++i) dims.push_back(i);
+  for (auto [t, what] : {std::pair{weight, "weight"}, std::pair{bias, "bias"}, std::pair{running_mean, "running_mean"},
+                         std::pair{running_var, "running_var"}}) {
+    if (!t.defined()) continue;
+    detail::check_compatible("batch_norm", x, t, "input", what);
+    EF_CHECK(t.dim() == 1 && t.size(0) == c, "batch_norm: ", what, " has shape ", shape_str(t.shape()), ", expected [", c, "]");
+  }
+  Tensor centered, inv_std;
+  if (training) {
+    const int64_t n = x.numel() / c;
+    EF_CHECK(n > 1, "batch_norm: expected more than 1 value per channel when training, got input shape ",
+             shape_str(x.shape()));
+    const Tensor mu = mean(x, dims, true);
+    centered = x - mu;
+    const Tensor v = mean(square(centered), dims, true);
+    inv_std = rsqrt(v + eps);
+    if (running_mean.defined() || running_var.defined()) {
+      NoGradGuard no_grad;
+      if (running_mean.defined()) {
+        running_mean.mul_(1.0 - momentum);
+        running_mean.add_(reshape(mu.detach(), {c}), momentum);
+      }
+      if (running_var.defined()) {
+        running_var.mul_(1.0 - momentum);
+        running_var.add_(reshape(v.detach(), {c}), momentum * static_cast<double>(n) / static_cast<double>(n - 1));
+      }
+    }
+  } else {
+    EF_CHECK(running_mean.defined() && running_var.defined(), "batch_norm: eval mode needs running_mean and running_var");
+    centered = x - reshape(running_mean, stat_shape);
+    inv_std = rsqrt(reshape(running_var, stat_shape) + eps);
+  }
+  Tensor y = centered * inv_std;
+  if (weight.defined()) y = y * reshape(weight, stat_shape);
+  if (bias.defined()) y = y + reshape(bias, stat_shape);
+  return y;
+}
+
+Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias, double eps) {
+  detail::check_float("layer_norm", x);
+  const int64_t k = static_cast<int64_t>(normalized_shape.size());
+  EF_CHECK(k >= 1 && k <= x.dim() && Shape(x.shape().end() - k, x.shape().end()) == normalized_shape,
+           "layer_norm: input shape ", shape_str(x.shape()), " does not end with normalized_shape ",
+           shape_str(normalized_shape));
+  for (auto [t, what] : {std::pair{weight, "weight"}, std::pair{bias, "bias"}}) {
+    if (!t.defined()) continue;
+    detail::check_compatible("layer_norm", x, t, "input", what);
+    EF_CHECK(t.shape() == normalized_shape, "layer_norm: ", what, " has shape ", shape_str(t.shape()), ", expected ",
+             shape_str(normalized_shape));
+  }
+  Shape dims;
+  for (int64_t i = x.dim() - k; i < x.dim(); ++i) dims.push_back(i);
+  const Tensor centered = x - mean(x, dims, true);
+  Tensor y = centered * rsqrt(mean(square(centered), dims, true) + eps);
+  if (weight.defined()) y = y * weight;
+  if (bias.defined()) y = y + bias;
+  return y;
+}
+
+}  // namespace evenflow

@@ -1,0 +1,323 @@
+#include "engine/tensor.h"
+
+#include <cstring>
+#include <iomanip>
+#include <ostream>
+#include <sstream>
+
+#include "engine/autograd.h"
+#include "engine/context.h"
+#include "engine/ops.h"
+
+namespace evenflow {
+
+std::string shape_str(const Shape& s) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < s.size(); ++i) os << (i ? ", " : "") << s[i];
+  os << "]";
+  return os.str();
+}
+
+int64_t numel_of(const Shape& s) {
+  int64_t n = 1;
+  for (int64_t d : s) n *= d;
+  return n;
+}
+
+Shape contiguous_strides(const Shape& s) {
+  Shape st(s.size());
+  int64_t acc = 1;
+  for (size_t i = s.size(); i-- > 0;) {
+    st[i] = acc;
+    acc *= s[i];
+  }
+  return st;
+}
+
+int64_t normalize_dim(int64_t dim, int64_t ndim, const char* op) {
+  const int64_t lo = ndim == 0 ? -1 : -ndim, hi = ndim == 0 ? 0 : ndim - 1;
+  EF_CHECK(dim >= lo && dim <= hi, op, ": dim ", dim, " is out of range for a tensor with ", ndim,
+           " dims (expected ", lo, "..", hi, ")");
+  return dim < 0 ? dim + std::max<int64_t>(ndim, 1) : dim;
+}
+
+Storage::Storage(Device d, size_t n) : device(d), context(&evenflow::context(d)), nbytes(n) {
+  data = context->allocator().allocate(n, &block_bytes);
+}
+
+Storage::~Storage() { context->allocator().release(data, block_bytes); }
+
+// --- Tensor metadata ------------------------------------------------------------------------------
+
+const Shape& Tensor::shape() const { return impl_->shape; }
+const Shape& Tensor::strides() const { return impl_->strides; }
+int64_t Tensor::dim() const { return static_cast<int64_t>(impl_->shape.size()); }
+int64_t Tensor::size(int64_t d) const { return impl_->shape[static_cast<size_t>(normalize_dim(d, dim(), "size"))]; }
+int64_t Tensor::numel() const { return numel_of(impl_->shape); }
+int64_t Tensor::offset() const { return impl_->offset; }
+DType Tensor::dtype() const { return impl_->dtype; }
+Device Tensor::device() const { return impl_->storage->device; }
+const std::shared_ptr<Storage>& Tensor::storage() const { return impl_->storage; }
+uint64_t Tensor::version() const { return impl_->storage->version.load(); }
+
+bool Tensor::is_contiguous() const {
+  int64_t expected = 1;
+  for (size_t d = impl_->shape.size(); d-- > 0;) {
+    if (impl_->shape[d] != 1 && impl_->strides[d] != expected) return false;
+    expected *= impl_->shape[d];
+  }
+  return true;
+}
+
+std::string Tensor::str() const {
+  if (!defined()) return "Tensor(undefined)";
+  return "Tensor" + shape_str(shape()) + " " + dtype_name(dtype()) + " " + device().str();
+}
+
+void* Tensor::data_ptr() const {
+  return static_cast<char*>(impl_->storage->data) + impl_->offset * static_cast<int64_t>(dtype_size(impl_->dtype));
+}
+
+View Tensor::view() const {
+  EF_CHECK(dim() <= kMaxDims, "tensor with ", dim(), " dims: at most ", kMaxDims, " are supported");
+  View v;
+  v.data = data_ptr();
+  v.dtype = dtype();
+  v.ndim = static_cast<int>(dim());
+  for (int d = 0; d < v.ndim; ++d) {
+    v.shape[d] = impl_->shape[static_cast<size_t>(d)];
+    v.strides[d] = impl_->strides[static_cast<size_t>(d)];
+  }
+  return v;
+}
+
+Tensor make_view(const Tensor& base, const Shape& shape, const Shape& strides, int64_t offset) {
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = base.storage();
+  impl->shape = shape;
+  impl->strides = strides;
+  impl->offset = offset;
+  impl->dtype = base.dtype();
+  return Tensor(std::move(impl));
+}
+
+// --- Values ------------------------------------------------------------------------------------
+
+std::vector<double> Tensor::to_vector() const {
+  NoGradGuard no_grad;
+  Tensor host = to(cpu()).to(kFloat64).contiguous();
+  const double* p = host.data<double>();
+  return std::vector<double>(p, p + host.numel());
+}
+
+std::vector<int64_t> Tensor::to_int_vector() const {
+  NoGradGuard no_grad;
+  Tensor host = to(cpu()).to(kInt64).contiguous();
+  const int64_t* p = host.data<int64_t>();
+  return std::vector<int64_t>(p, p + host.numel());
+}
+
+double Tensor::item() const {
+  EF_CHECK(numel() == 1, "item: expected a tensor with one element, got shape ", shape_str(shape()));
+  return to_vector()[0];
+}
+
+// --- Autograd accessors ------------------------------------------------------------------------
+
+bool Tensor::requires_grad() const { return impl_->requires_grad; }
+
+Tensor& Tensor::requires_grad_(bool on) {
+  EF_CHECK(is_leaf(), "requires_grad_: only leaf tensors can change requires_grad (this one comes from ",
+           impl_->grad_fn->name(), "); use detach() first");
+  EF_CHECK(!on || is_floating(dtype()), "requires_grad_: only float tensors can require grad, got ",
+           dtype_name(dtype()));
+  impl_->requires_grad = on;
+  return *this;
+}
+
+bool Tensor::is_leaf() const { return impl_->grad_fn == nullptr; }
+const std::shared_ptr<Node>& Tensor::grad_fn() const { return impl_->grad_fn; }
+uint32_t Tensor::output_nr() const { return impl_->output_nr; }
+
+Tensor Tensor::grad() const {
+  std::lock_guard<std::mutex> lock(impl_->grad_mu);
+  return impl_->grad;
+}
+
+void Tensor::set_grad(const Tensor& g) {
+  if (g.defined()) {
+    EF_CHECK(g.shape() == shape(), "set_grad: gradient shape ", shape_str(g.shape()), " differs from tensor shape ",
+             shape_str(shape()));
+    EF_CHECK(g.device() == device(), "set_grad: gradient on ", g.device().str(), ", tensor on ", device().str());
+    EF_CHECK(g.dtype() == dtype(), "set_grad: gradient is ", dtype_name(g.dtype()), ", tensor is ", dtype_name(dtype()));
+  }
+  std::lock_guard<std::mutex> lock(impl_->grad_mu);
+  impl_->grad = g;
+}
+
+Tensor& Tensor::retain_grad() {
+  EF_CHECK(requires_grad(), "retain_grad: the tensor does not require grad");
+  if (is_leaf()) return *this;
+  impl_->retains_grad = true;
+  auto& slots = impl_->grad_fn->retained;
+  if (slots.size() <= impl_->output_nr) slots.resize(impl_->output_nr + 1);
+  slots[impl_->output_nr] = impl_;
+  return *this;
+}
+
+void Tensor::backward(const Tensor& grad_output, bool retain_graph, bool create_graph) const {
+  evenflow::backward({*this}, grad_output.defined() ? std::vector<Tensor>{grad_output} : std::vector<Tensor>{},
+                     retain_graph, create_graph);
+}
+
+Tensor Tensor::detach() const { return make_view(*this, shape(), strides(), offset()); }
+
+// --- Conversions and in-place ops (bodies in ops.cpp) -------------------------------------------
+
+Tensor Tensor::to(const Device& d) const { return evenflow::to_device(*this, d); }
+Tensor Tensor::to(DType t) const { return evenflow::to_dtype(*this, t); }
+Tensor Tensor::contiguous() const { return is_contiguous() ? *this : evenflow::clone(*this); }
+Tensor Tensor::clone() const { return evenflow::clone(*this); }
+const Tensor& Tensor::zero_() const { return fill_(0.0); }
+const Tensor& Tensor::fill_(double v) const {
+  evenflow::fill_(*this, v);
+  return *this;
+}
+const Tensor& Tensor::copy_(const Tensor& src) const {
+  evenflow::copy_(*this, src);
+  return *this;
+}
+const Tensor& Tensor::add_(const Tensor& other, double alpha) const {
+  evenflow::add_(*this, other, alpha);
+  return *this;
+}
+const Tensor& Tensor::mul_(double s) const {
+  evenflow::mul_(*this, s);
+  return *this;
+}
+
+Tensor Tensor::reshape(const Shape& s) const { return evenflow::reshape(*this, s); }
+Tensor Tensor::view(const Shape& s) const { return evenflow::view(*this, s); }
+Tensor Tensor::flatten(int64_t a, int64_t b) const { return evenflow::flatten(*this, a, b); }
+Tensor Tensor::permute(const Shape& dims) const { return evenflow::permute(*this, dims); }
+Tensor Tensor::transpose(int64_t a, int64_t b) const { return evenflow::transpose(*this, a, b); }
+Tensor Tensor::t() const {
+  EF_CHECK(dim() == 2, "t: expected a 2-D tensor, got shape ", shape_str(shape()));
+  return evenflow::transpose(*this, 0, 1);
+}
+Tensor Tensor::slice(int64_t d, int64_t start, int64_t end, int64_t step) const {
+  return evenflow::slice(*this, d, start, end, step);
+}
+Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const { return evenflow::narrow(*this, d, start, length); }
+Tensor Tensor::select(int64_t d, int64_t index) const { return evenflow::select(*this, d, index); }
+Tensor Tensor::unsqueeze(int64_t d) const { return evenflow::unsqueeze(*this, d); }
+Tensor Tensor::squeeze(int64_t d) const { return evenflow::squeeze(*this, d); }
+Tensor Tensor::expand(const Shape& s) const { return evenflow::expand(*this, s); }
+Tensor Tensor::sum() const { return evenflow::sum(*this); }
+Tensor Tensor::sum(const Shape& dims, bool keepdim) const { return evenflow::sum(*this, dims, keepdim); }
+Tensor Tensor::mean() const { return evenflow::mean(*this); }
+Tensor Tensor::mean(const Shape& dims, bool keepdim) const { return evenflow::mean(*this, dims, keepdim); }
+
+// --- Creation ------------------------------------------------------------------------------------
+
+Tensor empty(const Shape& shape, const TensorOptions& opts) {
+  for (int64_t d : shape) EF_CHECK(d >= 0, "empty: negative dimension in shape ", shape_str(shape));
+  EF_CHECK(static_cast<int64_t>(shape.size()) <= kMaxDims, "empty: shape ", shape_str(shape), " has more than ",
+           kMaxDims, " dims");
+  auto impl = std::make_shared<TensorImpl>();
+  const int64_t n = numel_of(shape);
+  impl->storage = std::make_shared<Storage>(opts.device, static_cast<size_t>(n) * dtype_size(opts.dtype));
+  impl->shape = shape;
+  impl->strides = contiguous_strides(shape);
+  impl->dtype = opts.dtype;
+  Tensor t(std::move(impl));
+  if (opts.requires_grad) t.requires_grad_(true);
+  return t;
+}
+
+static Tensor filled(const Shape& shape, double value, const TensorOptions& opts) {
+  TensorOptions o = opts;
+  o.requires_grad = false;
+  Tensor t = empty(shape, o);
+  if (t.numel() > 0) context(t.device()).backend().fill(t.view(), value);
+  if (opts.requires_grad) t.requires_grad_(true);
+  return t;
+}
+
+Tensor zeros(const Shape& shape, const TensorOptions& opts) { return filled(shape, 0.0, opts); }
+Tensor ones(const Shape& shape, const TensorOptions& opts) { return filled(shape, 1.0, opts); }
+Tensor full(const Shape& shape, double value, const TensorOptions& opts) { return filled(shape, value, opts); }
+Tensor zeros_like(const Tensor& t) { return zeros(t.shape(), {.dtype = t.dtype(), .device = t.device()}); }
+Tensor ones_like(const Tensor& t) { return ones(t.shape(), {.dtype = t.dtype(), .device = t.device()}); }
+Tensor full_like(const Tensor& t, double v) { return full(t.shape(), v, {.dtype = t.dtype(), .device = t.device()}); }
+
+Tensor arange(double start, double end, double step, const TensorOptions& opts) {
+  EF_CHECK(step != 0, "arange: step must be non-zero");
+  const double span = (end - start) / step;
+  const int64_t n = span > 0 ? static_cast<int64_t>(std::ceil(span)) : 0;
+  TensorOptions o = opts;
+  o.requires_grad = false;
+  Tensor t = empty({n}, o);
+  if (n > 0) context(t.device()).backend().arange(t.view(), start, step);
+  if (opts.requires_grad) t.requires_grad_(true);
+  return t;
+}
+
+static Tensor random_tensor(const Shape& shape, RandomKind kind, double a, double b, const TensorOptions& opts) {
+  EF_CHECK(is_floating(opts.dtype), "random tensors must be float32 or float64, got ", dtype_name(opts.dtype));
+  TensorOptions o = opts;
+  o.requires_grad = false;
+  Tensor t = empty(shape, o);
+  if (t.numel() > 0) {
+    DeviceContext& ctx = context(t.device());
+    const GeneratorState s = ctx.generator().reserve(static_cast<uint64_t>(t.numel()));
+    ctx.backend().random(t.view(), kind, a, b, s.seed, s.offset);
+  }
+  if (opts.requires_grad) t.requires_grad_(true);
+  return t;
+}
+
+Tensor rand(const Shape& shape, const TensorOptions& opts) { return random_tensor(shape, RandomKind::Uniform, 0, 1, opts); }
+Tensor randn(const Shape& shape, const TensorOptions& opts) { return random_tensor(shape, RandomKind::Normal, 0, 1, opts); }
+Tensor uniform(const Shape& shape, double low, double high, const TensorOptions& opts) {
+  EF_CHECK(low <= high, "uniform: low ", low, " is greater than high ", high);
+  return random_tensor(shape, RandomKind::Uniform, low, high, opts);
+}
+Tensor bernoulli(const Shape& shape, double p, const TensorOptions& opts) {
+  EF_CHECK(p >= 0 && p <= 1, "bernoulli: p must be in [0, 1], got ", p);
+  return random_tensor(shape, RandomKind::Bernoulli, p, 0, opts);
+}
+
+Tensor from_vector(const std::vector<double>& values, const Shape& shape, const TensorOptions& opts) {
+  EF_CHECK(static_cast<int64_t>(values.size()) == numel_of(shape), "from_vector: ", values.size(),
+           " values for shape ", shape_str(shape), " (", numel_of(shape), " elements)");
+  Tensor host = empty(shape, {.dtype = kFloat64, .device = cpu()});
+  if (!values.empty()) std::memcpy(host.data_ptr(), values.data(), values.size() * sizeof(double));
+  Tensor t = host.to(opts.dtype).to(opts.device);
+  if (opts.requires_grad) t.requires_grad_(true);
+  return t;
+}
+
+Tensor from_int_vector(const std::vector<int64_t>& values, const Shape& shape, const Device& device) {
+  EF_CHECK(static_cast<int64_t>(values.size()) == numel_of(shape), "from_int_vector: ", values.size(),
+           " values for shape ", shape_str(shape), " (", numel_of(shape), " elements)");
+  Tensor host = empty(shape, {.dtype = kInt64, .device = cpu()});
+  if (!values.empty()) std::memcpy(host.data_ptr(), values.data(), values.size() * sizeof(int64_t));
+  return host.to(device);
+}
+
+Tensor scalar_tensor(double value, const TensorOptions& opts) { return full({}, value, opts); }
+
+std::ostream& operator<<(std::ostream& os, const Tensor& t) {
+  os << t.str();
+  if (!t.defined()) return os;
+  const std::vector<double> v = t.to_vector();
+  os << " {";
+  const size_t shown = std::min<size_t>(v.size(), 20);
+  for (size_t i = 0; i < shown; ++i) os << (i ? ", " : "") << std::setprecision(6) << v[i];
+  if (shown < v.size()) os << ", ...";
+  return os << "}";
+}
+
+}  // namespace evenflow

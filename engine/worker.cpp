@@ -1,0 +1,64 @@
+#include "engine/worker.h"
+
+#include "engine/error.h"
+
+namespace evenflow {
+
+namespace {
+thread_local Worker* tls_current_worker = nullptr;
+}
+
+Worker::Worker(std::string name) : name_(std::move(name)) {
+  thread_ = std::thread([this] {
+    tls_current_worker = this;
+    loop();
+  });
+}
+
+Worker::~Worker() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+Worker* Worker::current() { return tls_current_worker; }
+
+void Worker::post(std::function<void()> task) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    tasks_.push_back(std::move(task));
+  }
+  cv_.notify_all();
+}
+
+void Worker::wake() {
+  // Taking the lock orders the caller's state change before the waiter's re-check.
+  { std::lock_guard<std::mutex> lock(mu_); }
+  cv_.notify_all();
+}
+
+void Worker::loop() {
+  run_until([this] { return stop_; });
+}
+
+void Worker::run_until(const std::function<bool()>& done) {
+  EF_ASSERT(tls_current_worker == this, "run_until called off the worker's thread");
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    if (done()) return;
+    if (tasks_.empty()) {
+      cv_.wait(lock);
+      continue;
+    }
+    std::function<void()> task = std::move(tasks_.front());
+    tasks_.pop_front();
+    lock.unlock();
+    task();
+    lock.lock();
+  }
+}
+
+}  // namespace evenflow

@@ -1,0 +1,89 @@
+"""The same cases as apps/bench_engine.cpp, in PyTorch, printed in the same format.
+
+Run by scripts/bench_engine.sh so that both are measured in one run on the same machine.
+"""
+import argparse
+import sys
+import time
+
+import torch
+
+
+def time_it(fn, device, min_seconds):
+    def sync():
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+    fn()
+    fn()
+    sync()
+    times = []
+    while len(times) < 3 or (sum(times) < min_seconds and len(times) < 50):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t0)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def report(name, seconds, amount, unit):
+    print(f"{name}\t{seconds:.6f}\t{amount / seconds / 1e9:.2f}\t{unit}", flush=True)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--min-seconds", type=float, default=1.0)
+    p.add_argument("--only", default="")
+    a = p.parse_args()
+    if a.threads > 0:
+        torch.set_num_threads(a.threads)
+    dev = a.device
+    # Full-precision float32 on both sides (no TF32), as evenflow computes.
+    if dev.startswith("cuda"):
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cudnn.benchmark = True
+    torch.manual_seed(0)
+    kw = dict(device=dev, dtype=torch.float32)
+
+    for m, k, n in [(1024, 1024, 1024), (4096, 1024, 1024), (100, 3136, 1024)]:
+        name = f"matmul_{m}x{k}x{n}"
+        if a.only and a.only not in name:
+            continue
+        x, y = torch.randn(m, k, **kw), torch.randn(k, n, **kw)
+        flops = 2.0 * m * k * n
+        with torch.no_grad():
+            report(name + "_fwd", time_it(lambda: x @ y, dev, a.min_seconds), flops, "GFLOP/s")
+        xg, yg = x.clone().requires_grad_(), y.clone().requires_grad_()
+        gy = torch.randn(m, n, **kw)
+        report(name + "_fwdbwd", time_it(lambda: (xg @ yg).backward(gy), dev, a.min_seconds), 3 * flops, "GFLOP/s")
+
+    for name, n, c, h, w, o, k, pad in [("conv_fmnist1_100x1x28x28_k5x32", 100, 1, 28, 28, 32, 5, 2),
+                                        ("conv_fmnist2_100x32x14x14_k5x64", 100, 32, 14, 14, 64, 5, 2),
+                                        ("conv_resnet_32x64x56x56_k3x64", 32, 64, 56, 56, 64, 3, 1)]:
+        if a.only and a.only not in name:
+            continue
+        x, wt = torch.randn(n, c, h, w, **kw), torch.randn(o, c, k, k, **kw)
+        flops = 2.0 * n * o * h * w * c * k * k
+        with torch.no_grad():
+            report(name + "_fwd", time_it(lambda: torch.nn.functional.conv2d(x, wt, padding=pad), dev, a.min_seconds),
+                   flops, "GFLOP/s")
+        xg, wg = x.clone().requires_grad_(), wt.clone().requires_grad_()
+        gy = torch.randn(n, o, h, w, **kw)
+        report(name + "_fwdbwd",
+               time_it(lambda: torch.nn.functional.conv2d(xg, wg, padding=pad).backward(gy), dev, a.min_seconds),
+               3 * flops, "GFLOP/s")
+
+    if not a.only or a.only in "add_bandwidth":
+        n = 1 << 26
+        x, y = torch.randn(n, **kw), torch.randn(n, **kw)
+        with torch.no_grad():
+            report("add_bandwidth_64M", time_it(lambda: x + y, dev, a.min_seconds), 3.0 * 4 * n, "GB/s")
+            report("copy_bandwidth_64M", time_it(lambda: x.clone(), dev, a.min_seconds), 2.0 * 4 * n, "GB/s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

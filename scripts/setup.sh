@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Installs the Debian packages evenflow needs to build, test and run. Idempotent: installs only
+# what is missing. `--bench` also installs PyTorch for CPU (the benchmark's baseline).
+set -euo pipefail
+
+packages=(build-essential cmake ninja-build pkg-config libeigen3-dev doctest-dev libcli11-dev
+          nlohmann-json3-dev libpng-dev zlib1g-dev libbenchmark-dev clang-format)
+if [[ "${1:-}" == "--bench" ]]; then packages+=(python3-torch python3-numpy); fi
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  sudo_cmd=()
+  if [[ $(id -u) -ne 0 ]]; then sudo_cmd=(sudo); fi
+  "${sudo_cmd[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi

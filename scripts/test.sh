@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Sets up, builds and runs every test: the full suite (warnings as errors), then the threaded
+# tests again under ThreadSanitizer, and the formatting check. CUDA tests skip, saying why, where
+# no GPU is visible.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+
+echo "== format check"
+git ls-files '*.h' '*.cpp' '*.cu' | xargs clang-format --dry-run -Werror
+
+echo "== build (Release, warnings as errors)"
+BUILD_DIR=build bash scripts/build.sh -DEF_WERROR=ON
+echo "== tests"
+(cd build && ctest --output-on-failure --timeout 900 -j "$(nproc)")
+
+echo "== threaded tests under ThreadSanitizer"
+BUILD_DIR=build-tsan BUILD_TYPE=RelWithDebInfo bash scripts/build.sh -DEF_SANITIZE=thread -DEF_OPENMP=OFF -DEF_CUDA=OFF -DEF_WERROR=ON
+(cd build-tsan && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
+  ctest --output-on-failure --timeout 900 -j "$(nproc)" -R 'threads|worker|devices|spanning|concurrent')

@@ -1,0 +1,176 @@
+// The autograd engine: backward and grad, accumulation, retain_graph, allow_unused, higher-order
+// gradients, in-place detection, passes spanning several devices, and errors raised on a worker.
+#include <doctest/doctest.h>
+
+#include <future>
+
+#include "engine/context.h"
+#include "engine/ops.h"
+#include "tests/testing/gradcheck.h"
+
+using namespace evenflow;
+
+namespace {
+const TensorOptions f64{.dtype = kFloat64};
+std::vector<double> vals(const Tensor& t) { return t.to_vector(); }
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+}  // namespace
+
+TEST_CASE("backward accumulates into leaves; grad() leaves .grad alone") {
+  Tensor x = from_vector({1, 2, 3}, {3}, f64).requires_grad_();
+  Tensor y = sum(x * x);
+  y.backward();
+  CHECK(vals(x.grad()) == std::vector<double>{2, 4, 6});
+  sum(x * 3.0).backward();
+  CHECK(vals(x.grad()) == std::vector<double>{5, 7, 9});
+  const auto g = grad({sum(x * x * x)}, {x});
+  CHECK(vals(g[0]) == std::vector<double>{3, 12, 27});
+  CHECK(vals(x.grad()) == std::vector<double>{5, 7, 9});
+  CHECK(x.is_leaf());
+  CHECK_FALSE(y.is_leaf());
+  CHECK(std::string(y.grad_fn()->name()) == "sum");
+}
+
+TEST_CASE("a shared subexpression sums its gradients") {
+  Tensor x = from_vector({2}, {1}, f64).requires_grad_();
+  Tensor h = x * x;            // used twice
+  Tensor y = sum(h * h + h);   // dy/dx = (2h + 1)·2x = (8 + 1)·4 = 36
+  y.backward();
+  CHECK(x.grad().item() == doctest::Approx(36));
+}
+
+TEST_CASE("retain_graph: a second backward needs it") {
+  Tensor x = from_vector({1, 2}, {2}, f64).requires_grad_();
+  Tensor y = sum(exp(x));
+  y.backward();
+  const std::string msg = error_of([&] { y.backward(); });
+  CHECK(msg.find("backward through the graph a second time") != std::string::npos);
+  CHECK(msg.find("retain_graph=true") != std::string::npos);
+  Tensor z = sum(exp(x));
+  x.set_grad(Tensor());
+  z.backward(Tensor(), /*retain_graph=*/true);
+  z.backward();
+  CHECK(vals(x.grad()) == std::vector<double>{2 * std::exp(1.0), 2 * std::exp(2.0)});
+}
+
+TEST_CASE("allow_unused and other argument errors") {
+  Tensor x = from_vector({1}, {1}, f64).requires_grad_();
+  Tensor unused = from_vector({1}, {1}, f64).requires_grad_();
+  Tensor y = sum(x * 2.0);
+  CHECK(error_of([&] { grad({y}, {x, unused}, {}, {.retain_graph = true}); }).find("grad: inputs[1]") == 0);
+  const auto g = grad({y}, {x, unused}, {}, {.retain_graph = true, .allow_unused = true});
+  CHECK(g[0].item() == 2);
+  CHECK_FALSE(g[1].defined());
+  Tensor v = x * 2.0;
+  v = expand(v, {3});
+  CHECK(error_of([&] { v.backward(); }).find("backward: grad can be created implicitly only for one-element outputs") == 0);
+  CHECK(error_of([&] { grad({v}, {x}, {ones({2}, f64)}); }).find("grad: grad_outputs[0] has shape [2] but outputs[0] has shape [3]") == 0);
+  Tensor c = ones({1}, f64);
+  CHECK(error_of([&] { grad({c}, {x}); }).find("does not require grad") != std::string::npos);
+  CHECK(error_of([&] { grad({y}, {c}); }).find("grad: inputs[0]") == 0);
+}
+
+TEST_CASE("in-place changes to a saved tensor are detected") {
+  Tensor x = from_vector({1, 2}, {2}, f64).requires_grad_();
+  Tensor w = from_vector({3, 4}, {2}, f64);
+  Tensor y = sum(x * w);
+  w.mul_(2.0);  // w was saved by mul
+  const std::string msg = error_of([&] { y.backward(); });
+  CHECK(msg.find("in backward of mul on cpu:0") == 0);
+  CHECK(msg.find("modified in place: it is at version 1, the graph expects version 0") != std::string::npos);
+  CHECK(error_of([&] { x.mul_(2.0); }).find("mul_: ") == 0);
+  {
+    NoGradGuard no_grad;
+    x.mul_(2.0);  // allowed: the optimizer's way
+  }
+  CHECK(vals(x) == std::vector<double>{2, 4});
+}
+
+TEST_CASE("no_grad records nothing; detach cuts the graph") {
+  Tensor x = ones({2}, f64).requires_grad_();
+  {
+    NoGradGuard no_grad;
+    CHECK_FALSE((x * 2.0).requires_grad());
+  }
+  CHECK((x * 2.0).requires_grad());
+  CHECK_FALSE((x * 2.0).detach().requires_grad());
+}
+
+TEST_CASE("create_graph: a gradient penalty differentiates through the gradient") {
+  // f = Σx³, ∇f = 3x², penalty = Σ(∇f)² = Σ9x⁴, d penalty/dx = 36x³.
+  Tensor x = from_vector({1, -2, 0.5}, {3}, f64).requires_grad_();
+  Tensor f = sum(x * x * x);
+  const Tensor g = grad({f}, {x}, {}, {.create_graph = true})[0];
+  CHECK(g.requires_grad());
+  sum(square(g)).backward();
+  CHECK(vals(x.grad()) == std::vector<double>{36, -288, 4.5});
+}
+
+TEST_CASE("accumulated gradients are differentiable under create_graph") {
+  Tensor x = from_vector({3}, {1}, f64).requires_grad_();
+  sum(x * x * x).backward(Tensor(), false, /*create_graph=*/true);
+  const Tensor gx = x.grad();  // 3x² with a graph
+  REQUIRE(gx.requires_grad());
+  const Tensor ggx = grad({sum(gx)}, {x})[0];
+  CHECK(ggx.item() == doctest::Approx(18));
+}
+
+TEST_CASE("retain_grad keeps a non-leaf's gradient") {
+  Tensor x = from_vector({1, 2}, {2}, f64).requires_grad_();
+  Tensor h = x * 3.0;
+  h.retain_grad();
+  sum(h * h).backward();
+  CHECK(vals(h.grad()) == std::vector<double>{6, 12});
+}
+
+TEST_CASE("a backward pass spanning several CPU devices equals the one-device pass") {
+  manual_seed(cpu(), 11);
+  const Tensor x0 = randn({4, 3}, f64), w0 = randn({3, 2}, f64);
+  auto run = [&](const Device& a, const Device& b, const Device& c) {
+    Tensor x = x0.to(a).detach().requires_grad_();
+    Tensor w = w0.to(b).detach().requires_grad_();
+    Tensor h = tanh(matmul(x.to(b), w));   // on b
+    Tensor loss = sum(square(h.to(c)));    // on c
+    loss.backward();
+    return std::pair{vals(x.grad()), vals(w.grad())};
+  };
+  const auto one = run(cpu(0), cpu(0), cpu(0));
+  const auto three = run(cpu(1), cpu(2), cpu(3));
+  CHECK(one.first == three.first);
+  CHECK(one.second == three.second);
+}
+
+TEST_CASE("a failure in a node on another device's worker reaches the caller, and the engine goes on") {
+  Tensor x = from_vector({1, 2}, {2}, f64).requires_grad_();
+  Tensor w = from_vector({3, 4}, {2}, f64).to(cpu(2));
+  Tensor y = sum((x.to(cpu(2)) * w).to(cpu(0)));
+  w.fill_(0.0);
+  const std::string msg = error_of([&] { y.backward(); });
+  CHECK(msg.find("in backward of mul on cpu:2") == 0);
+  Tensor z = sum(x * 2.0);
+  z.backward();
+  CHECK(vals(x.grad()) == std::vector<double>{2, 2});
+}
+
+TEST_CASE("grad() called from inside a device worker (as a per-device gradient penalty does)") {
+  std::promise<std::vector<double>> result;
+  context(cpu(2)).worker().post([&] {
+    try {
+      Tensor x = from_vector({1, 2}, {2}, {.dtype = kFloat64, .device = cpu(2)}).requires_grad_();
+      const Tensor g = grad({sum(x * x * x)}, {x}, {}, {.create_graph = true})[0];
+      const Tensor gg = grad({sum(g)}, {x})[0];
+      result.set_value(vals(gg));
+    } catch (...) {
+      result.set_exception(std::current_exception());
+    }
+  });
+  CHECK(result.get_future().get() == std::vector<double>{6, 12});
+}
