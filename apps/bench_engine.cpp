@@ -55,7 +55,8 @@ int main(int argc, char** argv) {
     const ef::TensorOptions o{.dtype = ef::kFloat32, .device = d};
     ef::manual_seed(d, 0);
 
-    for (auto [m, k, n] : {std::tuple<int64_t, int64_t, int64_t>{1024, 1024, 1024}, {4096, 1024, 1024}, {100, 3136, 1024}}) {
+    for (auto [m, k, n] :
+         {std::tuple<int64_t, int64_t, int64_t>{1024, 1024, 1024}, {4096, 1024, 1024}, {100, 3136, 1024}}) {
       const std::string name = "matmul_" + std::to_string(m) + "x" + std::to_string(k) + "x" + std::to_string(n);
       if (!only.empty() && name.find(only) == std::string::npos) continue;
       const ef::Tensor a = ef::randn({m, k}, o), b = ef::randn({k, n}, o);

@@ -13,10 +13,14 @@ namespace {
 std::string human_bytes(size_t n) {
   std::ostringstream os;
   os << std::fixed << std::setprecision(1);
-  if (n >= (size_t{1} << 30)) os << static_cast<double>(n) / (1 << 30) << " GiB";
-  else if (n >= (size_t{1} << 20)) os << static_cast<double>(n) / (1 << 20) << " MiB";
-  else if (n >= 1024) os << static_cast<double>(n) / 1024 << " KiB";
-  else os << n << " B";
+  if (n >= (size_t{1} << 30))
+    os << static_cast<double>(n) / (1 << 30) << " GiB";
+  else if (n >= (size_t{1} << 20))
+    os << static_cast<double>(n) / (1 << 20) << " MiB";
+  else if (n >= 1024)
+    os << static_cast<double>(n) / 1024 << " KiB";
+  else
+    os << n << " B";
   return os.str();
 }
 }  // namespace
@@ -54,9 +58,9 @@ void* CachingAllocator::allocate(size_t nbytes, size_t* block_bytes) {
       if (stats_.limit == 0 || stats_.reserved + size <= stats_.limit) ptr = backend_.raw_alloc(size);
     }
     if (ptr == nullptr) {
-      EF_ERROR("out of memory on ", device_.str(), ": could not allocate ", human_bytes(size), " (",
-               size, " bytes); in use ", human_bytes(stats_.allocated), ", reserved ",
-               human_bytes(stats_.reserved), ", peak in use ", human_bytes(stats_.peak_allocated),
+      EF_ERROR("out of memory on ", device_.str(), ": could not allocate ", human_bytes(size), " (", size,
+               " bytes); in use ", human_bytes(stats_.allocated), ", reserved ", human_bytes(stats_.reserved),
+               ", peak in use ", human_bytes(stats_.peak_allocated),
                stats_.limit != 0 ? ", limit " + human_bytes(stats_.limit) : std::string());
     }
     ++stats_.num_device_allocs;
@@ -104,12 +108,18 @@ void CachingAllocator::set_limit(size_t bytes) {
   stats_.limit = bytes;
 }
 
-MemoryStats memory_stats(const Device& d) { return context(d).allocator().stats(); }
-void reset_peak_memory(const Device& d) { context(d).allocator().reset_peak(); }
+MemoryStats memory_stats(const Device& d) {
+  return context(d).allocator().stats();
+}
+void reset_peak_memory(const Device& d) {
+  context(d).allocator().reset_peak();
+}
 void empty_cache(const Device& d) {
   synchronize(d);
   context(d).allocator().empty_cache();
 }
-void set_memory_limit(const Device& d, size_t bytes) { context(d).allocator().set_limit(bytes); }
+void set_memory_limit(const Device& d, size_t bytes) {
+  context(d).allocator().set_limit(bytes);
+}
 
 }  // namespace evenflow

@@ -21,8 +21,8 @@ struct MemoryStats {
   size_t peak_allocated = 0;  // highest `allocated` since the last reset_peak_memory
   size_t reserved = 0;        // allocated + cached, as obtained from the device
   size_t peak_reserved = 0;
-  size_t limit = 0;           // reserved may not exceed this (0: no limit)
-  uint64_t num_allocs = 0;    // allocate() calls
+  size_t limit = 0;         // reserved may not exceed this (0: no limit)
+  uint64_t num_allocs = 0;  // allocate() calls
   uint64_t num_cache_hits = 0;
   uint64_t num_device_allocs = 0;  // blocks obtained from the device
 };

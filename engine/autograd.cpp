@@ -14,9 +14,15 @@ namespace {
 thread_local bool tls_grad_enabled = true;
 }
 
-bool grad_enabled() { return tls_grad_enabled; }
-GradModeGuard::GradModeGuard(bool enabled) : previous_(tls_grad_enabled) { tls_grad_enabled = enabled; }
-GradModeGuard::~GradModeGuard() { tls_grad_enabled = previous_; }
+bool grad_enabled() {
+  return tls_grad_enabled;
+}
+GradModeGuard::GradModeGuard(bool enabled) : previous_(tls_grad_enabled) {
+  tls_grad_enabled = enabled;
+}
+GradModeGuard::~GradModeGuard() {
+  tls_grad_enabled = previous_;
+}
 
 // --- Nodes -----------------------------------------------------------------------------------------
 
@@ -41,9 +47,9 @@ std::vector<Tensor> Node::apply(const std::vector<Tensor>& grads) {
            ": backward through the graph a second time, after its saved tensors were freed; "
            "pass retain_graph=true to the first backward or grad call");
   for (size_t i = 0; i < saved_.size(); ++i) {
-    EF_CHECK(saved_[i].version() == saved_versions_[i], name_, ": a tensor saved for backward (",
-             saved_[i].str(), ") was modified in place: it is at version ", saved_[i].version(),
-             ", the graph expects version ", saved_versions_[i]);
+    EF_CHECK(saved_[i].version() == saved_versions_[i], name_, ": a tensor saved for backward (", saved_[i].str(),
+             ") was modified in place: it is at version ", saved_[i].version(), ", the graph expects version ",
+             saved_versions_[i]);
   }
   return fn_(grads);
 }
@@ -111,7 +117,8 @@ void record(const char* name, const std::vector<Tensor>& outputs, const std::vec
   for (const Tensor& t : inputs) next.push_back(edge_of(t));
   std::vector<OutputInfo> infos;
   for (const Tensor& o : outputs) infos.push_back({o.shape(), o.dtype(), o.device()});
-  auto node = std::make_shared<Node>(name, outputs.at(0).device(), std::move(next), std::move(infos), saved, std::move(fn));
+  auto node =
+      std::make_shared<Node>(name, outputs.at(0).device(), std::move(next), std::move(infos), saved, std::move(fn));
   for (size_t i = 0; i < outputs.size(); ++i) {
     TensorImpl* impl = outputs[i].impl();
     EF_ASSERT(impl->grad_fn == nullptr, name, ": output already has a grad_fn");
@@ -137,7 +144,7 @@ struct GraphTask {
 
   std::mutex mu;
   std::unordered_map<Node*, int> deps;
-  std::unordered_map<Node*, std::vector<std::vector<Tensor>>> buffers;  // per output, partial grads
+  std::unordered_map<Node*, std::vector<std::vector<Tensor>>> buffers;           // per output, partial grads
   std::unordered_map<Node*, std::vector<std::pair<uint32_t, size_t>>> captures;  // output -> result slot
   std::unordered_set<Node*> needed;
   std::vector<std::shared_ptr<Node>> nodes;  // keeps every node alive for the pass
@@ -268,8 +275,7 @@ static std::vector<Tensor> run_backward(const std::vector<Tensor>& outputs, cons
   for (size_t i = 0; i < outputs.size(); ++i) {
     const Tensor& out = outputs[i];
     EF_CHECK(out.defined(), api, ": outputs[", i, "] is undefined");
-    EF_CHECK(out.requires_grad(), api, ": outputs[", i, "] (", out.str(),
-             ") does not require grad and has no grad_fn");
+    EF_CHECK(out.requires_grad(), api, ": outputs[", i, "] (", out.str(), ") does not require grad and has no grad_fn");
     Tensor seed;
     if (!grad_outputs.empty() && grad_outputs[i].defined()) {
       seed = grad_outputs[i];
@@ -280,8 +286,8 @@ static std::vector<Tensor> run_backward(const std::vector<Tensor>& outputs, cons
       EF_CHECK(seed.dtype() == out.dtype(), api, ": grad_outputs[", i, "] is ", dtype_name(seed.dtype()),
                " but outputs[", i, "] is ", dtype_name(out.dtype()));
     } else {
-      EF_CHECK(out.numel() == 1, api, ": grad can be created implicitly only for one-element outputs, but outputs[",
-               i, "] has shape ", shape_str(out.shape()), "; pass grad_outputs");
+      EF_CHECK(out.numel() == 1, api, ": grad can be created implicitly only for one-element outputs, but outputs[", i,
+               "] has shape ", shape_str(out.shape()), "; pass grad_outputs");
       seed = ones_like(out);
     }
     roots.emplace_back(edge_of(out), seed);

@@ -65,7 +65,7 @@ std::unique_ptr<Backend> make_cpu_backend();
 std::unique_ptr<Backend> make_cuda_backend(int logical_index, int physical_id);
 int cuda_physical_device_count(std::string* why_none);
 // Copies nbytes between contiguous buffers on two different devices (either may be CPU or CUDA).
-void copy_between_devices(const Device& dst_device, void* dst, const Device& src_device,
-                          const void* src, size_t nbytes);
+void copy_between_devices(const Device& dst_device, void* dst, const Device& src_device, const void* src,
+                          size_t nbytes);
 
 }  // namespace evenflow

@@ -1,3 +1,4 @@
+#include <atomic>
 #include <cstdlib>
 #include <map>
 #include <sstream>
@@ -15,9 +16,12 @@ Device::Device(const std::string& spec) {
     kind = spec.substr(0, colon);
     number = spec.substr(colon + 1);
   }
-  if (kind == "cpu") type = DeviceType::CPU;
-  else if (kind == "cuda") type = DeviceType::CUDA;
-  else EF_ERROR("unknown device '", spec, "': expected cpu, cpu:N, cuda or cuda:N");
+  if (kind == "cpu")
+    type = DeviceType::CPU;
+  else if (kind == "cuda")
+    type = DeviceType::CUDA;
+  else
+    EF_ERROR("unknown device '", spec, "': expected cpu, cpu:N, cuda or cuda:N");
   this->index = 0;
   if (spec.find(':') != std::string::npos) {
     EF_CHECK(!number.empty() && number.size() <= 4 && number.find_first_not_of("0123456789") == std::string::npos,
@@ -26,7 +30,9 @@ Device::Device(const std::string& spec) {
   }
 }
 
-std::string Device::str() const { return std::string(is_cpu() ? "cpu:" : "cuda:") + std::to_string(index); }
+std::string Device::str() const {
+  return std::string(is_cpu() ? "cpu:" : "cuda:") + std::to_string(index);
+}
 
 // Note [Logical CUDA devices]
 // cuda:i is a logical device: a physical GPU, its own stream, its own cuBLAS/cuDNN handles, its own
@@ -44,8 +50,10 @@ struct Registry {
   std::string cuda_why_none;
   std::vector<int> logical_to_physical;
   bool cuda_mapping_fixed = false;  // set once a CUDA context exists
-  int num_threads = 0;
 };
+
+// Read by every CPU kernel, so an atomic rather than a field under the registry's lock.
+std::atomic<int> g_num_threads{0};
 
 Registry& registry() {
   static Registry r;
@@ -77,15 +85,15 @@ void probe_cuda_locked(Registry& r) {
   }
   if (r.physical_count == 0) r.logical_to_physical.clear();
   for (int id : r.logical_to_physical) {
-    EF_CHECK(id < r.physical_count, "CUDA logical device mapping names GPU ", id, " but ",
-             r.physical_count, " GPU(s) are visible");
+    EF_CHECK(id < r.physical_count, "CUDA logical device mapping names GPU ", id, " but ", r.physical_count,
+             " GPU(s) are visible");
   }
 }
 
 void check_device_locked(Registry& r, const Device& d) {
   if (d.is_cpu()) {
-    EF_CHECK(d.index >= 0 && d.index < kMaxCpuDevices, "unknown device ", d.str(), ": CPU devices are cpu:0..cpu:",
-             kMaxCpuDevices - 1);
+    EF_CHECK(d.index >= 0 && d.index < kMaxCpuDevices, "unknown device ", d.str(),
+             ": CPU devices are cpu:0..cpu:", kMaxCpuDevices - 1);
     return;
   }
   probe_cuda_locked(r);
@@ -173,7 +181,9 @@ Worker& DeviceContext::worker() {
   return *worker_;
 }
 
-void synchronize(const Device& d) { context(d).backend().synchronize(); }
+void synchronize(const Device& d) {
+  context(d).backend().synchronize();
+}
 
 void manual_seed(uint64_t seed) {
   Registry& r = registry();
@@ -182,22 +192,25 @@ void manual_seed(uint64_t seed) {
   for (auto& [dev, ctx] : r.contexts) ctx->generator().set_state({seed, 0});
 }
 
-void manual_seed(const Device& d, uint64_t seed) { context(d).generator().set_state({seed, 0}); }
+void manual_seed(const Device& d, uint64_t seed) {
+  context(d).generator().set_state({seed, 0});
+}
 
-GeneratorState generator_state(const Device& d) { return context(d).generator().state(); }
-void set_generator_state(const Device& d, const GeneratorState& s) { context(d).generator().set_state(s); }
+GeneratorState generator_state(const Device& d) {
+  return context(d).generator().state();
+}
+void set_generator_state(const Device& d, const GeneratorState& s) {
+  context(d).generator().set_state(s);
+}
 
 void set_num_threads(int n) {
   EF_CHECK(n >= 1, "set_num_threads: expected at least 1 thread, got ", n);
-  Registry& r = registry();
-  std::lock_guard<std::mutex> lock(r.mu);
-  r.num_threads = n;
+  g_num_threads.store(n);
 }
 
 int num_threads() {
-  Registry& r = registry();
-  std::lock_guard<std::mutex> lock(r.mu);
-  if (r.num_threads > 0) return r.num_threads;
+  const int n = g_num_threads.load(std::memory_order_relaxed);
+  if (n > 0) return n;
   const unsigned hw = std::thread::hardware_concurrency();
   return hw == 0 ? 1 : static_cast<int>(hw);
 }

@@ -32,8 +32,12 @@ struct Device {
   bool operator<(const Device& o) const { return type != o.type ? type < o.type : index < o.index; }
 };
 
-inline Device cpu(int index = 0) { return {DeviceType::CPU, index}; }
-inline Device cuda(int index = 0) { return {DeviceType::CUDA, index}; }
+inline Device cpu(int index = 0) {
+  return {DeviceType::CPU, index};
+}
+inline Device cuda(int index = 0) {
+  return {DeviceType::CUDA, index};
+}
 
 inline constexpr int kMaxCpuDevices = 64;
 

@@ -12,13 +12,17 @@
 
 namespace evenflow {
 
-std::unique_ptr<Backend> make_cpu_backend() { return cpu_backend::make_backend(); }
+std::unique_ptr<Backend> make_cpu_backend() {
+  return cpu_backend::make_backend();
+}
 
 #if EF_CUDA
 std::unique_ptr<Backend> make_cuda_backend(int logical_index, int physical_id) {
   return cuda_backend::make_backend(logical_index, physical_id);
 }
-int cuda_physical_device_count(std::string* why_none) { return cuda_backend::physical_device_count(why_none); }
+int cuda_physical_device_count(std::string* why_none) {
+  return cuda_backend::physical_device_count(why_none);
+}
 #else
 std::unique_ptr<Backend> make_cuda_backend(int, int) {
   EF_ERROR("CUDA device requested, but evenflow was built without CUDA");

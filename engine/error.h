@@ -29,15 +29,15 @@ std::string str_cat(const Args&... args) {
 
 namespace ef = evenflow;
 
-#define EF_CHECK(cond, ...)                                                           \
-  do {                                                                                \
+#define EF_CHECK(cond, ...)                                                                 \
+  do {                                                                                      \
     if (!(cond)) ::evenflow::detail::throw_error(::evenflow::detail::str_cat(__VA_ARGS__)); \
   } while (0)
 
-#define EF_ASSERT(cond, ...)                                                            \
-  do {                                                                                  \
-    if (!(cond))                                                                        \
-      ::evenflow::detail::throw_internal(__FILE__, __LINE__, #cond,                     \
+#define EF_ASSERT(cond, ...)                                                                          \
+  do {                                                                                                \
+    if (!(cond))                                                                                      \
+      ::evenflow::detail::throw_internal(__FILE__, __LINE__, #cond,                                   \
                                          ::evenflow::detail::str_cat("" __VA_OPT__(, ) __VA_ARGS__)); \
   } while (0)
 

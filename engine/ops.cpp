@@ -107,7 +107,8 @@ Tensor binary_kernel(const char* name, BinaryOp op, const Tensor& a, const Tenso
   detail::check_compatible(name, a, b);
   const Shape shape = detail::broadcast_shapes(name, a.shape(), b.shape());
   Tensor y = detail::empty_like_shape(a, shape);
-  if (y.numel() > 0) backend_of(a).binary(op, y.view(), detail::broadcast_view(a, shape), detail::broadcast_view(b, shape));
+  if (y.numel() > 0)
+    backend_of(a).binary(op, y.view(), detail::broadcast_view(a, shape), detail::broadcast_view(b, shape));
   return y;
 }
 
@@ -165,36 +166,42 @@ Tensor neg(const Tensor& x) {
   return unary_op("neg", UnaryOp::Neg, x, [](const Tensor&, const Tensor& g, double, double) { return neg(g); });
 }
 Tensor add_scalar(const Tensor& x, double s) {
-  return unary_op("add_scalar", UnaryOp::AddScalar, x, [](const Tensor&, const Tensor& g, double, double) { return g; }, s);
+  return unary_op(
+      "add_scalar", UnaryOp::AddScalar, x, [](const Tensor&, const Tensor& g, double, double) { return g; }, s);
 }
 Tensor mul_scalar(const Tensor& x, double s) {
-  return unary_op("mul_scalar", UnaryOp::MulScalar, x,
-                  [](const Tensor&, const Tensor& g, double k, double) { return mul_scalar(g, k); }, s);
+  return unary_op(
+      "mul_scalar", UnaryOp::MulScalar, x,
+      [](const Tensor&, const Tensor& g, double k, double) { return mul_scalar(g, k); }, s);
 }
 Tensor pow(const Tensor& x, double p) {
-  return unary_op("pow", UnaryOp::PowScalar, x,
-                  [](const Tensor& in, const Tensor& g, double e, double) { return g * mul_scalar(pow(in, e - 1), e); }, p);
+  return unary_op(
+      "pow", UnaryOp::PowScalar, x,
+      [](const Tensor& in, const Tensor& g, double e, double) { return g * mul_scalar(pow(in, e - 1), e); }, p);
 }
 Tensor sqrt(const Tensor& x) {
   return unary_op("sqrt", UnaryOp::Sqrt, x,
                   [](const Tensor& in, const Tensor& g, double, double) { return g * mul_scalar(rsqrt(in), 0.5); });
 }
 Tensor rsqrt(const Tensor& x) {
-  return unary_op("rsqrt", UnaryOp::Rsqrt, x,
-                  [](const Tensor& in, const Tensor& g, double, double) { return g * mul_scalar(pow(in, -1.5), -0.5); });
+  return unary_op("rsqrt", UnaryOp::Rsqrt, x, [](const Tensor& in, const Tensor& g, double, double) {
+    return g * mul_scalar(pow(in, -1.5), -0.5);
+  });
 }
 Tensor reciprocal(const Tensor& x) {
   return unary_op("reciprocal", UnaryOp::Reciprocal, x,
                   [](const Tensor& in, const Tensor& g, double, double) { return neg(g * square(reciprocal(in))); });
 }
 Tensor exp(const Tensor& x) {
-  return unary_op("exp", UnaryOp::Exp, x, [](const Tensor& in, const Tensor& g, double, double) { return g * exp(in); });
+  return unary_op("exp", UnaryOp::Exp, x,
+                  [](const Tensor& in, const Tensor& g, double, double) { return g * exp(in); });
 }
 Tensor log(const Tensor& x) {
   return unary_op("log", UnaryOp::Log, x, [](const Tensor& in, const Tensor& g, double, double) { return g / in; });
 }
 Tensor abs(const Tensor& x) {
-  return unary_op("abs", UnaryOp::Abs, x, [](const Tensor& in, const Tensor& g, double, double) { return g * sign(in); });
+  return unary_op("abs", UnaryOp::Abs, x,
+                  [](const Tensor& in, const Tensor& g, double, double) { return g * sign(in); });
 }
 Tensor square(const Tensor& x) {
   return unary_op("square", UnaryOp::Square, x,
@@ -202,31 +209,32 @@ Tensor square(const Tensor& x) {
 }
 Tensor clamp(const Tensor& x, double lo, double hi) {
   EF_CHECK(lo <= hi, "clamp: lower bound ", lo, " is greater than upper bound ", hi);
-  return unary_op("clamp", UnaryOp::Clamp, x,
-                  [](const Tensor& in, const Tensor& g, double l, double h) {
-                    return g * mask_of(in, UnaryOp::InRange, l, h);
-                  },
-                  lo, hi);
+  return unary_op(
+      "clamp", UnaryOp::Clamp, x,
+      [](const Tensor& in, const Tensor& g, double l, double h) { return g * mask_of(in, UnaryOp::InRange, l, h); }, lo,
+      hi);
 }
 Tensor relu(const Tensor& x) {
   return unary_op("relu", UnaryOp::Relu, x,
                   [](const Tensor& in, const Tensor& g, double, double) { return g * mask_of(in, UnaryOp::GtScalar); });
 }
 Tensor leaky_relu(const Tensor& x, double slope) {
-  return unary_op("leaky_relu", UnaryOp::LeakyRelu, x,
-                  [](const Tensor& in, const Tensor& g, double s, double) {
-                    const Tensor pos = mask_of(in, UnaryOp::GtScalar);
-                    return g * add_scalar(mul_scalar(pos, 1.0 - s), s);  // 1 where x > 0, else slope
-                  },
-                  slope);
+  return unary_op(
+      "leaky_relu", UnaryOp::LeakyRelu, x,
+      [](const Tensor& in, const Tensor& g, double s, double) {
+        const Tensor pos = mask_of(in, UnaryOp::GtScalar);
+        return g * add_scalar(mul_scalar(pos, 1.0 - s), s);  // 1 where x > 0, else slope
+      },
+      slope);
 }
 Tensor elu(const Tensor& x, double alpha) {
-  return unary_op("elu", UnaryOp::Elu, x,
-                  [](const Tensor& in, const Tensor& g, double a, double) {
-                    const Tensor pos = mask_of(in, UnaryOp::GtScalar);
-                    return g * (pos + (1.0 - pos) * mul_scalar(exp(in), a));
-                  },
-                  alpha);
+  return unary_op(
+      "elu", UnaryOp::Elu, x,
+      [](const Tensor& in, const Tensor& g, double a, double) {
+        const Tensor pos = mask_of(in, UnaryOp::GtScalar);
+        return g * (pos + (1.0 - pos) * mul_scalar(exp(in), a));
+      },
+      alpha);
 }
 Tensor sigmoid(const Tensor& x) {
   return unary_op("sigmoid", UnaryOp::Sigmoid, x, [](const Tensor& in, const Tensor& g, double, double) {
@@ -240,13 +248,14 @@ Tensor tanh(const Tensor& x) {
 }
 Tensor softplus(const Tensor& x, double beta, double threshold) {
   EF_CHECK(beta > 0, "softplus: beta must be positive, got ", beta);
-  return unary_op("softplus", UnaryOp::Softplus, x,
-                  [](const Tensor& in, const Tensor& g, double b, double t) {
-                    // Linear region (beta·x > threshold): slope 1; elsewhere sigmoid(beta·x).
-                    const Tensor linear = mask_of(in, UnaryOp::GtScalar, t / b);
-                    return g * (linear + (1.0 - linear) * sigmoid(mul_scalar(in, b)));
-                  },
-                  beta, threshold);
+  return unary_op(
+      "softplus", UnaryOp::Softplus, x,
+      [](const Tensor& in, const Tensor& g, double b, double t) {
+        // Linear region (beta·x > threshold): slope 1; elsewhere sigmoid(beta·x).
+        const Tensor linear = mask_of(in, UnaryOp::GtScalar, t / b);
+        return g * (linear + (1.0 - linear) * sigmoid(mul_scalar(in, b)));
+      },
+      beta, threshold);
 }
 
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
@@ -280,21 +289,39 @@ static Tensor extremum(const char* name, BinaryOp op, BinaryOp wins, const Tenso
   });
   return y;
 }
-Tensor maximum(const Tensor& a, const Tensor& b) { return extremum("maximum", BinaryOp::Maximum, BinaryOp::Gt, a, b); }
-Tensor minimum(const Tensor& a, const Tensor& b) { return extremum("minimum", BinaryOp::Minimum, BinaryOp::Lt, a, b); }
+Tensor maximum(const Tensor& a, const Tensor& b) {
+  return extremum("maximum", BinaryOp::Maximum, BinaryOp::Gt, a, b);
+}
+Tensor minimum(const Tensor& a, const Tensor& b) {
+  return extremum("minimum", BinaryOp::Minimum, BinaryOp::Lt, a, b);
+}
 
-Tensor sign(const Tensor& x) { return mask_of(x, UnaryOp::Sign); }
+Tensor sign(const Tensor& x) {
+  return mask_of(x, UnaryOp::Sign);
+}
 
 static Tensor compare(const char* name, BinaryOp op, const Tensor& a, const Tensor& b) {
   NoGradGuard no_grad;
   return binary_kernel(name, op, a.detach(), b.detach());
 }
-Tensor gt(const Tensor& a, const Tensor& b) { return compare("gt", BinaryOp::Gt, a, b); }
-Tensor lt(const Tensor& a, const Tensor& b) { return compare("lt", BinaryOp::Lt, a, b); }
-Tensor ge(const Tensor& a, const Tensor& b) { return compare("ge", BinaryOp::Ge, a, b); }
-Tensor le(const Tensor& a, const Tensor& b) { return compare("le", BinaryOp::Le, a, b); }
-Tensor eq(const Tensor& a, const Tensor& b) { return compare("eq", BinaryOp::Eq, a, b); }
-Tensor ne(const Tensor& a, const Tensor& b) { return compare("ne", BinaryOp::Ne, a, b); }
+Tensor gt(const Tensor& a, const Tensor& b) {
+  return compare("gt", BinaryOp::Gt, a, b);
+}
+Tensor lt(const Tensor& a, const Tensor& b) {
+  return compare("lt", BinaryOp::Lt, a, b);
+}
+Tensor ge(const Tensor& a, const Tensor& b) {
+  return compare("ge", BinaryOp::Ge, a, b);
+}
+Tensor le(const Tensor& a, const Tensor& b) {
+  return compare("le", BinaryOp::Le, a, b);
+}
+Tensor eq(const Tensor& a, const Tensor& b) {
+  return compare("eq", BinaryOp::Eq, a, b);
+}
+Tensor ne(const Tensor& a, const Tensor& b) {
+  return compare("ne", BinaryOp::Ne, a, b);
+}
 
 // --- Reductions ------------------------------------------------------------------------------------
 
@@ -319,19 +346,26 @@ static std::vector<int64_t> all_dims(int64_t ndim) {
 
 Tensor sum(const Tensor& x, const Shape& dims_in, bool keepdim) {
   detail::check_float("sum", x);
-  const std::vector<int64_t> dims = dims_in.empty() ? all_dims(x.dim()) : detail::normalize_dims(dims_in, x.dim(), "sum");
+  const std::vector<int64_t> dims =
+      dims_in.empty() ? all_dims(x.dim()) : detail::normalize_dims(dims_in, x.dim(), "sum");
   const Shape kept = keepdim_shape(x.shape(), dims);
   Tensor y = detail::empty_like_shape(x, kept);
   if (y.numel() > 0) {
-    if (x.numel() == 0) backend_of(x).fill(y.view(), 0.0);
-    else backend_of(x).reduce(ReduceOp::Sum, y.view(), x.view());
+    if (x.numel() == 0)
+      backend_of(x).fill(y.view(), 0.0);
+    else
+      backend_of(x).reduce(ReduceOp::Sum, y.view(), x.view());
   }
-  if (!keepdim) y = make_view(y, squeezed_shape(x.shape(), dims), contiguous_strides(squeezed_shape(x.shape(), dims)), 0);
-  record("sum", {y}, {x}, {}, [kept, shape = x.shape()](const Grads& g) { return Grads{expand(reshape(g[0], kept), shape)}; });
+  if (!keepdim)
+    y = make_view(y, squeezed_shape(x.shape(), dims), contiguous_strides(squeezed_shape(x.shape(), dims)), 0);
+  record("sum", {y}, {x}, {},
+         [kept, shape = x.shape()](const Grads& g) { return Grads{expand(reshape(g[0], kept), shape)}; });
   return y;
 }
 
-Tensor sum(const Tensor& x) { return sum(x, {}, false); }
+Tensor sum(const Tensor& x) {
+  return sum(x, {}, false);
+}
 
 static int64_t count_over(const Tensor& x, const std::vector<int64_t>& dims) {
   int64_t n = 1;
@@ -341,17 +375,21 @@ static int64_t count_over(const Tensor& x, const std::vector<int64_t>& dims) {
 
 Tensor mean(const Tensor& x, const Shape& dims_in, bool keepdim) {
   detail::check_float("mean", x);
-  const std::vector<int64_t> dims = dims_in.empty() ? all_dims(x.dim()) : detail::normalize_dims(dims_in, x.dim(), "mean");
+  const std::vector<int64_t> dims =
+      dims_in.empty() ? all_dims(x.dim()) : detail::normalize_dims(dims_in, x.dim(), "mean");
   const int64_t n = count_over(x, dims);
   EF_CHECK(n > 0, "mean: reducing over an empty dim of shape ", shape_str(x.shape()));
   return mul_scalar(sum(x, Shape(dims.begin(), dims.end()), keepdim), 1.0 / static_cast<double>(n));
 }
 
-Tensor mean(const Tensor& x) { return mean(x, {}, false); }
+Tensor mean(const Tensor& x) {
+  return mean(x, {}, false);
+}
 
 Tensor var(const Tensor& x, const Shape& dims_in, bool unbiased, bool keepdim) {
   detail::check_float("var", x);
-  const std::vector<int64_t> dims = dims_in.empty() ? all_dims(x.dim()) : detail::normalize_dims(dims_in, x.dim(), "var");
+  const std::vector<int64_t> dims =
+      dims_in.empty() ? all_dims(x.dim()) : detail::normalize_dims(dims_in, x.dim(), "var");
   const Shape d(dims.begin(), dims.end());
   const int64_t n = count_over(x, dims);
   EF_CHECK(n > (unbiased ? 1 : 0), "var: need at least ", unbiased ? 2 : 1, " elements per reduction, got ", n);
@@ -365,14 +403,21 @@ static Tensor arg_reduce(const char* name, ReduceOp op, const Tensor& x, int64_t
   const int64_t d = normalize_dim(dim, x.dim(), name);
   const std::vector<int64_t> dims = x.dim() == 0 ? std::vector<int64_t>{} : std::vector<int64_t>{d};
   Tensor idx = empty(keepdim_shape(x.shape(), dims), {.dtype = kInt64, .device = x.device()});
-  if (x.dim() == 0) backend_of(x).fill(idx.view(), 0.0);
-  else backend_of(x).reduce(op, idx.view(), x.view());
-  if (!keepdim) idx = make_view(idx, squeezed_shape(x.shape(), dims), contiguous_strides(squeezed_shape(x.shape(), dims)), 0);
+  if (x.dim() == 0)
+    backend_of(x).fill(idx.view(), 0.0);
+  else
+    backend_of(x).reduce(op, idx.view(), x.view());
+  if (!keepdim)
+    idx = make_view(idx, squeezed_shape(x.shape(), dims), contiguous_strides(squeezed_shape(x.shape(), dims)), 0);
   return idx;
 }
 
-Tensor argmax(const Tensor& x, int64_t dim, bool keepdim) { return arg_reduce("argmax", ReduceOp::ArgMax, x, dim, keepdim); }
-Tensor argmin(const Tensor& x, int64_t dim, bool keepdim) { return arg_reduce("argmin", ReduceOp::ArgMin, x, dim, keepdim); }
+Tensor argmax(const Tensor& x, int64_t dim, bool keepdim) {
+  return arg_reduce("argmax", ReduceOp::ArgMax, x, dim, keepdim);
+}
+Tensor argmin(const Tensor& x, int64_t dim, bool keepdim) {
+  return arg_reduce("argmin", ReduceOp::ArgMin, x, dim, keepdim);
+}
 
 std::pair<Tensor, Tensor> max(const Tensor& x, int64_t dim, bool keepdim) {
   const Tensor idx = argmax(x, dim, true);
@@ -431,7 +476,8 @@ static Shape infer_shape(const char* op, const Shape& shape, int64_t numel) {
     }
   }
   if (infer >= 0) {
-    EF_CHECK(known != 0 && numel % known == 0, op, ": shape ", shape_str(shape), " is invalid for ", numel, " elements");
+    EF_CHECK(known != 0 && numel % known == 0, op, ": shape ", shape_str(shape), " is invalid for ", numel,
+             " elements");
     out[static_cast<size_t>(infer)] = numel / known;
   }
   EF_CHECK(numel_of(out) == numel, op, ": shape ", shape_str(shape), " is invalid for ", numel, " elements");
@@ -456,8 +502,8 @@ Tensor reshape(const Tensor& x, const Shape& shape) {
 
 Tensor permute(const Tensor& x, const Shape& dims_in) {
   detail::check_defined("permute", x);
-  EF_CHECK(static_cast<int64_t>(dims_in.size()) == x.dim(), "permute: ", dims_in.size(), " dims given for a tensor with ",
-           x.dim(), " dims");
+  EF_CHECK(static_cast<int64_t>(dims_in.size()) == x.dim(), "permute: ", dims_in.size(),
+           " dims given for a tensor with ", x.dim(), " dims");
   Shape dims(dims_in.size()), inverse(dims_in.size()), shape(dims_in.size()), strides(dims_in.size());
   std::vector<bool> seen(dims_in.size(), false);
   for (size_t i = 0; i < dims_in.size(); ++i) {
@@ -507,16 +553,16 @@ Tensor slice(const Tensor& x, int64_t dim, int64_t start, int64_t end, int64_t s
   return y;
 }
 
-Tensor slice_backward(const Tensor& g, const Shape& input_shape, int64_t dim, int64_t start, int64_t end, int64_t step) {
+Tensor slice_backward(const Tensor& g, const Shape& input_shape, int64_t dim, int64_t start, int64_t end,
+                      int64_t step) {
   detail::check_float("slice_backward", g);
   Tensor out = zeros(input_shape, detail::options_of(g));
   Tensor window = slice(out.detach(), dim, start, end, step);
-  EF_CHECK(window.shape() == g.shape(), "slice_backward: gradient shape ", shape_str(g.shape()), " does not match the slice ",
-           shape_str(window.shape()));
+  EF_CHECK(window.shape() == g.shape(), "slice_backward: gradient shape ", shape_str(g.shape()),
+           " does not match the slice ", shape_str(window.shape()));
   if (g.numel() > 0) backend_of(g).copy(window.view(), g.view());
-  record("slice_backward", {out}, {g}, {}, [dim, start, end, step](const Grads& gg) {
-    return Grads{slice(gg[0], dim, start, end, step)};
-  });
+  record("slice_backward", {out}, {g}, {},
+         [dim, start, end, step](const Grads& gg) { return Grads{slice(gg[0], dim, start, end, step)}; });
   return out;
 }
 
@@ -534,7 +580,8 @@ Tensor select(const Tensor& x, int64_t dim, int64_t index) {
   detail::check_defined("select", x);
   const int64_t d = normalize_dim(dim, x.dim(), "select");
   const int64_t size = x.shape()[static_cast<size_t>(d)];
-  EF_CHECK(index >= -size && index < size, "select: index ", index, " is out of range for dim ", dim, " of size ", size);
+  EF_CHECK(index >= -size && index < size, "select: index ", index, " is out of range for dim ", dim, " of size ",
+           size);
   if (index < 0) index += size;
   return squeeze(slice(x, d, index, index + 1, 1), d);
 }
@@ -611,11 +658,12 @@ Tensor cat(const std::vector<Tensor>& xs, int64_t dim) {
   std::vector<int64_t> sizes;
   for (size_t i = 0; i < xs.size(); ++i) {
     detail::check_compatible("cat", first, xs[i], "tensors[0]", "another tensor");
-    EF_CHECK(xs[i].dim() == first.dim(), "cat: tensors[", i, "] has ", xs[i].dim(), " dims, tensors[0] has ", first.dim());
+    EF_CHECK(xs[i].dim() == first.dim(), "cat: tensors[", i, "] has ", xs[i].dim(), " dims, tensors[0] has ",
+             first.dim());
     for (int64_t k = 0; k < first.dim(); ++k)
-      EF_CHECK(k == d || xs[i].shape()[static_cast<size_t>(k)] == first.shape()[static_cast<size_t>(k)], "cat: tensors[", i,
-               "] has shape ", shape_str(xs[i].shape()), ", tensors[0] has ", shape_str(first.shape()),
-               " (only dim ", d, " may differ)");
+      EF_CHECK(k == d || xs[i].shape()[static_cast<size_t>(k)] == first.shape()[static_cast<size_t>(k)],
+               "cat: tensors[", i, "] has shape ", shape_str(xs[i].shape()), ", tensors[0] has ",
+               shape_str(first.shape()), " (only dim ", d, " may differ)");
     sizes.push_back(xs[i].shape()[static_cast<size_t>(d)]);
     shape[static_cast<size_t>(d)] += sizes.back();
   }
@@ -686,8 +734,8 @@ std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim) {
 
 Tensor pad(const Tensor& x, const std::vector<int64_t>& pads, double value) {
   detail::check_float("pad", x);
-  EF_CHECK(pads.size() % 2 == 0 && static_cast<int64_t>(pads.size()) / 2 <= x.dim(), "pad: expected (before, after) pairs for at most ",
-           x.dim(), " dims, got ", pads.size(), " values");
+  EF_CHECK(pads.size() % 2 == 0 && static_cast<int64_t>(pads.size()) / 2 <= x.dim(),
+           "pad: expected (before, after) pairs for at most ", x.dim(), " dims, got ", pads.size(), " values");
   Shape shape = x.shape();
   std::vector<std::pair<int64_t, int64_t>> per_dim(static_cast<size_t>(x.dim()), {0, 0});
   for (size_t i = 0; i < pads.size() / 2; ++i) {
@@ -736,14 +784,17 @@ Tensor to_device(const Tensor& x, const Device& d) {
   if (x.device() == d) return x;
   const Tensor src = x.contiguous();
   Tensor y = empty(x.shape(), {.dtype = x.dtype(), .device = d});
-  copy_between_devices(d, y.data_ptr(), x.device(), src.data_ptr(), static_cast<size_t>(x.numel()) * dtype_size(x.dtype()));
+  copy_between_devices(d, y.data_ptr(), x.device(), src.data_ptr(),
+                       static_cast<size_t>(x.numel()) * dtype_size(x.dtype()));
   record("to_device", {y}, {x}, {}, [from = x.device()](const Grads& g) { return Grads{to_device(g[0], from)}; });
   return y;
 }
 
 // --- In place ------------------------------------------------------------------------------------------
 
-static void bump(const Tensor& x) { x.storage()->version.fetch_add(1); }
+static void bump(const Tensor& x) {
+  x.storage()->version.fetch_add(1);
+}
 
 void fill_(const Tensor& x, double v) {
   check_inplace("fill_", x);
@@ -754,8 +805,8 @@ void fill_(const Tensor& x, double v) {
 void copy_(const Tensor& dst, const Tensor& src) {
   check_inplace("copy_", dst);
   detail::check_defined("copy_", src, "source");
-  EF_CHECK(dst.device() == src.device(), "copy_: destination is on ", dst.device().str(), ", source on ", src.device().str(),
-           " (copy to the device first with .to)");
+  EF_CHECK(dst.device() == src.device(), "copy_: destination is on ", dst.device().str(), ", source on ",
+           src.device().str(), " (copy to the device first with .to)");
   detail::broadcast_shapes("copy_", src.shape(), dst.shape());
   EF_CHECK(detail::broadcast_shapes("copy_", src.shape(), dst.shape()) == dst.shape(), "copy_: source shape ",
            shape_str(src.shape()), " does not broadcast to destination shape ", shape_str(dst.shape()));
@@ -766,8 +817,8 @@ void copy_(const Tensor& dst, const Tensor& src) {
 void add_(const Tensor& x, const Tensor& other, double alpha) {
   check_inplace("add_", x);
   detail::check_compatible("add_", x, other, "tensor", "other");
-  EF_CHECK(detail::broadcast_shapes("add_", other.shape(), x.shape()) == x.shape(), "add_: shape ", shape_str(other.shape()),
-           " does not broadcast to ", shape_str(x.shape()));
+  EF_CHECK(detail::broadcast_shapes("add_", other.shape(), x.shape()) == x.shape(), "add_: shape ",
+           shape_str(other.shape()), " does not broadcast to ", shape_str(x.shape()));
   if (x.numel() == 0) return;
   NoGradGuard no_grad;
   if (alpha == 1.0) {

@@ -169,8 +169,8 @@ ConvArgs conv_args(const char* op, const Shape& x, const Shape& w, const Conv2dO
   EF_CHECK(o.stride.first >= 1 && o.stride.second >= 1, op, ": stride must be positive");
   EF_CHECK(o.dilation.first >= 1 && o.dilation.second >= 1, op, ": dilation must be positive");
   EF_CHECK(o.padding.first >= 0 && o.padding.second >= 0, op, ": padding must be non-negative");
-  EF_CHECK(x[1] == w[1] * o.groups, op, ": input has ", x[1], " channels, weight expects ", w[1] * o.groups,
-           " (", w[1], " per group x ", o.groups, " groups)");
+  EF_CHECK(x[1] == w[1] * o.groups, op, ": input has ", x[1], " channels, weight expects ", w[1] * o.groups, " (", w[1],
+           " per group x ", o.groups, " groups)");
   EF_CHECK(w[0] % o.groups == 0, op, ": ", w[0], " output channels are not divisible by ", o.groups, " groups");
   ConvArgs a;
   a.n = x[0];
@@ -209,8 +209,8 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const C
   });
   if (bias.defined()) {
     detail::check_compatible("conv2d", x, bias, "input", "bias");
-    EF_CHECK(bias.dim() == 1 && bias.size(0) == a.c_out, "conv2d: bias has shape ", shape_str(bias.shape()), ", expected [",
-             a.c_out, "]");
+    EF_CHECK(bias.dim() == 1 && bias.size(0) == a.c_out, "conv2d: bias has shape ", shape_str(bias.shape()),
+             ", expected [", a.c_out, "]");
     y = y + reshape(bias, {1, a.c_out, 1, 1});
   }
   return y;
@@ -223,7 +223,8 @@ Tensor conv2d_input_grad(const Tensor& gy, const Tensor& weight, const Shape& in
   EF_CHECK(gy.shape() == Shape({a.n, a.c_out, a.oh, a.ow}), "conv2d_input_grad: gradient has shape ",
            shape_str(gy.shape()), ", the convolution's output is ", shape_str({a.n, a.c_out, a.oh, a.ow}));
   Tensor gx = detail::empty_like_shape(gy, input_shape);
-  if (gx.numel() > 0) backend_of(gy).conv2d_input_grad(a, gx.view(), gy.contiguous().view(), weight.contiguous().view());
+  if (gx.numel() > 0)
+    backend_of(gy).conv2d_input_grad(a, gx.view(), gy.contiguous().view(), weight.contiguous().view());
   record("conv2d_input_grad", {gx}, {gy, weight}, {gy, weight}, [gy, weight, o](const Grads& g) {
     return Grads{gy.requires_grad() ? conv2d(g[0], weight, Tensor(), o) : Tensor(),
                  weight.requires_grad() ? conv2d_weight_grad(g[0], gy, weight.shape(), o) : Tensor()};
@@ -239,8 +240,10 @@ Tensor conv2d_weight_grad(const Tensor& x, const Tensor& gy, const Shape& weight
            shape_str(gy.shape()), ", the convolution's output is ", shape_str({a.n, a.c_out, a.oh, a.ow}));
   Tensor gw = detail::empty_like_shape(x, weight_shape);
   if (gw.numel() > 0) {
-    if (x.numel() == 0) backend_of(x).fill(gw.view(), 0.0);
-    else backend_of(x).conv2d_weight_grad(a, gw.view(), x.contiguous().view(), gy.contiguous().view());
+    if (x.numel() == 0)
+      backend_of(x).fill(gw.view(), 0.0);
+    else
+      backend_of(x).conv2d_weight_grad(a, gw.view(), x.contiguous().view(), gy.contiguous().view());
   }
   record("conv2d_weight_grad", {gw}, {x, gy}, {x, gy}, [x, gy, o](const Grads& g) {
     return Grads{x.requires_grad() ? conv2d_input_grad(gy, g[0], x.shape(), o) : Tensor(),
@@ -258,16 +261,17 @@ Tensor conv_transpose2d(const Tensor& x, const Tensor& weight, const Tensor& bia
            weight.size(0));
   for (auto [op, s, d] : {std::tuple{o.output_padding.first, o.stride.first, o.dilation.first},
                           std::tuple{o.output_padding.second, o.stride.second, o.dilation.second}})
-    EF_CHECK(op >= 0 && (op < s || op < d), "conv_transpose2d: output_padding ", op,
-             " must be smaller than stride ", s, " or dilation ", d);
+    EF_CHECK(op >= 0 && (op < s || op < d), "conv_transpose2d: output_padding ", op, " must be smaller than stride ", s,
+             " or dilation ", d);
   const int64_t c_out = weight.size(1) * o.groups;
   const int64_t oh = (x.size(2) - 1) * o.stride.first - 2 * o.padding.first + o.dilation.first * (weight.size(2) - 1) +
                      o.output_padding.first + 1;
   const int64_t ow = (x.size(3) - 1) * o.stride.second - 2 * o.padding.second +
                      o.dilation.second * (weight.size(3) - 1) + o.output_padding.second + 1;
   EF_CHECK(oh > 0 && ow > 0, "conv_transpose2d: output size ", oh, "x", ow, " is not positive");
-  Tensor y = conv2d_input_grad(x, weight, {x.size(0), c_out, oh, ow},
-                               Conv2dOptions{.stride = o.stride, .padding = o.padding, .dilation = o.dilation, .groups = o.groups});
+  Tensor y = conv2d_input_grad(
+      x, weight, {x.size(0), c_out, oh, ow},
+      Conv2dOptions{.stride = o.stride, .padding = o.padding, .dilation = o.dilation, .groups = o.groups});
   if (bias.defined()) {
     detail::check_compatible("conv_transpose2d", x, bias, "input", "bias");
     EF_CHECK(bias.dim() == 1 && bias.size(0) == c_out, "conv_transpose2d: bias has shape ", shape_str(bias.shape()),
@@ -282,7 +286,8 @@ Tensor conv_transpose2d(const Tensor& x, const Tensor& weight, const Tensor& bia
 namespace {
 
 int64_t pooled_size(const char* op, int64_t in, int64_t k, int64_t s, int64_t p, int64_t d, bool ceil_mode) {
-  EF_CHECK(k >= 1 && s >= 1 && d >= 1 && p >= 0, op, ": kernel, stride and dilation must be positive, padding non-negative");
+  EF_CHECK(k >= 1 && s >= 1 && d >= 1 && p >= 0, op,
+           ": kernel, stride and dilation must be positive, padding non-negative");
   const int64_t eff = d * (k - 1) + 1;
   EF_CHECK(2 * p <= eff, op, ": padding ", p, " must be at most half the kernel size ", eff);
   const int64_t span = in + 2 * p - eff;
@@ -357,7 +362,6 @@ Tensor avg_pool2d(const Tensor& x, const Pool2dOptions& o) {
 
 namespace {
 
-
 Tensor matrix_from(const std::vector<double>& values, int64_t rows, int64_t cols, const Tensor& like) {
   return from_vector(values, {rows, cols}, detail::options_of(like));
 }
@@ -377,8 +381,10 @@ Tensor bilinear_matrix(int64_t out, int64_t in, bool align_corners, const Tensor
   std::vector<double> m(static_cast<size_t>(out * in), 0.0);
   for (int64_t i = 0; i < out; ++i) {
     double src;
-    if (align_corners) src = out > 1 ? static_cast<double>(i) * static_cast<double>(in - 1) / static_cast<double>(out - 1) : 0.0;
-    else src = std::max((static_cast<double>(i) + 0.5) * static_cast<double>(in) / static_cast<double>(out) - 0.5, 0.0);
+    if (align_corners)
+      src = out > 1 ? static_cast<double>(i) * static_cast<double>(in - 1) / static_cast<double>(out - 1) : 0.0;
+    else
+      src = std::max((static_cast<double>(i) + 0.5) * static_cast<double>(in) / static_cast<double>(out) - 0.5, 0.0);
     const int64_t i0 = std::min<int64_t>(static_cast<int64_t>(std::floor(src)), in - 1);
     const int64_t i1 = std::min<int64_t>(i0 + 1, in - 1);
     const double l = src - static_cast<double>(i0);
@@ -391,7 +397,8 @@ Tensor bilinear_matrix(int64_t out, int64_t in, bool align_corners, const Tensor
 void check_resample(const char* op, const Tensor& x, std::pair<int64_t, int64_t> size) {
   detail::check_float(op, x);
   EF_CHECK(x.dim() == 4, op, ": input must be 4-D [N, C, H, W], got ", shape_str(x.shape()));
-  EF_CHECK(size.first >= 1 && size.second >= 1, op, ": output size must be positive, got ", size.first, "x", size.second);
+  EF_CHECK(size.first >= 1 && size.second >= 1, op, ": output size must be positive, got ", size.first, "x",
+           size.second);
   EF_CHECK(x.size(2) >= 1 && x.size(3) >= 1, op, ": input has an empty spatial dim ", shape_str(x.shape()));
 }
 
@@ -418,10 +425,9 @@ Tensor upsample_nearest2d(const Tensor& x, std::pair<int64_t, int64_t> size) {
   auto nearest = [&](int64_t out, int64_t in) {
     std::vector<int64_t> idx(static_cast<size_t>(out));
     for (int64_t i = 0; i < out; ++i)
-      idx[static_cast<size_t>(i)] = std::min<int64_t>(static_cast<int64_t>(std::floor(static_cast<double>(i) *
-                                                                                      static_cast<double>(in) /
-                                                                                      static_cast<double>(out))),
-                                                      in - 1);
+      idx[static_cast<size_t>(i)] = std::min<int64_t>(
+          static_cast<int64_t>(std::floor(static_cast<double>(i) * static_cast<double>(in) / static_cast<double>(out))),
+          in - 1);
     return from_int_vector(idx, {out}, x.device());
   };
   return index_select(index_select(x, 2, nearest(size.first, x.size(2))), 3, nearest(size.second, x.size(3)));
@@ -463,9 +469,8 @@ Tensor softmax(const Tensor& x, int64_t dim) {
 
 Tensor log_softmax(const Tensor& x, int64_t dim) {
   Tensor y = softmax_kernel("log_softmax", x, dim, true);
-  record("log_softmax", {y}, {x}, {x}, [x, dim](const Grads& g) {
-    return Grads{g[0] - softmax(x, dim) * sum(g[0], {dim}, true)};
-  });
+  record("log_softmax", {y}, {x}, {x},
+         [x, dim](const Grads& g) { return Grads{g[0] - softmax(x, dim) * sum(g[0], {dim}, true)}; });
   return y;
 }
 
@@ -498,8 +503,8 @@ Tensor scatter_add(const Tensor& base, int64_t dim, const Tensor& index, const T
   detail::check_index("scatter_add", index, base);
   const int64_t d = normalize_dim(dim, base.dim(), "scatter_add");
   check_gather_shapes("scatter_add", base, d, index);
-  EF_CHECK(src.shape() == index.shape(), "scatter_add: source shape ", shape_str(src.shape()), " differs from index shape ",
-           shape_str(index.shape()));
+  EF_CHECK(src.shape() == index.shape(), "scatter_add: source shape ", shape_str(src.shape()),
+           " differs from index shape ", shape_str(index.shape()));
   const Tensor idx = index.contiguous();
   Tensor y = clone(base.detach());
   if (src.numel() > 0) backend_of(base).scatter_add(y.view(), static_cast<int>(d), idx.view(), src.view());
@@ -531,11 +536,14 @@ Tensor index_add(const Tensor& base, int64_t dim, const Tensor& index, const Ten
   const int64_t d = normalize_dim(dim, base.dim(), "index_add");
   Shape expected = base.shape();
   expected[static_cast<size_t>(d)] = index.numel();
-  EF_CHECK(src.shape() == expected, "index_add: source shape ", shape_str(src.shape()), ", expected ", shape_str(expected));
+  EF_CHECK(src.shape() == expected, "index_add: source shape ", shape_str(src.shape()), ", expected ",
+           shape_str(expected));
   const Tensor idx = index.contiguous();
   Tensor y = clone(base.detach());
   if (src.numel() > 0) backend_of(base).index_add(y.view(), static_cast<int>(d), idx.view(), src.view());
-  record("index_add", {y}, {base, src}, {}, [idx, d](const Grads& g) { return Grads{g[0], index_select(g[0], d, idx)}; });
+  record("index_add", {y}, {base, src}, {}, [idx, d](const Grads& g) {
+    return Grads{g[0], index_select(g[0], d, idx)};
+  });
   return y;
 }
 
@@ -563,7 +571,8 @@ Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, con
                          std::pair{running_var, "running_var"}}) {
     if (!t.defined()) continue;
     detail::check_compatible("batch_norm", x, t, "input", what);
-    EF_CHECK(t.dim() == 1 && t.size(0) == c, "batch_norm: ", what, " has shape ", shape_str(t.shape()), ", expected [", c, "]");
+    EF_CHECK(t.dim() == 1 && t.size(0) == c, "batch_norm: ", what, " has shape ", shape_str(t.shape()), ", expected [",
+             c, "]");
   }
   Tensor centered, inv_std;
   if (training) {
@@ -586,7 +595,8 @@ Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, con
       }
     }
   } else {
-    EF_CHECK(running_mean.defined() && running_var.defined(), "batch_norm: eval mode needs running_mean and running_var");
+    EF_CHECK(running_mean.defined() && running_var.defined(),
+             "batch_norm: eval mode needs running_mean and running_var");
     centered = x - reshape(running_mean, stat_shape);
     inv_std = rsqrt(reshape(running_var, stat_shape) + eps);
   }
@@ -596,7 +606,8 @@ Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, con
   return y;
 }
 
-Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias, double eps) {
+Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias,
+                  double eps) {
   detail::check_float("layer_norm", x);
   const int64_t k = static_cast<int64_t>(normalized_shape.size());
   EF_CHECK(k >= 1 && k <= x.dim() && Shape(x.shape().end() - k, x.shape().end()) == normalized_shape,

@@ -9,9 +9,15 @@
 
 namespace evenflow::detail {
 
-inline Backend& backend_of(const Tensor& t) { return t.storage()->context->backend(); }
-inline TensorOptions options_of(const Tensor& t) { return {.dtype = t.dtype(), .device = t.device()}; }
-inline Tensor empty_like_shape(const Tensor& t, const Shape& shape) { return empty(shape, options_of(t)); }
+inline Backend& backend_of(const Tensor& t) {
+  return t.storage()->context->backend();
+}
+inline TensorOptions options_of(const Tensor& t) {
+  return {.dtype = t.dtype(), .device = t.device()};
+}
+inline Tensor empty_like_shape(const Tensor& t, const Shape& shape) {
+  return empty(shape, options_of(t));
+}
 
 void check_defined(const char* op, const Tensor& t, const char* what = "input");
 void check_float(const char* op, const Tensor& t, const char* what = "input");

@@ -14,69 +14,97 @@
 
 namespace evenflow::scalar {
 
-EF_HD inline float exp_(float x) { return ::expf(x); }
-EF_HD inline double exp_(double x) { return ::exp(x); }
-EF_HD inline float log_(float x) { return ::logf(x); }
-EF_HD inline double log_(double x) { return ::log(x); }
-EF_HD inline float log1p_(float x) { return ::log1pf(x); }
-EF_HD inline double log1p_(double x) { return ::log1p(x); }
-EF_HD inline float sqrt_(float x) { return ::sqrtf(x); }
-EF_HD inline double sqrt_(double x) { return ::sqrt(x); }
-EF_HD inline float tanh_(float x) { return ::tanhf(x); }
-EF_HD inline double tanh_(double x) { return ::tanh(x); }
-EF_HD inline float abs_(float x) { return ::fabsf(x); }
-EF_HD inline double abs_(double x) { return ::fabs(x); }
-EF_HD inline float pow_(float x, float y) { return ::powf(x, y); }
-EF_HD inline double pow_(double x, double y) { return ::pow(x, y); }
+EF_HD inline float exp_(float x) {
+  return ::expf(x);
+}
+EF_HD inline double exp_(double x) {
+  return ::exp(x);
+}
+EF_HD inline float log_(float x) {
+  return ::logf(x);
+}
+EF_HD inline double log_(double x) {
+  return ::log(x);
+}
+EF_HD inline float log1p_(float x) {
+  return ::log1pf(x);
+}
+EF_HD inline double log1p_(double x) {
+  return ::log1p(x);
+}
+EF_HD inline float sqrt_(float x) {
+  return ::sqrtf(x);
+}
+EF_HD inline double sqrt_(double x) {
+  return ::sqrt(x);
+}
+EF_HD inline float tanh_(float x) {
+  return ::tanhf(x);
+}
+EF_HD inline double tanh_(double x) {
+  return ::tanh(x);
+}
+EF_HD inline float abs_(float x) {
+  return ::fabsf(x);
+}
+EF_HD inline double abs_(double x) {
+  return ::fabs(x);
+}
+EF_HD inline float pow_(float x, float y) {
+  return ::powf(x, y);
+}
+EF_HD inline double pow_(double x, double y) {
+  return ::pow(x, y);
+}
 
 // Unary ops: y = f(x; a, b). `a` and `b` are the op's scalar parameters (unused by most).
 // Masks (GtScalar, InRange) return 1 or 0 in the input's type; they carry no gradient.
-#define EF_UNARY_OPS(X)                                                                   \
-  X(Neg, -x)                                                                              \
-  X(Exp, exp_(x))                                                                         \
-  X(Log, log_(x))                                                                         \
-  X(Sqrt, sqrt_(x))                                                                       \
-  X(Rsqrt, T(1) / sqrt_(x))                                                               \
-  X(Reciprocal, T(1) / x)                                                                 \
-  X(Abs, abs_(x))                                                                         \
-  X(Sign, T((x > T(0)) - (x < T(0))))                                                     \
-  X(Square, x* x)                                                                         \
-  X(Relu, x > T(0) ? x : T(0))                                                            \
-  X(LeakyRelu, x > T(0) ? x : T(a) * x)                                                   \
-  X(Elu, x > T(0) ? x : T(a) * (exp_(x) - T(1)))                                          \
-  X(Sigmoid, x >= T(0) ? T(1) / (T(1) + exp_(-x)) : exp_(x) / (T(1) + exp_(x)))           \
-  X(Tanh, tanh_(x))                                                                       \
-  /* softplus with beta=a, threshold=b (PyTorch's): linear where beta*x > threshold */    \
-  X(Softplus, T(a) * x > T(b) ? x : log1p_(exp_(T(a) * x)) / T(a))                        \
-  X(Clamp, x < T(a) ? T(a) : (x > T(b) ? T(b) : x))                                       \
-  X(PowScalar, pow_(x, T(a)))                                                             \
-  X(AddScalar, x + T(a))                                                                  \
-  X(MulScalar, x* T(a))                                                                   \
-  X(GtScalar, T(x > T(a)))                                                                \
+#define EF_UNARY_OPS(X)                                                                \
+  X(Neg, -x)                                                                           \
+  X(Exp, exp_(x))                                                                      \
+  X(Log, log_(x))                                                                      \
+  X(Sqrt, sqrt_(x))                                                                    \
+  X(Rsqrt, T(1) / sqrt_(x))                                                            \
+  X(Reciprocal, T(1) / x)                                                              \
+  X(Abs, abs_(x))                                                                      \
+  X(Sign, T((x > T(0)) - (x < T(0))))                                                  \
+  X(Square, x* x)                                                                      \
+  X(Relu, x > T(0) ? x : T(0))                                                         \
+  X(LeakyRelu, x > T(0) ? x : T(a) * x)                                                \
+  X(Elu, x > T(0) ? x : T(a) * (exp_(x) - T(1)))                                       \
+  X(Sigmoid, x >= T(0) ? T(1) / (T(1) + exp_(-x)) : exp_(x) / (T(1) + exp_(x)))        \
+  X(Tanh, tanh_(x))                                                                    \
+  /* softplus with beta=a, threshold=b (PyTorch's): linear where beta*x > threshold */ \
+  X(Softplus, T(a) * x > T(b) ? x : log1p_(exp_(T(a) * x)) / T(a))                     \
+  X(Clamp, x < T(a) ? T(a) : (x > T(b) ? T(b) : x))                                    \
+  X(PowScalar, pow_(x, T(a)))                                                          \
+  X(AddScalar, x + T(a))                                                               \
+  X(MulScalar, x* T(a))                                                                \
+  X(GtScalar, T(x > T(a)))                                                             \
   X(InRange, T(x >= T(a) && x <= T(b)))
 
-#define EF_BINARY_OPS(X)         \
-  X(Add, x + y)                  \
-  X(Sub, x - y)                  \
-  X(Mul, x* y)                   \
-  X(Div, x / y)                  \
-  X(Maximum, x > y ? x : y)      \
-  X(Minimum, x < y ? x : y)      \
-  X(Gt, T(x > y))                \
-  X(Lt, T(x < y))                \
-  X(Ge, T(x >= y))               \
-  X(Le, T(x <= y))               \
-  X(Eq, T(x == y))               \
+#define EF_BINARY_OPS(X)    \
+  X(Add, x + y)             \
+  X(Sub, x - y)             \
+  X(Mul, x* y)              \
+  X(Div, x / y)             \
+  X(Maximum, x > y ? x : y) \
+  X(Minimum, x < y ? x : y) \
+  X(Gt, T(x > y))           \
+  X(Lt, T(x < y))           \
+  X(Ge, T(x >= y))          \
+  X(Le, T(x <= y))          \
+  X(Eq, T(x == y))          \
   X(Ne, T(x != y))
 
-#define EF_DECLARE_UNARY_FUNCTOR(name, expr)                     \
-  struct name {                                                  \
-    template <typename T>                                        \
-    EF_HD T operator()(T x, double a, double b) const {          \
-      (void)a;                                                   \
-      (void)b;                                                   \
-      return expr;                                               \
-    }                                                            \
+#define EF_DECLARE_UNARY_FUNCTOR(name, expr)            \
+  struct name {                                         \
+    template <typename T>                               \
+    EF_HD T operator()(T x, double a, double b) const { \
+      (void)a;                                          \
+      (void)b;                                          \
+      return expr;                                      \
+    }                                                   \
   };
 #define EF_DECLARE_BINARY_FUNCTOR(name, expr) \
   struct name {                               \
@@ -112,22 +140,26 @@ static_assert(static_cast<int>(BinaryOp::Count) == 0 EF_BINARY_OPS(EF_COUNT_ENTR
 
 // Calls f(functor) with the functor type of `op`; used by both backends' elementwise loops.
 #define EF_UNARY_CASE(name, expr) \
-  case ::evenflow::UnaryOp::name: return f(::evenflow::scalar::unary::name{});
+  case ::evenflow::UnaryOp::name: \
+    return f(::evenflow::scalar::unary::name{});
 template <typename F>
 EF_HD inline auto visit_unary(UnaryOp op, F&& f) {
   switch (op) {
     EF_UNARY_OPS(EF_UNARY_CASE)
-    default: return f(::evenflow::scalar::unary::Neg{});
+    default:
+      return f(::evenflow::scalar::unary::Neg{});
   }
 }
 #undef EF_UNARY_CASE
 #define EF_BINARY_CASE(name, expr) \
-  case ::evenflow::BinaryOp::name: return f(::evenflow::scalar::binary::name{});
+  case ::evenflow::BinaryOp::name: \
+    return f(::evenflow::scalar::binary::name{});
 template <typename F>
 EF_HD inline auto visit_binary(BinaryOp op, F&& f) {
   switch (op) {
     EF_BINARY_OPS(EF_BINARY_CASE)
-    default: return f(::evenflow::scalar::binary::Add{});
+    default:
+      return f(::evenflow::scalar::binary::Add{});
   }
 }
 #undef EF_BINARY_CASE

@@ -37,8 +37,8 @@ Shape contiguous_strides(const Shape& s) {
 
 int64_t normalize_dim(int64_t dim, int64_t ndim, const char* op) {
   const int64_t lo = ndim == 0 ? -1 : -ndim, hi = ndim == 0 ? 0 : ndim - 1;
-  EF_CHECK(dim >= lo && dim <= hi, op, ": dim ", dim, " is out of range for a tensor with ", ndim,
-           " dims (expected ", lo, "..", hi, ")");
+  EF_CHECK(dim >= lo && dim <= hi, op, ": dim ", dim, " is out of range for a tensor with ", ndim, " dims (expected ",
+           lo, "..", hi, ")");
   return dim < 0 ? dim + std::max<int64_t>(ndim, 1) : dim;
 }
 
@@ -46,20 +46,42 @@ Storage::Storage(Device d, size_t n) : device(d), context(&evenflow::context(d))
   data = context->allocator().allocate(n, &block_bytes);
 }
 
-Storage::~Storage() { context->allocator().release(data, block_bytes); }
+Storage::~Storage() {
+  context->allocator().release(data, block_bytes);
+}
 
 // --- Tensor metadata ------------------------------------------------------------------------------
 
-const Shape& Tensor::shape() const { return impl_->shape; }
-const Shape& Tensor::strides() const { return impl_->strides; }
-int64_t Tensor::dim() const { return static_cast<int64_t>(impl_->shape.size()); }
-int64_t Tensor::size(int64_t d) const { return impl_->shape[static_cast<size_t>(normalize_dim(d, dim(), "size"))]; }
-int64_t Tensor::numel() const { return numel_of(impl_->shape); }
-int64_t Tensor::offset() const { return impl_->offset; }
-DType Tensor::dtype() const { return impl_->dtype; }
-Device Tensor::device() const { return impl_->storage->device; }
-const std::shared_ptr<Storage>& Tensor::storage() const { return impl_->storage; }
-uint64_t Tensor::version() const { return impl_->storage->version.load(); }
+const Shape& Tensor::shape() const {
+  return impl_->shape;
+}
+const Shape& Tensor::strides() const {
+  return impl_->strides;
+}
+int64_t Tensor::dim() const {
+  return static_cast<int64_t>(impl_->shape.size());
+}
+int64_t Tensor::size(int64_t d) const {
+  return impl_->shape[static_cast<size_t>(normalize_dim(d, dim(), "size"))];
+}
+int64_t Tensor::numel() const {
+  return numel_of(impl_->shape);
+}
+int64_t Tensor::offset() const {
+  return impl_->offset;
+}
+DType Tensor::dtype() const {
+  return impl_->dtype;
+}
+Device Tensor::device() const {
+  return impl_->storage->device;
+}
+const std::shared_ptr<Storage>& Tensor::storage() const {
+  return impl_->storage;
+}
+uint64_t Tensor::version() const {
+  return impl_->storage->version.load();
+}
 
 bool Tensor::is_contiguous() const {
   int64_t expected = 1;
@@ -125,7 +147,9 @@ double Tensor::item() const {
 
 // --- Autograd accessors ------------------------------------------------------------------------
 
-bool Tensor::requires_grad() const { return impl_->requires_grad; }
+bool Tensor::requires_grad() const {
+  return impl_->requires_grad;
+}
 
 Tensor& Tensor::requires_grad_(bool on) {
   EF_CHECK(is_leaf(), "requires_grad_: only leaf tensors can change requires_grad (this one comes from ",
@@ -136,9 +160,15 @@ Tensor& Tensor::requires_grad_(bool on) {
   return *this;
 }
 
-bool Tensor::is_leaf() const { return impl_->grad_fn == nullptr; }
-const std::shared_ptr<Node>& Tensor::grad_fn() const { return impl_->grad_fn; }
-uint32_t Tensor::output_nr() const { return impl_->output_nr; }
+bool Tensor::is_leaf() const {
+  return impl_->grad_fn == nullptr;
+}
+const std::shared_ptr<Node>& Tensor::grad_fn() const {
+  return impl_->grad_fn;
+}
+uint32_t Tensor::output_nr() const {
+  return impl_->output_nr;
+}
 
 Tensor Tensor::grad() const {
   std::lock_guard<std::mutex> lock(impl_->grad_mu);
@@ -150,7 +180,8 @@ void Tensor::set_grad(const Tensor& g) {
     EF_CHECK(g.shape() == shape(), "set_grad: gradient shape ", shape_str(g.shape()), " differs from tensor shape ",
              shape_str(shape()));
     EF_CHECK(g.device() == device(), "set_grad: gradient on ", g.device().str(), ", tensor on ", device().str());
-    EF_CHECK(g.dtype() == dtype(), "set_grad: gradient is ", dtype_name(g.dtype()), ", tensor is ", dtype_name(dtype()));
+    EF_CHECK(g.dtype() == dtype(), "set_grad: gradient is ", dtype_name(g.dtype()), ", tensor is ",
+             dtype_name(dtype()));
   }
   std::lock_guard<std::mutex> lock(impl_->grad_mu);
   impl_->grad = g;
@@ -171,15 +202,27 @@ void Tensor::backward(const Tensor& grad_output, bool retain_graph, bool create_
                      retain_graph, create_graph);
 }
 
-Tensor Tensor::detach() const { return make_view(*this, shape(), strides(), offset()); }
+Tensor Tensor::detach() const {
+  return make_view(*this, shape(), strides(), offset());
+}
 
 // --- Conversions and in-place ops (bodies in ops.cpp) -------------------------------------------
 
-Tensor Tensor::to(const Device& d) const { return evenflow::to_device(*this, d); }
-Tensor Tensor::to(DType t) const { return evenflow::to_dtype(*this, t); }
-Tensor Tensor::contiguous() const { return is_contiguous() ? *this : evenflow::clone(*this); }
-Tensor Tensor::clone() const { return evenflow::clone(*this); }
-const Tensor& Tensor::zero_() const { return fill_(0.0); }
+Tensor Tensor::to(const Device& d) const {
+  return evenflow::to_device(*this, d);
+}
+Tensor Tensor::to(DType t) const {
+  return evenflow::to_dtype(*this, t);
+}
+Tensor Tensor::contiguous() const {
+  return is_contiguous() ? *this : evenflow::clone(*this);
+}
+Tensor Tensor::clone() const {
+  return evenflow::clone(*this);
+}
+const Tensor& Tensor::zero_() const {
+  return fill_(0.0);
+}
 const Tensor& Tensor::fill_(double v) const {
   evenflow::fill_(*this, v);
   return *this;
@@ -197,11 +240,21 @@ const Tensor& Tensor::mul_(double s) const {
   return *this;
 }
 
-Tensor Tensor::reshape(const Shape& s) const { return evenflow::reshape(*this, s); }
-Tensor Tensor::view(const Shape& s) const { return evenflow::view(*this, s); }
-Tensor Tensor::flatten(int64_t a, int64_t b) const { return evenflow::flatten(*this, a, b); }
-Tensor Tensor::permute(const Shape& dims) const { return evenflow::permute(*this, dims); }
-Tensor Tensor::transpose(int64_t a, int64_t b) const { return evenflow::transpose(*this, a, b); }
+Tensor Tensor::reshape(const Shape& s) const {
+  return evenflow::reshape(*this, s);
+}
+Tensor Tensor::view(const Shape& s) const {
+  return evenflow::view(*this, s);
+}
+Tensor Tensor::flatten(int64_t a, int64_t b) const {
+  return evenflow::flatten(*this, a, b);
+}
+Tensor Tensor::permute(const Shape& dims) const {
+  return evenflow::permute(*this, dims);
+}
+Tensor Tensor::transpose(int64_t a, int64_t b) const {
+  return evenflow::transpose(*this, a, b);
+}
 Tensor Tensor::t() const {
   EF_CHECK(dim() == 2, "t: expected a 2-D tensor, got shape ", shape_str(shape()));
   return evenflow::transpose(*this, 0, 1);
@@ -209,15 +262,33 @@ Tensor Tensor::t() const {
 Tensor Tensor::slice(int64_t d, int64_t start, int64_t end, int64_t step) const {
   return evenflow::slice(*this, d, start, end, step);
 }
-Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const { return evenflow::narrow(*this, d, start, length); }
-Tensor Tensor::select(int64_t d, int64_t index) const { return evenflow::select(*this, d, index); }
-Tensor Tensor::unsqueeze(int64_t d) const { return evenflow::unsqueeze(*this, d); }
-Tensor Tensor::squeeze(int64_t d) const { return evenflow::squeeze(*this, d); }
-Tensor Tensor::expand(const Shape& s) const { return evenflow::expand(*this, s); }
-Tensor Tensor::sum() const { return evenflow::sum(*this); }
-Tensor Tensor::sum(const Shape& dims, bool keepdim) const { return evenflow::sum(*this, dims, keepdim); }
-Tensor Tensor::mean() const { return evenflow::mean(*this); }
-Tensor Tensor::mean(const Shape& dims, bool keepdim) const { return evenflow::mean(*this, dims, keepdim); }
+Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
+  return evenflow::narrow(*this, d, start, length);
+}
+Tensor Tensor::select(int64_t d, int64_t index) const {
+  return evenflow::select(*this, d, index);
+}
+Tensor Tensor::unsqueeze(int64_t d) const {
+  return evenflow::unsqueeze(*this, d);
+}
+Tensor Tensor::squeeze(int64_t d) const {
+  return evenflow::squeeze(*this, d);
+}
+Tensor Tensor::expand(const Shape& s) const {
+  return evenflow::expand(*this, s);
+}
+Tensor Tensor::sum() const {
+  return evenflow::sum(*this);
+}
+Tensor Tensor::sum(const Shape& dims, bool keepdim) const {
+  return evenflow::sum(*this, dims, keepdim);
+}
+Tensor Tensor::mean() const {
+  return evenflow::mean(*this);
+}
+Tensor Tensor::mean(const Shape& dims, bool keepdim) const {
+  return evenflow::mean(*this, dims, keepdim);
+}
 
 // --- Creation ------------------------------------------------------------------------------------
 
@@ -245,12 +316,24 @@ static Tensor filled(const Shape& shape, double value, const TensorOptions& opts
   return t;
 }
 
-Tensor zeros(const Shape& shape, const TensorOptions& opts) { return filled(shape, 0.0, opts); }
-Tensor ones(const Shape& shape, const TensorOptions& opts) { return filled(shape, 1.0, opts); }
-Tensor full(const Shape& shape, double value, const TensorOptions& opts) { return filled(shape, value, opts); }
-Tensor zeros_like(const Tensor& t) { return zeros(t.shape(), {.dtype = t.dtype(), .device = t.device()}); }
-Tensor ones_like(const Tensor& t) { return ones(t.shape(), {.dtype = t.dtype(), .device = t.device()}); }
-Tensor full_like(const Tensor& t, double v) { return full(t.shape(), v, {.dtype = t.dtype(), .device = t.device()}); }
+Tensor zeros(const Shape& shape, const TensorOptions& opts) {
+  return filled(shape, 0.0, opts);
+}
+Tensor ones(const Shape& shape, const TensorOptions& opts) {
+  return filled(shape, 1.0, opts);
+}
+Tensor full(const Shape& shape, double value, const TensorOptions& opts) {
+  return filled(shape, value, opts);
+}
+Tensor zeros_like(const Tensor& t) {
+  return zeros(t.shape(), {.dtype = t.dtype(), .device = t.device()});
+}
+Tensor ones_like(const Tensor& t) {
+  return ones(t.shape(), {.dtype = t.dtype(), .device = t.device()});
+}
+Tensor full_like(const Tensor& t, double v) {
+  return full(t.shape(), v, {.dtype = t.dtype(), .device = t.device()});
+}
 
 Tensor arange(double start, double end, double step, const TensorOptions& opts) {
   EF_CHECK(step != 0, "arange: step must be non-zero");
@@ -278,8 +361,12 @@ static Tensor random_tensor(const Shape& shape, RandomKind kind, double a, doubl
   return t;
 }
 
-Tensor rand(const Shape& shape, const TensorOptions& opts) { return random_tensor(shape, RandomKind::Uniform, 0, 1, opts); }
-Tensor randn(const Shape& shape, const TensorOptions& opts) { return random_tensor(shape, RandomKind::Normal, 0, 1, opts); }
+Tensor rand(const Shape& shape, const TensorOptions& opts) {
+  return random_tensor(shape, RandomKind::Uniform, 0, 1, opts);
+}
+Tensor randn(const Shape& shape, const TensorOptions& opts) {
+  return random_tensor(shape, RandomKind::Normal, 0, 1, opts);
+}
 Tensor uniform(const Shape& shape, double low, double high, const TensorOptions& opts) {
   EF_CHECK(low <= high, "uniform: low ", low, " is greater than high ", high);
   return random_tensor(shape, RandomKind::Uniform, low, high, opts);
@@ -290,8 +377,8 @@ Tensor bernoulli(const Shape& shape, double p, const TensorOptions& opts) {
 }
 
 Tensor from_vector(const std::vector<double>& values, const Shape& shape, const TensorOptions& opts) {
-  EF_CHECK(static_cast<int64_t>(values.size()) == numel_of(shape), "from_vector: ", values.size(),
-           " values for shape ", shape_str(shape), " (", numel_of(shape), " elements)");
+  EF_CHECK(static_cast<int64_t>(values.size()) == numel_of(shape), "from_vector: ", values.size(), " values for shape ",
+           shape_str(shape), " (", numel_of(shape), " elements)");
   Tensor host = empty(shape, {.dtype = kFloat64, .device = cpu()});
   if (!values.empty()) std::memcpy(host.data_ptr(), values.data(), values.size() * sizeof(double));
   Tensor t = host.to(opts.dtype).to(opts.device);
@@ -307,7 +394,9 @@ Tensor from_int_vector(const std::vector<int64_t>& values, const Shape& shape, c
   return host.to(device);
 }
 
-Tensor scalar_tensor(double value, const TensorOptions& opts) { return full({}, value, opts); }
+Tensor scalar_tensor(double value, const TensorOptions& opts) {
+  return full({}, value, opts);
+}
 
 std::ostream& operator<<(std::ostream& os, const Tensor& t) {
   os << t.str();

@@ -74,8 +74,8 @@ class Tensor {
   void* data_ptr() const;
   template <typename T>
   T* data() const {
-    EF_CHECK(dtype() == dtype_of<T>::value, "data<", dtype_name(dtype_of<T>::value), ">() on a ",
-             dtype_name(dtype()), " tensor");
+    EF_CHECK(dtype() == dtype_of<T>::value, "data<", dtype_name(dtype_of<T>::value), ">() on a ", dtype_name(dtype()),
+             " tensor");
     return static_cast<T*>(data_ptr());
   }
   View view() const;

@@ -24,7 +24,9 @@ Worker::~Worker() {
   thread_.join();
 }
 
-Worker* Worker::current() { return tls_current_worker; }
+Worker* Worker::current() {
+  return tls_current_worker;
+}
 
 void Worker::post(std::function<void()> task) {
   {

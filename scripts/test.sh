@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Sets up, builds and runs every test: the full suite (warnings as errors), then the threaded
-# tests again under ThreadSanitizer, and the formatting check. CUDA tests skip, saying why, where
-# no GPU is visible.
+# Sets up, builds and runs every test: the formatting check, the full suite (CUDA compiled and
+# linked, warnings as errors), the threaded tests again under ThreadSanitizer, and the CPU suite
+# under AddressSanitizer + UBSan. CUDA tests skip, saying why, where no GPU is visible.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -18,3 +18,8 @@ echo "== threaded tests under ThreadSanitizer"
 BUILD_DIR=build-tsan BUILD_TYPE=RelWithDebInfo bash scripts/build.sh -DEF_SANITIZE=thread -DEF_OPENMP=OFF -DEF_CUDA=OFF -DEF_WERROR=ON
 (cd build-tsan && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
   ctest --output-on-failure --timeout 900 -j "$(nproc)" -R 'threads|worker|devices|spanning|concurrent')
+
+echo "== CPU tests under AddressSanitizer + UndefinedBehaviorSanitizer"
+BUILD_DIR=build-asan BUILD_TYPE=RelWithDebInfo bash scripts/build.sh -DEF_SANITIZE=address -DEF_CUDA=OFF -DEF_WERROR=ON
+(cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+  ctest --output-on-failure --timeout 900 -j "$(nproc)")

@@ -1,6 +1,7 @@
-// The CPU backend's matrix kernels: batched GEMM on Eigen, and 2-D convolution (forward, input
-// gradient, weight gradient) as im2col / col2im around that GEMM. This is the one file of the CPU
-// backend that includes Eigen, whose GEMM templates dominate build time.
+// The CPU backend's matrix kernels: Backend::gemm on Eigen, and 2-D convolution (forward, input
+// gradient, weight gradient) as im2col / col2im around a packed, register-blocked GEMM of its own
+// (Note [Packed GEMM for convolution]). This is the one file of the CPU backend that includes
+// Eigen, whose GEMM templates dominate build time.
 #include "engine/cpu/cpu_conv.h"
 
 #include <omp.h>
@@ -16,6 +17,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "engine/device.h"
@@ -86,36 +88,197 @@ void gemm_typed(const GemmArgs& g) {
 }
 
 // ------------------------------------------------------------------------------------------------
+// Note [Packed GEMM for convolution]
+// Eigen's GEMM reaches about 75% of this machine's peak on convolution-shaped products, and its
+// packing pass re-reads the whole im2col matrix. The convolutions therefore use a small GEMM of
+// their own, in the usual BLIS structure: a register-blocked micro-kernel computes an MR x NR tile
+// of C from A, read one broadcast element per row, and B, packed into NR-column panels stored
+// k-major (one contiguous NR-vector per k). A is either packed too (MR-row panels, k-major) or read
+// in place from a row-major matrix: broadcasts need no contiguity. im2col writes its matrix
+// straight into the layout the GEMM reads, so nothing is packed twice. Two tile shapes:
+//   Wide: 3 vectors per C row (NR = 48 floats with AVX-512), MR = 8, for C with many columns;
+//   Tall: 2 vectors per C row (NR = 32), MR = 12, for C with few columns (the weight gradient's
+//         Og), where a 48-wide tile would waste lanes.
+// Both keep MR·vectors accumulators plus the B vectors and a broadcast in registers (32 vector
+// registers with AVX-512, 16 otherwise, where the vectors are 8 floats and MR is halved). The
+// kernel uses GCC vector extensions, so it compiles for any target.
+
+#if defined(__AVX512F__)
+constexpr int kVecBytes = 64;
+#else
+constexpr int kVecBytes = 32;
+#endif
+typedef float VecF __attribute__((vector_size(kVecBytes)));
+typedef double VecD __attribute__((vector_size(kVecBytes)));
+
+enum class TileShape { Wide, Tall };
+
+template <typename T, TileShape S>
+struct Micro {
+  using V = std::conditional_t<std::is_same_v<T, float>, VecF, VecD>;
+  static constexpr int64_t kLanes = kVecBytes / static_cast<int64_t>(sizeof(T));
+  static constexpr int64_t kVecs = S == TileShape::Wide ? 3 : 2;  // vectors per row of a C tile
+  static constexpr int64_t MR = (S == TileShape::Wide ? 8 : 12) / (kVecBytes == 64 ? 1 : 2);
+  static constexpr int64_t NR = kVecs * kLanes;
+};
+
+// One full MR x NR tile: C (row stride ldc) = A·B over kc, plus C's old values when accumulate.
+// A is a packed panel (element (r, k) at a[k·MR + r]) or, when !PackedA, rows of a row-major
+// matrix (a[r·lda + k]); b is a packed panel (b[k·NR + j]). Kept free of edge handling: any other
+// use of `acc` makes GCC keep the accumulators in memory instead of registers.
+template <typename T, TileShape S, bool PackedA>
+void micro_tile(int64_t kc, const T* a, int64_t lda, const T* b, T* c, int64_t ldc, bool accumulate) {
+  using M = Micro<T, S>;
+  using V = typename M::V;
+  V acc[M::MR][M::kVecs];
+  for (int64_t r = 0; r < M::MR; ++r)
+    for (int64_t v = 0; v < M::kVecs; ++v) acc[r][v] = V{};
+  for (int64_t k = 0; k < kc; ++k) {
+    V bv[M::kVecs];
+    for (int64_t v = 0; v < M::kVecs; ++v) std::memcpy(&bv[v], b + v * M::kLanes, sizeof(V));
+    for (int64_t r = 0; r < M::MR; ++r) {
+      // Adding -0.0 is exact, so GCC folds it and broadcasts straight from memory.
+      const V av = -V{} + (PackedA ? a[r] : a[r * lda]);
+      for (int64_t v = 0; v < M::kVecs; ++v) acc[r][v] += av * bv[v];
+    }
+    a += PackedA ? M::MR : 1;
+    b += M::NR;
+  }
+  for (int64_t r = 0; r < M::MR; ++r) {
+    for (int64_t v = 0; v < M::kVecs; ++v) {
+      T* p = c + r * ldc + v * M::kLanes;
+      V out = acc[r][v];
+      if (accumulate) {
+        V old;
+        std::memcpy(&old, p, sizeof(V));
+        out += old;
+      }
+      std::memcpy(p, &out, sizeof(V));
+    }
+  }
+}
+
+// C [m, n] (row stride ldc) = A·B (+ C when accumulate); A packed into MR-row panels or, when
+// !PackedA, row-major with row stride lda and readable up to a whole number of MR-row panels; B
+// packed into NR-column panels. Blocks of k keep a B panel in cache while the rows of A stream
+// past it. Edge tiles are computed into a local tile and copied, so the padding lanes of the
+// panels never reach C. With threads > 1 the column panels are split between threads (for
+// convolutions with fewer samples than threads).
+template <typename T, TileShape S, bool PackedA>
+void packed_gemm(int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* bp, T* c, int64_t ldc,
+                 bool accumulate, int threads) {
+  using M = Micro<T, S>;
+  constexpr int64_t kKc = 512, kMcPanels = 32;
+  const int64_t mp = (m + M::MR - 1) / M::MR, np = (n + M::NR - 1) / M::NR;
+  const auto columns = [&](int64_t j0, int64_t j1) {
+    for (int64_t pc = 0; pc < k; pc += kKc) {
+      const int64_t kb = std::min(kKc, k - pc);
+      const bool acc = accumulate || pc > 0;
+      for (int64_t i0 = 0; i0 < mp; i0 += kMcPanels) {
+        for (int64_t j = j0; j < j1; ++j) {
+          for (int64_t i = i0; i < std::min(mp, i0 + kMcPanels); ++i) {
+            const T* ai = PackedA ? a + (i * k + pc) * M::MR : a + i * M::MR * lda + pc;
+            const T* bj = bp + (j * k + pc) * M::NR;
+            T* cij = c + i * M::MR * ldc + j * M::NR;
+            const int64_t rows = std::min(M::MR, m - i * M::MR), cols = std::min(M::NR, n - j * M::NR);
+            if (rows == M::MR && cols == M::NR) {
+              micro_tile<T, S, PackedA>(kb, ai, lda, bj, cij, ldc, acc);
+              continue;
+            }
+            T tile[M::MR][M::NR];
+            micro_tile<T, S, PackedA>(kb, ai, lda, bj, &tile[0][0], M::NR, false);
+            for (int64_t r = 0; r < rows; ++r)
+              for (int64_t q = 0; q < cols; ++q) cij[r * ldc + q] = acc ? cij[r * ldc + q] + tile[r][q] : tile[r][q];
+          }
+        }
+      }
+    }
+  };
+  const int nt = static_cast<int>(std::min<int64_t>(threads, np));
+  if (nt <= 1) {
+    columns(0, np);
+    return;
+  }
+#pragma omp parallel num_threads(nt)
+  {
+    const int64_t t = omp_get_thread_num(), team = omp_get_num_threads();
+    columns(np * t / team, np * (t + 1) / team);
+  }
+}
+
+// Elements of a packed operand, rounded to whole cache lines.
+template <typename T, TileShape S>
+int64_t packed_a_elems(int64_t m, int64_t k) {
+  using M = Micro<T, S>;
+  return ((m + M::MR - 1) / M::MR * M::MR * k + 15) / 16 * 16;
+}
+template <typename T, TileShape S>
+int64_t packed_b_elems(int64_t k, int64_t n) {
+  using M = Micro<T, S>;
+  return ((n + M::NR - 1) / M::NR * M::NR * k + 15) / 16 * 16;
+}
+
+// Packs the m x k matrix with element (i, kk) at s[i·rs + kk·cs] into A panels (zero padded).
+template <typename T, TileShape S>
+void pack_a(int64_t m, int64_t k, const T* s, int64_t rs, int64_t cs, T* dst) {
+  constexpr int64_t mr = Micro<T, S>::MR;
+  for (int64_t i0 = 0; i0 < m; i0 += mr, dst += mr * k)
+    for (int64_t r = 0; r < mr; ++r)
+      for (int64_t kk = 0; kk < k; ++kk) dst[kk * mr + r] = i0 + r < m ? s[(i0 + r) * rs + kk * cs] : T(0);
+}
+
+// Packs the k x n matrix with element (kk, j) at s[kk·rs + j·cs] into B panels (zero padded).
+template <typename T, TileShape S>
+void pack_b(int64_t k, int64_t n, const T* s, int64_t rs, int64_t cs, T* dst) {
+  constexpr int64_t nr = Micro<T, S>::NR;
+  for (int64_t j0 = 0; j0 < n; j0 += nr, dst += nr * k)
+    for (int64_t kk = 0; kk < k; ++kk)
+      for (int64_t q = 0; q < nr; ++q) dst[kk * nr + q] = j0 + q < n ? s[kk * rs + (j0 + q) * cs] : T(0);
+}
+
+// ------------------------------------------------------------------------------------------------
 // Note [Conv as GEMM]
 // Per sample s and group g, with Cg = c_in / groups, Og = c_out / groups, P = oh·ow output pixels
 // and Kc = Cg·kh·kw (col[s] = im2col(x[s]) is [c_in·kh·kw, P], the rows of group g contiguous):
-//   forward       y[s,g]  [Og, P]  = w[g] [Og, Kc] · col[s,g] [Kc, P]
-//   input grad    gcol    [Kc, P]  = w[g]ᵀ [Kc, Og] · gy[s,g] [Og, P],    gx[s] = col2im(gcol)
-//   weight grad   gw[g]   [Og, Kc] += gy[s,g] [Og, P] · col[s,g]ᵀ [P, Kc]
-// A 1x1 convolution with stride 1 and no padding needs no col: col[s] is x[s] itself.
-// Threads take samples, each with its own col buffer (and for the weight gradient its own partial
-// gw, summed at the end), when there are at least as many samples as threads; otherwise samples run
-// in turn and Eigen parallelizes each GEMM. Large images are cut into tiles of output rows so
-// that a col buffer stays a few MB (the GEMMs then use a row stride of P).
+//   forward       y[s,g]   [Og, P]  = w[g] [Og, Kc] · col[s,g] [Kc, P]          Wide; w packed, col as B panels
+//   input grad    gcol     [Kc, P]  = w[g]ᵀ [Kc, Og] · gy[s,g] [Og, P]          Wide; wᵀ packed, gy packed
+//                 gx[s] = col2im(gcol)
+//   weight grad   gw[g]ᵀ   [Kc, Og] += col[s,g] [Kc, P] · gy[s,g]ᵀ [P, Og]      Tall; col read in place, gyᵀ packed
+// (see Note [Packed GEMM for convolution]). The weight is packed once per call and shared.
+// Threads take samples, each with its own buffers (and for the weight gradient its own gwᵀ, summed
+// and transposed into gw at the end), when there are at least as many samples as threads;
+// otherwise samples run in turn and each GEMM splits its columns between the threads. Large images
+// are cut into tiles of output rows so that a col buffer stays a few MB (the GEMMs then address y
+// and gy with a row stride of P).
 
 struct ConvGeometry {
   int64_t cg, og, p, kc;  // channels in/out per group, output pixels, GEMM depth per group
-  bool pointwise;         // 1x1, stride 1, no padding: col is the input itself
   int64_t tile_rows;      // output rows per col tile
   int64_t x_sample, y_sample;
 
-  explicit ConvGeometry(const ConvArgs& a)
+  // Tiles of at most kTileElems col entries (4 MB of float), whole output rows each: among the
+  // sizes from half that up, the one that wastes least of its last GEMM panel (nr pixels wide).
+  static constexpr int64_t kTileElems = int64_t{1} << 20;
+  ConvGeometry(const ConvArgs& a, int64_t nr)
       : cg(a.c_in / a.groups),
         og(a.c_out / a.groups),
         p(a.oh * a.ow),
         kc(a.c_in / a.groups * a.kh * a.kw),
-        pointwise(a.kh == 1 && a.kw == 1 && a.stride_h == 1 && a.stride_w == 1 && a.pad_h == 0 && a.pad_w == 0),
         x_sample(a.c_in * a.h * a.w),
         y_sample(a.c_out * a.oh * a.ow) {
-    constexpr int64_t kTileElems = int64_t{1} << 21;  // 8 MB of float per col tile
-    tile_rows = pointwise ? a.oh : std::clamp<int64_t>(kTileElems / std::max<int64_t>(1, kc * a.groups * a.ow), 1, a.oh);
+    const int64_t most = std::clamp<int64_t>(kTileElems / std::max<int64_t>(1, kc * a.groups * a.ow), 1, a.oh);
+    tile_rows = most;
+    double best = 2;
+    for (int64_t rows = most; rows >= std::max<int64_t>(1, most / 2); --rows) {
+      const int64_t pixels = rows * a.ow;
+      const double waste = static_cast<double>((pixels + nr - 1) / nr * nr) / static_cast<double>(pixels);
+      if (waste < best - 0.01) {
+        best = waste;
+        tile_rows = rows;
+      }
+    }
   }
-  int64_t col_elems(const ConvArgs& a) const { return pointwise ? 0 : kc * a.groups * tile_rows * a.ow; }
+  int64_t tile_pixels(const ConvArgs& a) const { return tile_rows * a.ow; }
 };
 
 void check_conv(const char* op, const ConvArgs& a, const View& big, const View& w) {
@@ -123,13 +286,12 @@ void check_conv(const char* op, const ConvArgs& a, const View& big, const View& 
   EF_ASSERT(big.is_contiguous() && w.is_contiguous() && big.dtype == w.dtype, op, ": expects contiguous views of one dtype");
 }
 
-// Walks the im2col matrix of one sample for output rows [oh0, oh1) (a tile of width
-// P_t = (oh1 - oh0)·ow): for each col row r = (c·kh + i)·kw + j and output row oh, calls
-// seg(col_offset, x_offset, lo, hi): columns [lo, hi) of that output row read x[x_offset + ow·stride_w],
-// the others are padding (lo == hi == 0 when the whole input row is).
+// Walks the im2col matrix of one sample for output rows [oh0, oh1): for each col row
+// r = (c·kh + i)·kw + j and output row oh, calls seg(r, p0, x_offset, lo, hi), where p0 is the
+// tile pixel of (oh, ow = 0); columns ow in [lo, hi) read x[x_offset + ow·stride_w], the others
+// are padding (lo == hi == 0 when the whole input row is).
 template <typename Seg>
 void walk_im2col(const ConvArgs& a, int64_t oh0, int64_t oh1, Seg seg) {
-  const int64_t pt = (oh1 - oh0) * a.ow;
   for (int64_t c = 0; c < a.c_in; ++c) {
     for (int64_t i = 0; i < a.kh; ++i) {
       for (int64_t j = 0; j < a.kw; ++j) {
@@ -139,9 +301,9 @@ void walk_im2col(const ConvArgs& a, int64_t oh0, int64_t oh1, Seg seg) {
         const int64_t hi = a.w - off_w <= 0 ? lo : std::clamp((a.w - off_w + a.stride_w - 1) / a.stride_w, lo, a.ow);
         for (int64_t oh = oh0; oh < oh1; ++oh) {
           const int64_t ih = oh * a.stride_h - a.pad_h + i * a.dil_h;
-          const int64_t col_off = row * pt + (oh - oh0) * a.ow;
-          if (ih < 0 || ih >= a.h) seg(col_off, int64_t{0}, int64_t{0}, int64_t{0});
-          else seg(col_off, (c * a.h + ih) * a.w + off_w, lo, hi);
+          const int64_t p0 = (oh - oh0) * a.ow;
+          if (ih < 0 || ih >= a.h) seg(row, p0, int64_t{0}, int64_t{0}, int64_t{0});
+          else seg(row, p0, (c * a.h + ih) * a.w + off_w, lo, hi);
         }
       }
     }
@@ -155,24 +317,130 @@ void with_stride(int64_t stride, F f) {
   else f([stride] { return stride; });
 }
 
-template <typename T>
-void im2col(const ConvArgs& a, const T* x, int64_t oh0, int64_t oh1, T* col) {
-  with_stride(a.stride_w, [&](auto sw) {
-    walk_im2col(a, oh0, oh1, [&](int64_t col_off, int64_t x_off, int64_t lo, int64_t hi) {
-      T* dst = col + col_off;
-      std::fill(dst, dst + lo, T(0));
-      for (int64_t ow = lo; ow < hi; ++ow) dst[ow] = x[x_off + ow * sw()];
-      std::fill(dst + hi, dst + a.ow, T(0));
+// Note [Shifted im2col]
+// For a stride-1 convolution whose output rows are as wide as its input rows ("same" padding
+// along W, the common case), pixel p of col row (c, i, j) reads x at p plus a fixed offset. Such a
+// row is one shifted copy of the input channel, after which the few padding columns are zeroed
+// (and col2im adds the whole row back after zeroing them), which is several times faster than
+// going output row by output row.
+bool shifted(const ConvArgs& a) { return a.stride_h == 1 && a.stride_w == 1 && a.ow == a.w; }
+
+struct ShiftedRow {
+  int64_t row;     // col row (c·kh + i)·kw + j
+  int64_t src;     // x index of tile pixel 0 (x index of pixel p is src + p)
+  int64_t c0, c1;  // tile pixels of existing input rows, clipped to x
+  int64_t v0, v1;  // output rows whose input row exists
+  int64_t lo, hi;  // output columns whose input column exists
+};
+
+// Calls fn(ShiftedRow) for every col row of a tile of output rows [oh0, oh1); see Note [Shifted im2col].
+template <typename F>
+void walk_shifted(const ConvArgs& a, int64_t x_sample, int64_t oh0, int64_t oh1, F fn) {
+  for (int64_t c = 0; c < a.c_in; ++c) {
+    for (int64_t i = 0; i < a.kh; ++i) {
+      for (int64_t j = 0; j < a.kw; ++j) {
+        ShiftedRow r;
+        r.row = (c * a.kh + i) * a.kw + j;
+        const int64_t off_h = i * a.dil_h - a.pad_h, off_w = j * a.dil_w - a.pad_w;
+        r.v0 = std::clamp(-off_h, oh0, oh1);
+        r.v1 = std::clamp(a.h - off_h, r.v0, oh1);
+        r.lo = std::clamp<int64_t>(-off_w, 0, a.ow);
+        r.hi = std::clamp(a.w - off_w, r.lo, a.ow);
+        r.src = c * a.h * a.w + (oh0 + off_h) * a.w + off_w;
+        // The padding columns of the valid rows may read a neighbouring row, but never outside x.
+        r.c0 = std::max((r.v0 - oh0) * a.ow, -r.src);
+        r.c1 = std::max(r.c0, std::min((r.v1 - oh0) * a.ow, x_sample - r.src));
+        fn(r);
+      }
+    }
+  }
+}
+
+// Layouts of the im2col matrix of one tile of pt pixels, one block per group:
+// Panels: col[g] [Kc, pt] as Wide B panels (forward);
+// Rows: col[g] row-major [Kc, pt], its rows padded to a whole number of Tall MR-row panels (the
+//       weight gradient reads it in place as A).
+enum class ColLayout { Panels, Rows };
+
+template <typename T, ColLayout L>
+int64_t col_group_elems(const ConvGeometry& geo, int64_t pt) {
+  if (L == ColLayout::Panels) return packed_b_elems<T, TileShape::Wide>(geo.kc, pt);
+  constexpr int64_t mr = Micro<T, TileShape::Tall>::MR;
+  return (geo.kc + mr - 1) / mr * mr * pt;
+}
+
+template <typename T, ColLayout L>
+void im2col(const ConvArgs& a, const ConvGeometry& geo, const T* x, int64_t oh0, int64_t oh1, T* dst) {
+  constexpr int64_t nr = Micro<T, TileShape::Wide>::NR;
+  const int64_t pt = (oh1 - oh0) * a.ow, group_elems = col_group_elems<T, L>(geo, pt);
+  // Writes tile pixels [p0, p1) of a col row: x[src + (p - p0)·stride] for pixel p, or zeros when
+  // src < 0.
+  const auto store = [&](int64_t row, int64_t p0, int64_t p1, int64_t src, int64_t stride) {
+    const int64_t r = row % geo.kc;
+    T* base = dst + row / geo.kc * group_elems;
+    // n values from x[s], x[s + stride], ... (or zeros) to out.
+    const auto run = [&](T* out, int64_t n, int64_t s) {
+      if (src < 0) std::fill(out, out + n, T(0));
+      else if (stride == 1 && n == nr) std::memcpy(out, x + s, nr * sizeof(T));  // a whole panel row: 3 vector moves
+      else if (stride == 1) std::copy(x + s, x + s + n, out);
+      else
+        for (int64_t t = 0; t < n; ++t) out[t] = x[s + t * stride];
+    };
+    if constexpr (L == ColLayout::Rows) {
+      run(base + r * pt + p0, p1 - p0, src);
+    } else {
+      // Element (r, p) sits in panel p / NR at r·NR + p % NR: contiguous up to a panel boundary.
+      T* d = base + r * nr;
+      for (int64_t q = p0; q < p1;) {
+        const int64_t o = q % nr, len = std::min(p1 - q, nr - o);
+        run(d + q / nr * geo.kc * nr + o, len, src + (q - p0) * stride);
+        q += len;
+      }
+    }
+  };
+  constexpr int64_t kZero = -1;  // store() src for padding
+
+  if (shifted(a)) {
+    walk_shifted(a, geo.x_sample, oh0, oh1, [&](const ShiftedRow& r) {
+      store(r.row, 0, r.c0, kZero, 1);
+      store(r.row, r.c0, r.c1, r.src + r.c0, 1);
+      store(r.row, r.c1, pt, kZero, 1);
+      for (int64_t oh = r.v0; oh < r.v1; ++oh) {
+        const int64_t p0 = (oh - oh0) * a.ow;
+        store(r.row, p0, p0 + r.lo, kZero, 1);
+        store(r.row, p0 + r.hi, p0 + a.ow, kZero, 1);
+      }
     });
+    return;
+  }
+  walk_im2col(a, oh0, oh1, [&](int64_t row, int64_t p0, int64_t x_off, int64_t lo, int64_t hi) {
+    store(row, p0, p0 + lo, kZero, 1);
+    store(row, p0 + lo, p0 + hi, x_off + lo * a.stride_w, a.stride_w);
+    store(row, p0 + hi, p0 + a.ow, kZero, 1);
   });
 }
 
-// The adjoint of im2col: adds each col entry into the input position it was read from.
+// The adjoint of im2col: adds each entry of a row-major col [Kc·groups, pt] into the input
+// position it was read from.
+// Clobbers col's padding entries on the shifted path.
 template <typename T>
-void col2im_add(const ConvArgs& a, const T* col, int64_t oh0, int64_t oh1, T* x) {
+void col2im_add(const ConvArgs& a, const ConvGeometry& geo, T* col, int64_t oh0, int64_t oh1, T* x) {
+  const int64_t pt = (oh1 - oh0) * a.ow;
+  if (shifted(a)) {
+    walk_shifted(a, geo.x_sample, oh0, oh1, [&](const ShiftedRow& r) {
+      T* g = col + r.row * pt;
+      for (int64_t oh = r.v0; oh < r.v1; ++oh) {
+        const int64_t p0 = (oh - oh0) * a.ow;
+        std::fill(g + p0, g + p0 + r.lo, T(0));
+        std::fill(g + p0 + r.hi, g + p0 + a.ow, T(0));
+      }
+      for (int64_t p = r.c0; p < r.c1; ++p) x[r.src + p] += g[p];  // inside x for p in [c0, c1)
+    });
+    return;
+  }
   with_stride(a.stride_w, [&](auto sw) {
-    walk_im2col(a, oh0, oh1, [&](int64_t col_off, int64_t x_off, int64_t lo, int64_t hi) {
-      const T* src = col + col_off;
+    walk_im2col(a, oh0, oh1, [&](int64_t row, int64_t p0, int64_t x_off, int64_t lo, int64_t hi) {
+      const T* src = col + row * pt + p0;
       for (int64_t ow = lo; ow < hi; ++ow) x[x_off + ow * sw()] += src[ow];
     });
   });
@@ -197,113 +465,135 @@ void* workspace(size_t bytes) {
   return buf.data;
 }
 
-// Runs sample(s, thread) for every sample: in parallel, one sample per thread at a time, when
-// there are enough samples; otherwise in turn, letting Eigen parallelize each GEMM. Returns the
-// number of threads that took samples (each thread's samples form one contiguous range).
-template <typename F>
-int for_each_sample(int64_t n, F sample) {
-  const int nt = static_cast<int>(std::min<int64_t>(std::max(1, num_threads()), n));
-  if (nt > 1) {
-#pragma omp parallel num_threads(nt)
+// The workspace of one call: `shared` elements, then one slot of `per_thread` elements for each
+// thread that takes samples; and the loop over samples.
+template <typename T>
+struct ConvWork {
+  T* shared;
+  T* slots;
+  int64_t per_thread;
+  int threads;  // threads that take samples (1 when samples run in turn)
+
+  ConvWork(int64_t n, int64_t shared_elems, int64_t per_thread_elems)
+      : per_thread((per_thread_elems + 15) / 16 * 16),
+        threads(static_cast<int>(std::min<int64_t>(std::max(1, num_threads()), n))) {
+    const int64_t shared_rounded = (shared_elems + 15) / 16 * 16;
+    shared = static_cast<T*>(workspace(static_cast<size_t>(shared_rounded + per_thread * threads) * sizeof(T)));
+    slots = shared + shared_rounded;
+  }
+  T* slot(int t) const { return slots + t * per_thread; }
+  // Threads each GEMM may use: all of them when samples run in turn.
+  int gemm_threads() const { return threads > 1 ? 1 : std::max(1, num_threads()); }
+
+  // Runs sample(s, t) for every sample, in parallel when threads > 1 (thread t takes one
+  // contiguous range of samples).
+  template <typename F>
+  void for_each_sample(int64_t n, F sample) const {
+    if (threads <= 1) {
+      for (int64_t s = 0; s < n; ++s) sample(s, 0);
+      return;
+    }
+#pragma omp parallel num_threads(threads)
     {
       const int64_t t = omp_get_thread_num(), team = omp_get_num_threads();
       for (int64_t s = n * t / team; s < n * (t + 1) / team; ++s) sample(s, static_cast<int>(t));
     }
-    return nt;
   }
-  omp_set_num_threads(std::max(1, num_threads()));  // see gemm_typed
-  for (int64_t s = 0; s < n; ++s) sample(s, 0);
-  return 1;
-}
+};
 
 template <typename T>
 void conv_forward_typed(const ConvArgs& a, T* y, const T* x, const T* w) {
-  const ConvGeometry geo(a);
-  const int64_t col_elems = geo.col_elems(a);
-  const int slots = static_cast<int>(std::min<int64_t>(std::max(1, num_threads()), a.n));
-  T* cols = static_cast<T*>(workspace(static_cast<size_t>(col_elems * slots) * sizeof(T)));
-  for_each_sample(a.n, [&](int64_t s, int t) {
-    const T* xs = x + s * geo.x_sample;
-    T* ys = y + s * geo.y_sample;
-    T* col = cols + t * col_elems;
+  constexpr TileShape S = TileShape::Wide;
+  const ConvGeometry geo(a, Micro<T, S>::NR);
+  const int64_t a_elems = packed_a_elems<T, S>(geo.og, geo.kc);
+  const int64_t col_group = col_group_elems<T, ColLayout::Panels>(geo, geo.tile_pixels(a));
+  const ConvWork<T> work(a.n, a_elems * a.groups, col_group * a.groups);
+  for (int64_t g = 0; g < a.groups; ++g)
+    pack_a<T, S>(geo.og, geo.kc, w + g * geo.og * geo.kc, geo.kc, int64_t{1}, work.shared + g * a_elems);
+  work.for_each_sample(a.n, [&](int64_t s, int t) {
+    T* col = work.slot(t);
     for (int64_t oh0 = 0; oh0 < a.oh; oh0 += geo.tile_rows) {
       const int64_t oh1 = std::min(a.oh, oh0 + geo.tile_rows), pt = (oh1 - oh0) * a.ow;
-      const T* src = xs;
-      if (!geo.pointwise) {
-        im2col(a, xs, oh0, oh1, col);
-        src = col;
-      }
+      im2col<T, ColLayout::Panels>(a, geo, x + s * geo.x_sample, oh0, oh1, col);
+      const int64_t group_elems = col_group_elems<T, ColLayout::Panels>(geo, pt);
       for (int64_t g = 0; g < a.groups; ++g)
-        gemm_one(false, false, geo.og, pt, geo.kc, T(1), w + g * geo.og * geo.kc, geo.kc, src + g * geo.kc * pt, pt,
-                 T(0), ys + g * geo.og * geo.p + oh0 * a.ow, geo.p);
+        packed_gemm<T, S, true>(geo.og, pt, geo.kc, work.shared + g * a_elems, 0, col + g * group_elems,
+                                y + s * geo.y_sample + g * geo.og * geo.p + oh0 * a.ow, geo.p, false, work.gemm_threads());
     }
   });
 }
 
 template <typename T>
 void conv_input_grad_typed(const ConvArgs& a, T* gx, const T* gy, const T* w) {
-  const ConvGeometry geo(a);
-  const int64_t col_elems = geo.col_elems(a);
-  const int slots = static_cast<int>(std::min<int64_t>(std::max(1, num_threads()), a.n));
-  T* cols = static_cast<T*>(workspace(static_cast<size_t>(col_elems * slots) * sizeof(T)));
-  for_each_sample(a.n, [&](int64_t s, int t) {
+  constexpr TileShape S = TileShape::Wide;
+  const ConvGeometry geo(a, Micro<T, S>::NR);
+  const int64_t pt_max = geo.tile_pixels(a);
+  const int64_t a_elems = packed_a_elems<T, S>(geo.kc, geo.og), b_elems = packed_b_elems<T, S>(geo.og, pt_max);
+  const ConvWork<T> work(a.n, a_elems * a.groups, b_elems + geo.kc * a.groups * pt_max);
+  for (int64_t g = 0; g < a.groups; ++g)  // w[g]ᵀ: element (row, o) at w[g][o·Kc + row]
+    pack_a<T, S>(geo.kc, geo.og, w + g * geo.og * geo.kc, int64_t{1}, geo.kc, work.shared + g * a_elems);
+  work.for_each_sample(a.n, [&](int64_t s, int t) {
+    T* gy_packed = work.slot(t);
+    T* gcol = gy_packed + b_elems;
     T* gxs = gx + s * geo.x_sample;
-    const T* gys = gy + s * geo.y_sample;
-    if (geo.pointwise) {  // gx[s,g] [Cg, P] = w[g]ᵀ · gy[s,g]
-      for (int64_t g = 0; g < a.groups; ++g)
-        gemm_one(true, false, geo.kc, geo.p, geo.og, T(1), w + g * geo.og * geo.kc, geo.kc, gys + g * geo.og * geo.p,
-                 geo.p, T(0), gxs + g * geo.kc * geo.p, geo.p);
-      return;
-    }
-    T* col = cols + t * col_elems;
     std::fill(gxs, gxs + geo.x_sample, T(0));
     for (int64_t oh0 = 0; oh0 < a.oh; oh0 += geo.tile_rows) {
       const int64_t oh1 = std::min(a.oh, oh0 + geo.tile_rows), pt = (oh1 - oh0) * a.ow;
-      for (int64_t g = 0; g < a.groups; ++g)
-        gemm_one(true, false, geo.kc, pt, geo.og, T(1), w + g * geo.og * geo.kc, geo.kc,
-                 gys + g * geo.og * geo.p + oh0 * a.ow, geo.p, T(0), col + g * geo.kc * pt, pt);
-      col2im_add(a, col, oh0, oh1, gxs);
+      for (int64_t g = 0; g < a.groups; ++g) {
+        pack_b<T, S>(geo.og, pt, gy + s * geo.y_sample + g * geo.og * geo.p + oh0 * a.ow, geo.p, int64_t{1}, gy_packed);
+        packed_gemm<T, S, true>(geo.kc, pt, geo.og, work.shared + g * a_elems, 0, gy_packed, gcol + g * geo.kc * pt, pt,
+                                false, work.gemm_threads());
+      }
+      col2im_add(a, geo, gcol, oh0, oh1, gxs);
     }
   });
 }
 
 template <typename T>
 void conv_weight_grad_typed(const ConvArgs& a, T* gw, const T* x, const T* gy) {
-  const ConvGeometry geo(a);
-  const int64_t col_elems = geo.col_elems(a), gw_elems = a.c_out * geo.kc;
+  constexpr TileShape S = TileShape::Tall;
+  const ConvGeometry geo(a, 1);  // pixels are the GEMM's depth here: any tile fits
+  const int64_t gw_elems = a.c_out * geo.kc;
   if (a.n == 0) {
     std::fill(gw, gw + gw_elems, T(0));
     return;
   }
-  const int slots = static_cast<int>(std::min<int64_t>(std::max(1, num_threads()), a.n));
-  // Per thread: a col buffer, and (but for thread 0, which accumulates into gw) a partial gw.
-  const int64_t per_slot = col_elems + gw_elems;
-  T* work = static_cast<T*>(workspace(static_cast<size_t>(per_slot * slots) * sizeof(T)));
-  std::vector<char> started(static_cast<size_t>(slots), 0);  // bytes: threads write their own
-  const int used = for_each_sample(a.n, [&](int64_t s, int t) {
-    const T* xs = x + s * geo.x_sample;
-    const T* gys = gy + s * geo.y_sample;
-    T* col = work + t * per_slot;
-    T* acc = t == 0 ? gw : col + col_elems;
+  const int64_t pt_max = geo.tile_pixels(a);
+  const int64_t col_elems = col_group_elems<T, ColLayout::Rows>(geo, pt_max) * a.groups;
+  const int64_t b_elems = packed_b_elems<T, S>(pt_max, geo.og), gwt_elems = (gw_elems + 15) / 16 * 16;
+  // Per thread: col, packed gyᵀ and its own gwᵀ.
+  const ConvWork<T> work(a.n, 0, col_elems + b_elems + gwt_elems);
+  // The padding rows of col are read by edge tiles (whose extra rows are dropped): make them
+  // finite once.
+  for (int t = 0; t < work.threads; ++t) std::fill(work.slot(t), work.slot(t) + col_elems, T(0));
+  std::vector<char> started(static_cast<size_t>(work.threads), 0);  // bytes: each thread writes its own
+  work.for_each_sample(a.n, [&](int64_t s, int t) {
+    T* col = work.slot(t);
+    T* gyt_packed = col + col_elems;
+    T* gwt = gyt_packed + b_elems;
     for (int64_t oh0 = 0; oh0 < a.oh; oh0 += geo.tile_rows) {
       const int64_t oh1 = std::min(a.oh, oh0 + geo.tile_rows), pt = (oh1 - oh0) * a.ow;
-      const T* src = xs;
-      if (!geo.pointwise) {
-        im2col(a, xs, oh0, oh1, col);
-        src = col;
-      }
-      // The first product of each thread overwrites its accumulator (gw may hold anything).
-      const T beta = started[static_cast<size_t>(t)] ? T(1) : T(0);
+      im2col<T, ColLayout::Rows>(a, geo, x + s * geo.x_sample, oh0, oh1, col);
+      const int64_t group_elems = col_group_elems<T, ColLayout::Rows>(geo, pt);
+      // The first product of each thread overwrites its gwᵀ.
+      const bool accumulate = started[static_cast<size_t>(t)] != 0;
       started[static_cast<size_t>(t)] = 1;
-      for (int64_t g = 0; g < a.groups; ++g)
-        gemm_one(false, true, geo.og, geo.kc, pt, T(1), gys + g * geo.og * geo.p + oh0 * a.ow, geo.p,
-                 src + g * geo.kc * pt, pt, beta, acc + g * geo.og * geo.kc, geo.kc);
+      for (int64_t g = 0; g < a.groups; ++g) {
+        // gy[s,g]ᵀ: element (pixel p, o) at gy[s,g][o·P + p]
+        pack_b<T, S>(pt, geo.og, gy + s * geo.y_sample + g * geo.og * geo.p + oh0 * a.ow, int64_t{1}, geo.p, gyt_packed);
+        packed_gemm<T, S, false>(geo.kc, geo.og, pt, col + g * group_elems, pt, gyt_packed, gwt + g * geo.kc * geo.og,
+                                 geo.og, accumulate, work.gemm_threads());
+      }
     }
   });
-  if (used > 1) {
-    for (int t = 1; t < used; ++t) {
-      const T* part = work + t * per_slot + col_elems;
-      for (int64_t i = 0; i < gw_elems; ++i) gw[i] += part[i];
+  // gw[g][o][r] = Σ over threads of gwᵀ[g][r][o]
+  for (int64_t g = 0; g < a.groups; ++g) {
+    for (int64_t o = 0; o < geo.og; ++o) {
+      for (int64_t r = 0; r < geo.kc; ++r) {
+        T sum = T(0);
+        for (int t = 0; t < work.threads; ++t) sum += work.slot(t)[col_elems + b_elems + (g * geo.kc + r) * geo.og + o];
+        gw[(g * geo.og + o) * geo.kc + r] = sum;
+      }
     }
   }
 }

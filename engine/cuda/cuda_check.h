@@ -35,8 +35,8 @@ inline void print_library_error(const char* library, const char* message, long c
     const cudaError_t ef_cuda_err_ = (stmt);                                                                     \
     if (ef_cuda_err_ != cudaSuccess) {                                                                           \
       (void)cudaGetLastError(); /* clear a non-sticky error so the next call does not report it again */         \
-      ::evenflow::cuda_backend::detail::throw_library_error("CUDA", cudaGetErrorString(ef_cuda_err_),                    \
-                                                    static_cast<long>(ef_cuda_err_), #stmt, __FILE__, __LINE__); \
+      ::evenflow::cuda_backend::detail::throw_library_error(                                                     \
+          "CUDA", cudaGetErrorString(ef_cuda_err_), static_cast<long>(ef_cuda_err_), #stmt, __FILE__, __LINE__); \
     }                                                                                                            \
   } while (0)
 
@@ -47,45 +47,47 @@ inline void print_library_error(const char* library, const char* message, long c
     const cudaError_t ef_cuda_err_ = (stmt);                                                                     \
     if (ef_cuda_err_ != cudaSuccess && ef_cuda_err_ != cudaErrorCudartUnloading) {                               \
       (void)cudaGetLastError();                                                                                  \
-      ::evenflow::cuda_backend::detail::print_library_error("CUDA", cudaGetErrorString(ef_cuda_err_),                    \
-                                                    static_cast<long>(ef_cuda_err_), #stmt, __FILE__, __LINE__); \
+      ::evenflow::cuda_backend::detail::print_library_error(                                                     \
+          "CUDA", cudaGetErrorString(ef_cuda_err_), static_cast<long>(ef_cuda_err_), #stmt, __FILE__, __LINE__); \
     }                                                                                                            \
   } while (0)
 
-#define CUBLAS_CHECK(stmt)                                                                                        \
-  do {                                                                                                            \
-    const cublasStatus_t ef_cublas_st_ = (stmt);                                                                  \
-    if (ef_cublas_st_ != CUBLAS_STATUS_SUCCESS) {                                                                 \
-      ::evenflow::cuda_backend::detail::throw_library_error("cuBLAS", cublasGetStatusString(ef_cublas_st_),               \
-                                                    static_cast<long>(ef_cublas_st_), #stmt, __FILE__, __LINE__); \
-    }                                                                                                             \
+#define CUBLAS_CHECK(stmt)                                                                                     \
+  do {                                                                                                         \
+    const cublasStatus_t ef_cublas_st_ = (stmt);                                                               \
+    if (ef_cublas_st_ != CUBLAS_STATUS_SUCCESS) {                                                              \
+      ::evenflow::cuda_backend::detail::throw_library_error("cuBLAS", cublasGetStatusString(ef_cublas_st_),    \
+                                                            static_cast<long>(ef_cublas_st_), #stmt, __FILE__, \
+                                                            __LINE__);                                         \
+    }                                                                                                          \
   } while (0)
 
-#define CUBLAS_CHECK_PRINT(stmt)                                                                                  \
-  do {                                                                                                            \
-    const cublasStatus_t ef_cublas_st_ = (stmt);                                                                  \
-    if (ef_cublas_st_ != CUBLAS_STATUS_SUCCESS) {                                                                 \
-      ::evenflow::cuda_backend::detail::print_library_error("cuBLAS", cublasGetStatusString(ef_cublas_st_),               \
-                                                    static_cast<long>(ef_cublas_st_), #stmt, __FILE__, __LINE__); \
-    }                                                                                                             \
+#define CUBLAS_CHECK_PRINT(stmt)                                                                               \
+  do {                                                                                                         \
+    const cublasStatus_t ef_cublas_st_ = (stmt);                                                               \
+    if (ef_cublas_st_ != CUBLAS_STATUS_SUCCESS) {                                                              \
+      ::evenflow::cuda_backend::detail::print_library_error("cuBLAS", cublasGetStatusString(ef_cublas_st_),    \
+                                                            static_cast<long>(ef_cublas_st_), #stmt, __FILE__, \
+                                                            __LINE__);                                         \
+    }                                                                                                          \
   } while (0)
 
-#define CUDNN_CHECK(stmt)                                                                                        \
-  do {                                                                                                           \
-    const cudnnStatus_t ef_cudnn_st_ = (stmt);                                                                   \
-    if (ef_cudnn_st_ != CUDNN_STATUS_SUCCESS) {                                                                  \
-      ::evenflow::cuda_backend::detail::throw_library_error("cuDNN", cudnnGetErrorString(ef_cudnn_st_),                  \
-                                                    static_cast<long>(ef_cudnn_st_), #stmt, __FILE__, __LINE__); \
-    }                                                                                                            \
+#define CUDNN_CHECK(stmt)                                                                                          \
+  do {                                                                                                             \
+    const cudnnStatus_t ef_cudnn_st_ = (stmt);                                                                     \
+    if (ef_cudnn_st_ != CUDNN_STATUS_SUCCESS) {                                                                    \
+      ::evenflow::cuda_backend::detail::throw_library_error(                                                       \
+          "cuDNN", cudnnGetErrorString(ef_cudnn_st_), static_cast<long>(ef_cudnn_st_), #stmt, __FILE__, __LINE__); \
+    }                                                                                                              \
   } while (0)
 
-#define CUDNN_CHECK_PRINT(stmt)                                                                                  \
-  do {                                                                                                           \
-    const cudnnStatus_t ef_cudnn_st_ = (stmt);                                                                   \
-    if (ef_cudnn_st_ != CUDNN_STATUS_SUCCESS) {                                                                  \
-      ::evenflow::cuda_backend::detail::print_library_error("cuDNN", cudnnGetErrorString(ef_cudnn_st_),                  \
-                                                    static_cast<long>(ef_cudnn_st_), #stmt, __FILE__, __LINE__); \
-    }                                                                                                            \
+#define CUDNN_CHECK_PRINT(stmt)                                                                                    \
+  do {                                                                                                             \
+    const cudnnStatus_t ef_cudnn_st_ = (stmt);                                                                     \
+    if (ef_cudnn_st_ != CUDNN_STATUS_SUCCESS) {                                                                    \
+      ::evenflow::cuda_backend::detail::print_library_error(                                                       \
+          "cuDNN", cudnnGetErrorString(ef_cudnn_st_), static_cast<long>(ef_cudnn_st_), #stmt, __FILE__, __LINE__); \
+    }                                                                                                              \
   } while (0)
 
 // After every kernel launch: a bad configuration or missing kernel image shows up here.

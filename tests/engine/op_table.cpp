@@ -29,7 +29,8 @@ std::vector<OpCase> build() {
   add_case("abs", {{{2, 3}, A}}, [](const V& x) { return abs(x[0]); });
   add_case("square", {{{2, 3}}}, [](const V& x) { return square(x[0]); });
   add_case("clamp", {{{3, 4}}}, [](const V& x) { return clamp(x[0], -0.5, 0.7); });
-  add_case("where", {{{2, 3}}, {{2, 3}}, {{3}}}, [](const V& x) { return where(gt(x[0], zeros_like(x[0])), x[1], x[2]); });
+  add_case("where", {{{2, 3}}, {{2, 3}}, {{3}}},
+           [](const V& x) { return where(gt(x[0], zeros_like(x[0])), x[1], x[2]); });
   add_case("maximum", {{{2, 3}}, {{2, 3}}}, [](const V& x) { return maximum(x[0], x[1]); });
   add_case("minimum", {{{2, 3}}, {{1, 3}}}, [](const V& x) { return minimum(x[0], x[1]); });
   add_case("relu", {{{2, 3}, A}}, [](const V& x) { return relu(x[0]); });
@@ -74,37 +75,48 @@ std::vector<OpCase> build() {
   add_case("clone", {{{2, 3}}}, [](const V& x) { return clone(x[0]) * x[0]; });
   add_case("to_dtype", {{{2, 3}}}, [](const V& x) { return to_dtype(to_dtype(x[0], kFloat32) * 3.0, x[0].dtype()); },
            {.eps = 1e-2, .atol = 1e-4, .rtol = 1e-3});
-  t.push_back({"to_device", {{{2, 3}}}, [](const V& x) {
-                 return to_device(square(to_device(x[0], cpu(1))), x[0].device()) * x[0];
-               },
-               {}, true});
+  t.push_back({"to_device",
+               {{{2, 3}}},
+               [](const V& x) { return to_device(square(to_device(x[0], cpu(1))), x[0].device()) * x[0]; },
+               {},
+               true});
   // Linear algebra and convolution
   add_case("matmul", {{{2, 3, 4}}, {{4, 2}}}, [](const V& x) { return matmul(x[0], x[1]); });
   add_case("matmul", {{{2, 2, 3}}, {{1, 3, 2}}}, [](const V& x) { return matmul(x[0], x[1]); });
-  add_case("matmul", {{{3, 2}}, {{4, 3}}}, [](const V& x) { return matmul(transpose(x[0], 0, 1), transpose(x[1], 0, 1)); });
+  add_case("matmul", {{{3, 2}}, {{4, 3}}},
+           [](const V& x) { return matmul(transpose(x[0], 0, 1), transpose(x[1], 0, 1)); });
   add_case("linear", {{{3, 4}}, {{2, 4}}, {{2}}}, [](const V& x) { return linear(x[0], x[1], x[2]); });
   const Conv2dOptions co{.stride = {2, 1}, .padding = {1, 0}, .dilation = {1, 2}, .groups = 2};
-  add_case("conv2d", {{{2, 4, 5, 6}}, {{6, 2, 3, 2}}, {{6}}}, [co](const V& x) { return conv2d(x[0], x[1], x[2], co); });
-  add_case("conv2d", {{{1, 2, 4, 4}}, {{3, 2, 3, 3}}}, [](const V& x) { return conv2d(x[0], x[1], Tensor(), {.padding = {1, 1}}); });
-  add_case("conv2d_input_grad", {{{2, 6, 3, 4}}, {{6, 2, 3, 2}}},
-           [co](const V& x) { return conv2d_input_grad(x[0], x[1], {2, 4, 5, 6}, co); });
-  add_case("conv2d_weight_grad", {{{2, 4, 5, 6}}, {{2, 6, 3, 4}}},
-           [co](const V& x) { return conv2d_weight_grad(x[0], x[1], {6, 2, 3, 2}, co); });
+  add_case("conv2d", {{{2, 4, 5, 6}}, {{6, 2, 3, 2}}, {{6}}},
+           [co](const V& x) { return conv2d(x[0], x[1], x[2], co); });
+  add_case("conv2d", {{{1, 2, 4, 4}}, {{3, 2, 3, 3}}}, [](const V& x) {
+    return conv2d(x[0], x[1], Tensor(), {.padding = {1, 1}});
+  });
+  add_case("conv2d_input_grad", {{{2, 6, 3, 4}}, {{6, 2, 3, 2}}}, [co](const V& x) {
+    return conv2d_input_grad(x[0], x[1], {2, 4, 5, 6}, co);
+  });
+  add_case("conv2d_weight_grad", {{{2, 4, 5, 6}}, {{2, 6, 3, 4}}}, [co](const V& x) {
+    return conv2d_weight_grad(x[0], x[1], {6, 2, 3, 2}, co);
+  });
   add_case("conv_transpose2d", {{{1, 4, 3, 3}}, {{4, 3, 3, 3}}, {{3}}}, [](const V& x) {
     return conv_transpose2d(x[0], x[1], x[2], {.stride = {2, 2}, .padding = {1, 1}, .output_padding = {1, 1}});
   });
-  add_case("conv_transpose2d", {{{1, 4, 3, 3}}, {{4, 1, 2, 2}}},
-           [](const V& x) { return conv_transpose2d(x[0], x[1], Tensor(), {.stride = {2, 2}, .groups = 2}); });
+  add_case("conv_transpose2d", {{{1, 4, 3, 3}}, {{4, 1, 2, 2}}}, [](const V& x) {
+    return conv_transpose2d(x[0], x[1], Tensor(), {.stride = {2, 2}, .groups = 2});
+  });
   // Pooling and resampling
   add_case("max_pool2d", {{{1, 2, 5, 5}}}, [](const V& x) { return max_pool2d(x[0], {.kernel = {2, 2}}); });
-  add_case("max_pool2d", {{{1, 2, 5, 5}}},
-           [](const V& x) { return max_pool2d(x[0], {.kernel = {3, 3}, .stride = {{2, 2}}, .padding = {1, 1}, .ceil_mode = true}); });
+  add_case("max_pool2d", {{{1, 2, 5, 5}}}, [](const V& x) {
+    return max_pool2d(x[0], {.kernel = {3, 3}, .stride = {{2, 2}}, .padding = {1, 1}, .ceil_mode = true});
+  });
   add_case("avg_pool2d", {{{1, 2, 5, 5}}}, [](const V& x) { return avg_pool2d(x[0], {.kernel = {2, 2}}); });
   add_case("avg_pool2d", {{{1, 2, 5, 5}}}, [](const V& x) {
     return avg_pool2d(x[0], {.kernel = {3, 3}, .stride = {{2, 2}}, .padding = {1, 1}, .count_include_pad = false});
   });
   add_case("adaptive_avg_pool2d", {{{1, 2, 5, 7}}}, [](const V& x) { return adaptive_avg_pool2d(x[0], {3, 4}); });
-  add_case("upsample_bilinear2d", {{{1, 2, 3, 4}}}, [](const V& x) { return upsample_bilinear2d(x[0], {5, 7}, false); });
+  add_case("upsample_bilinear2d", {{{1, 2, 3, 4}}}, [](const V& x) {
+    return upsample_bilinear2d(x[0], {5, 7}, false);
+  });
   add_case("upsample_bilinear2d", {{{1, 2, 3, 4}}}, [](const V& x) { return upsample_bilinear2d(x[0], {5, 7}, true); });
   add_case("upsample_nearest2d", {{{1, 2, 3, 4}}}, [](const V& x) { return upsample_nearest2d(x[0], {5, 7}); });
   // Softmax, indexing, dropout
@@ -126,9 +138,8 @@ std::vector<OpCase> build() {
   // Normalization
   add_case("batch_norm", {{{4, 3, 2, 2}}, {{3}}, {{3}}},
            [](const V& x) { return batch_norm(x[0], x[1], x[2], Tensor(), Tensor(), true); });
-  add_case("batch_norm", {{{4, 3}}, {{3}}, {{3}}, {{3}}, {{3}, P}}, [](const V& x) {
-    return batch_norm(x[0], x[1], x[2], x[3], x[4], false);
-  });
+  add_case("batch_norm", {{{4, 3}}, {{3}}, {{3}}, {{3}}, {{3}, P}},
+           [](const V& x) { return batch_norm(x[0], x[1], x[2], x[3], x[4], false); });
   add_case("layer_norm", {{{2, 3, 4}}, {{4}}, {{4}}}, [](const V& x) { return layer_norm(x[0], {4}, x[1], x[2]); });
   return t;
 }

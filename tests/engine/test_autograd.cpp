@@ -7,21 +7,14 @@
 #include "engine/context.h"
 #include "engine/ops.h"
 #include "tests/testing/gradcheck.h"
+#include "tests/testing/helpers.h"
 
 using namespace evenflow;
+using evenflow::testing::error_of;
+using evenflow::testing::vals;
 
 namespace {
 const TensorOptions f64{.dtype = kFloat64};
-std::vector<double> vals(const Tensor& t) { return t.to_vector(); }
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
 }  // namespace
 
 TEST_CASE("backward accumulates into leaves; grad() leaves .grad alone") {
@@ -41,8 +34,8 @@ TEST_CASE("backward accumulates into leaves; grad() leaves .grad alone") {
 
 TEST_CASE("a shared subexpression sums its gradients") {
   Tensor x = from_vector({2}, {1}, f64).requires_grad_();
-  Tensor h = x * x;            // used twice
-  Tensor y = sum(h * h + h);   // dy/dx = (2h + 1)·2x = (8 + 1)·4 = 36
+  Tensor h = x * x;           // used twice
+  Tensor y = sum(h * h + h);  // dy/dx = (2h + 1)·2x = (8 + 1)·4 = 36
   y.backward();
   CHECK(x.grad().item() == doctest::Approx(36));
 }
@@ -71,8 +64,11 @@ TEST_CASE("allow_unused and other argument errors") {
   CHECK_FALSE(g[1].defined());
   Tensor v = x * 2.0;
   v = expand(v, {3});
-  CHECK(error_of([&] { v.backward(); }).find("backward: grad can be created implicitly only for one-element outputs") == 0);
-  CHECK(error_of([&] { grad({v}, {x}, {ones({2}, f64)}); }).find("grad: grad_outputs[0] has shape [2] but outputs[0] has shape [3]") == 0);
+  CHECK(error_of([&] { v.backward(); }).find("backward: grad can be created implicitly only for one-element outputs") ==
+        0);
+  CHECK(error_of([&] {
+          grad({v}, {x}, {ones({2}, f64)});
+        }).find("grad: grad_outputs[0] has shape [2] but outputs[0] has shape [3]") == 0);
   Tensor c = ones({1}, f64);
   CHECK(error_of([&] { grad({c}, {x}); }).find("does not require grad") != std::string::npos);
   CHECK(error_of([&] { grad({y}, {c}); }).find("grad: inputs[0]") == 0);
@@ -137,8 +133,8 @@ TEST_CASE("a backward pass spanning several CPU devices equals the one-device pa
   auto run = [&](const Device& a, const Device& b, const Device& c) {
     Tensor x = x0.to(a).detach().requires_grad_();
     Tensor w = w0.to(b).detach().requires_grad_();
-    Tensor h = tanh(matmul(x.to(b), w));   // on b
-    Tensor loss = sum(square(h.to(c)));    // on c
+    Tensor h = tanh(matmul(x.to(b), w));  // on b
+    Tensor loss = sum(square(h.to(c)));   // on c
     loss.backward();
     return std::pair{vals(x.grad()), vals(w.grad())};
   };

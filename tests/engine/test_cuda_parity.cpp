@@ -47,7 +47,8 @@ void check_parity(DType dtype, double atol, double rtol) {
       CHECK(ref[i].defined() == got[i].defined());
       if (!ref[i].defined() || !got[i].defined()) continue;
       const std::string diff = compare(got[i], ref[i], atol, rtol);
-      CHECK_MESSAGE(diff.empty(), c.name << (i == 0 ? " value" : " gradient of input " + std::to_string(i - 1)) << ": " << diff);
+      CHECK_MESSAGE(diff.empty(),
+                    c.name << (i == 0 ? " value" : " gradient of input " + std::to_string(i - 1)) << ": " << diff);
     }
   }
 }
@@ -76,7 +77,8 @@ TEST_CASE("cuda: copies between host, device and logical devices") {
   // Same generator state, same numbers on both backends (Philox).
   manual_seed(cpu(), 9);
   manual_seed(cuda(0), 9);
-  CHECK(randn({257}, {.dtype = kFloat64}).to_vector() == randn({257}, {.dtype = kFloat64, .device = cuda(0)}).to_vector());
+  CHECK(randn({257}, {.dtype = kFloat64}).to_vector() ==
+        randn({257}, {.dtype = kFloat64, .device = cuda(0)}).to_vector());
 }
 
 TEST_CASE("cuda: an allocation failure is an ef::Error with the device's statistics") {

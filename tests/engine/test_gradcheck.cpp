@@ -19,7 +19,8 @@ TEST_CASE("op table: every differentiable op has an entry") {
 #define EF_KNOWN(name) known.insert(#name);
   EF_DIFFERENTIABLE_OPS(EF_KNOWN)
 #undef EF_KNOWN
-  for (const std::string& name : covered) CHECK_MESSAGE(known.count(name) == 1, "op-table entry for unknown op " << name);
+  for (const std::string& name : covered)
+    CHECK_MESSAGE(known.count(name) == 1, "op-table entry for unknown op " << name);
 }
 
 TEST_CASE("gradcheck: every op, float64, CPU") {

@@ -3,22 +3,11 @@
 #include <doctest/doctest.h>
 
 #include "engine/ops.h"
+#include "tests/testing/helpers.h"
 
 using namespace evenflow;
-
-namespace {
-std::vector<double> vals(const Tensor& t) { return t.to_vector(); }
-
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-}  // namespace
+using evenflow::testing::error_of;
+using evenflow::testing::vals;
 
 TEST_CASE("creation: zeros, ones, full, arange, from_vector") {
   CHECK(vals(zeros({2, 2})) == std::vector<double>{0, 0, 0, 0});
@@ -108,11 +97,20 @@ TEST_CASE("random numbers: seeded per device, reproducible, sensible moments") {
 
 TEST_CASE("errors name the op and the values") {
   const Tensor a = zeros({2, 3});
-  CHECK(error_of([&] { add(a, zeros({4})); }) == "add: shapes [2, 3] and [4] cannot be broadcast together (dim 1: 3 vs 4)");
-  CHECK(error_of([&] { add(a, zeros({2, 3}, {.dtype = kFloat64})); }).find("add: first input is float32 but second input is float64") == 0);
-  CHECK(error_of([&] { add(a, zeros({2, 3}, {.device = cpu(1)})); }).find("add: first input is on cpu:0 but second input is on cpu:1") == 0);
-  CHECK(error_of([&] { matmul(zeros({2, 3}), zeros({4, 2})); }).find("matmul: shapes [2, 3] and [4, 2] cannot be multiplied") == 0);
-  CHECK(error_of([&] { conv2d(zeros({1, 3, 5, 5}), zeros({2, 1, 3, 3})); }).find("conv2d: input has 3 channels, weight expects 1") == 0);
+  CHECK(error_of([&] { add(a, zeros({4})); }) ==
+        "add: shapes [2, 3] and [4] cannot be broadcast together (dim 1: 3 vs 4)");
+  CHECK(error_of([&] {
+          add(a, zeros({2, 3}, {.dtype = kFloat64}));
+        }).find("add: first input is float32 but second input is float64") == 0);
+  CHECK(error_of([&] {
+          add(a, zeros({2, 3}, {.device = cpu(1)}));
+        }).find("add: first input is on cpu:0 but second input is on cpu:1") == 0);
+  CHECK(error_of([&] {
+          matmul(zeros({2, 3}), zeros({4, 2}));
+        }).find("matmul: shapes [2, 3] and [4, 2] cannot be multiplied") == 0);
+  CHECK(error_of([&] {
+          conv2d(zeros({1, 3, 5, 5}), zeros({2, 1, 3, 3}));
+        }).find("conv2d: input has 3 channels, weight expects 1") == 0);
   CHECK(error_of([&] { a.reshape({4, -1}); }).find("reshape: shape [4, -1] is invalid for 6 elements") == 0);
   CHECK(error_of([&] { a.sum({2}); }).find("sum: dim 2 is out of range") == 0);
   CHECK(error_of([&] { Device("gpu:0"); }).find("unknown device 'gpu:0'") == 0);
@@ -120,6 +118,8 @@ TEST_CASE("errors name the op and the values") {
   CHECK(error_of([&] { gather(zeros({2, 2}), 1, from_int_vector({0, 5}, {2, 1})); }).find("gather") == 0);
   CHECK(error_of([&] { zeros({2}).item(); }).find("item: expected a tensor with one element") == 0);
   if (cuda_device_count() == 0) {
-    CHECK(error_of([&] { zeros({1}, {.device = cuda(0)}); }).find("unknown device cuda:0: no CUDA device is available") == 0);
+    CHECK(error_of([&] {
+            zeros({1}, {.device = cuda(0)});
+          }).find("unknown device cuda:0: no CUDA device is available") == 0);
   }
 }

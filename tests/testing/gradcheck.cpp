@@ -17,7 +17,9 @@ std::vector<Tensor> fresh_leaves(const std::vector<Tensor>& inputs) {
   return out;
 }
 
-std::vector<double> values_of(const Tensor& t) { return t.detach().to_vector(); }
+std::vector<double> values_of(const Tensor& t) {
+  return t.detach().to_vector();
+}
 
 }  // namespace
 
@@ -68,7 +70,8 @@ std::string gradcheck(const Fn& fn, const std::vector<Tensor>& inputs_in, const 
       for (size_t k = 0; k < diff.size(); ++k) {
         if (!g[k].defined()) continue;
         const std::vector<double> gv = values_of(g[k]);
-        for (size_t e = 0; e < gv.size(); ++e) analytic[k][e * static_cast<size_t>(n_out) + static_cast<size_t>(j)] = gv[e];
+        for (size_t e = 0; e < gv.size(); ++e)
+          analytic[k][e * static_cast<size_t>(n_out) + static_cast<size_t>(j)] = gv[e];
       }
     }
   }
@@ -83,7 +86,8 @@ std::string gradcheck(const Fn& fn, const std::vector<Tensor>& inputs_in, const 
         moved[e] += delta;
         std::vector<Tensor> args = inputs;
         // Leaves that require grad, like the originals: fn may itself differentiate (first_derivative).
-        args[diff[k]] = from_vector(moved, x.shape(), {.dtype = x.dtype(), .device = x.device(), .requires_grad = true});
+        args[diff[k]] =
+            from_vector(moved, x.shape(), {.dtype = x.dtype(), .device = x.device(), .requires_grad = true});
         return values_of(fn(args));
       };
       const std::vector<double> plus = eval(o.eps), minus = eval(-o.eps);
