@@ -175,7 +175,7 @@ Tensor Tensor::grad() const {
   return impl_->grad;
 }
 
-void Tensor::set_grad(const Tensor& g) {
+void Tensor::set_grad(const Tensor& g) const {
   if (g.defined()) {
     EF_CHECK(g.shape() == shape(), "set_grad: gradient shape ", shape_str(g.shape()), " differs from tensor shape ",
              shape_str(shape()));

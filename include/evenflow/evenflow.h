@@ -7,3 +7,5 @@
 #include "engine/error.h"
 #include "engine/ops.h"
 #include "engine/tensor.h"
+#include "layers/layers.h"
+#include "optim/optim.h"

@@ -1,0 +1,25 @@
+// Linear: y = x·Wᵀ + b over the last dim, as torch.nn.Linear (weight [out, in], bias [out]).
+#pragma once
+
+#include "layers/module.h"
+
+namespace evenflow::nn {
+
+class Linear : public Cloneable<Linear> {
+ public:
+  Linear(int64_t in_features, int64_t out_features, bool bias = true, const ModuleOptions& o = {});
+
+  Tensor forward(const Tensor& x) override;
+  std::string name() const override { return "Linear"; }
+  std::string extra_repr() const override;
+
+  int64_t in_features() const { return in_; }
+  int64_t out_features() const { return out_; }
+  Tensor weight() const { return param("weight"); }
+  Tensor bias() const { return optional_param("bias"); }  // undefined without bias
+
+ private:
+  int64_t in_, out_;
+};
+
+}  // namespace evenflow::nn

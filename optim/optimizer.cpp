@@ -1,0 +1,222 @@
+// Optimizer base (parameters, per-parameter state, export and import), SGD, Adam and AdamW (see
+// optimizer.h). Update rules follow torch/optim/{sgd,adam,adamw}.py (PyTorch 1.13,
+// single-tensor path), step for step, so that runs match PyTorch's to rounding.
+#include "optim/optimizer.h"
+
+#include <cmath>
+#include <map>
+#include <set>
+
+namespace evenflow::optim {
+
+namespace {
+
+void check_non_negative(const char* opt, const char* what, double v) {
+  EF_CHECK(v >= 0, opt, ": ", what, " must be non-negative, got ", v);
+}
+
+void check_beta(const char* opt, const char* which, double b) {
+  EF_CHECK(b >= 0 && b < 1, opt, ": ", which, " must be in [0, 1), got ", b);
+}
+
+// "state.12.exp_avg" -> (12, "exp_avg"); false if the key has another form.
+bool parse_state_key(const std::string& key, size_t* index, std::string* name) {
+  const std::string prefix = "state.";
+  if (key.compare(0, prefix.size(), prefix) != 0) return false;
+  const size_t dot = key.find('.', prefix.size());
+  if (dot == std::string::npos || dot == prefix.size() || dot + 1 == key.size()) return false;
+  const std::string digits = key.substr(prefix.size(), dot - prefix.size());
+  if (digits.find_first_not_of("0123456789") != std::string::npos || digits.size() > 9) return false;
+  *index = static_cast<size_t>(std::stoul(digits));
+  *name = key.substr(dot + 1);
+  return true;
+}
+
+}  // namespace
+
+// --- Optimizer ------------------------------------------------------------------------------------------
+
+Optimizer::Optimizer(const char* name, std::vector<Tensor> params, double lr)
+    : name_(name), params_(std::move(params)), state_(params_.size()), lr_(lr) {
+  check_non_negative(name, "lr", lr);
+  std::set<TensorImpl*> seen;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Tensor& p = params_[i];
+    EF_CHECK(p.defined(), name, ": parameter ", i, " is undefined");
+    EF_CHECK(is_floating(p.dtype()), name, ": parameter ", i, " is ", dtype_name(p.dtype()),
+             ", only float32 and float64 tensors can be optimized");
+    EF_CHECK(p.is_leaf(), name, ": parameter ", i, " is not a leaf tensor (it was computed by ",
+             p.grad_fn() ? p.grad_fn()->name() : "an op", "): optimize the tensors it was computed from");
+    EF_CHECK(seen.insert(p.impl()).second, name, ": parameter ", i, " appears more than once");
+  }
+}
+
+void Optimizer::set_lr(double lr) {
+  check_non_negative(name_, "lr", lr);
+  lr_ = lr;
+}
+
+void Optimizer::step() {
+  // Gradients match their parameter's shape, dtype and device: Tensor::set_grad and the engine's
+  // accumulation guarantee it.
+  NoGradGuard no_grad;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Tensor g = params_[i].grad();
+    if (!g.defined()) continue;
+    update(i, params_[i].detach(), g.detach(), ++state_[i].step);
+  }
+}
+
+void Optimizer::zero_grad(bool set_to_none) {
+  NoGradGuard no_grad;
+  for (Tensor p : params_) {  // a handle: set_grad is not const
+    if (!p.grad().defined()) continue;
+    if (set_to_none) {
+      p.set_grad(Tensor());
+    } else {
+      p.grad().detach().zero_();
+    }
+  }
+}
+
+Tensor Optimizer::state_tensor(size_t i, const std::string& name, const std::function<Tensor()>& init) {
+  NamedTensors& tensors = state_[i].tensors;
+  for (const auto& [n, t] : tensors)
+    if (n == name) return t;
+  tensors.emplace_back(name, init());
+  return tensors.back().second;
+}
+
+NamedTensors Optimizer::state() const {
+  NamedTensors out;
+  out.emplace_back("lr", scalar_tensor(lr_, {.dtype = kFloat64}));
+  for (size_t i = 0; i < state_.size(); ++i) {
+    if (state_[i].step == 0) continue;
+    const std::string prefix = "state." + std::to_string(i) + ".";
+    out.emplace_back(prefix + "step", from_int_vector({state_[i].step}, {}));
+    for (const auto& [n, t] : state_[i].tensors) out.emplace_back(prefix + n, t.detach());
+  }
+  return out;
+}
+
+void Optimizer::load_state(const NamedTensors& state) {
+  const std::vector<std::string> names = state_names();
+  const std::set<std::string> known(names.begin(), names.end());
+  std::vector<ParamState> loaded(params_.size());
+  std::vector<bool> has_step(params_.size(), false);
+  std::optional<double> lr;
+  std::set<std::string> seen;
+  for (const auto& [key, t] : state) {
+    EF_CHECK(seen.insert(key).second, name_, ".load_state: key \"", key, "\" appears twice");
+    EF_CHECK(t.defined(), name_, ".load_state: \"", key, "\" is an undefined tensor");
+    if (key == "lr") {
+      EF_CHECK(t.numel() == 1, name_, ".load_state: \"lr\" must hold one value, got shape ", shape_str(t.shape()));
+      lr = t.item();
+      continue;
+    }
+    size_t i = 0;
+    std::string n;
+    EF_CHECK(parse_state_key(key, &i, &n), name_, ".load_state: unexpected key \"", key, "\"");
+    EF_CHECK(i < params_.size(), name_, ".load_state: \"", key, "\" names parameter ", i, " but there are ",
+             params_.size());
+    if (n == "step") {
+      EF_CHECK(t.numel() == 1 && t.dtype() == kInt64 && t.item() >= 1, name_, ".load_state: \"", key,
+               "\" must be a positive int64 count, got ", t.str());
+      loaded[i].step = static_cast<int64_t>(t.item());
+      has_step[i] = true;
+      continue;
+    }
+    EF_CHECK(known.count(n), name_, ".load_state: unexpected key \"", key, "\" (", name_, " keeps no \"", n, "\")");
+    const Tensor& p = params_[i];
+    EF_CHECK(t.shape() == p.shape() && t.dtype() == p.dtype(), name_, ".load_state: \"", key, "\" is ",
+             shape_str(t.shape()), " ", dtype_name(t.dtype()), " but parameter ", i, " is ", shape_str(p.shape()), " ",
+             dtype_name(p.dtype()));
+    loaded[i].tensors.emplace_back(n, t.detach().clone().to(p.device()));
+  }
+  for (size_t i = 0; i < params_.size(); ++i)
+    EF_CHECK(has_step[i] || loaded[i].tensors.empty(), name_, ".load_state: parameter ", i,
+             " has state tensors but no \"state.", i, ".step\"");
+  if (lr) set_lr(*lr);
+  state_ = std::move(loaded);
+}
+
+// --- SGD ------------------------------------------------------------------------------------------------
+
+SGD::SGD(std::vector<Tensor> params, const SGDOptions& o) : Optimizer("SGD", std::move(params), o.lr), o_(o) {
+  check_non_negative(name_, "momentum", o.momentum);
+  check_non_negative(name_, "weight_decay", o.weight_decay);
+  EF_CHECK(!o.nesterov || (o.momentum > 0 && o.dampening == 0),
+           "SGD: nesterov needs momentum > 0 and dampening 0, got "
+           "momentum ",
+           o.momentum, " and dampening ", o.dampening);
+}
+
+void SGD::update(size_t i, const Tensor& p, const Tensor& g, int64_t /*step*/) {
+  Tensor d = o_.weight_decay != 0 ? g + p * o_.weight_decay : g;
+  if (o_.momentum != 0) {
+    bool first = false;
+    const Tensor buf = state_tensor(i, "momentum_buffer", [&] {
+      first = true;
+      return d.clone();  // the first step's buffer is the update itself, undamped
+    });
+    if (!first) {
+      buf.mul_(o_.momentum);
+      buf.add_(d, 1 - o_.dampening);
+    }
+    d = o_.nesterov ? d + buf * o_.momentum : buf;
+  }
+  p.add_(d, -lr());
+}
+
+// --- Adam, AdamW ----------------------------------------------------------------------------------------
+
+Adam::Adam(std::vector<Tensor> params, const AdamOptions& o) : Adam("Adam", std::move(params), o, 0.0, false) {}
+
+Adam::Adam(const char* name, std::vector<Tensor> params, const AdamOptions& o, double default_weight_decay,
+           bool decoupled)
+    : Optimizer(name, std::move(params), o.lr),
+      o_(o),
+      weight_decay_(o.weight_decay.value_or(default_weight_decay)),
+      decoupled_(decoupled) {
+  check_beta(name, "betas.first", o.betas.first);
+  check_beta(name, "betas.second", o.betas.second);
+  check_non_negative(name, "eps", o.eps);
+  check_non_negative(name, "weight_decay", weight_decay_);
+}
+
+AdamW::AdamW(std::vector<Tensor> params, const AdamOptions& o) : Adam("AdamW", std::move(params), o, 1e-2, true) {}
+
+std::vector<std::string> Adam::state_names() const {
+  if (o_.amsgrad) return {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
+  return {"exp_avg", "exp_avg_sq"};
+}
+
+void Adam::update(size_t i, const Tensor& p, const Tensor& g_in, int64_t step) {
+  const auto [beta1, beta2] = o_.betas;
+  Tensor g = g_in;
+  if (decoupled_) {
+    p.mul_(1 - lr() * weight_decay_);
+  } else if (weight_decay_ != 0) {
+    g = g + p * weight_decay_;
+  }
+  const auto zeros = [&] { return zeros_like(p); };
+  const Tensor exp_avg = state_tensor(i, "exp_avg", zeros);
+  const Tensor exp_avg_sq = state_tensor(i, "exp_avg_sq", zeros);
+  exp_avg.mul_(beta1);
+  exp_avg.add_(g, 1 - beta1);
+  exp_avg_sq.mul_(beta2);
+  exp_avg_sq.add_(square(g), 1 - beta2);
+
+  const double bias_correction1 = 1 - std::pow(beta1, static_cast<double>(step));
+  const double bias_correction2_sqrt = std::sqrt(1 - std::pow(beta2, static_cast<double>(step)));
+  Tensor second = exp_avg_sq;
+  if (o_.amsgrad) {
+    const Tensor max_sq = state_tensor(i, "max_exp_avg_sq", zeros);
+    max_sq.copy_(maximum(max_sq, exp_avg_sq));
+    second = max_sq;
+  }
+  const Tensor denom = sqrt(second) / bias_correction2_sqrt + o_.eps;
+  p.add_(exp_avg / denom, -lr() / bias_correction1);
+}
+
+}  // namespace evenflow::optim
