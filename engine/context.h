@@ -1,5 +1,5 @@
 // The per-device state behind a Device: its backend, allocator, generator and worker thread.
-// Contexts are created on first use and live until the program exits.
+// Contexts are created on first use and never destroyed (see registry() in device.cpp).
 #pragma once
 
 #include <atomic>
@@ -40,7 +40,6 @@ class Generator {
 class DeviceContext {
  public:
   DeviceContext(Device device, std::unique_ptr<Backend> backend, uint64_t seed);
-  ~DeviceContext();
 
   Device device() const { return device_; }
   Backend& backend() { return *backend_; }

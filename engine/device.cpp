@@ -55,9 +55,12 @@ struct Registry {
 // Read by every CPU kernel, so an atomic rather than a field under the registry's lock.
 std::atomic<int> g_num_threads{0};
 
+// Never destroyed: worker threads may still be releasing tensors (and so calling allocators) while
+// the process runs its static destructors, and tensors held in globals outlive everything. Device
+// contexts therefore live until the process ends; the OS reclaims their threads and memory.
 Registry& registry() {
-  static Registry r;
-  return r;
+  static Registry* r = new Registry;
+  return *r;
 }
 
 std::vector<int> parse_id_list(const std::string& s, const char* what) {
@@ -166,15 +169,6 @@ DeviceContext::DeviceContext(Device device, std::unique_ptr<Backend> backend, ui
       backend_(std::move(backend)),
       allocator_(std::make_unique<CachingAllocator>(device, *backend_)),
       generator_(seed) {}
-
-DeviceContext::~DeviceContext() {
-  worker_.reset();
-  try {
-    backend_->synchronize();
-  } catch (...) {  // never throw from a destructor; the process is ending anyway
-  }
-  allocator_.reset();
-}
 
 Worker& DeviceContext::worker() {
   std::call_once(worker_once_, [&] { worker_ = std::make_unique<Worker>(device_.str()); });

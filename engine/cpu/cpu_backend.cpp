@@ -4,7 +4,8 @@
 // shared with the CUDA backend. GEMM and convolution need Eigen and live in cpu_conv.cpp.
 #include "engine/cpu/cpu_backend.h"
 
-#include <omp.h>
+#include <unistd.h>
+#include "engine/cpu/threads.h"
 
 #include <algorithm>
 #include <array>
@@ -29,7 +30,9 @@ namespace {
 // microseconds, more than such a loop takes.
 constexpr int64_t kParallelGrain = 32768;
 
-int threads_for(int64_t work) { return work > kParallelGrain ? std::max(1, num_threads()) : 1; }
+int threads_for(int64_t work) {
+  return work > kParallelGrain ? std::max(1, num_threads()) : 1;
+}
 
 // Float32 sums and softmax normalizers accumulate in double: tests compare against float64
 // references, and a float accumulator over 10^6 elements loses about three digits.
@@ -135,7 +138,7 @@ template <int N, typename Body>
 void for_each_row(const StridedIter<N>& it, Body body, bool whole_rows = false) {
   const int64_t total = it.numel();
   if (total == 0) return;
-  const int nt = threads_for(total);
+  [[maybe_unused]] const int nt = threads_for(total);
   if (nt <= 1) {
     run_range(it, it.data, 0, total, body);
     return;
@@ -144,7 +147,7 @@ void for_each_row(const StridedIter<N>& it, Body body, bool whole_rows = false) 
   const int64_t units = total / unit;
 #pragma omp parallel num_threads(nt)
   {
-    const int64_t t = omp_get_thread_num(), nteam = omp_get_num_threads();
+    const int64_t t = thread_index(), nteam = team_size();
     const int64_t b = units * t / nteam * unit, e = units * (t + 1) / nteam * unit;
     if (b < e) run_range(it, it.data, b, e, body);
   }
@@ -160,15 +163,19 @@ void map_elements(const View& out, const std::array<View, sizeof...(In)>& ins, F
       constexpr size_t kOperands = 1 + sizeof...(In);
       Out* o = reinterpret_cast<Out*>(p[0]);
       const std::tuple<const In*...> in{reinterpret_cast<const In*>(p[I + 1])...};
-      const int64_t es[kOperands] = {s[0] / static_cast<int64_t>(sizeof(Out)), (s[I + 1] / static_cast<int64_t>(sizeof(In)))...};
+      const int64_t es[kOperands] = {s[0] / static_cast<int64_t>(sizeof(Out)),
+                                     (s[I + 1] / static_cast<int64_t>(sizeof(In)))...};
       // Written once; stride(i) is the constant 1 in the unit-stride instantiation.
       const auto loop = [&](auto stride) {
         for (int64_t k = 0; k < n; ++k) o[k * stride(0)] = f(std::get<I>(in)[k * stride(I + 1)]...);
       };
-      if (std::all_of(es, es + kOperands, [](int64_t e) { return e == 1; })) loop([](size_t) { return int64_t{1}; });
-      else loop([&es](size_t i) { return es[i]; });
+      if (std::all_of(es, es + kOperands, [](int64_t e) { return e == 1; }))
+        loop([](size_t) { return int64_t{1}; });
+      else
+        loop([&es](size_t i) { return es[i]; });
     });
-  }(std::index_sequence_for<In...>{});
+  }
+  (std::index_sequence_for<In...>{});
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -183,21 +190,21 @@ void fill_impl(const View& out, double value) {
 
 template <typename T>
 void arange_typed(T* o, int64_t n, double start, double step) {
-  const int nt = threads_for(n);
+  [[maybe_unused]] const int nt = threads_for(n);
 #pragma omp parallel for num_threads(nt) if (nt > 1)
   for (int64_t i = 0; i < n; ++i) o[i] = static_cast<T>(start + static_cast<double>(i) * step);
 }
 
 void arange_impl(const View& out, double start, double step) {
   EF_ASSERT(out.ndim == 1 && out.is_contiguous(), "arange: output must be contiguous 1-D");
-  EF_DISPATCH_ALL(out.dtype, "arange", [&] { arange_typed(static_cast<scalar_t*>(out.data), out.shape[0], start, step); });
+  EF_DISPATCH_ALL(out.dtype, "arange",
+                  [&] { arange_typed(static_cast<scalar_t*>(out.data), out.shape[0], start, step); });
 }
 
 template <typename Out>
 void copy_to(const View& out, const View& x) {
-  EF_DISPATCH_ALL(x.dtype, "copy", [&] {
-    map_elements<Out, scalar_t>(out, {x}, [](scalar_t v) { return static_cast<Out>(v); });
-  });
+  EF_DISPATCH_ALL(x.dtype, "copy",
+                  [&] { map_elements<Out, scalar_t>(out, {x}, [](scalar_t v) { return static_cast<Out>(v); }); });
 }
 
 void copy_impl(const View& out, const View& x) {
@@ -207,7 +214,9 @@ void copy_impl(const View& out, const View& x) {
 void unary_impl(UnaryOp op, const View& out, const View& x, double a, double b) {
   EF_ASSERT(out.dtype == x.dtype, "unary: output and input dtypes differ");
   EF_DISPATCH_FLOAT(out.dtype, "unary", [&] {
-    visit_unary(op, [&](auto fn) { map_elements<scalar_t, scalar_t>(out, {x}, [fn, a, b](scalar_t v) { return fn(v, a, b); }); });
+    visit_unary(op, [&](auto fn) {
+      map_elements<scalar_t, scalar_t>(out, {x}, [fn, a, b](scalar_t v) { return fn(v, a, b); });
+    });
   });
 }
 
@@ -215,7 +224,8 @@ void binary_impl(BinaryOp op, const View& out, const View& x, const View& y) {
   EF_ASSERT(out.dtype == x.dtype && out.dtype == y.dtype, "binary: operand dtypes differ");
   // Integer division by zero is undefined behaviour in C++; PyTorch's int64 division is floor
   // division anyway, not what the Div functor computes.
-  EF_CHECK(!(op == BinaryOp::Div && out.dtype == DType::Int64), "div: int64 tensors are not supported (convert to a float dtype first)");
+  EF_CHECK(!(op == BinaryOp::Div && out.dtype == DType::Int64),
+           "div: int64 tensors are not supported (convert to a float dtype first)");
   EF_DISPATCH_ALL(out.dtype, "binary", [&] {
     visit_binary(op, [&](auto fn) { map_elements<scalar_t, scalar_t, scalar_t>(out, {x, y}, fn); });
   });
@@ -236,15 +246,20 @@ void where_impl(const View& out, const View& cond, const View& x, const View& y)
 template <ReduceOp Op, typename A>
 struct Reducer {
   static A init() {
-    if constexpr (Op == ReduceOp::Sum) return A(0);
+    if constexpr (Op == ReduceOp::Sum)
+      return A(0);
     else if constexpr (std::numeric_limits<A>::has_infinity)
       return Op == ReduceOp::Max ? -std::numeric_limits<A>::infinity() : std::numeric_limits<A>::infinity();
-    else return Op == ReduceOp::Max ? std::numeric_limits<A>::lowest() : std::numeric_limits<A>::max();
+    else
+      return Op == ReduceOp::Max ? std::numeric_limits<A>::lowest() : std::numeric_limits<A>::max();
   }
   static A step(A acc, A v) {
-    if constexpr (Op == ReduceOp::Sum) return acc + v;
-    else if constexpr (Op == ReduceOp::Max) return (v > acc || v != v) ? v : acc;
-    else return (v < acc || v != v) ? v : acc;
+    if constexpr (Op == ReduceOp::Sum)
+      return acc + v;
+    else if constexpr (Op == ReduceOp::Max)
+      return (v > acc || v != v) ? v : acc;
+    else
+      return (v < acc || v != v) ? v : acc;
   }
 };
 
@@ -261,8 +276,10 @@ A reduce_row(const T* p, int64_t n, int64_t stride, A acc) {
       for (int l = 0; l < kLanes; ++l) lanes[l] = R::step(lanes[l], static_cast<A>(p[(k + l) * st()]));
     for (; k < n; ++k) lanes[0] = R::step(lanes[0], static_cast<A>(p[k * st()]));
   };
-  if (stride == 1) loop([] { return int64_t{1}; });
-  else loop([stride] { return stride; });
+  if (stride == 1)
+    loop([] { return int64_t{1}; });
+  else
+    loop([stride] { return stride; });
   for (const A& l : lanes) acc = R::step(acc, l);
   return acc;
 }
@@ -330,7 +347,7 @@ void reduce_typed(const View& out, const View& x) {
   char* const out_data = static_cast<char*>(out.data);
   char* const x_data = static_cast<char*>(x.data);
   const int64_t outputs = kept.numel(), per_output = red.numel();
-  const int nt = threads_for(outputs * per_output);
+  [[maybe_unused]] const int nt = threads_for(outputs * per_output);
   const StridedIter<1> red_it = red.x_iter();
   const bool inner_reduced = red.ndim > 0 && (kept.ndim == 0 || it.strides[0][it.ndim - 1] == 0);
 
@@ -357,11 +374,13 @@ void reduce_typed(const View& out, const View& x) {
       for (int64_t o = 0; o < outputs; ++o) {
         int64_t oo, xo;
         kept.offsets(o, oo, xo);
+        // Slots of threads the runtime did not start stay at init, which combines as a no-op.
+        std::fill(partial.begin(), partial.end(), R::init());
 #pragma omp parallel num_threads(nt)
         {
-          const int64_t t = omp_get_thread_num(), nteam = omp_get_num_threads();
-          partial[static_cast<size_t>(t)] = reduce_part(x_data + xo, per_output * t / nteam, per_output * (t + 1) / nteam);
-          // Threads that did not start leave their slot at init, which combines as a no-op.
+          const int64_t t = thread_index(), nteam = team_size();
+          partial[static_cast<size_t>(t)] =
+              reduce_part(x_data + xo, per_output * t / nteam, per_output * (t + 1) / nteam);
         }
         A acc = R::init();
         for (const A& p : partial) acc = R::step(acc, p);
@@ -398,8 +417,10 @@ void reduce_typed(const View& out, const View& x) {
         const auto add = [&](auto st) {
           for (int64_t j = 0; j < len; ++j) acc[j] = R::step(acc[j], static_cast<A>(row[j * st()]));
         };
-        if (xs == 1) add([] { return int64_t{1}; });
-        else add([xs] { return xs; });
+        if (xs == 1)
+          add([] { return int64_t{1}; });
+        else
+          add([xs] { return xs; });
       }
     };
     run_range(red_it, base, 0, per_output, rows);
@@ -452,18 +473,24 @@ void reduce_impl(ReduceOp op, const View& out, const View& x) {
       return;
     }
     EF_DISPATCH_ALL(x.dtype, "argmax", [&] {
-      if (op == ReduceOp::ArgMax) arg_reduce_typed<true, scalar_t>(out, x, dim);
-      else arg_reduce_typed<false, scalar_t>(out, x, dim);
+      if (op == ReduceOp::ArgMax)
+        arg_reduce_typed<true, scalar_t>(out, x, dim);
+      else
+        arg_reduce_typed<false, scalar_t>(out, x, dim);
     });
     return;
   }
   EF_ASSERT(out.dtype == x.dtype, "reduce: output and input dtypes differ");
   EF_DISPATCH_ALL(x.dtype, "reduce", [&] {
     switch (op) {
-      case ReduceOp::Sum: return reduce_typed<ReduceOp::Sum, scalar_t>(out, x);
-      case ReduceOp::Max: return reduce_typed<ReduceOp::Max, scalar_t>(out, x);
-      case ReduceOp::Min: return reduce_typed<ReduceOp::Min, scalar_t>(out, x);
-      default: EF_ERROR("reduce: unknown op");
+      case ReduceOp::Sum:
+        return reduce_typed<ReduceOp::Sum, scalar_t>(out, x);
+      case ReduceOp::Max:
+        return reduce_typed<ReduceOp::Max, scalar_t>(out, x);
+      case ReduceOp::Min:
+        return reduce_typed<ReduceOp::Min, scalar_t>(out, x);
+      default:
+        EF_ERROR("reduce: unknown op");
     }
   });
 }
@@ -473,7 +500,7 @@ void reduce_impl(ReduceOp op, const View& out, const View& x) {
 
 template <typename T>
 void softmax_typed(T* out, const T* x, int64_t rows, int64_t cols, bool log) {
-  const int nt = threads_for(rows * cols);
+  [[maybe_unused]] const int nt = threads_for(rows * cols);
 #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
     const T* xr = x + r * cols;
@@ -499,7 +526,7 @@ void softmax_typed(T* out, const T* x, int64_t rows, int64_t cols, bool log) {
 template <typename T>
 void max_pool2d_typed(const PoolArgs& a, T* out, int64_t* indices, const T* x) {
   const int64_t planes = a.n * a.c, plane_out = a.oh * a.ow;
-  const int nt = threads_for(planes * plane_out * a.kh * a.kw);
+  [[maybe_unused]] const int nt = threads_for(planes * plane_out * a.kh * a.kw);
 #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
   for (int64_t p = 0; p < planes; ++p) {
     const T* xp = x + p * a.h * a.w;
@@ -537,7 +564,7 @@ void max_pool2d_typed(const PoolArgs& a, T* out, int64_t* indices, const T* x) {
 
 void check_indices(const char* op, const int64_t* idx, int64_t n, int dim, int64_t size) {
   int64_t lo = std::numeric_limits<int64_t>::max(), hi = std::numeric_limits<int64_t>::min();
-  const int nt = threads_for(n);
+  [[maybe_unused]] const int nt = threads_for(n);
 #pragma omp parallel for num_threads(nt) if (nt > 1) reduction(min : lo) reduction(max : hi)
   for (int64_t i = 0; i < n; ++i) {
     lo = std::min(lo, idx[i]);
@@ -608,7 +635,7 @@ void scatter_add_impl(const char* op, const View& out, int dim, const View& inde
 template <typename T>
 void random_typed(T* o, int64_t n, RandomKind kind, double a, double b, uint64_t seed, uint64_t offset) {
   // A Philox draw costs as much as dozens of simple elementwise ops: parallelize at a smaller size.
-  const int nt = threads_for(n * 32);
+  [[maybe_unused]] const int nt = threads_for(n * 32);
 #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
   for (int64_t i = 0; i < n; ++i)
     o[i] = static_cast<T>(random::sample(static_cast<int>(kind), a, b, seed, offset + static_cast<uint64_t>(i)));
@@ -616,12 +643,22 @@ void random_typed(T* o, int64_t n, RandomKind kind, double a, double b, uint64_t
 
 // ------------------------------------------------------------------------------------------------
 
+// Bytes of physical memory (half the address space when the system does not say).
+size_t physical_memory() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page_size = sysconf(_SC_PAGE_SIZE);
+  if (pages <= 0 || page_size <= 0) return std::numeric_limits<size_t>::max() / 2;
+  return static_cast<size_t>(pages) * static_cast<size_t>(page_size);
+}
+
 class CpuBackend final : public Backend {
  public:
   void* raw_alloc(size_t nbytes) override {
-    // aligned_alloc wants a multiple of the alignment; sizes near SIZE_MAX would wrap around.
+    // More than the machine's memory is refused up front: such a request can only fail or thrash,
+    // and sanitizer allocators abort on absurd sizes instead of returning nullptr.
+    static const size_t physical = physical_memory();
+    if (nbytes > physical) return nullptr;
+    // aligned_alloc wants a multiple of the alignment.
     constexpr size_t kAlign = 64;
-    if (nbytes > std::numeric_limits<size_t>::max() / 2) return nullptr;
     const size_t rounded = std::max(kAlign, (nbytes + kAlign - 1) / kAlign * kAlign);
     return std::aligned_alloc(kAlign, rounded);
   }
@@ -657,7 +694,8 @@ class CpuBackend final : public Backend {
     EF_ASSERT(out.ndim == 2 && out.is_contiguous() && x.is_contiguous() && out.dtype == x.dtype,
               "softmax: expects contiguous [rows, cols] views");
     EF_DISPATCH_FLOAT(x.dtype, "softmax", [&] {
-      softmax_typed(static_cast<scalar_t*>(out.data), static_cast<const scalar_t*>(x.data), out.shape[0], out.shape[1], log);
+      softmax_typed(static_cast<scalar_t*>(out.data), static_cast<const scalar_t*>(x.data), out.shape[0], out.shape[1],
+                    log);
     });
   }
 
@@ -693,14 +731,15 @@ class CpuBackend final : public Backend {
 
   void random(const View& out, RandomKind kind, double a, double b, uint64_t seed, uint64_t offset) override {
     EF_ASSERT(out.is_contiguous(), "random: output must be contiguous");
-    EF_DISPATCH_ALL(out.dtype, "random", [&] {
-      random_typed(static_cast<scalar_t*>(out.data), out.numel(), kind, a, b, seed, offset);
-    });
+    EF_DISPATCH_ALL(out.dtype, "random",
+                    [&] { random_typed(static_cast<scalar_t*>(out.data), out.numel(), kind, a, b, seed, offset); });
   }
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> make_backend() { return std::make_unique<CpuBackend>(); }
+std::unique_ptr<Backend> make_backend() {
+  return std::make_unique<CpuBackend>();
+}
 
 }  // namespace evenflow::cpu_backend

@@ -4,15 +4,19 @@
 // Eigen, whose GEMM templates dominate build time.
 #include "engine/cpu/cpu_conv.h"
 
-#include <omp.h>
+#include "engine/cpu/threads.h"
 
 // GCC 12 reports false (maybe-)uninitialized uses inside its own AVX-512 intrinsics (the
 // _mm512_undefined_ps() idiom) when it inlines Eigen's packing code with -march=native.
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <Eigen/Core>
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
+#endif
 
 #include <algorithm>
 #include <cstdlib>
@@ -36,12 +40,14 @@ using MatMap = Eigen::Map<RowMajor<T>, Eigen::Unaligned, Eigen::OuterStride<>>;
 // C = alpha·op(A)·op(B) + beta·C for one row-major matrix. Eigen parallelizes a large product over
 // omp_get_max_threads() threads, and runs it on the calling thread inside a parallel region.
 template <typename T>
-void gemm_one(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda,
-              const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+void gemm_one(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b,
+              int64_t ldb, T beta, T* c, int64_t ldc) {
   MatMap<T> cm(c, m, n, Eigen::OuterStride<>(ldc));
   if (k == 0) {
-    if (beta == T(0)) cm.setZero();
-    else cm *= beta;
+    if (beta == T(0))
+      cm.setZero();
+    else
+      cm *= beta;
     return;
   }
   const ConstMatMap<T> am(a, trans_a ? k : m, trans_a ? m : k, Eigen::OuterStride<>(lda));
@@ -55,10 +61,14 @@ void gemm_one(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alp
       cm.noalias() += alpha * op_a * op_b;
     }
   };
-  if (!trans_a && !trans_b) run(am, bm);
-  else if (trans_a && !trans_b) run(am.transpose(), bm);
-  else if (!trans_a && trans_b) run(am, bm.transpose());
-  else run(am.transpose(), bm.transpose());
+  if (!trans_a && !trans_b)
+    run(am, bm);
+  else if (trans_a && !trans_b)
+    run(am.transpose(), bm);
+  else if (!trans_a && trans_b)
+    run(am, bm.transpose());
+  else
+    run(am.transpose(), bm.transpose());
 }
 
 template <typename T>
@@ -67,7 +77,7 @@ void gemm_typed(const GemmArgs& g) {
   const T* b = static_cast<const T*>(g.b);
   T* c = static_cast<T*>(g.c);
   const T alpha = static_cast<T>(g.alpha), beta = static_cast<T>(g.beta);
-  const int nt = std::max(1, num_threads());
+  [[maybe_unused]] const int nt = std::max(1, num_threads());
   const double flops = 2.0 * static_cast<double>(g.m) * static_cast<double>(g.n) * static_cast<double>(g.k);
   // Threads take whole matrices when that splits evenly, when there are many, or when each is too
   // small for Eigen to parallelize well; otherwise Eigen parallelizes each product.
@@ -81,7 +91,7 @@ void gemm_typed(const GemmArgs& g) {
   }
   // Eigen sizes its team with omp_get_max_threads() of this thread; Eigen::setNbThreads would be a
   // process-wide setting, racing between the devices' threads.
-  omp_set_num_threads(nt);
+  set_team_size(nt);
   for (int64_t i = 0; i < g.batch; ++i)
     gemm_one(g.trans_a, g.trans_b, g.m, g.n, g.k, alpha, a + i * g.stride_a, g.lda, b + i * g.stride_b, g.ldb, beta,
              c + i * g.stride_c, g.ldc);
@@ -194,14 +204,14 @@ void packed_gemm(int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const
       }
     }
   };
-  const int nt = static_cast<int>(std::min<int64_t>(threads, np));
+  [[maybe_unused]] const int nt = static_cast<int>(std::min<int64_t>(threads, np));
   if (nt <= 1) {
     columns(0, np);
     return;
   }
 #pragma omp parallel num_threads(nt)
   {
-    const int64_t t = omp_get_thread_num(), team = omp_get_num_threads();
+    const int64_t t = thread_index(), team = team_size();
     columns(np * t / team, np * (t + 1) / team);
   }
 }
@@ -283,7 +293,8 @@ struct ConvGeometry {
 
 void check_conv(const char* op, const ConvArgs& a, const View& big, const View& w) {
   EF_ASSERT(a.groups > 0 && a.c_in % a.groups == 0 && a.c_out % a.groups == 0, op, ": bad groups");
-  EF_ASSERT(big.is_contiguous() && w.is_contiguous() && big.dtype == w.dtype, op, ": expects contiguous views of one dtype");
+  EF_ASSERT(big.is_contiguous() && w.is_contiguous() && big.dtype == w.dtype, op,
+            ": expects contiguous views of one dtype");
 }
 
 // Walks the im2col matrix of one sample for output rows [oh0, oh1): for each col row
@@ -302,8 +313,10 @@ void walk_im2col(const ConvArgs& a, int64_t oh0, int64_t oh1, Seg seg) {
         for (int64_t oh = oh0; oh < oh1; ++oh) {
           const int64_t ih = oh * a.stride_h - a.pad_h + i * a.dil_h;
           const int64_t p0 = (oh - oh0) * a.ow;
-          if (ih < 0 || ih >= a.h) seg(row, p0, int64_t{0}, int64_t{0}, int64_t{0});
-          else seg(row, p0, (c * a.h + ih) * a.w + off_w, lo, hi);
+          if (ih < 0 || ih >= a.h)
+            seg(row, p0, int64_t{0}, int64_t{0}, int64_t{0});
+          else
+            seg(row, p0, (c * a.h + ih) * a.w + off_w, lo, hi);
         }
       }
     }
@@ -313,8 +326,10 @@ void walk_im2col(const ConvArgs& a, int64_t oh0, int64_t oh1, Seg seg) {
 // Strided accesses written once: the stride-1 instantiation (the common case) vectorizes.
 template <typename F>
 void with_stride(int64_t stride, F f) {
-  if (stride == 1) f([] { return int64_t{1}; });
-  else f([stride] { return stride; });
+  if (stride == 1)
+    f([] { return int64_t{1}; });
+  else
+    f([stride] { return stride; });
 }
 
 // Note [Shifted im2col]
@@ -323,7 +338,9 @@ void with_stride(int64_t stride, F f) {
 // row is one shifted copy of the input channel, after which the few padding columns are zeroed
 // (and col2im adds the whole row back after zeroing them), which is several times faster than
 // going output row by output row.
-bool shifted(const ConvArgs& a) { return a.stride_h == 1 && a.stride_w == 1 && a.ow == a.w; }
+bool shifted(const ConvArgs& a) {
+  return a.stride_h == 1 && a.stride_w == 1 && a.ow == a.w;
+}
 
 struct ShiftedRow {
   int64_t row;     // col row (c·kh + i)·kw + j
@@ -380,9 +397,12 @@ void im2col(const ConvArgs& a, const ConvGeometry& geo, const T* x, int64_t oh0,
     T* base = dst + row / geo.kc * group_elems;
     // n values from x[s], x[s + stride], ... (or zeros) to out.
     const auto run = [&](T* out, int64_t n, int64_t s) {
-      if (src < 0) std::fill(out, out + n, T(0));
-      else if (stride == 1 && n == nr) std::memcpy(out, x + s, nr * sizeof(T));  // a whole panel row: 3 vector moves
-      else if (stride == 1) std::copy(x + s, x + s + n, out);
+      if (src < 0)
+        std::fill(out, out + n, T(0));
+      else if (stride == 1 && n == nr)
+        std::memcpy(out, x + s, nr * sizeof(T));  // a whole panel row: 3 vector moves
+      else if (stride == 1)
+        std::copy(x + s, x + s + n, out);
       else
         for (int64_t t = 0; t < n; ++t) out[t] = x[s + t * stride];
     };
@@ -495,7 +515,7 @@ struct ConvWork {
     }
 #pragma omp parallel num_threads(threads)
     {
-      const int64_t t = omp_get_thread_num(), team = omp_get_num_threads();
+      const int64_t t = thread_index(), team = team_size();
       for (int64_t s = n * t / team; s < n * (t + 1) / team; ++s) sample(s, static_cast<int>(t));
     }
   }
@@ -518,7 +538,8 @@ void conv_forward_typed(const ConvArgs& a, T* y, const T* x, const T* w) {
       const int64_t group_elems = col_group_elems<T, ColLayout::Panels>(geo, pt);
       for (int64_t g = 0; g < a.groups; ++g)
         packed_gemm<T, S, true>(geo.og, pt, geo.kc, work.shared + g * a_elems, 0, col + g * group_elems,
-                                y + s * geo.y_sample + g * geo.og * geo.p + oh0 * a.ow, geo.p, false, work.gemm_threads());
+                                y + s * geo.y_sample + g * geo.og * geo.p + oh0 * a.ow, geo.p, false,
+                                work.gemm_threads());
     }
   });
 }
@@ -580,7 +601,8 @@ void conv_weight_grad_typed(const ConvArgs& a, T* gw, const T* x, const T* gy) {
       started[static_cast<size_t>(t)] = 1;
       for (int64_t g = 0; g < a.groups; ++g) {
         // gy[s,g]ᵀ: element (pixel p, o) at gy[s,g][o·P + p]
-        pack_b<T, S>(pt, geo.og, gy + s * geo.y_sample + g * geo.og * geo.p + oh0 * a.ow, int64_t{1}, geo.p, gyt_packed);
+        pack_b<T, S>(pt, geo.og, gy + s * geo.y_sample + g * geo.og * geo.p + oh0 * a.ow, int64_t{1}, geo.p,
+                     gyt_packed);
         packed_gemm<T, S, false>(geo.kc, geo.og, pt, col + g * group_elems, pt, gyt_packed, gwt + g * geo.kc * geo.og,
                                  geo.og, accumulate, work.gemm_threads());
       }
