@@ -1,0 +1,237 @@
+// classify: the FashionMNIST benchmark CNN (the TensorFlow/PyTorch tutorial model: two 5x5
+// conv-relu-pool blocks, a 1024-unit hidden layer with dropout 0.4) trained with Adam. After each
+// epoch it evaluates the test set and writes, in --out: checkpoint.safetensors (a training
+// checkpoint, Note [Training checkpoints] in io/checkpoint.h, so --resume continues exactly),
+// model.safetensors (weights under PyTorch's names), metrics.csv and loss_accuracy.png.
+// scripts/bench_classify.sh compares its speed with PyTorch's (scripts/classify_torch.py).
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "apps/common/metrics.h"
+#include "apps/common/plot.h"
+#include "apps/common/progress.h"
+#include "data/fashion_mnist.h"
+#include "data/loader.h"
+#include "engine/ops.h"
+#include "io/checkpoint.h"
+#include "layers/layers.h"
+#include "optim/optim.h"
+
+namespace ef = evenflow;
+namespace nn = evenflow::nn;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Args {
+  std::string device = "cpu:0";
+  int64_t epochs = 10;
+  int64_t batch_size = 100;
+  double lr = 1e-3;
+  uint64_t seed = 0;
+  std::string dtype = "float32";
+  std::string data = ef::data::kFashionMnistRoot;
+  std::string out = "runs/classify";
+  int workers = 2;
+  int threads = 0;  // 0: the engine's default
+  bool resume = false;
+  int64_t steps = 0;  // 0: no limit
+  bool print_loss = false;
+};
+
+// Conv2d(1,32,5,p2)-ReLU-MaxPool(2)-Conv2d(32,64,5,p2)-ReLU-MaxPool(2)-Flatten-Linear(3136,1024)-ReLU-
+// Dropout(0.4)-Linear(1024,10): [N, 1, 28, 28] -> [N, 10] logits.
+std::shared_ptr<nn::Sequential> make_model(const nn::ModuleOptions& o) {
+  return std::make_shared<nn::Sequential>(nn::Conv2d(1, 32, 5, {.padding = 2}, o), nn::ReLU(), nn::MaxPool2d(2),
+                                          nn::Conv2d(32, 64, 5, {.padding = 2}, o), nn::ReLU(), nn::MaxPool2d(2),
+                                          nn::Flatten(), nn::Linear(7 * 7 * 64, 1024, true, o), nn::ReLU(),
+                                          nn::Dropout(0.4), nn::Linear(1024, 10, true, o));
+}
+
+// Mean cross-entropy of logits [N, C] against labels [N]: -mean(log_softmax(x)[i, label_i]).
+ef::Tensor cross_entropy(const ef::Tensor& logits, const ef::Tensor& labels) {
+  return ef::neg(ef::mean(ef::gather(ef::log_softmax(logits, 1), 1, labels.unsqueeze(1))));
+}
+
+struct Evaluation {
+  double loss = 0, accuracy = 0;
+};
+
+Evaluation evaluate(nn::Module& model, ef::data::DataLoader& loader, ef::DType dtype) {
+  ef::NoGradGuard no_grad;
+  model.eval();
+  double loss_sum = 0, correct = 0, n = 0;
+  for (ef::data::Batch& b : loader.epoch(0)) {
+    const ef::Tensor logits = model(b.images.to(dtype));
+    const auto count = static_cast<double>(b.labels.numel());
+    loss_sum += cross_entropy(logits, b.labels).item() * count;
+    correct += ef::sum(ef::eq(ef::argmax(logits, 1).to(ef::kFloat64), b.labels.to(ef::kFloat64))).item();
+    n += count;
+  }
+  model.train();
+  return {loss_sum / n, correct / n};
+}
+
+void write_plot(const std::string& path, const std::vector<evenflow::apps::MetricsRow>& rows) {
+  evenflow::apps::Series loss{.label = "train loss", .color = {200, 40, 40}};
+  evenflow::apps::Series accuracy{.label = "test accuracy", .color = {30, 80, 200}};
+  for (const auto& r : rows) {
+    loss.x.push_back(r.epoch);
+    loss.y.push_back(r.train_loss);
+    accuracy.x.push_back(r.epoch);
+    accuracy.y.push_back(r.test_accuracy);
+  }
+  evenflow::apps::write_line_plot_png(path, {.title = "FashionMNIST classifier",
+                                             .x_label = "epoch",
+                                             .y_label = "loss / accuracy",
+                                             .series = {loss, accuracy}});
+}
+
+// The settings a checkpoint must share with the run that resumes it.
+std::map<std::string, std::string> run_metadata(const Args& a) {
+  return {{"app", "classify"},
+          {"batch_size", std::to_string(a.batch_size)},
+          {"dtype", a.dtype},
+          {"seed", std::to_string(a.seed)}};
+}
+
+int run(const Args& a) {
+  // --- Setup: every failure here is a bad argument or a missing dataset (exit 2) ---------------
+  const ef::Device device(a.device);
+  ef::check_device(device);
+  EF_CHECK(a.dtype == "float32" || a.dtype == "float64", "--dtype must be float32 or float64, got \"", a.dtype, "\"");
+  const ef::DType dtype = a.dtype == "float64" ? ef::kFloat64 : ef::kFloat32;
+  if (a.threads > 0) ef::set_num_threads(a.threads);
+  auto train_set = std::make_shared<ef::data::FashionMNIST>(ef::data::Split::Train, a.data);
+  auto test_set = std::make_shared<ef::data::FashionMNIST>(ef::data::Split::Test, a.data);
+  fs::create_directories(a.out);
+  const std::string ckpt_path = (fs::path(a.out) / "checkpoint.safetensors").string();
+  const std::string model_path = (fs::path(a.out) / "model.safetensors").string();
+  const std::string csv_path = (fs::path(a.out) / "metrics.csv").string();
+  const std::string png_path = (fs::path(a.out) / "loss_accuracy.png").string();
+
+  ef::data::DataLoader train_loader(
+      train_set,
+      {.batch_size = a.batch_size, .shuffle = true, .seed = a.seed, .num_workers = a.workers, .device = device});
+  ef::data::DataLoader test_loader(test_set, {.batch_size = 1000, .num_workers = a.workers, .device = device});
+  const int64_t steps_per_epoch = train_loader.num_batches();
+
+  ef::manual_seed(a.seed);
+  auto model = make_model({.dtype = dtype, .device = device});
+  ef::optim::Adam opt(model->parameters(), {.lr = a.lr});
+  ef::io::TrainingProgress progress;
+  std::vector<evenflow::apps::MetricsRow> rows;
+  if (a.resume) {
+    const auto ck = ef::io::load_training_checkpoint(ckpt_path, *model, opt, {device});
+    for (const auto& [key, value] : run_metadata(a)) {
+      const auto it = ck.metadata.find(key);
+      EF_CHECK(it != ck.metadata.end() && it->second == value, "--resume: ", ckpt_path, " was written with ", key, " ",
+               it == ck.metadata.end() ? "(none)" : it->second, ", this run has ", value);
+    }
+    progress = ck.progress;
+    rows = evenflow::apps::read_metrics_csv(csv_path);
+    std::printf("resuming from %s at step %" PRId64 " (epoch %" PRId64 ")\n", ckpt_path.c_str(), progress.step,
+                progress.epoch + 1);
+  }
+  std::printf("training on %s, %s, %" PRId64 " images, batch %" PRId64 ", %" PRId64 " steps per epoch\n",
+              device.str().c_str(), a.dtype.c_str(), train_set->size(), a.batch_size, steps_per_epoch);
+  std::fflush(stdout);
+
+  // --- Training ---------------------------------------------------------------------------------------
+  const auto save = [&] {
+    ef::io::save_training_checkpoint(ckpt_path, *model, opt, progress, {device}, run_metadata(a));
+    ef::io::save_module(*model, model_path);
+    evenflow::apps::write_metrics_csv(csv_path, rows);
+    write_plot(png_path, rows);
+  };
+  using Clock = std::chrono::steady_clock;
+  evenflow::apps::ProgressBar bar;
+  bool stop = a.steps > 0 && progress.step >= a.steps;
+  while (!stop && progress.epoch < a.epochs) {
+    const int64_t skip = progress.step - progress.epoch * steps_per_epoch;  // steps of this epoch already done
+    bar.start_epoch(progress.epoch + 1, a.epochs, steps_per_epoch, skip + 1);
+    double loss_sum = 0, seconds = 0;
+    int64_t steps = 0, images = 0, i = 0;
+    auto t0 = Clock::now();
+    for (ef::data::Batch& b : train_loader.epoch(progress.epoch)) {
+      if (i++ < skip) {
+        t0 = Clock::now();
+        continue;
+      }
+      const ef::Tensor loss = cross_entropy((*model)(b.images.to(dtype)), b.labels);
+      opt.zero_grad();
+      loss.backward();
+      opt.step();
+      const double l = loss.item();
+      ++progress.step;
+      ++steps;
+      loss_sum += l;
+      images += b.labels.numel();
+      const auto t1 = Clock::now();
+      seconds += std::chrono::duration<double>(t1 - t0).count();
+      t0 = t1;
+      if (a.print_loss) std::printf("step %" PRId64 " loss %.17g\n", progress.step, l);
+      bar.update(i, l, static_cast<double>(images) / seconds);
+      if (a.steps > 0 && progress.step >= a.steps) {
+        stop = true;
+        break;
+      }
+    }
+    bar.finish();
+    if (progress.step == (progress.epoch + 1) * steps_per_epoch) ++progress.epoch;  // the epoch is complete
+    const Evaluation ev = evaluate(*model, test_loader, dtype);
+    rows.push_back({.epoch = static_cast<double>(progress.step) / static_cast<double>(steps_per_epoch),
+                    .step = progress.step,
+                    .train_loss = steps > 0 ? loss_sum / static_cast<double>(steps) : 0.0,
+                    .test_loss = ev.loss,
+                    .test_accuracy = ev.accuracy,
+                    .seconds = seconds,
+                    .images_per_s = seconds > 0 ? static_cast<double>(images) / seconds : 0.0});
+    std::printf("epoch %.6g  step %" PRId64
+                "  train loss %.4f  test loss %.4f  test accuracy %.2f%%  %.1f s  %.0f img/s\n",
+                rows.back().epoch, progress.step, rows.back().train_loss, ev.loss, 100 * ev.accuracy, seconds,
+                rows.back().images_per_s);
+    std::fflush(stdout);
+    save();
+  }
+  std::printf("done: %" PRId64 " steps; outputs in %s\n", progress.step, a.out.c_str());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Train the FashionMNIST benchmark CNN with Adam (evenflow)"};
+  Args a;
+  app.add_option("--device", a.device, "device to train on (cpu:N or cuda:N)");
+  app.add_option("--epochs", a.epochs, "epochs")->check(CLI::PositiveNumber);
+  app.add_option("--batch-size", a.batch_size, "batch size")->check(CLI::PositiveNumber);
+  app.add_option("--lr", a.lr, "Adam learning rate")->check(CLI::PositiveNumber);
+  app.add_option("--seed", a.seed, "seed of the initialization, dropout and data order");
+  app.add_option("--dtype", a.dtype, "float32 or float64");
+  app.add_option("--data", a.data, "FashionMNIST folder (IDX files, gzip or raw)");
+  app.add_option("--out", a.out, "output folder");
+  app.add_option("--workers", a.workers, "data loader threads")->check(CLI::NonNegativeNumber);
+  app.add_option("--threads", a.threads, "intra-op CPU threads (0: all)")->check(CLI::NonNegativeNumber);
+  app.add_flag("--resume", a.resume, "continue from <out>/checkpoint.safetensors exactly");
+  app.add_option("--steps", a.steps, "stop after this many steps in all (0: no limit)")->check(CLI::NonNegativeNumber);
+  app.add_flag("--print-loss", a.print_loss, "print every step's loss at full precision");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  // An ef::Error (usually a bad device, dtype, dataset or checkpoint) is one line and exit 2.
+  try {
+    return run(a);
+  } catch (const ef::Error& e) {
+    std::fprintf(stderr, "classify: error: %s\n", e.what());
+    return 2;
+  }
+}

@@ -1,0 +1,227 @@
+// Line plots as PNG (see plot.h): a canvas with lines, markers and bitmap text, and libpng.
+#include "apps/common/plot.h"
+
+#include <png.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <csetjmp>
+#include <cstdio>
+
+#include "engine/error.h"
+#include "io/file.h"
+
+namespace evenflow::apps {
+
+namespace {
+
+// A 3x5 font: five rows per glyph, top first, three bits per row (4 = left column, 1 = right).
+// Lower-case letters are drawn as upper-case; characters without a glyph as blanks.
+struct Glyph {
+  char c;
+  std::array<uint8_t, 5> rows;
+};
+constexpr std::array<Glyph, 50> kFont{{
+    {'0', {7, 5, 5, 5, 7}}, {'1', {2, 6, 2, 2, 7}}, {'2', {7, 1, 7, 4, 7}}, {'3', {7, 1, 7, 1, 7}},
+    {'4', {5, 5, 7, 1, 1}}, {'5', {7, 4, 7, 1, 7}}, {'6', {7, 4, 7, 5, 7}}, {'7', {7, 1, 1, 2, 2}},
+    {'8', {7, 5, 7, 5, 7}}, {'9', {7, 5, 7, 1, 7}}, {'A', {2, 5, 7, 5, 5}}, {'B', {6, 5, 6, 5, 6}},
+    {'C', {3, 4, 4, 4, 3}}, {'D', {6, 5, 5, 5, 6}}, {'E', {7, 4, 6, 4, 7}}, {'F', {7, 4, 6, 4, 4}},
+    {'G', {3, 4, 5, 5, 3}}, {'H', {5, 5, 7, 5, 5}}, {'I', {7, 2, 2, 2, 7}}, {'J', {1, 1, 1, 5, 2}},
+    {'K', {5, 5, 6, 5, 5}}, {'L', {4, 4, 4, 4, 7}}, {'M', {5, 7, 7, 5, 5}}, {'N', {6, 5, 5, 5, 5}},
+    {'O', {2, 5, 5, 5, 2}}, {'P', {6, 5, 6, 4, 4}}, {'Q', {2, 5, 5, 6, 3}}, {'R', {6, 5, 6, 5, 5}},
+    {'S', {3, 4, 2, 1, 6}}, {'T', {7, 2, 2, 2, 2}}, {'U', {5, 5, 5, 5, 7}}, {'V', {5, 5, 5, 5, 2}},
+    {'W', {5, 5, 7, 7, 5}}, {'X', {5, 5, 2, 5, 5}}, {'Y', {5, 5, 2, 2, 2}}, {'Z', {7, 1, 2, 4, 7}},
+    {'.', {0, 0, 0, 0, 2}}, {'-', {0, 0, 7, 0, 0}}, {':', {0, 2, 0, 2, 0}}, {'%', {5, 1, 2, 4, 5}},
+    {'/', {1, 1, 2, 4, 4}}, {'(', {1, 2, 2, 2, 1}}, {')', {4, 2, 2, 2, 4}}, {'+', {0, 2, 7, 2, 0}},
+    {',', {0, 0, 0, 2, 4}}, {'_', {0, 0, 0, 0, 7}}, {'=', {0, 7, 0, 7, 0}}, {'[', {3, 2, 2, 2, 3}},
+    {']', {6, 2, 2, 2, 6}}, {' ', {0, 0, 0, 0, 0}},
+}};
+constexpr int kScale = 2;           // pixels per font dot
+constexpr int kCharW = 4 * kScale;  // 3 dots and a space
+constexpr int kCharH = 5 * kScale;
+constexpr Rgb kBlack{0, 0, 0}, kGrey{220, 220, 220}, kWhite{255, 255, 255};
+
+const Glyph* glyph(char c) {
+  const char up = c >= 'a' && c <= 'z' ? static_cast<char>(c - 'a' + 'A') : c;
+  for (const Glyph& g : kFont)
+    if (g.c == up) return &g;
+  return nullptr;
+}
+
+class Canvas {
+ public:
+  Canvas(int w, int h) : w_(w), h_(h), px_(static_cast<size_t>(w) * static_cast<size_t>(h) * 3, 255) {}
+
+  void set(int x, int y, Rgb c) {
+    if (x < 0 || y < 0 || x >= w_ || y >= h_) return;
+    const size_t i = (static_cast<size_t>(y) * static_cast<size_t>(w_) + static_cast<size_t>(x)) * 3;
+    px_[i] = c.r;
+    px_[i + 1] = c.g;
+    px_[i + 2] = c.b;
+  }
+  void rect(int x, int y, int w, int h, Rgb c) {
+    for (int j = y; j < y + h; ++j)
+      for (int i = x; i < x + w; ++i) set(i, j, c);
+  }
+  // Bresenham, `thick` pixels wide.
+  void line(int x0, int y0, int x1, int y1, Rgb c, int thick = 1) {
+    const int dx = std::abs(x1 - x0), dy = -std::abs(y1 - y0);
+    const int sx = x0 < x1 ? 1 : -1, sy = y0 < y1 ? 1 : -1;
+    int err = dx + dy;
+    for (;;) {
+      rect(x0 - thick / 2, y0 - thick / 2, thick, thick, c);
+      if (x0 == x1 && y0 == y1) break;
+      const int e2 = 2 * err;
+      if (e2 >= dy) {
+        err += dy;
+        x0 += sx;
+      }
+      if (e2 <= dx) {
+        err += dx;
+        y0 += sy;
+      }
+    }
+  }
+  void text(int x, int y, const std::string& s, Rgb c) {
+    for (char ch : s) {
+      if (const Glyph* g = glyph(ch))
+        for (int row = 0; row < 5; ++row)
+          for (int col = 0; col < 3; ++col)
+            if (g->rows[static_cast<size_t>(row)] & (4 >> col))
+              rect(x + col * kScale, y + row * kScale, kScale, kScale, c);
+      x += kCharW;
+    }
+  }
+  static int text_width(const std::string& s) { return static_cast<int>(s.size()) * kCharW - kScale; }
+
+  std::vector<uint8_t> png() const;
+
+ private:
+  int w_, h_;
+  std::vector<uint8_t> px_;
+};
+
+void append_bytes(png_structp png, png_bytep data, png_size_t n) {
+  auto* out = static_cast<std::vector<uint8_t>*>(png_get_io_ptr(png));
+  out->insert(out->end(), data, data + n);
+}
+
+// Runs libpng's writer; false when libpng reported an error (it longjmps back to the setjmp here,
+// which is why this function modifies no local after it).
+bool encode_png(png_structp png, png_infop info, png_bytepp rows, int w, int h, std::vector<uint8_t>* out) {
+  if (setjmp(png_jmpbuf(png))) return false;
+  png_set_write_fn(png, out, append_bytes, nullptr);
+  png_set_IHDR(png, info, static_cast<png_uint_32>(w), static_cast<png_uint_32>(h), 8, PNG_COLOR_TYPE_RGB,
+               PNG_INTERLACE_NONE, PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
+  png_write_info(png, info);
+  png_write_image(png, rows);
+  png_write_end(png, nullptr);
+  return true;
+}
+
+// Encodes into memory, so that no C++ exception crosses libpng.
+std::vector<uint8_t> Canvas::png() const {
+  std::vector<uint8_t> out;
+  png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, nullptr, nullptr, nullptr);
+  EF_CHECK(png != nullptr, "write_line_plot_png: png_create_write_struct failed");
+  png_infop info = png_create_info_struct(png);
+  std::vector<png_bytep> rows(static_cast<size_t>(h_));
+  for (int y = 0; y < h_; ++y)
+    rows[static_cast<size_t>(y)] =
+        const_cast<png_bytep>(px_.data() + static_cast<size_t>(y) * static_cast<size_t>(w_) * 3);
+  const bool ok = info != nullptr && encode_png(png, info, rows.data(), w_, h_, &out);
+  png_destroy_write_struct(&png, &info);
+  EF_CHECK(ok, "write_line_plot_png: libpng failed to encode the image");
+  return out;
+}
+
+// About `target` ticks at multiples of 1, 2 or 5 times a power of ten covering [lo, hi].
+std::vector<double> nice_ticks(double lo, double hi, int target = 6) {
+  const double raw = (hi - lo) / target;
+  const double mag = std::pow(10.0, std::floor(std::log10(raw)));
+  double step = mag;
+  for (double m : {1.0, 2.0, 5.0, 10.0})
+    if (raw <= m * mag) {
+      step = m * mag;
+      break;
+    }
+  std::vector<double> ticks;
+  for (double t = std::ceil(lo / step - 1e-9) * step; t <= hi + 1e-9 * step; t += step)
+    ticks.push_back(std::abs(t) < 1e-12 * step ? 0.0 : t);
+  return ticks;
+}
+
+std::string tick_label(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%g", v);
+  return buf;
+}
+
+}  // namespace
+
+void write_line_plot_png(const std::string& path, const LinePlot& plot) {
+  double x_lo = 0, x_hi = -INFINITY, y_lo = 0, y_hi = -INFINITY;  // both axes include 0
+  for (const Series& s : plot.series) {
+    EF_CHECK(s.x.size() == s.y.size(), "write_line_plot_png: series \"", s.label, "\" has ", s.x.size(),
+             " x values and ", s.y.size(), " y values");
+    for (size_t i = 0; i < s.x.size(); ++i) {
+      x_lo = std::min(x_lo, s.x[i]);
+      x_hi = std::max(x_hi, s.x[i]);
+      y_lo = std::min(y_lo, s.y[i]);
+      y_hi = std::max(y_hi, s.y[i]);
+    }
+  }
+  if (!(x_hi > x_lo)) x_hi = x_lo + 1;  // no points, or all at x = 0
+  if (!(y_hi > y_lo)) y_hi = y_lo + 1;
+  const std::vector<double> xt = nice_ticks(x_lo, x_hi), yt = nice_ticks(y_lo, y_hi);
+  x_lo = std::min(x_lo, xt.front()), x_hi = std::max(x_hi, xt.back());
+  y_lo = std::min(y_lo, yt.front()), y_hi = std::max(y_hi, yt.back());
+
+  Canvas c(plot.width, plot.height);
+  const int left = 80, right = plot.width - 30, top = 50, bottom = plot.height - 60;
+  auto px = [&](double x) { return left + static_cast<int>(std::lround((x - x_lo) / (x_hi - x_lo) * (right - left))); };
+  auto py = [&](double y) {
+    return bottom - static_cast<int>(std::lround((y - y_lo) / (y_hi - y_lo) * (bottom - top)));
+  };
+
+  for (double t : xt) {  // grid, ticks, labels
+    const std::string l = tick_label(t);
+    c.line(px(t), top, px(t), bottom, kGrey);
+    c.line(px(t), bottom, px(t), bottom + 5, kBlack);
+    c.text(px(t) - Canvas::text_width(l) / 2, bottom + 10, l, kBlack);
+  }
+  for (double t : yt) {
+    const std::string l = tick_label(t);
+    c.line(left, py(t), right, py(t), kGrey);
+    c.line(left - 5, py(t), left, py(t), kBlack);
+    c.text(left - 10 - Canvas::text_width(l), py(t) - kCharH / 2, l, kBlack);
+  }
+  c.line(left, top, left, bottom, kBlack);
+  c.line(left, bottom, right, bottom, kBlack);
+  c.text((plot.width - Canvas::text_width(plot.title)) / 2, 15, plot.title, kBlack);
+  c.text((left + right - Canvas::text_width(plot.x_label)) / 2, bottom + 35, plot.x_label, kBlack);
+  c.text(10, top - 25, plot.y_label, kBlack);
+
+  for (const Series& s : plot.series) {
+    for (size_t i = 0; i + 1 < s.x.size(); ++i)
+      c.line(px(s.x[i]), py(s.y[i]), px(s.x[i + 1]), py(s.y[i + 1]), s.color, 2);
+    for (size_t i = 0; i < s.x.size(); ++i) c.rect(px(s.x[i]) - 3, py(s.y[i]) - 3, 7, 7, s.color);
+  }
+
+  // Legend, top right, on a white box.
+  int legend_w = 0;
+  for (const Series& s : plot.series) legend_w = std::max(legend_w, Canvas::text_width(s.label));
+  const int lx = right - legend_w - 50, ly = top + 10, row_h = kCharH + 8;
+  c.rect(lx - 8, ly - 6, legend_w + 50, static_cast<int>(plot.series.size()) * row_h + 6, kWhite);
+  for (size_t i = 0; i < plot.series.size(); ++i) {
+    const int y = ly + static_cast<int>(i) * row_h;
+    c.line(lx, y + kCharH / 2, lx + 24, y + kCharH / 2, plot.series[i].color, 3);
+    c.text(lx + 32, y, plot.series[i].label, kBlack);
+  }
+
+  const std::vector<uint8_t> bytes = c.png();
+  io::write_file_atomically(path, [&](io::OutputFile& f) { f.write(bytes.data(), bytes.size()); });
+}
+
+}  // namespace evenflow::apps
