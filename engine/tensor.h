@@ -93,7 +93,7 @@ class Tensor {
   bool is_leaf() const;
   const std::shared_ptr<Node>& grad_fn() const;
   uint32_t output_nr() const;
-  Tensor grad() const;             // undefined until a backward pass reaches this leaf
+  Tensor grad() const;                   // undefined until a backward pass reaches this leaf
   void set_grad(const Tensor& g) const;  // undefined g clears it
   // A gradient flowing into this non-leaf tensor is kept in grad() too (PyTorch's retain_grad).
   Tensor& retain_grad();

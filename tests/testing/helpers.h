@@ -8,7 +8,9 @@
 
 namespace evenflow::testing {
 
-inline std::vector<double> vals(const Tensor& t) { return t.to_vector(); }
+inline std::vector<double> vals(const Tensor& t) {
+  return t.to_vector();
+}
 
 // The message of the ef::Error that f throws, or "(no error)".
 template <typename F>
