@@ -100,7 +100,9 @@ struct GradOptions {
 std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
                          const std::vector<Tensor>& grad_outputs = {}, const GradOptions& opts = {});
 
-// Accumulates gradients of `outputs` into the .grad() of every leaf they depend on.
+// Accumulates gradients of `outputs` into the .grad() of every leaf they depend on. With
+// create_graph=true a leaf's .grad() holds a graph that refers back to the leaf: a reference cycle
+// (as in PyTorch), so clear .grad() (set_grad(Tensor())) when done with it; grad() has no such cycle.
 void backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>& grad_outputs = {},
               bool retain_graph = false, bool create_graph = false);
 

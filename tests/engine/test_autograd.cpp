@@ -117,6 +117,7 @@ TEST_CASE("accumulated gradients are differentiable under create_graph") {
   REQUIRE(gx.requires_grad());
   const Tensor ggx = grad({sum(gx)}, {x})[0];
   CHECK(ggx.item() == doctest::Approx(18));
+  x.set_grad(Tensor());  // x.grad's graph refers to x: clearing it breaks the cycle (see backward())
 }
 
 TEST_CASE("retain_grad keeps a non-leaf's gradient") {
