@@ -807,7 +807,6 @@ void copy_(const Tensor& dst, const Tensor& src) {
   detail::check_defined("copy_", src, "source");
   EF_CHECK(dst.device() == src.device(), "copy_: destination is on ", dst.device().str(), ", source on ",
            src.device().str(), " (copy to the device first with .to)");
-  detail::broadcast_shapes("copy_", src.shape(), dst.shape());
   EF_CHECK(detail::broadcast_shapes("copy_", src.shape(), dst.shape()) == dst.shape(), "copy_: source shape ",
            shape_str(src.shape()), " does not broadcast to destination shape ", shape_str(dst.shape()));
   if (dst.numel() > 0) backend_of(dst).copy(dst.view(), detail::broadcast_view(src, dst.shape()));
