@@ -97,11 +97,9 @@ DataLoader::Run::Slot DataLoader::Run::make(int64_t k, int worker) const {
     RandomStream rng(o.seed, {static_cast<uint64_t>(epoch), static_cast<uint64_t>(k)});
     for (const auto& t : o.transforms) b = (*t)(std::move(b), rng);
     if (o.device) {
-      // TODO(cuda): pageable host memory makes these copies synchronous. Overlapping them with
-      // compute needs pinned host buffers and an async host-to-device copy on the device's stream,
-      // which the engine's Backend interface does not offer yet (no pinned allocation, no async
-      // copy, no event to wait on). Until it does, the copy happens here, on the worker, so at
-      // least it overlaps with the consumer's work.
+      // On a CUDA device the copy goes through page-locked staging memory and is asynchronous on
+      // the device's stream (Note [Host-to-device copies] in cuda_backend.cu): the worker does not
+      // wait for the step the consumer queued, and the batch is ready when the stream reaches it.
       b.images = b.images.to(*o.device);
       b.labels = b.labels.to(*o.device);
     }

@@ -74,6 +74,8 @@ class Backend {
   // turns that into an ef::Error with the device's statistics).
   virtual void* raw_alloc(size_t nbytes) = 0;
   virtual void raw_free(void* ptr) = 0;
+  // copy_from_host returns as soon as src may be reused; the copy may still be in flight, ordered
+  // before any later work on this device. copy_to_host returns when dst holds the bytes.
   virtual void copy_from_host(void* dst, const void* src, size_t nbytes) = 0;
   virtual void copy_to_host(void* dst, const void* src, size_t nbytes) = 0;
   // Waits for all work queued on this device (a no-op on CPU devices).

@@ -3,18 +3,19 @@
 # batch, optimizer, epochs and threads. Prints per epoch the training seconds of each and the ratio
 # ours / theirs (< 1: we are faster), and the test accuracies.
 #   scripts/bench_classify.sh [--epochs N] [--threads T] [--device cpu:0] [--limit-steps K]
-#                             [--build DIR] [--data DIR]
+#                             [--seed S] [--build DIR] [--data DIR]
 # --limit-steps K stops both after K steps (a quick smoke run); the lead runs the full benchmark.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-epochs=1 threads=$(nproc) device=cpu:0 limit=0 build=build data=/usr/share/datasets/fashion-mnist
+epochs=1 threads=$(nproc) device=cpu:0 limit=0 seed=0 build=build data=/usr/share/datasets/fashion-mnist
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --epochs) epochs=$2; shift 2 ;;
     --threads) threads=$2; shift 2 ;;
     --device) device=$2; shift 2 ;;
     --limit-steps) limit=$2; shift 2 ;;
+    --seed) seed=$2; shift 2 ;;
     --build) build=$2; shift 2 ;;
     --data) data=$2; shift 2 ;;
     *) echo "bench_classify.sh: unknown argument $1" >&2; exit 2 ;;
@@ -25,12 +26,12 @@ torch_device=${device/cpu:*/cpu}
 
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
-echo "== evenflow classify: $epochs epoch(s), $threads thread(s), $device" >&2
+echo "== evenflow classify: $epochs epoch(s), $threads thread(s), $device, seed $seed" >&2
 "$build/apps/classify" --epochs "$epochs" --threads "$threads" --device "$device" --data "$data" \
-  --steps "$limit" --out "$out/ef" >&2
+  --steps "$limit" --seed "$seed" --out "$out/ef" >&2
 echo "== PyTorch $(/usr/bin/python3 -c 'import torch; print(torch.__version__)')" >&2
 /usr/bin/python3 scripts/classify_torch.py --epochs "$epochs" --threads "$threads" --device "$torch_device" \
-  --data "$data" --limit-steps "$limit" | tee "$out/torch.txt" >&2
+  --data "$data" --limit-steps "$limit" --seed "$seed" | tee "$out/torch.txt" >&2
 
 # metrics.csv: epoch,step,train_loss,test_loss,test_accuracy,seconds,images_per_s
 awk -F, 'NR > 1 { print $6, $5 }' "$out/ef/metrics.csv" > "$out/ef.txt"

@@ -2,6 +2,8 @@
 // stream on its GPU, lazily created cuBLAS/cuDNN handles bound to that stream, and a scratch buffer
 // for library workspaces. Here: construction, memory, host and peer copies, library state, and the
 // entry points of cuda_backend.h. The kernels are in cuda_kernels.cu, convolutions in cuda_conv.cu.
+#include <cstring>
+#include <memory>
 #include <set>
 #include <utility>
 
@@ -26,6 +28,9 @@ CudaBackend::~CudaBackend() {
   if (cudnn_ != nullptr) CUDNN_CHECK_PRINT(cudnnDestroy(cudnn_));
   if (cublas_ != nullptr) CUBLAS_CHECK_PRINT(cublasDestroy(cublas_));
   if (scratch_ != nullptr) CUDA_CHECK_PRINT(cudaFree(scratch_));
+  for (auto& [size_class, buffers] : staging_free_) {
+    for (void* buffer : buffers) CUDA_CHECK_PRINT(cudaFreeHost(buffer));
+  }
   CUDA_CHECK_PRINT(cudaStreamDestroy(stream_));
 }
 
@@ -57,13 +62,78 @@ void CudaBackend::raw_free(void* ptr) {
   CUDA_CHECK_PRINT(cudaFree(ptr));
 }
 
-// Host memory is pageable; the copy is staged by the driver and we wait for it, so the caller may
-// reuse its buffer as soon as we return.
+// Note [Host-to-device copies]
+// copy_from_host lets the caller reuse its buffer as soon as it returns, and never makes it wait
+// for the device: a data-loader thread uploading the next batch must not wait for the training step
+// queued before it (a cudaMemcpy from pageable memory would, and would stall the stream while the
+// driver stages the bytes). So the bytes go first into a page-locked staging buffer; the staging
+// buffer is copied to the device with cudaMemcpyAsync on the device's stream (a DMA, ordered before
+// the kernels that will read dst); and a host function queued behind the copy hands the staging
+// buffer back to a free list. Staging buffers are recycled by size class (powers of two from 64 KiB)
+// and freed with the backend. Copies above kMaxStagedBytes are rare (weights loaded once) and are
+// made synchronously from pageable memory instead, so the pool stays small.
+namespace {
+constexpr size_t kMinStagedBytes = size_t{64} << 10;
+constexpr size_t kMaxStagedBytes = size_t{64} << 20;
+
+size_t staging_class(size_t nbytes) {
+  size_t c = kMinStagedBytes;
+  while (c < nbytes) c *= 2;
+  return c;
+}
+
+struct StagingReturn {
+  CudaBackend* backend;
+  size_t size_class;
+  void* buffer;
+};
+}  // namespace
+
+void* CudaBackend::acquire_staging(size_t size_class) {
+  {
+    std::lock_guard<std::mutex> lock(staging_mu_);
+    auto& free_list = staging_free_[size_class];
+    if (!free_list.empty()) {
+      void* buffer = free_list.back();
+      free_list.pop_back();
+      return buffer;
+    }
+  }
+  void* buffer = nullptr;
+  CUDA_CHECK(cudaHostAlloc(&buffer, size_class, cudaHostAllocPortable));
+  return buffer;
+}
+
+// Runs on a CUDA driver thread once the copy out of the buffer is done; it must not call CUDA.
+void CUDART_CB CudaBackend::release_staging(void* user_data) {
+  std::unique_ptr<StagingReturn> r(static_cast<StagingReturn*>(user_data));
+  std::lock_guard<std::mutex> lock(r->backend->staging_mu_);
+  r->backend->staging_free_[r->size_class].push_back(r->buffer);
+}
+
 void CudaBackend::copy_from_host(void* dst, const void* src, size_t nbytes) {
   if (nbytes == 0) return;
   activate();
-  CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyHostToDevice, stream_));
-  CUDA_CHECK(cudaStreamSynchronize(stream_));
+  if (nbytes > kMaxStagedBytes) {
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyHostToDevice, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    return;
+  }
+  const size_t size_class = staging_class(nbytes);
+  void* staging = acquire_staging(size_class);
+  std::memcpy(staging, src, nbytes);
+  auto give_back = std::make_unique<StagingReturn>(StagingReturn{this, size_class, staging});
+  const cudaError_t copy_status = cudaMemcpyAsync(dst, staging, nbytes, cudaMemcpyHostToDevice, stream_);
+  const cudaError_t enqueue_status =
+      copy_status == cudaSuccess ? cudaLaunchHostFunc(stream_, &CudaBackend::release_staging, give_back.get())
+                                 : copy_status;
+  if (enqueue_status != cudaSuccess) {
+    // Nothing will give the buffer back: wait for whatever was queued, then return it ourselves.
+    CUDA_CHECK_PRINT(cudaStreamSynchronize(stream_));
+    release_staging(give_back.release());
+    CUDA_CHECK(enqueue_status);
+  }
+  (void)give_back.release();  // the host function owns it now
 }
 
 void CudaBackend::copy_to_host(void* dst, const void* src, size_t nbytes) {

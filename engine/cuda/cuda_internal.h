@@ -9,6 +9,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "engine/backend.h"
 #include "engine/cuda/cuda_check.h"
@@ -89,6 +90,9 @@ class CudaBackend final : public Backend {
 
  private:
   void check_held(const Lock& held) const;
+  // Page-locked staging buffers for copy_from_host (Note [Host-to-device copies]).
+  void* acquire_staging(size_t size_class);
+  static void CUDART_CB release_staging(void* user_data);
 
   int logical_index_;
   int physical_id_;
@@ -101,6 +105,9 @@ class CudaBackend final : public Backend {
   void* scratch_ = nullptr;
   size_t scratch_bytes_ = 0;
   std::map<ConvKey, ConvAlgo> conv_algos_;
+
+  std::mutex staging_mu_;
+  std::map<size_t, std::vector<void*>> staging_free_;  // by size class
 };
 
 }  // namespace evenflow::cuda_backend

@@ -81,6 +81,26 @@ TEST_CASE("cuda: copies between host, device and logical devices") {
         randn({257}, {.dtype = kFloat64, .device = cuda(0)}).to_vector());
 }
 
+TEST_CASE("cuda: a host-to-device copy lets the caller reuse its buffer at once") {
+  if (!have_cuda()) return;
+  // Queue work first so the copies below are still in flight when the host buffer changes
+  // (Note [Host-to-device copies]): each upload must hold the values the buffer had at its call.
+  const Tensor busy = randn({2048, 2048}, {.device = cuda(0)});
+  for (int i = 0; i < 8; ++i) (void)matmul(busy, busy);
+  Tensor host = zeros({100000}, {.dtype = kFloat64});
+  std::vector<Tensor> uploads;
+  for (int i = 0; i < 32; ++i) {
+    host.fill_(i);
+    uploads.push_back(host.to(cuda(0)));
+  }
+  for (int i = 0; i < 32; ++i) CHECK(uploads[static_cast<size_t>(i)].sum().item() == 100000.0 * i);
+  // Above the staging limit the copy is synchronous, with the same guarantee.
+  Tensor big = full({int64_t{10} << 20}, 3.0, {.dtype = kFloat64});  // 80 MiB
+  const Tensor big_on_gpu = big.to(cuda(0));
+  big.fill_(0.0);
+  CHECK(big_on_gpu.sum().item() == 3.0 * (int64_t{10} << 20));
+}
+
 TEST_CASE("cuda: an allocation failure is an ef::Error with the device's statistics") {
   if (!have_cuda()) return;
   std::string message;
