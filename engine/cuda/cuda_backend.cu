@@ -124,9 +124,9 @@ void CudaBackend::copy_from_host(void* dst, const void* src, size_t nbytes) {
   std::memcpy(staging, src, nbytes);
   auto give_back = std::make_unique<StagingReturn>(StagingReturn{this, size_class, staging});
   const cudaError_t copy_status = cudaMemcpyAsync(dst, staging, nbytes, cudaMemcpyHostToDevice, stream_);
-  const cudaError_t enqueue_status =
-      copy_status == cudaSuccess ? cudaLaunchHostFunc(stream_, &CudaBackend::release_staging, give_back.get())
-                                 : copy_status;
+  const cudaError_t enqueue_status = copy_status == cudaSuccess
+                                         ? cudaLaunchHostFunc(stream_, &CudaBackend::release_staging, give_back.get())
+                                         : copy_status;
   if (enqueue_status != cudaSuccess) {
     // Nothing will give the buffer back: wait for whatever was queued, then return it ourselves.
     CUDA_CHECK_PRINT(cudaStreamSynchronize(stream_));
