@@ -75,9 +75,14 @@ class AccumulateGrad final : public Node {
   std::vector<Tensor> apply(const std::vector<Tensor>& grads) override {
     const Tensor& g = grads[0];
     TensorImpl* impl = leaf_.impl();
-    std::lock_guard<std::mutex> lock(impl->grad_mu);
-    Tensor incoming = grad_enabled() ? g : g.detach();
-    impl->grad = impl->grad.defined() ? add(impl->grad, incoming) : incoming;
+    std::function<void(const Tensor&)> hook;
+    {
+      std::lock_guard<std::mutex> lock(impl->grad_mu);
+      Tensor incoming = grad_enabled() ? g : g.detach();
+      impl->grad = impl->grad.defined() ? add(impl->grad, incoming) : incoming;
+      hook = impl->post_accumulate_hook;
+    }
+    if (hook) hook(leaf_);
     return {};
   }
   void release() override {}
@@ -95,6 +100,13 @@ std::shared_ptr<Node> grad_accumulator(const Tensor& leaf) {
     impl->grad_accumulator = node;
   }
   return node;
+}
+
+void set_post_accumulate_hook(const Tensor& leaf, std::function<void(const Tensor&)> hook) {
+  EF_CHECK(leaf.defined() && leaf.requires_grad() && !leaf.grad_fn(),
+           "set_post_accumulate_hook: needs a leaf tensor that requires grad");
+  std::lock_guard<std::mutex> lock(leaf.impl()->grad_mu);
+  leaf.impl()->post_accumulate_hook = std::move(hook);
 }
 
 static Edge edge_of(const Tensor& t) {
@@ -182,9 +194,13 @@ std::vector<Tensor> take_grads(GraphTask& task, Node* node) {
   return grads;
 }
 
+thread_local GraphTask* tls_running_task = nullptr;
+
 void run_node(const std::shared_ptr<GraphTask>& task, Node* node) {
   std::vector<Tensor> input_grads;
   std::string failure;
+  GraphTask* const outer_task = tls_running_task;  // a grad() inside a node runs nodes of its own
+  tls_running_task = task.get();
   try {
     GradModeGuard mode(task->create_graph);
     bool failed;
@@ -223,6 +239,7 @@ void run_node(const std::shared_ptr<GraphTask>& task, Node* node) {
   } catch (...) {
     failure = str_cat_backward(node, "unknown exception");
   }
+  tls_running_task = outer_task;
 
   std::vector<Node*> ready;
   Worker* to_wake = nullptr;
@@ -258,6 +275,13 @@ void schedule(const std::shared_ptr<GraphTask>& task, Node* node) {
 }
 
 }  // namespace
+
+bool backward_pass_failed() {
+  GraphTask* task = tls_running_task;
+  if (task == nullptr) return false;
+  std::lock_guard<std::mutex> lock(task->mu);
+  return !task->error.empty();
+}
 
 static std::vector<Tensor> run_backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>& grad_outputs,
                                         const std::vector<Tensor>* inputs, bool retain_graph, bool create_graph,

@@ -88,12 +88,21 @@ void record(const char* name, const std::vector<Tensor>& outputs, const std::vec
 bool any_requires_grad(const std::vector<Tensor>& inputs);
 // The AccumulateGrad node of a leaf that requires grad (created on first use).
 std::shared_ptr<Node> grad_accumulator(const Tensor& leaf);
+// Runs hook(leaf) each time backward() has accumulated a gradient into leaf.grad(), on the worker
+// thread that did it, after the accumulation (an empty hook removes it). An exception from the hook
+// fails the backward pass. grad() never calls it: it does not touch .grad().
+void set_post_accumulate_hook(const Tensor& leaf, std::function<void(const Tensor&)> hook);
 
 struct GradOptions {
   bool create_graph = false;
   std::optional<bool> retain_graph = std::nullopt;  // default: create_graph
   bool allow_unused = false;
 };
+
+// True on a thread running a backward node of a pass that has already failed elsewhere (another
+// device's node threw). Code that waits for other devices inside a node (a collective) polls it,
+// so that it stops waiting for a partner that will never come.
+bool backward_pass_failed();
 
 // Gradients of `outputs` with respect to `inputs`, without touching any .grad(). grad_outputs may
 // be empty when every output is a one-element tensor.

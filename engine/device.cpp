@@ -130,6 +130,14 @@ std::string cuda_unavailable_reason() {
   return r.logical_to_physical.empty() ? r.cuda_why_none : std::string();
 }
 
+int cuda_physical_id(const Device& d) {
+  EF_CHECK(d.is_cuda(), "cuda_physical_id: ", d.str(), " is not a CUDA device");
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  check_device_locked(r, d);
+  return r.logical_to_physical[static_cast<size_t>(d.index)];
+}
+
 void set_cuda_logical_devices(const std::vector<int>& physical_ids) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);

@@ -48,6 +48,8 @@ std::string cuda_unavailable_reason();
 // Maps logical CUDA devices to physical GPUs, e.g. {0, 0, 0, 0}: four logical devices on GPU 0.
 // Must be called before any CUDA device is used. Also read from EF_CUDA_DEVICES="0,0,0,0".
 void set_cuda_logical_devices(const std::vector<int>& physical_ids);
+// The physical GPU behind a logical CUDA device (ef::Error for a CPU or unknown device).
+int cuda_physical_id(const Device& d);
 
 // Throws ef::Error naming the device when it does not exist here.
 void check_device(const Device& d);

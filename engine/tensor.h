@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <iosfwd>
 #include <memory>
 #include <mutex>
@@ -153,6 +154,9 @@ struct TensorImpl {
   std::mutex grad_mu;
   std::weak_ptr<Node> grad_accumulator;
   Tensor grad;
+  // Called (with the leaf) after backward() accumulated into grad, on the worker that did it; the
+  // data-parallel gradient buckets use it. Set it with set_post_accumulate_hook (autograd.h).
+  std::function<void(const Tensor&)> post_accumulate_hook;
 };
 
 std::ostream& operator<<(std::ostream& os, const Tensor& t);

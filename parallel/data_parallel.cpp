@@ -1,0 +1,295 @@
+#include "parallel/data_parallel.h"
+
+#include <condition_variable>
+#include <mutex>
+
+namespace evenflow::parallel {
+
+// Note [Gradient buckets]
+// Each replica parameter's post-accumulate hook (engine/autograd.h) tells GradientSync that rank r's
+// gradient of parameter i is final for this backward pass; it runs on rank r's worker. Parameters
+// are grouped into buckets in reverse registration order. When every active rank has reported every
+// parameter of a bucket, the thread that reported last all-reduces the bucket's gradients (one call
+// for all ranks, Communicator::all_reduce_in_place), while the other workers go on with backward.
+// Nobody waits for anybody during backward, so a backward that also runs collectives (SyncBatchNorm)
+// cannot deadlock against the buckets. finish() waits for buckets in flight and reduces the ones
+// that never completed: parameters no replica used this time, or ranks that had no data (their
+// gradients count as zeros). A gradient arriving for a parameter already synchronized since the
+// last reset would be summed twice, so it is an error (use no_sync for accumulation).
+class GradientSync {
+ public:
+  GradientSync(std::vector<std::vector<Tensor>> params, std::vector<std::string> names,
+               std::shared_ptr<Communicator> comm, size_t bucket_bytes)
+      : params_(std::move(params)), names_(std::move(names)), comm_(std::move(comm)) {
+    const size_t n = params_[0].size();
+    bucket_of_.resize(n);
+    size_t bytes = 0;
+    for (size_t j = n; j-- > 0;) {
+      const Tensor& p = params_[0][j];
+      const size_t nbytes = static_cast<size_t>(p.numel()) * dtype_size(p.dtype());
+      if (buckets_.empty() || (bytes > 0 && bytes + nbytes > bucket_bytes)) {
+        buckets_.emplace_back();
+        bytes = 0;
+      }
+      buckets_.back().params.push_back(j);
+      bytes += nbytes;
+      bucket_of_[j] = buckets_.size() - 1;
+    }
+    ready_.assign(n, std::vector<char>(params_.size(), 0));
+    reset();
+  }
+
+  void pause(bool on) { no_sync_depth_ += on ? 1 : -1; }
+
+  void on_ready(int rank, size_t param) {
+    if (no_sync_depth_.load() > 0) return;
+    Bucket* to_reduce = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      Bucket& b = buckets_[bucket_of_[param]];
+      char& flag = ready_[param][static_cast<size_t>(rank)];
+      EF_CHECK(!flag && b.state == Bucket::Waiting, "data parallel: replica ", rank, "'s parameter '", names_[param],
+               "' received a gradient again after it was synchronized; run all but the last backward of an "
+               "accumulation under no_sync(), and zero_grad() between steps");
+      flag = 1;
+      if (--b.pending == 0) {
+        b.state = Bucket::Reducing;
+        to_reduce = &b;
+      }
+    }
+    if (to_reduce != nullptr) reduce(*to_reduce);
+  }
+
+  void finish() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] {
+      for (const Bucket& b : buckets_)
+        if (b.state == Bucket::Reducing) return false;
+      return true;
+    });
+    for (Bucket& b : buckets_) {
+      if (b.state != Bucket::Waiting) continue;
+      b.state = Bucket::Reducing;
+      lock.unlock();
+      reduce(b);
+      lock.lock();
+    }
+  }
+
+  void reset() {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& r : ready_) std::fill(r.begin(), r.end(), 0);
+    for (Bucket& b : buckets_) {
+      b.state = Bucket::Waiting;
+      b.pending = static_cast<int>(b.params.size()) * static_cast<int>(params_.size());
+    }
+  }
+
+ private:
+  struct Bucket {
+    enum State { Waiting, Reducing, Reduced };
+    std::vector<size_t> params;
+    int pending = 0;
+    State state = Waiting;
+  };
+
+  // Sums each parameter's gradients over ranks into every rank's gradient. A rank without one
+  // (idle, or the parameter unused there) contributes zeros; a parameter no rank has stays without.
+  void reduce(Bucket& b) {
+    std::string error;
+    try {
+      for (size_t j : b.params) {
+        bool any = false;
+        for (const auto& rank_params : params_) any = any || rank_params[j].grad().defined();
+        if (!any) continue;
+        std::vector<Tensor> grads;
+        for (const auto& rank_params : params_) {
+          const Tensor& p = rank_params[j];
+          if (!p.grad().defined()) p.set_grad(zeros_like(p));
+          grads.push_back(p.grad());
+        }
+        comm_->all_reduce_in_place(grads);
+      }
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      b.state = Bucket::Reduced;
+    }
+    cv_.notify_all();
+    EF_CHECK(error.empty(), "data parallel: gradient all-reduce failed: ", error);
+  }
+
+  std::vector<std::vector<Tensor>> params_;  // [rank][parameter]
+  std::vector<std::string> names_;
+  std::shared_ptr<Communicator> comm_;
+  std::vector<Bucket> buckets_;
+  std::vector<size_t> bucket_of_;
+  std::vector<std::vector<char>> ready_;  // [parameter][rank]
+  std::atomic<int> no_sync_depth_{0};
+  std::mutex mu_;
+  std::condition_variable cv_;
+};
+
+DataParallelModel::DataParallelModel(std::shared_ptr<nn::Module> module, std::vector<Device> devices,
+                                     const DataParallelOptions& options)
+    : group_(std::make_unique<DeviceGroup>(std::move(devices))) {
+  EF_CHECK(module != nullptr, "DataParallelModel: no module given");
+  group_->set_timeout(options.collective_timeout);
+  module->to(group_->device(0));
+  replicas_.push_back(std::move(module));
+  for (int r = 1; r < group_->size(); ++r) {
+    std::shared_ptr<nn::Module> copy = replicas_[0]->clone();
+    copy->to(group_->device(r));
+    replicas_.push_back(std::move(copy));
+  }
+  std::vector<std::vector<Tensor>> params;
+  for (const auto& m : replicas_) params.push_back(m->parameters());
+  std::vector<std::string> names;
+  for (const auto& [name, p] : replicas_[0]->named_parameters()) names.push_back(name);
+  if (!params[0].empty()) {
+    sync_ = std::make_shared<GradientSync>(params, std::move(names), group_->comm(), options.bucket_bytes);
+    const std::weak_ptr<GradientSync> weak = sync_;
+    for (size_t r = 0; r < params.size(); ++r) {
+      for (size_t j = 0; j < params[r].size(); ++j) {
+        set_post_accumulate_hook(params[r][j], [weak, r, j](const Tensor&) {
+          if (auto s = weak.lock()) s->on_ready(static_cast<int>(r), j);
+        });
+      }
+    }
+  }
+}
+
+DataParallelModel::~DataParallelModel() {
+  for (const auto& m : replicas_)
+    for (const Tensor& p : m->parameters()) set_post_accumulate_hook(p, nullptr);
+}
+
+PerDevice<Tensor> DataParallelModel::scatter(const Tensor& batch) const {
+  EF_CHECK(batch.defined() && batch.dim() >= 1, "DataParallelModel::scatter: needs a batch with a leading dim");
+  const std::vector<int64_t> sizes = split_sizes(batch.size(0), group_->size());
+  return parallel::scatter(
+      batch, sizes, std::vector<Device>(devices().begin(), devices().begin() + static_cast<ptrdiff_t>(sizes.size())));
+}
+
+PerDevice<Tensor> DataParallelModel::forward(const PerDevice<Tensor>& inputs) {
+  const int k = static_cast<int>(inputs.size());
+  EF_CHECK(k >= 1 && k <= size(), "DataParallelModel: ", k, " inputs for ", size(), " devices");
+  for (int r = 0; r < k; ++r) {
+    const Tensor& x = inputs[static_cast<size_t>(r)];
+    EF_CHECK(x.defined(), "DataParallelModel: input ", r, " is undefined");
+    EF_CHECK(x.device() == group_->device(r), "DataParallelModel: input ", r, " is on ", x.device().str(),
+             ", but replica ", r, " is on ", group_->device(r).str(), " (use scatter)");
+  }
+  if (replicas_[0]->is_training()) {
+    // Buffers follow replica 0 (the rule in data_parallel.h).
+    NoGradGuard no_grad;
+    const auto sources = replicas_[0]->buffers();
+    for (size_t r = 1; r < replicas_.size(); ++r) {
+      const auto targets = replicas_[r]->buffers();
+      for (size_t i = 0; i < sources.size(); ++i) targets[i].copy_(sources[i].to(targets[i].device()));
+    }
+  }
+  return map(k, [&](nn::Module& replica, int rank) { return replica.forward(inputs[static_cast<size_t>(rank)]); });
+}
+
+PerDevice<Tensor> DataParallelModel::map(int active, const std::function<Tensor(nn::Module&, int)>& fn) {
+  EF_CHECK(active >= 1 && active <= size(), "DataParallelModel::map: ", active, " active devices of ", size());
+  PerDevice<Tensor> out(static_cast<size_t>(active));
+  group_->run([&](int rank) { out[static_cast<size_t>(rank)] = fn(*replicas_[static_cast<size_t>(rank)], rank); },
+              active);
+  return out;
+}
+
+void DataParallelModel::train(bool on) {
+  for (const auto& m : replicas_) m->train(on);
+}
+
+DataParallelModel::NoSync::NoSync(DataParallelModel& m) : model_(m) {
+  if (model_.sync_) model_.sync_->pause(true);
+}
+DataParallelModel::NoSync::~NoSync() {
+  if (model_.sync_) model_.sync_->pause(false);
+}
+
+void DataParallelModel::finish_gradient_sync() {
+  if (sync_) sync_->finish();
+}
+
+void DataParallelModel::reset_gradient_sync() {
+  if (sync_) sync_->reset();
+}
+
+void DataParallelModel::check_replicas() const {
+  const nn::NamedTensors reference = replicas_[0]->state_dict();
+  for (size_t r = 1; r < replicas_.size(); ++r) {
+    const nn::NamedTensors other = replicas_[r]->state_dict();
+    for (size_t i = 0; i < reference.size(); ++i) {
+      const Tensor a = reference[i].second.to(cpu()).to(kFloat64);
+      const Tensor b = other[i].second.to(cpu()).to(kFloat64);
+      const double diff = a.numel() == 0 ? 0.0 : amax(abs(a - b)).item();
+      EF_CHECK(diff == 0.0, "data parallel: replica ", r, " on ", group_->device(static_cast<int>(r)).str(),
+               " differs from replica 0 in '", reference[i].first, "' (largest difference ", diff, ")");
+    }
+  }
+}
+
+// --- DataParallelCriterion ---------------------------------------------------------------------------
+
+DataParallelCriterion::DataParallelCriterion(DataParallelModel& model, Loss loss, ChunkWeighting weighting)
+    : model_(model), loss_(std::move(loss)), weighting_(weighting) {}
+
+Tensor DataParallelCriterion::operator()(const PerDevice<Tensor>& outputs, const PerDevice<Tensor>& targets) const {
+  EF_CHECK(loss_ != nullptr, "DataParallelCriterion: constructed without a loss; pass one, or a per-rank function");
+  EF_CHECK(outputs.size() == targets.size(), "DataParallelCriterion: ", outputs.size(), " outputs but ", targets.size(),
+           " targets");
+  std::vector<int64_t> sizes;
+  for (size_t r = 0; r < outputs.size(); ++r) {
+    EF_CHECK(outputs[r].defined() && outputs[r].dim() >= 1, "DataParallelCriterion: output ", r,
+             " is undefined or a scalar");
+    EF_CHECK(targets[r].defined() && targets[r].device() == outputs[r].device(), "DataParallelCriterion: target ", r,
+             " is not on output ", r, "'s device ", outputs[r].device().str());
+    sizes.push_back(outputs[r].size(0));
+  }
+  return (*this)(
+      [&](int rank) { return loss_(outputs[static_cast<size_t>(rank)], targets[static_cast<size_t>(rank)]); }, sizes);
+}
+
+Tensor DataParallelCriterion::operator()(const RankLoss& fn, const std::vector<int64_t>& chunk_sizes) const {
+  const int k = static_cast<int>(chunk_sizes.size());
+  EF_CHECK(k >= 1 && k <= model_.size(), "DataParallelCriterion: ", k, " chunks for ", model_.size(), " devices");
+  int64_t total = 0;
+  for (int64_t n : chunk_sizes) {
+    EF_CHECK(n > 0, "DataParallelCriterion: chunk sizes must be positive, got ", n);
+    total += n;
+  }
+  std::vector<Tensor> losses(static_cast<size_t>(k));
+  model_.group().run(
+      [&](int rank) {
+        Tensor l = fn(rank);
+        EF_CHECK(l.defined() && l.numel() == 1, "DataParallelCriterion: the loss on ",
+                 model_.devices()[static_cast<size_t>(rank)].str(), " is not a scalar (shape ",
+                 l.defined() ? shape_str(l.shape()) : "undefined", ")");
+        EF_CHECK(l.device() == model_.devices()[static_cast<size_t>(rank)], "DataParallelCriterion: the loss of rank ",
+                 rank, " is on ", l.device().str(), ", not on its device ",
+                 model_.devices()[static_cast<size_t>(rank)].str());
+        l = reshape(l, {});
+        if (weighting_ == ChunkWeighting::BySize) {
+          l = mul_scalar(l, static_cast<double>(chunk_sizes[static_cast<size_t>(rank)]) / static_cast<double>(total));
+        }
+        losses[static_cast<size_t>(rank)] = l;
+      },
+      k);
+  return reduce_add(losses, model_.devices()[0]);
+}
+
+Tensor DataParallelCriterion::gathered(const PerDevice<Tensor>& outputs, const PerDevice<Tensor>& targets) const {
+  EF_CHECK(loss_ != nullptr, "DataParallelCriterion::gathered: constructed without a loss");
+  EF_CHECK(!outputs.empty() && outputs.size() == targets.size(), "DataParallelCriterion::gathered: ", outputs.size(),
+           " outputs and ", targets.size(), " targets");
+  const Device first = model_.devices()[0];
+  return loss_(gather(outputs, first), gather(targets, first));
+}
+
+}  // namespace evenflow::parallel

@@ -1,0 +1,167 @@
+#include "parallel/device_group.h"
+
+#include <condition_variable>
+#include <set>
+#include <sstream>
+
+#include "engine/context.h"
+
+namespace evenflow::parallel {
+
+namespace {
+thread_local const RankContext* tls_rank = nullptr;
+
+std::vector<int> parse_indices(const std::string& list, const std::string& spec) {
+  std::vector<int> out;
+  std::stringstream ss(list);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    EF_CHECK(!item.empty() && item.size() < 4 && item.find_first_not_of("0123456789") == std::string::npos,
+             "devices: expected a comma-separated list of numbers after ':' in '", spec, "', got '", item, "'");
+    out.push_back(std::stoi(item));
+  }
+  EF_CHECK(!out.empty(), "devices: no device numbers in '", spec, "'");
+  return out;
+}
+}  // namespace
+
+std::vector<Device> devices(const std::string& spec) {
+  const size_t colon = spec.find(':');
+  const std::string kind = spec.substr(0, colon);
+  const std::string rest = colon == std::string::npos ? "" : spec.substr(colon + 1);
+  std::vector<Device> out;
+  if (kind == "cpu") {
+    const int n = rest.empty() ? 1 : parse_indices(rest, spec).at(0);
+    EF_CHECK(rest.find(',') == std::string::npos && n >= 1 && n <= kMaxCpuDevices, "devices: '", spec,
+             "' should be cpu:N with N the number of CPU devices, 1..", kMaxCpuDevices);
+    for (int i = 0; i < n; ++i) out.push_back(cpu(i));
+  } else if (kind == "cuda") {
+    if (rest.empty()) {
+      const int n = cuda_device_count();
+      EF_CHECK(n > 0, "devices: '", spec, "' asks for every GPU, but there is none: ", cuda_unavailable_reason());
+      for (int i = 0; i < n; ++i) out.push_back(cuda(i));
+    } else {
+      for (int i : parse_indices(rest, spec)) {
+        out.push_back(cuda(i));
+        check_device(out.back());
+      }
+    }
+  } else {
+    EF_ERROR("devices: unknown device kind in '", spec, "'; expected cpu, cpu:N, cuda or cuda:0,1,...");
+  }
+  return out;
+}
+
+const RankContext* current_rank() {
+  return tls_rank;
+}
+
+DeviceGroup::DeviceGroup(std::vector<Device> devices) : devices_(std::move(devices)) {
+  EF_CHECK(!devices_.empty(), "DeviceGroup: no devices given");
+  std::set<Device> seen;
+  for (const Device& d : devices_) {
+    check_device(d);
+    EF_CHECK(seen.insert(d).second, "DeviceGroup: device ", d.str(), " is listed twice");
+  }
+  comms_.resize(devices_.size());
+}
+
+const std::shared_ptr<Communicator>& DeviceGroup::comm(int active) {
+  const int k = active < 0 ? size() : active;
+  EF_CHECK(k >= 1 && k <= size(), "DeviceGroup: ", k, " active ranks requested of ", size());
+  std::lock_guard<std::mutex> lock(mu_);
+  std::shared_ptr<Communicator>& c = comms_[static_cast<size_t>(k - 1)];
+  if (!c) {
+    c = make_communicator(std::vector<Device>(devices_.begin(), devices_.begin() + k));
+    c->set_timeout(timeout_);
+  }
+  return c;
+}
+
+void DeviceGroup::set_timeout(std::chrono::milliseconds timeout) {
+  std::lock_guard<std::mutex> lock(mu_);
+  timeout_ = timeout;
+  for (auto& c : comms_)
+    if (c) c->set_timeout(timeout);
+}
+
+// Note [Group failures]
+// A rank that throws may leave others waiting for it in a collective; aborting the communicators
+// wakes them with an error, so every task returns and none is left blocked on a worker. The first
+// failure in time is the cause; the others are usually its echo ("the communicator was aborted").
+void DeviceGroup::run(const std::function<void(int rank)>& task, int active) {
+  EF_CHECK(tls_rank == nullptr, "DeviceGroup::run called from inside a task of a group (on ",
+           tls_rank ? devices_.at(0).str() : "", "); call the replica directly there");
+  const int k = active < 0 ? size() : active;
+  EF_CHECK(k >= 0 && k <= size(), "DeviceGroup::run: ", k, " active ranks requested of ", size());
+  if (k == 0) return;
+  const std::shared_ptr<Communicator> communicator = comm(k);
+  {
+    // A failed backward pass aborts communicators outside any run; nothing is in flight now.
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& c : comms_)
+      if (c && c->aborted()) c->reset();
+  }
+
+  std::mutex mu;
+  std::condition_variable cv;
+  int remaining = k;
+  std::string first_error;
+  Worker* const waiting_worker = Worker::current();
+  auto fail_all = [&](const std::string& why) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& c : comms_)
+      if (c) c->abort(why);
+  };
+
+  for (int rank = 0; rank < k; ++rank) {
+    const Device device = devices_[static_cast<size_t>(rank)];
+    context(device).worker().post([&, rank, device, waiting_worker] {
+      std::string error;
+      try {
+        const RankContext ctx{communicator, rank};
+        tls_rank = &ctx;
+        struct Reset {
+          ~Reset() { tls_rank = nullptr; }
+        } reset;
+        task(rank);
+      } catch (const std::exception& e) {
+        error = detail::str_cat("on ", device.str(), ": ", e.what());
+      } catch (...) {
+        error = detail::str_cat("on ", device.str(), ": unknown exception");
+      }
+      if (!error.empty()) {
+        {
+          std::lock_guard<std::mutex> lock(mu);  // before the abort, which makes the others fail too
+          if (first_error.empty()) first_error = error;
+        }
+        fail_all(detail::str_cat(device.str(), " failed: ", error));
+      }
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        --remaining;
+        cv.notify_all();
+      }
+      if (waiting_worker != nullptr) waiting_worker->wake();
+    });
+  }
+  if (waiting_worker != nullptr) {
+    waiting_worker->run_until([&] {
+      std::lock_guard<std::mutex> lock(mu);
+      return remaining == 0;
+    });
+  } else {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return remaining == 0; });
+  }
+  if (!first_error.empty()) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto& c : comms_)
+        if (c) c->reset();
+    }
+    throw Error(first_error);
+  }
+}
+
+}  // namespace evenflow::parallel

@@ -1,0 +1,61 @@
+// A device group: the devices a data-parallel program runs on, one rank per device, each rank's
+// work running on its device's persistent worker thread (the one the autograd engine uses, so a
+// backward pass started inside a task runs there too).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "parallel/communicator.h"
+
+namespace evenflow::parallel {
+
+// Element i belongs to device i of a group. A batch smaller than the group fills only the first
+// size() devices: the others are idle for that step and get nothing, not an empty tensor.
+template <typename T>
+using PerDevice = std::vector<T>;
+
+// Devices from a spec: "cpu" (cpu:0), "cpu:N" (N CPU devices cpu:0..cpu:N-1), "cuda" (every CUDA
+// logical device), "cuda:0,2" (those). Throws ef::Error naming what is wrong (an unknown kind, no
+// GPU, a device that does not exist).
+std::vector<Device> devices(const std::string& spec);
+
+// What a rank's task can ask about where it runs (SyncBatchNorm does).
+struct RankContext {
+  std::shared_ptr<Communicator> comm;  // over the ranks taking part in this run
+  int rank = 0;
+};
+// The context of the group task running on this thread, or nullptr outside one.
+const RankContext* current_rank();
+
+class DeviceGroup {
+ public:
+  explicit DeviceGroup(std::vector<Device> devices);
+
+  int size() const { return static_cast<int>(devices_.size()); }
+  const std::vector<Device>& devices() const { return devices_; }
+  const Device& device(int rank) const { return devices_.at(static_cast<size_t>(rank)); }
+
+  // Runs task(rank) for ranks 0..active-1 (default all), each on its device's worker, concurrently,
+  // and returns when all are done. If tasks throw, the group's communicator is aborted (so ranks
+  // waiting in a collective stop waiting), every task is still waited for, the communicator is
+  // reset, and the first failure is rethrown as ef::Error naming its device. The group is then
+  // usable again. Must not be called from inside a task of a group.
+  void run(const std::function<void(int rank)>& task, int active = -1);
+
+  // The communicator over the first `active` ranks (all by default); shared with the autograd nodes
+  // of collectives recorded through it.
+  const std::shared_ptr<Communicator>& comm(int active = -1);
+  // Sets the timeout of collectives (every communicator of the group).
+  void set_timeout(std::chrono::milliseconds timeout);
+
+ private:
+  std::vector<Device> devices_;
+  std::vector<std::shared_ptr<Communicator>> comms_;  // comms_[k - 1]: over ranks 0..k-1, made on first use
+  std::chrono::milliseconds timeout_ = kDefaultCollectiveTimeout;
+  std::mutex mu_;
+};
+
+}  // namespace evenflow::parallel

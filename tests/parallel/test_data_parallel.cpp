@@ -1,0 +1,283 @@
+// The data-parallel invariants on CPU devices, in float64: N devices equal one device on the whole
+// batch (losses and every parameter gradient, 1e-10) for a CNN, uneven splits, a batch smaller than
+// the group, a WGAN-GP penalty computed per device, and SyncBatchNorm under a penalty; replicas stay
+// bitwise identical; failures on one device reach the caller and the group runs again.
+#include <doctest/doctest.h>
+
+#include "layers/layers.h"
+#include "optim/optim.h"
+#include "parallel/data_parallel.h"
+#include "parallel/sync_batch_norm.h"
+#include "tests/testing/gradcheck.h"
+#include "tests/testing/helpers.h"
+
+using namespace evenflow;
+using namespace evenflow::parallel;
+using namespace evenflow::testing;
+
+namespace {
+
+constexpr double kTol = 1e-10;
+const nn::ModuleOptions f64{.dtype = kFloat64};
+
+Tensor nll(const Tensor& logits, const Tensor& labels) {
+  return neg(mean(gather(log_softmax(logits, 1), 1, unsqueeze(labels, 1))));
+}
+
+std::shared_ptr<nn::Module> make_cnn() {
+  manual_seed(cpu(), 11);
+  return std::make_shared<nn::Sequential>(nn::Conv2d(1, 4, 3, {.padding = 1}, f64), nn::ReLU(), nn::MaxPool2d(2),
+                                          nn::Flatten(), nn::Linear(4 * 4 * 4, 5, true, f64));
+}
+
+std::shared_ptr<nn::Module> make_critic(bool batch_norm) {
+  manual_seed(cpu(), 12);
+  auto net = std::make_shared<nn::Sequential>();
+  net->push_back(nn::Linear(6, 8, true, f64));
+  if (batch_norm) net->push_back(nn::BatchNorm1d(8, {}, f64));
+  net->push_back(nn::Tanh());
+  net->push_back(nn::Linear(8, 1, true, f64));
+  return net;
+}
+
+// The WGAN-GP critic loss of one batch (or chunk): mean D(fake) - mean D(real) + 10·mean (|∇D(x̂)| - 1)²
+// with x̂ = eps·real + (1 - eps)·fake.
+Tensor critic_loss(nn::Module& critic, const Tensor& real, const Tensor& fake, const Tensor& eps) {
+  Tensor interpolates = (eps * real + (1.0 - eps) * fake).detach();
+  interpolates.requires_grad_(true);
+  const Tensor g = grad({sum(critic(interpolates))}, {interpolates}, {}, {.create_graph = true})[0];
+  const Tensor penalty = mean(square(norm(g, 2.0, {1}) - 1.0));
+  return mean(critic(fake)) - mean(critic(real)) + 10.0 * penalty;
+}
+
+void check_close(const Tensor& got, const Tensor& want, const std::string& what) {
+  const std::string diff = compare(got.to(cpu()), want.to(cpu()), kTol, kTol);
+  CHECK_MESSAGE(diff.empty(), what, ": ", diff);
+}
+
+// Every replica's gradients against the reference module's.
+void check_grads(DataParallelModel& model, nn::Module& reference) {
+  model.finish_gradient_sync();
+  const auto want = reference.named_parameters();
+  for (int r = 0; r < model.size(); ++r) {
+    const auto got = model.replica(r).named_parameters();
+    for (size_t i = 0; i < want.size(); ++i) {
+      REQUIRE(got[i].second.grad().defined());
+      check_close(got[i].second.grad(), want[i].second.grad(), "replica " + std::to_string(r) + " " + want[i].first);
+    }
+  }
+}
+
+// One CNN step on `devices` and on one device over the whole batch of `batch` images.
+void check_cnn_step(const std::string& devices_spec, int64_t batch) {
+  CAPTURE(devices_spec);
+  CAPTURE(batch);
+  auto net = make_cnn();
+  auto reference = net->clone();
+  DataParallelModel model(net, devices(devices_spec), {.bucket_bytes = 256});
+  DataParallelCriterion criterion(model, nll);
+  manual_seed(cpu(), 21);
+  const Tensor x = randn({batch, 1, 8, 8}, {.dtype = kFloat64});
+  const Tensor y = argmax(randn({batch, 5}), 1);
+
+  const auto xs = model.scatter(x);
+  CHECK(xs.size() == static_cast<size_t>(std::min<int64_t>(batch, model.size())));
+  const Tensor loss = criterion(model(xs), model.scatter(y));
+  loss.backward();
+  const Tensor want = nll(reference->forward(x), y);
+  want.backward();
+  CHECK(loss.device() == cpu(0));
+  check_close(loss, want, "loss");
+  check_grads(model, *reference);
+  // The torch DataParallel pattern gives the same loss (it only costs more memory on device 0).
+  check_close(criterion.gathered(model(model.scatter(x)), model.scatter(y)), want, "gathered loss");
+}
+
+}  // namespace
+
+TEST_CASE("data parallel: a CNN on N devices equals one device on the whole batch") {
+  check_cnn_step("cpu:2", 8);   // even chunks
+  check_cnn_step("cpu:4", 10);  // uneven: 3, 3, 2, 2
+  check_cnn_step("cpu:4", 2);   // smaller than the group: two devices idle
+  check_cnn_step("cpu:1", 5);
+}
+
+TEST_CASE("data parallel: a WGAN-GP penalty computed per device equals the whole batch's") {
+  for (bool sync_bn : {false, true}) {
+    CAPTURE(sync_bn);
+    auto net = make_critic(sync_bn);
+    auto reference = net->clone();
+    DataParallelModel model(sync_bn ? convert_sync_batchnorm(net) : net, devices("cpu:3"), {.bucket_bytes = 128});
+    if (sync_bn) CHECK(model.replica(1).repr().find("SyncBatchNorm") != std::string::npos);
+    DataParallelCriterion criterion(model);
+    manual_seed(cpu(), 22);
+    const Tensor real = randn({7, 6}, {.dtype = kFloat64});
+    const Tensor fake = randn({7, 6}, {.dtype = kFloat64});
+    const Tensor eps = rand({7, 1}, {.dtype = kFloat64});
+    const auto reals = model.scatter(real), fakes = model.scatter(fake), epss = model.scatter(eps);
+    std::vector<int64_t> sizes;
+    for (const Tensor& t : reals) sizes.push_back(t.size(0));
+    CHECK(sizes == std::vector<int64_t>{3, 2, 2});
+
+    const Tensor loss =
+        criterion([&](int r) { return critic_loss(model.replica(r), reals[r], fakes[r], epss[r]); }, sizes);
+    loss.backward();
+    const Tensor want = critic_loss(*reference, real, fake, eps);
+    want.backward();
+    check_close(loss, want, "loss");
+    check_grads(model, *reference);
+    if (sync_bn) {
+      // SyncBatchNorm's running statistics are the whole batch's, on every replica.
+      const auto want_buffers = reference->named_buffers();
+      for (int r = 0; r < 3; ++r) {
+        const auto got = model.replica(r).named_buffers();
+        for (size_t i = 0; i < want_buffers.size(); ++i)
+          check_close(got[i].second, want_buffers[i].second, "buffer " + want_buffers[i].first);
+      }
+    }
+  }
+}
+
+TEST_CASE("data parallel: a gradient penalty has the exact expected gradient") {
+  // D(x) = x·w: ∇ₓD = w for every sample, so the penalty is λ(|w| - 1)² and its gradient is
+  // 2λ(|w| - 1)·w/|w|, whatever the batch and its split.
+  auto net = std::make_shared<nn::Linear>(4, 1, false, f64);
+  DataParallelModel model(net, devices("cpu:3"));
+  DataParallelCriterion criterion(model);
+  manual_seed(cpu(), 23);
+  const auto xs = model.scatter(randn({5, 4}, {.dtype = kFloat64}));
+  const Tensor loss = criterion(
+      [&](int r) {
+        Tensor x = xs[r].detach();
+        x.requires_grad_(true);
+        const Tensor g = grad({sum(model.replica(r)(x))}, {x}, {}, {.create_graph = true})[0];
+        return mean(square(norm(g, 2.0, {1}) - 1.0)) * 3.0;
+      },
+      {2, 2, 1});
+  loss.backward();
+  model.finish_gradient_sync();
+  const Tensor w = net->tensor("weight").detach();
+  const double n = norm(w).item();
+  const Tensor expected = w * (2.0 * 3.0 * (n - 1.0) / n);
+  check_close(loss, full({}, 3.0 * (n - 1.0) * (n - 1.0), {.dtype = kFloat64}), "penalty");
+  for (int r = 0; r < 3; ++r) check_close(model.replica(r).tensor("weight").grad(), expected, "weight gradient");
+}
+
+TEST_CASE("data parallel: replicas stay bitwise identical and follow the one-device run") {
+  auto net = make_cnn();
+  auto reference = net->clone();
+  DataParallelModel model(net, devices("cpu:3"), {.bucket_bytes = 512});
+  DataParallelCriterion criterion(model, nll);
+  ReplicatedOptimizer<optim::Adam> opt(model, optim::AdamOptions{.lr = 1e-2});
+  optim::Adam reference_opt(reference->parameters(), {.lr = 1e-2});
+  manual_seed(cpu(), 24);
+  for (int step = 0; step < 4; ++step) {
+    const Tensor x = randn({7, 1, 8, 8}, {.dtype = kFloat64});
+    const Tensor y = argmax(randn({7, 5}), 1);
+    opt.zero_grad();
+    const Tensor loss = criterion(model(model.scatter(x)), model.scatter(y));
+    loss.backward();
+    opt.step();
+    reference_opt.zero_grad();
+    const Tensor want = nll(reference->forward(x), y);
+    want.backward();
+    reference_opt.step();
+    check_close(loss, want, "loss at step " + std::to_string(step));
+    model.check_replicas();  // bitwise
+  }
+  const auto want = reference->named_parameters();
+  const auto got = model.module().named_parameters();
+  for (size_t i = 0; i < want.size(); ++i) check_close(got[i].second, want[i].second, want[i].first);
+}
+
+TEST_CASE("data parallel: no_sync accumulates, and a second unsynchronized backward is an error") {
+  auto net = make_cnn();
+  auto reference = net->clone();
+  DataParallelModel model(net, devices("cpu:2"));
+  DataParallelCriterion criterion(model, nll);
+  manual_seed(cpu(), 25);
+  const Tensor x = randn({8, 1, 8, 8}, {.dtype = kFloat64});
+  const Tensor y = argmax(randn({8, 5}), 1);
+  auto half_loss = [&](int64_t start) {
+    return criterion(model(model.scatter(narrow(x, 0, start, 4))), model.scatter(narrow(y, 0, start, 4))) * 0.5;
+  };
+  {
+    auto guard = model.no_sync();
+    half_loss(0).backward();
+  }
+  half_loss(4).backward();
+  nll(reference->forward(x), y).backward();
+  check_grads(model, *reference);
+
+  // Synchronized already (and no zero_grad since): summing again would count it twice.
+  const std::string twice = error_of([&] { half_loss(0).backward(); });
+  CHECK(twice.find("received a gradient again after it was synchronized") != std::string::npos);
+}
+
+TEST_CASE("data parallel: mismatched replicas are detected and named") {
+  DataParallelModel model(make_cnn(), devices("cpu:3"));
+  model.check_replicas();
+  {
+    NoGradGuard no_grad;
+    model.replica(2).tensor("4.bias").add_(full({5}, 1e-12, {.dtype = kFloat64, .device = cpu(2)}));
+  }
+  const std::string message = error_of([&] { model.check_replicas(); });
+  CHECK(message.find("replica 2 on cpu:2 differs from replica 0 in '4.bias'") != std::string::npos);
+}
+
+namespace {
+// Identity, except that it throws (forward or backward) on one device while `armed`.
+struct Tripwire : nn::Cloneable<Tripwire> {
+  std::shared_ptr<std::atomic<int>> forward_on = std::make_shared<std::atomic<int>>(-1);
+  std::shared_ptr<std::atomic<int>> backward_on = std::make_shared<std::atomic<int>>(-1);
+  std::string name() const override { return "Tripwire"; }
+  Tensor forward(const Tensor& x) override {
+    EF_CHECK(x.device().index != forward_on->load(), "tripwire in forward");
+    Tensor y;
+    {
+      NoGradGuard no_grad;
+      y = x.clone();
+    }
+    const int index = x.device().index;
+    auto armed = backward_on;
+    record("Tripwire", {y}, {x}, {}, [index, armed](const std::vector<Tensor>& g) {
+      EF_CHECK(index != armed->load(), "tripwire in backward");
+      return g;
+    });
+    return y;
+  }
+};
+}  // namespace
+
+TEST_CASE(
+    "data parallel: a failure on one device mid-forward or mid-backward reaches the caller; the group runs again") {
+  auto tripwire = std::make_shared<Tripwire>();
+  manual_seed(cpu(), 26);
+  // The tripwire sits between two SyncBatchNorms, so when it fails the other devices are waiting in
+  // a collective: the second one's forward, or the first one's backward.
+  auto net = std::make_shared<nn::Sequential>(nn::Linear(3, 4, true, f64));
+  net->push_back(std::make_shared<SyncBatchNorm>(4, nn::BatchNormConfig{}, f64));
+  net->push_back(tripwire);
+  net->push_back(std::make_shared<SyncBatchNorm>(4, nn::BatchNormConfig{}, f64));
+  DataParallelModel model(net, devices("cpu:3"), {.collective_timeout = std::chrono::milliseconds(60000)});
+  DataParallelCriterion criterion(model, [](const Tensor& out, const Tensor&) { return mean(square(out)); });
+  const Tensor x = randn({6, 3}, {.dtype = kFloat64});
+  auto step = [&] {
+    const auto xs = model.scatter(x);
+    criterion(model(xs), xs).backward();
+  };
+
+  const auto start = std::chrono::steady_clock::now();
+  *tripwire->forward_on = 1;  // replicas share the flag: clone copies the handle
+  CHECK(error_of(step) == "on cpu:1: tripwire in forward");
+  *tripwire->forward_on = -1;
+  *tripwire->backward_on = 2;
+  const std::string backward_error = error_of(step);
+  CHECK(backward_error.find("in backward of Tripwire on cpu:2: tripwire in backward") != std::string::npos);
+  *tripwire->backward_on = -1;
+  // Neither failure waited for the 60 s collective timeout.
+  CHECK(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() < 30.0);
+  for (int r = 0; r < 3; ++r) model.replica(r).zero_grad();
+  model.reset_gradient_sync();
+  CHECK(error_of(step) == "(no error)");
+}
