@@ -3,6 +3,8 @@
 // epoch it evaluates the test set and writes, in --out: checkpoint.safetensors (a training
 // checkpoint, Note [Training checkpoints] in io/checkpoint.h, so --resume continues exactly),
 // model.safetensors (weights under PyTorch's names), metrics.csv and loss_accuracy.png.
+// With several --devices it trains data-parallel (Note [Data-parallel step] in
+// parallel/data_parallel.h): each device runs its chunk of the batch and its own loss.
 // scripts/bench_classify.sh compares its speed with PyTorch's (scripts/classify_torch.py).
 #include <CLI/CLI.hpp>
 #include <chrono>
@@ -22,6 +24,7 @@
 #include "io/checkpoint.h"
 #include "layers/layers.h"
 #include "optim/optim.h"
+#include "parallel/data_parallel.h"
 
 namespace ef = evenflow;
 namespace nn = evenflow::nn;
@@ -30,7 +33,7 @@ namespace fs = std::filesystem;
 namespace {
 
 struct Args {
-  std::string device = "cpu:0";
+  std::string devices = "cpu";
   int64_t epochs = 10;
   int64_t batch_size = 100;
   double lr = 1e-3;
@@ -97,14 +100,15 @@ void write_plot(const std::string& path, const std::vector<evenflow::apps::Metri
 std::map<std::string, std::string> run_metadata(const Args& a) {
   return {{"app", "classify"},
           {"batch_size", std::to_string(a.batch_size)},
+          {"devices", a.devices},
           {"dtype", a.dtype},
           {"seed", std::to_string(a.seed)}};
 }
 
 int run(const Args& a) {
   // --- Setup: every failure here is a bad argument or a missing dataset (exit 2) ---------------
-  const ef::Device device(a.device);
-  ef::check_device(device);
+  const std::vector<ef::Device> devices = ef::parallel::devices(a.devices);
+  const ef::Device device = devices[0];  // batches arrive here, are split from here; replica 0 lives here
   EF_CHECK(a.dtype == "float32" || a.dtype == "float64", "--dtype must be float32 or float64, got \"", a.dtype, "\"");
   const ef::DType dtype = a.dtype == "float64" ? ef::kFloat64 : ef::kFloat32;
   if (a.threads > 0) ef::set_num_threads(a.threads);
@@ -123,30 +127,35 @@ int run(const Args& a) {
   const int64_t steps_per_epoch = train_loader.num_batches();
 
   ef::manual_seed(a.seed);
-  auto model = make_model({.dtype = dtype, .device = device});
-  ef::optim::Adam opt(model->parameters(), {.lr = a.lr});
+  ef::parallel::DataParallelModel model(make_model({.dtype = dtype}), devices);
+  ef::parallel::DataParallelCriterion criterion(model, cross_entropy);
+  ef::parallel::ReplicatedOptimizer<ef::optim::Adam> opt(model, ef::optim::AdamOptions{.lr = a.lr});
   ef::io::TrainingProgress progress;
   std::vector<evenflow::apps::MetricsRow> rows;
   if (a.resume) {
-    const auto ck = ef::io::load_training_checkpoint(ckpt_path, *model, opt, {device});
+    const auto ck = ef::io::load_training_checkpoint(ckpt_path, model.module(), opt.primary(), devices);
     for (const auto& [key, value] : run_metadata(a)) {
       const auto it = ck.metadata.find(key);
       EF_CHECK(it != ck.metadata.end() && it->second == value, "--resume: ", ckpt_path, " was written with ", key, " ",
                it == ck.metadata.end() ? "(none)" : it->second, ", this run has ", value);
     }
+    model.copy_primary_to_replicas();
+    opt.load_state(opt.primary().state());
     progress = ck.progress;
     rows = evenflow::apps::read_metrics_csv(csv_path);
     std::printf("resuming from %s at step %" PRId64 " (epoch %" PRId64 ")\n", ckpt_path.c_str(), progress.step,
                 progress.epoch + 1);
   }
+  std::string device_names;
+  for (const ef::Device& d : devices) device_names += (device_names.empty() ? "" : ",") + d.str();
   std::printf("training on %s, %s, %" PRId64 " images, batch %" PRId64 ", %" PRId64 " steps per epoch\n",
-              device.str().c_str(), a.dtype.c_str(), train_set->size(), a.batch_size, steps_per_epoch);
+              device_names.c_str(), a.dtype.c_str(), train_set->size(), a.batch_size, steps_per_epoch);
   std::fflush(stdout);
 
   // --- Training ---------------------------------------------------------------------------------------
   const auto save = [&] {
-    ef::io::save_training_checkpoint(ckpt_path, *model, opt, progress, {device}, run_metadata(a));
-    ef::io::save_module(*model, model_path);
+    ef::io::save_training_checkpoint(ckpt_path, model.module(), opt.primary(), progress, devices, run_metadata(a));
+    ef::io::save_module(model.module(), model_path);
     evenflow::apps::write_metrics_csv(csv_path, rows);
     write_plot(png_path, rows);
   };
@@ -164,7 +173,7 @@ int run(const Args& a) {
         t0 = Clock::now();
         continue;
       }
-      const ef::Tensor loss = cross_entropy((*model)(b.images.to(dtype)), b.labels);
+      const ef::Tensor loss = criterion(model(model.scatter(b.images.to(dtype))), model.scatter(b.labels));
       opt.zero_grad();
       loss.backward();
       opt.step();
@@ -185,7 +194,7 @@ int run(const Args& a) {
     }
     bar.finish();
     if (progress.step == (progress.epoch + 1) * steps_per_epoch) ++progress.epoch;  // the epoch is complete
-    const Evaluation ev = evaluate(*model, test_loader, dtype);
+    const Evaluation ev = evaluate(model.module(), test_loader, dtype);
     rows.push_back({.epoch = static_cast<double>(progress.step) / static_cast<double>(steps_per_epoch),
                     .step = progress.step,
                     .train_loss = steps > 0 ? loss_sum / static_cast<double>(steps) : 0.0,
@@ -209,7 +218,9 @@ int run(const Args& a) {
 int main(int argc, char** argv) {
   CLI::App app{"Train the FashionMNIST benchmark CNN with Adam (evenflow)"};
   Args a;
-  app.add_option("--device", a.device, "device to train on (cpu:N or cuda:N)");
+  app.add_option("--devices", a.devices,
+                 "devices to train on, data-parallel: cpu (one CPU device), cpu:N (N CPU devices), cuda (every "
+                 "GPU), cuda:0,1 (those)");
   app.add_option("--epochs", a.epochs, "epochs")->check(CLI::PositiveNumber);
   app.add_option("--batch-size", a.batch_size, "batch size")->check(CLI::PositiveNumber);
   app.add_option("--lr", a.lr, "Adam learning rate")->check(CLI::PositiveNumber);

@@ -16,11 +16,19 @@ namespace evenflow::parallel {
 // that never completed: parameters no replica used this time, or ranks that had no data (their
 // gradients count as zeros). A gradient arriving for a parameter already synchronized since the
 // last reset would be summed twice, so it is an error (use no_sync for accumulation).
+//
+// With NCCL the buckets wait for finish(): a bucket reduce queued on the GPUs while one rank has a
+// collective of its own backward queued (SyncBatchNorm) could order the two differently on two GPUs
+// and deadlock them (Note [NCCL bucket reduce] in nccl_communicator.cu). Overlap there needs each
+// rank to mark its gradients ready on its own stream; until then NCCL groups reduce after backward.
 class GradientSync {
  public:
   GradientSync(std::vector<std::vector<Tensor>> params, std::vector<std::string> names,
                std::shared_ptr<Communicator> comm, size_t bucket_bytes)
-      : params_(std::move(params)), names_(std::move(names)), comm_(std::move(comm)) {
+      : params_(std::move(params)),
+        names_(std::move(names)),
+        comm_(std::move(comm)),
+        overlap_(std::string(comm_->kind()) != "nccl") {
     const size_t n = params_[0].size();
     bucket_of_.resize(n);
     size_t bytes = 0;
@@ -52,7 +60,7 @@ class GradientSync {
                "' received a gradient again after it was synchronized; run all but the last backward of an "
                "accumulation under no_sync(), and zero_grad() between steps");
       flag = 1;
-      if (--b.pending == 0) {
+      if (--b.pending == 0 && overlap_) {
         b.state = Bucket::Reducing;
         to_reduce = &b;
       }
@@ -124,6 +132,7 @@ class GradientSync {
   std::vector<std::vector<Tensor>> params_;  // [rank][parameter]
   std::vector<std::string> names_;
   std::shared_ptr<Communicator> comm_;
+  bool overlap_;  // reduce buckets during backward (see above)
   std::vector<Bucket> buckets_;
   std::vector<size_t> bucket_of_;
   std::vector<std::vector<char>> ready_;  // [parameter][rank]
@@ -219,6 +228,11 @@ void DataParallelModel::finish_gradient_sync() {
 
 void DataParallelModel::reset_gradient_sync() {
   if (sync_) sync_->reset();
+}
+
+void DataParallelModel::copy_primary_to_replicas() {
+  const nn::NamedTensors state = replicas_[0]->state_dict();
+  for (size_t r = 1; r < replicas_.size(); ++r) replicas_[r]->load_state_dict(state);
 }
 
 void DataParallelModel::check_replicas() const {

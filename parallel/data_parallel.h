@@ -99,6 +99,10 @@ class DataParallelModel {
   // Forgets which gradients were synchronized (ReplicatedOptimizer::zero_grad calls it).
   void reset_gradient_sync();
 
+  // Copies replica 0's parameters and buffers into the other replicas (after loading a checkpoint
+  // into module(); training keeps replicas identical by itself).
+  void copy_primary_to_replicas();
+
   // ef::Error naming the first parameter or buffer (and device) where a replica differs from
   // replica 0, with the largest difference.
   void check_replicas() const;
@@ -157,6 +161,11 @@ class ReplicatedOptimizer {
 
   Opt& replica(int rank) { return *replicas_.at(static_cast<size_t>(rank)); }
   Opt& primary() { return *replicas_[0]; }
+
+  // Every replica's state from one exported state (Note [Optimizer state]).
+  void load_state(const nn::NamedTensors& state) {
+    for (auto& o : replicas_) o->load_state(state);
+  }
 
   void zero_grad(bool set_to_none = true) {
     model_.reset_gradient_sync();

@@ -2,18 +2,18 @@
 # Benchmark: apps/classify against PyTorch (scripts/classify_torch.py) on FashionMNIST, same model,
 # batch, optimizer, epochs and threads. Prints per epoch the training seconds of each and the ratio
 # ours / theirs (< 1: we are faster), and the test accuracies.
-#   scripts/bench_classify.sh [--epochs N] [--threads T] [--device cpu:0] [--limit-steps K]
+#   scripts/bench_classify.sh [--epochs N] [--threads T] [--devices cpu] [--limit-steps K]
 #                             [--seed S] [--build DIR] [--data DIR]
 # --limit-steps K stops both after K steps (a quick smoke run); the lead runs the full benchmark.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-epochs=1 threads=$(nproc) device=cpu:0 limit=0 seed=0 build=build data=/usr/share/datasets/fashion-mnist
+epochs=1 threads=$(nproc) devices=cpu limit=0 seed=0 build=build data=/usr/share/datasets/fashion-mnist
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --epochs) epochs=$2; shift 2 ;;
     --threads) threads=$2; shift 2 ;;
-    --device) device=$2; shift 2 ;;
+    --devices) devices=$2; shift 2 ;;
     --limit-steps) limit=$2; shift 2 ;;
     --seed) seed=$2; shift 2 ;;
     --build) build=$2; shift 2 ;;
@@ -22,12 +22,12 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 [[ -x "$build/apps/classify" ]] || { echo "bench_classify.sh: $build/apps/classify not built (--build DIR)" >&2; exit 2; }
-torch_device=${device/cpu:*/cpu}
+torch_device=${devices%%:*}  # PyTorch runs on one device of that kind
 
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
-echo "== evenflow classify: $epochs epoch(s), $threads thread(s), $device, seed $seed" >&2
-"$build/apps/classify" --epochs "$epochs" --threads "$threads" --device "$device" --data "$data" \
+echo "== evenflow classify: $epochs epoch(s), $threads thread(s), $devices, seed $seed" >&2
+"$build/apps/classify" --epochs "$epochs" --threads "$threads" --devices "$devices" --data "$data" \
   --steps "$limit" --seed "$seed" --out "$out/ef" >&2
 echo "== PyTorch $(/usr/bin/python3 -c 'import torch; print(torch.__version__)')" >&2
 /usr/bin/python3 scripts/classify_torch.py --epochs "$epochs" --threads "$threads" --device "$torch_device" \

@@ -14,10 +14,10 @@ BUILD_DIR=build bash scripts/build.sh -DEF_WERROR=ON
 echo "== tests"
 (cd build && ctest --output-on-failure --timeout 900 -j "$(nproc)")
 
-echo "== engine and data-loader tests (devices, workers, threads) under ThreadSanitizer"
-BUILD_DIR=build-tsan BUILD_TYPE=RelWithDebInfo TARGETS="test_engine test_data" bash scripts/build.sh \
+echo "== engine, data-loader and parallel tests (devices, workers, collectives) under ThreadSanitizer"
+BUILD_DIR=build-tsan BUILD_TYPE=RelWithDebInfo TARGETS="test_engine test_data test_parallel" bash scripts/build.sh \
   -DEF_SANITIZE=thread -DEF_OPENMP=OFF -DEF_CUDA=OFF -DEF_WERROR=ON
-for suite in test_engine test_data; do
+for suite in test_engine test_data test_parallel; do
   TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" build-tsan/tests/$suite
 done
 

@@ -102,6 +102,16 @@ TEST_CASE("data parallel: a CNN on N devices equals one device on the whole batc
   check_cnn_step("cpu:1", 5);
 }
 
+TEST_CASE("data parallel: CUDA logical devices equal one CPU device (float64)") {
+  if (cuda_device_count() < 2) {
+    MESSAGE("[skipped] needs 2 CUDA logical devices (EF_CUDA_DEVICES=0,0 on one GPU): ",
+            cuda_device_count() == 0 ? cuda_unavailable_reason() : std::string("only one"));
+    return;
+  }
+  check_cnn_step("cuda:0,1", 10);
+  check_cnn_step("cuda", 3);
+}
+
 TEST_CASE("data parallel: a WGAN-GP penalty computed per device equals the whole batch's") {
   for (bool sync_bn : {false, true}) {
     CAPTURE(sync_bn);

@@ -70,12 +70,16 @@ std::string first_line(const std::string& path) {
 
 }  // namespace
 
-TEST_CASE("classify: --steps writes valid outputs and --resume continues exactly") {
+namespace {
+
+// A run of 10 steps against 5 steps, then --resume for 5 more: the same losses, bitwise.
+void check_resume(const std::string& extra_args) {
+  CAPTURE(extra_args);
   TempDir data, full, split;
   write_split(data, "train", 40, 0);
   write_split(data, "t10k", 20, 3);
-  const std::string common =
-      "--data " + data.path().string() + " --batch-size 4 --epochs 2 --workers 1 --threads 1 --print-loss";
+  const std::string common = "--data " + data.path().string() +
+                             " --batch-size 4 --epochs 2 --workers 1 --threads 1 --print-loss " + extra_args;
 
   const Result whole = run_classify(common + " --steps 10 --out " + full.path().string());
   REQUIRE_MESSAGE(whole.rc == 0, whole.output);
@@ -106,6 +110,16 @@ TEST_CASE("classify: --steps writes valid outputs and --resume continues exactly
   CHECK(std::count(csv.begin(), csv.end(), '\n') == 3);  // the header, step 5, step 10
 }
 
+}  // namespace
+
+TEST_CASE("classify: --steps writes valid outputs and --resume continues exactly") {
+  check_resume("");
+}
+
+TEST_CASE("classify: data-parallel on three CPU devices, float64, resumes exactly") {
+  check_resume("--devices cpu:3 --dtype float64");
+}
+
 TEST_CASE("classify: bad arguments exit 2 with a one-line message") {
   TempDir data, out;
   write_split(data, "train", 8, 0);
@@ -113,7 +127,8 @@ TEST_CASE("classify: bad arguments exit 2 with a one-line message") {
   const std::string data_arg = " --data " + data.path().string();
   const std::string out_arg = " --out " + out.path().string();
   for (const auto& [args, expected] :
-       std::vector<std::pair<std::string, std::string>>{{"--device tpu:0" + data_arg, "tpu:0"},
+       std::vector<std::pair<std::string, std::string>>{{"--devices tpu:0" + data_arg, "tpu:0"},
+                                                        {"--devices cpu:0" + data_arg, "cpu:0"},
                                                         {"--dtype float16" + data_arg, "float16"},
                                                         {"--data /nonexistent/fashion", "/nonexistent/fashion"}}) {
     const Result r = run_classify(args + out_arg);

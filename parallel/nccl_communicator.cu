@@ -1,0 +1,515 @@
+// NcclCommunicator: the Communicator for CUDA devices on distinct GPUs. Each rank's per-rank
+// collectives are NCCL calls made by that rank's thread on its device's stream, so they are ordered
+// with the engine's kernels; all_reduce_in_place is one NCCL group over a second set of NCCL
+// communicators, on a side stream per device. Every call waits for its collective to complete, which
+// is what turns a missing rank into a timeout and an error instead of a hang.
+#include <nccl.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/context.h"
+#include "engine/cuda/cuda_internal.h"
+#include "parallel/nccl_communicator.h"
+
+// Like CUDA_CHECK (engine/cuda/cuda_check.h), for NCCL calls.
+#define NCCL_CHECK(stmt)                                                                                         \
+  do {                                                                                                           \
+    const ncclResult_t ef_nccl_res_ = (stmt);                                                                    \
+    if (ef_nccl_res_ != ncclSuccess) {                                                                           \
+      ::evenflow::cuda_backend::detail::throw_library_error(                                                     \
+          "NCCL", ncclGetErrorString(ef_nccl_res_), static_cast<long>(ef_nccl_res_), #stmt, __FILE__, __LINE__); \
+    }                                                                                                            \
+  } while (0)
+
+#define NCCL_CHECK_PRINT(stmt)                                                                                   \
+  do {                                                                                                           \
+    const ncclResult_t ef_nccl_res_ = (stmt);                                                                    \
+    if (ef_nccl_res_ != ncclSuccess) {                                                                           \
+      ::evenflow::cuda_backend::detail::print_library_error(                                                     \
+          "NCCL", ncclGetErrorString(ef_nccl_res_), static_cast<long>(ef_nccl_res_), #stmt, __FILE__, __LINE__); \
+    }                                                                                                            \
+  } while (0)
+
+// ncclCommGetAsyncError's ncclInProgress and ncclGetLastError.
+static_assert(NCCL_VERSION_CODE >= NCCL_VERSION(2, 14, 0), "NcclCommunicator needs NCCL 2.14 or later");
+
+namespace evenflow::parallel {
+namespace {
+
+using cuda_backend::CudaBackend;
+
+// Note [Waiting for NCCL]
+// Every call waits on the calling thread until its collective has completed on the GPU(s): it records
+// an event after the NCCL call and polls it, together with ncclCommGetAsyncError, until timeout().
+// That is deliberate. A rank that never arrives leaves its peers' kernels spinning on their GPUs with
+// nothing failing on the host, so only a wait with a deadline notices; and the wait keeps the buffers
+// NCCL reads and writes alive until it is done with them (the caching allocator hands a freed block
+// out again at once). The price is that a collective does not overlap with the host work after it.
+//
+// Note [Aborting NCCL]
+// NCCL has no timeout of its own. When a wait times out, or NCCL reports an error, abort() calls
+// ncclCommAbort on every handle of both sets: that stops kernels still waiting for absent peers, so
+// every rank's wait ends, and marks the communicator aborted, so that waiting and later calls throw.
+// ncclCommAbort frees the handle, which must then not be in use on another thread: every use of a
+// handle, abort included, holds that handle's mutex, and an aborted handle is null. The mutexes are
+// per handle, not per set, because a first call on a handle may block inside NCCL until the peers
+// make the same call (NCCL connects ranks lazily): one mutex for a set would keep the peers out.
+// reset() re-creates both sets.
+//
+// Note [NCCL bucket reduce]
+// all_reduce_in_place is called from one thread for every rank, during backward, while the other
+// ranks' threads go on and may queue per-rank collectives (a SyncBatchNorm backward) on their
+// compute streams, so on each GPU the bucket reduce and those collectives come in a different order.
+// An NCCL kernel blocks until its peers arrive: if the bucket reduce shared a stream or a handle with
+// those collectives, GPU 0 could wait in the bucket reduce for GPU 1 while GPU 1 waits in a
+// SyncBatchNorm reduce for GPU 0. So the buckets get their own handles (a second ncclCommInitAll) and
+// a side stream per device. The side stream first waits for an event recorded on the compute stream
+// when the call is made, so the reduce reads finished gradients. That event also covers everything
+// else already queued there: a per-rank collective that another rank queued and that needs the
+// calling thread's rank to join it would hold up the bucket reduce too, and the call would end in a
+// timeout. So GradientSync calls it for NCCL groups only after backward (Note [Gradient buckets]).
+// Two handles of one GPU also need their kernels to run concurrently, which CUDA allows and NCCL
+// does not promise.
+
+// Short collectives finish in microseconds; long waits should not keep a core busy.
+constexpr std::chrono::nanoseconds kFirstPollInterval = std::chrono::microseconds(5);
+constexpr std::chrono::nanoseconds kMaxPollInterval = std::chrono::milliseconds(1);
+
+ncclDataType_t nccl_type(DType t) {
+  switch (t) {
+    case DType::Float32:
+      return ncclFloat32;
+    case DType::Float64:
+      return ncclFloat64;
+    case DType::Int64:
+      return ncclInt64;
+  }
+  EF_ERROR("internal error: nccl_type: unknown dtype ", static_cast<int>(t));
+}
+
+size_t count_of(const Tensor& x) {
+  return static_cast<size_t>(x.numel());
+}
+
+// One NCCL handle and the mutex held while it is in use (Note [Aborting NCCL]).
+struct Handle {
+  std::mutex mu;
+  ncclComm_t comm = nullptr;  // null once aborted
+};
+
+struct Rank {
+  CudaBackend* backend = nullptr;  // contexts are never destroyed
+  Handle collectives;              // per-rank collectives, on the backend's stream
+  Handle buckets;                  // all_reduce_in_place, on side_stream
+  uint64_t sequence = 0;           // per-rank collectives since the last reset; guarded by collectives.mu
+  cudaEvent_t done = nullptr;      // recorded after this rank's latest per-rank collective
+  cudaStream_t side_stream = nullptr;
+  cudaEvent_t ready = nullptr;        // the compute stream when all_reduce_in_place was called
+  cudaEvent_t bucket_done = nullptr;  // recorded after the bucket reduce on side_stream
+};
+// Rank::collectives or Rank::buckets.
+using HandleSet = Handle Rank::*;
+
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(std::vector<Device> devices, const std::vector<CudaBackend*>& backends);
+  ~NcclCommunicator() override { release(); }
+  const char* kind() const override { return "nccl"; }
+
+  Tensor all_reduce(int rank, const Tensor& x) override;
+  Tensor broadcast(int rank, const Tensor& x, int root) override;
+  Tensor reduce(int rank, const Tensor& x, int root) override;
+  Tensor all_gather(int rank, const Tensor& x) override;
+  Tensor reduce_scatter(int rank, const Tensor& x) override;
+  void all_reduce_in_place(const std::vector<Tensor>& per_rank) override;
+  void abort(const std::string& why) override;
+  void reset() override;
+  bool aborted() const override;
+
+ private:
+  // A collective whose completion a wait watches for.
+  struct Pending {
+    Handle* handle;
+    cudaEvent_t done;
+  };
+
+  // Makes one per-rank collective: enqueue(comm, stream) is the NCCL call, made for `rank` on its
+  // device's stream; x is the (contiguous) input, named in messages.
+  template <typename Enqueue>
+  void run(const char* op, int rank, const Tensor& x, Enqueue enqueue);
+  void wait(const std::string& what, const std::vector<Pending>& collectives);
+  // NCCL's asynchronous error on h, as a message; empty if none.
+  static std::string async_error(Handle& h);
+  [[noreturn]] void fail(const std::string& what, const std::string& why);
+  void throw_if_aborted(const std::string& what);
+  std::vector<std::unique_lock<std::mutex>> lock_all(HandleSet set);
+  // Both sets of handles, from ncclCommInitAll; the caller holds every handle's mutex.
+  void create_handles();
+  void release() noexcept;
+
+  std::vector<std::unique_ptr<Rank>> ranks_;
+  std::vector<int> physical_ids_;
+  std::mutex in_place_mu_;          // one all_reduce_in_place at a time: they share the ranks' events
+  uint64_t in_place_sequence_ = 0;  // guarded by in_place_mu_
+  mutable std::mutex state_mu_;
+  bool aborted_ = false;  // guarded by state_mu_, like abort_reason_
+  std::string abort_reason_;
+};
+
+NcclCommunicator::NcclCommunicator(std::vector<Device> devices, const std::vector<CudaBackend*>& backends)
+    : Communicator(std::move(devices)) {
+  try {
+    for (CudaBackend* backend : backends) {
+      ranks_.push_back(std::make_unique<Rank>());
+      Rank& r = *ranks_.back();
+      r.backend = backend;
+      physical_ids_.push_back(backend->physical_id());
+      backend->activate();
+      CUDA_CHECK(cudaStreamCreateWithFlags(&r.side_stream, cudaStreamNonBlocking));
+      for (cudaEvent_t* e : {&r.done, &r.ready, &r.bucket_done}) {
+        CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+      }
+    }
+    create_handles();
+  } catch (...) {
+    release();
+    throw;
+  }
+}
+
+void NcclCommunicator::create_handles() {
+  for (auto& r : ranks_) {
+    for (Handle* h : {&r->collectives, &r->buckets}) {
+      if (h->comm != nullptr) NCCL_CHECK_PRINT(ncclCommDestroy(h->comm));  // left by a failed reset
+      h->comm = nullptr;
+    }
+  }
+  for (HandleSet set : {&Rank::collectives, &Rank::buckets}) {
+    std::vector<ncclComm_t> comms(ranks_.size(), nullptr);
+    NCCL_CHECK(ncclCommInitAll(comms.data(), size(), physical_ids_.data()));
+    for (size_t r = 0; r < ranks_.size(); ++r) ((*ranks_[r]).*set).comm = comms[r];
+  }
+}
+
+void NcclCommunicator::release() noexcept {
+  for (auto& r : ranks_) {
+    // At process exit the CUDA runtime may already be gone, and with it everything we own.
+    const cudaError_t set_device_status = cudaSetDevice(r->backend->physical_id());
+    if (set_device_status == cudaErrorCudartUnloading) return;
+    CUDA_CHECK_PRINT(set_device_status);
+    for (Handle* h : {&r->collectives, &r->buckets}) {
+      if (h->comm != nullptr) NCCL_CHECK_PRINT(ncclCommDestroy(h->comm));
+      h->comm = nullptr;
+    }
+    for (cudaEvent_t e : {r->done, r->ready, r->bucket_done}) {
+      if (e != nullptr) CUDA_CHECK_PRINT(cudaEventDestroy(e));
+    }
+    if (r->side_stream != nullptr) CUDA_CHECK_PRINT(cudaStreamDestroy(r->side_stream));
+  }
+}
+
+std::vector<std::unique_lock<std::mutex>> NcclCommunicator::lock_all(HandleSet set) {
+  std::vector<std::unique_lock<std::mutex>> locks;
+  for (auto& r : ranks_) locks.emplace_back(((*r).*set).mu);
+  return locks;
+}
+
+void NcclCommunicator::throw_if_aborted(const std::string& what) {
+  std::lock_guard<std::mutex> lock(state_mu_);
+  EF_CHECK(!aborted_, what, ": the communicator was aborted: ", abort_reason_);
+}
+
+void NcclCommunicator::fail(const std::string& what, const std::string& why) {
+  const std::string message = detail::str_cat(what, ": ", why);
+  abort(message);
+  EF_ERROR(message);
+}
+
+std::string NcclCommunicator::async_error(Handle& h) {
+  std::lock_guard<std::mutex> lock(h.mu);
+  if (h.comm == nullptr) return "";  // aborted: throw_if_aborted reports why
+  ncclResult_t async = ncclSuccess;
+  const ncclResult_t status = ncclCommGetAsyncError(h.comm, &async);
+  if (status != ncclSuccess) {
+    return detail::str_cat("ncclCommGetAsyncError failed: ", ncclGetErrorString(status));
+  }
+  if (async == ncclSuccess || async == ncclInProgress) return "";
+  const char* last = ncclGetLastError(h.comm);
+  return detail::str_cat("NCCL error '", ncclGetErrorString(async), "' (", static_cast<int>(async), ")",
+                         last != nullptr && *last != '\0' ? detail::str_cat(": ", last) : "");
+}
+
+// Note [Waiting for NCCL]; on a timeout or an error, the communicator is aborted first, so that the
+// other ranks stop waiting too.
+void NcclCommunicator::wait(const std::string& what, const std::vector<Pending>& collectives) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout();
+  std::chrono::nanoseconds interval = kFirstPollInterval;
+  std::vector<cudaEvent_t> running;
+  for (const Pending& p : collectives) running.push_back(p.done);
+  while (true) {
+    for (size_t i = 0; i < running.size();) {
+      const cudaError_t status = cudaEventQuery(running[i]);
+      if (status == cudaErrorNotReady) {
+        ++i;
+        continue;
+      }
+      if (status != cudaSuccess) {
+        (void)cudaGetLastError();
+        fail(what, detail::str_cat("CUDA error '", cudaGetErrorString(status), "' (", static_cast<int>(status),
+                                   ") while waiting for the collective"));
+      }
+      running[i] = running.back();
+      running.pop_back();
+    }
+    for (const Pending& p : collectives) {
+      const std::string error = async_error(*p.handle);
+      if (!error.empty()) fail(what, error);
+    }
+    // A collective that completed on an aborted communicator may have been cut short.
+    throw_if_aborted(what);
+    if (running.empty()) return;
+    if (std::chrono::steady_clock::now() >= deadline) {
+      fail(what, detail::str_cat("timed out after ", timeout().count(), " ms"));
+    }
+    std::this_thread::sleep_for(interval);
+    interval = std::min(interval * 2, kMaxPollInterval);
+  }
+}
+
+template <typename Enqueue>
+void NcclCommunicator::run(const char* op, int rank, const Tensor& x, Enqueue enqueue) {
+  Rank& r = *ranks_[static_cast<size_t>(rank)];
+  r.backend->activate();
+  std::string what;
+  std::string failure;
+  {
+    std::lock_guard<std::mutex> lock(r.collectives.mu);
+    // NCCL cannot compare the ranks' calls cheaply, so a message names this rank's side of a stuck
+    // one by its sequence number instead (the calls of one collective share it on every rank).
+    what = detail::str_cat("nccl ", op, " (call ", r.sequence++, " of ", shape_str(x.shape()), " ",
+                           dtype_name(x.dtype()), ") on ", r.backend->name());
+    throw_if_aborted(what);
+    // Every rank passes the same shape, so every rank skips an empty collective.
+    if (x.numel() == 0) return;
+    try {
+      NCCL_CHECK(enqueue(r.collectives.comm, r.backend->stream()));
+      CUDA_CHECK(cudaEventRecord(r.done, r.backend->stream()));
+    } catch (const Error& e) {
+      failure = e.what();
+    }
+  }
+  // The peers may already be waiting for this rank: abort rather than leave them to time out.
+  if (!failure.empty()) fail(what, failure);
+  wait(what, {{&r.collectives, r.done}});
+}
+
+Tensor NcclCommunicator::all_reduce(int rank, const Tensor& x) {
+  check_rank("all_reduce", rank, x);
+  const Tensor in = x.detach().contiguous();
+  const ncclDataType_t type = nccl_type(in.dtype());
+  Tensor out = empty(in.shape(), {.dtype = in.dtype(), .device = in.device()});
+  run("all_reduce", rank, in, [&](ncclComm_t comm, cudaStream_t stream) {
+    return ncclAllReduce(in.data_ptr(), out.data_ptr(), count_of(in), type, ncclSum, comm, stream);
+  });
+  return out;
+}
+
+Tensor NcclCommunicator::broadcast(int rank, const Tensor& x, int root) {
+  check_rank("broadcast", rank, x);
+  EF_CHECK(root >= 0 && root < size(), "broadcast: root ", root, " is out of range for ", size(), " ranks");
+  const Tensor in = x.detach().contiguous();
+  const ncclDataType_t type = nccl_type(in.dtype());
+  Tensor out = empty(in.shape(), {.dtype = in.dtype(), .device = in.device()});
+  run("broadcast", rank, in, [&](ncclComm_t comm, cudaStream_t stream) {
+    return ncclBroadcast(in.data_ptr(), out.data_ptr(), count_of(in), type, root, comm, stream);
+  });
+  return out;
+}
+
+Tensor NcclCommunicator::reduce(int rank, const Tensor& x, int root) {
+  check_rank("reduce", rank, x);
+  EF_CHECK(root >= 0 && root < size(), "reduce: root ", root, " is out of range for ", size(), " ranks");
+  const Tensor in = x.detach().contiguous();
+  const ncclDataType_t type = nccl_type(in.dtype());
+  // NCCL ignores the receive buffer off the root; a real one costs little and relies on nothing.
+  Tensor out = empty(in.shape(), {.dtype = in.dtype(), .device = in.device()});
+  run("reduce", rank, in, [&](ncclComm_t comm, cudaStream_t stream) {
+    return ncclReduce(in.data_ptr(), out.data_ptr(), count_of(in), type, ncclSum, root, comm, stream);
+  });
+  return rank == root ? out : Tensor();
+}
+
+Tensor NcclCommunicator::all_gather(int rank, const Tensor& x) {
+  check_rank("all_gather", rank, x);
+  EF_CHECK(x.dim() >= 1, "all_gather: needs at least one dim, got a scalar on rank ", rank);
+  const Tensor in = x.detach().contiguous();
+  const ncclDataType_t type = nccl_type(in.dtype());
+  Shape shape = in.shape();
+  shape[0] *= size();
+  Tensor out = empty(shape, {.dtype = in.dtype(), .device = in.device()});
+  run("all_gather", rank, in, [&](ncclComm_t comm, cudaStream_t stream) {
+    return ncclAllGather(in.data_ptr(), out.data_ptr(), count_of(in), type, comm, stream);
+  });
+  return out;
+}
+
+Tensor NcclCommunicator::reduce_scatter(int rank, const Tensor& x) {
+  check_rank("reduce_scatter", rank, x);
+  EF_CHECK(x.dim() >= 1 && x.size(0) % size() == 0, "reduce_scatter: dim 0 of ", shape_str(x.shape()),
+           " is not divisible by the ", size(), " ranks");
+  const Tensor in = x.detach().contiguous();
+  const ncclDataType_t type = nccl_type(in.dtype());
+  Shape shape = in.shape();
+  shape[0] /= size();
+  Tensor out = empty(shape, {.dtype = in.dtype(), .device = in.device()});
+  run("reduce_scatter", rank, in, [&](ncclComm_t comm, cudaStream_t stream) {
+    return ncclReduceScatter(in.data_ptr(), out.data_ptr(), count_of(out), type, ncclSum, comm, stream);
+  });
+  return out;
+}
+
+// Note [NCCL bucket reduce].
+void NcclCommunicator::all_reduce_in_place(const std::vector<Tensor>& per_rank) {
+  EF_CHECK(per_rank.size() == ranks_.size(), "all_reduce_in_place: ", per_rank.size(), " tensors for ", size(),
+           " ranks");
+  for (size_t r = 0; r < per_rank.size(); ++r) {
+    // A zero tensor made here could not be handed back through per_rank.
+    EF_CHECK(per_rank[r].defined(), "all_reduce_in_place: rank ", r,
+             "'s tensor is undefined; the NCCL communicator reduces in place, so pass zeros");
+    check_rank("all_reduce_in_place", static_cast<int>(r), per_rank[r]);
+    EF_CHECK(per_rank[r].shape() == per_rank[0].shape() && per_rank[r].dtype() == per_rank[0].dtype(),
+             "all_reduce_in_place: rank ", r, " has ", shape_str(per_rank[r].shape()), " ",
+             dtype_name(per_rank[r].dtype()), ", rank 0 has ", shape_str(per_rank[0].shape()), " ",
+             dtype_name(per_rank[0].dtype()));
+    EF_CHECK(per_rank[r].is_contiguous(), "all_reduce_in_place: rank ", r, "'s tensor is not contiguous");
+  }
+  const ncclDataType_t type = nccl_type(per_rank[0].dtype());
+  const size_t count = count_of(per_rank[0]);
+
+  std::lock_guard<std::mutex> in_place_lock(in_place_mu_);
+  const std::string what =
+      detail::str_cat("nccl all_reduce_in_place (call ", in_place_sequence_++, " of ", shape_str(per_rank[0].shape()),
+                      " ", dtype_name(per_rank[0].dtype()), ") on ", size(), " GPUs");
+  if (count == 0) {
+    throw_if_aborted(what);
+    return;
+  }
+  std::string failure;
+  {
+    auto locks = lock_all(&Rank::buckets);
+    throw_if_aborted(what);
+    try {
+      for (auto& r : ranks_) {
+        r->backend->activate();
+        CUDA_CHECK(cudaEventRecord(r->ready, r->backend->stream()));
+        CUDA_CHECK(cudaStreamWaitEvent(r->side_stream, r->ready, 0));
+      }
+      NCCL_CHECK(ncclGroupStart());
+      // The group must be closed even when a call in it fails, or this thread's later NCCL calls
+      // would join it.
+      ncclResult_t first_error = ncclSuccess;
+      for (size_t r = 0; r < ranks_.size() && first_error == ncclSuccess; ++r) {
+        void* data = per_rank[r].data_ptr();
+        first_error = ncclAllReduce(data, data, count, type, ncclSum, ranks_[r]->buckets.comm, ranks_[r]->side_stream);
+      }
+      const ncclResult_t end_status = ncclGroupEnd();
+      NCCL_CHECK(first_error);
+      NCCL_CHECK(end_status);
+      for (auto& r : ranks_) CUDA_CHECK(cudaEventRecord(r->bucket_done, r->side_stream));
+    } catch (const Error& e) {
+      failure = e.what();
+    }
+  }
+  try {
+    if (!failure.empty()) fail(what, failure);
+    std::vector<Pending> pending;
+    for (auto& r : ranks_) pending.push_back({&r->buckets, r->bucket_done});
+    wait(what, pending);
+  } catch (...) {
+    // The tensors go back to the caller, who may reuse them on the compute streams while an aborted
+    // reduce still runs on the side streams: order the compute streams after it.
+    for (auto& r : ranks_) CUDA_CHECK_PRINT(cudaStreamWaitEvent(r->backend->stream(), r->bucket_done, 0));
+    throw;
+  }
+}
+
+// Note [Aborting NCCL].
+void NcclCommunicator::abort(const std::string& why) {
+  {
+    std::lock_guard<std::mutex> lock(state_mu_);
+    if (aborted_) return;
+    aborted_ = true;
+    abort_reason_ = why.empty() ? "no reason given" : why;
+  }
+  for (auto& r : ranks_) {
+    for (Handle* h : {&r->collectives, &r->buckets}) {
+      std::lock_guard<std::mutex> lock(h->mu);
+      if (h->comm != nullptr) NCCL_CHECK_PRINT(ncclCommAbort(h->comm));
+      h->comm = nullptr;
+    }
+  }
+}
+
+bool NcclCommunicator::aborted() const {
+  std::lock_guard<std::mutex> lock(state_mu_);
+  return aborted_;
+}
+
+void NcclCommunicator::reset() {
+  std::lock_guard<std::mutex> in_place_lock(in_place_mu_);
+  auto collective_locks = lock_all(&Rank::collectives);
+  auto bucket_locks = lock_all(&Rank::buckets);
+  bool aborted = false;
+  std::string reason;
+  {
+    std::lock_guard<std::mutex> lock(state_mu_);
+    aborted = aborted_;
+    reason = abort_reason_;
+  }
+  if (aborted) {
+    try {
+      create_handles();
+    } catch (const Error& e) {
+      // Still aborted: later calls throw too.
+      EF_ERROR("nccl reset: re-creating the NCCL communicators failed: ", e.what(),
+               "; they had been aborted because: ", reason);
+    }
+    std::lock_guard<std::mutex> lock(state_mu_);
+    aborted_ = false;
+    abort_reason_.clear();
+  }
+  for (auto& r : ranks_) r->sequence = 0;
+  in_place_sequence_ = 0;
+}
+
+}  // namespace
+
+std::shared_ptr<Communicator> make_nccl_communicator(const std::vector<Device>& devices) {
+  EF_CHECK(!devices.empty(), "make_nccl_communicator: no devices given");
+  std::vector<CudaBackend*> backends;
+  std::set<int> gpus;
+  for (const Device& d : devices) {
+    EF_CHECK(d.is_cuda(), "make_nccl_communicator: ", d.str(),
+             " is not a CUDA device; NCCL serves distinct GPUs, use the local communicator");
+    auto* backend = dynamic_cast<CudaBackend*>(&context(d).backend());
+    EF_ASSERT(backend != nullptr, "make_nccl_communicator: ", d.str(), " has no CUDA backend");
+    EF_CHECK(gpus.insert(backend->physical_id()).second, "make_nccl_communicator: ", backend->name(),
+             " shares its GPU with another device of the group; NCCL needs distinct GPUs, use the local "
+             "communicator");
+    backends.push_back(backend);
+  }
+  // Connect every pair at init rather than at a first collective (NCCL 2.22+ connects lazily, inside
+  // a call that blocks on the host without a timeout until the peer makes it too). A user's setting wins.
+  setenv("NCCL_RUNTIME_CONNECT", "0", 0);
+  return std::make_shared<NcclCommunicator>(devices, backends);
+}
+
+}  // namespace evenflow::parallel

@@ -1,0 +1,18 @@
+// NCCL communicators: collectives between CUDA devices on distinct physical GPUs, one NCCL rank per
+// device (nccl_communicator.cu, built only with CUDA and NCCL, where EF_NCCL is 1). Plain C++: no
+// CUDA or NCCL headers here, so g++-compiled files (communicator.cpp) can include it.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "parallel/communicator.h"
+
+namespace evenflow::parallel {
+
+// A Communicator over `devices`, which must all be CUDA devices on distinct physical GPUs (several
+// logical devices sharing a GPU need LocalCommunicator). Throws ef::Error otherwise, or when NCCL
+// cannot create its communicators.
+std::shared_ptr<Communicator> make_nccl_communicator(const std::vector<Device>& devices);
+
+}  // namespace evenflow::parallel
