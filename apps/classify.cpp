@@ -15,6 +15,7 @@
 #include <memory>
 #include <string>
 
+#include "apps/common/fashion_cnn.h"
 #include "apps/common/metrics.h"
 #include "apps/common/plot.h"
 #include "apps/common/progress.h"
@@ -47,15 +48,6 @@ struct Args {
   int64_t steps = 0;  // 0: no limit
   bool print_loss = false;
 };
-
-// Conv2d(1,32,5,p2)-ReLU-MaxPool(2)-Conv2d(32,64,5,p2)-ReLU-MaxPool(2)-Flatten-Linear(3136,1024)-ReLU-
-// Dropout(0.4)-Linear(1024,10): [N, 1, 28, 28] -> [N, 10] logits.
-std::shared_ptr<nn::Sequential> make_model(const nn::ModuleOptions& o) {
-  return std::make_shared<nn::Sequential>(nn::Conv2d(1, 32, 5, {.padding = 2}, o), nn::ReLU(), nn::MaxPool2d(2),
-                                          nn::Conv2d(32, 64, 5, {.padding = 2}, o), nn::ReLU(), nn::MaxPool2d(2),
-                                          nn::Flatten(), nn::Linear(7 * 7 * 64, 1024, true, o), nn::ReLU(),
-                                          nn::Dropout(0.4), nn::Linear(1024, 10, true, o));
-}
 
 // Mean cross-entropy of logits [N, C] against labels [N]: -mean(log_softmax(x)[i, label_i]).
 ef::Tensor cross_entropy(const ef::Tensor& logits, const ef::Tensor& labels) {
@@ -127,7 +119,7 @@ int run(const Args& a) {
   const int64_t steps_per_epoch = train_loader.num_batches();
 
   ef::manual_seed(a.seed);
-  ef::parallel::DataParallelModel model(make_model({.dtype = dtype}), devices);
+  ef::parallel::DataParallelModel model(evenflow::apps::make_fashion_cnn({.dtype = dtype}), devices);
   ef::parallel::DataParallelCriterion criterion(model, cross_entropy);
   ef::parallel::ReplicatedOptimizer<ef::optim::Adam> opt(model, ef::optim::AdamOptions{.lr = a.lr});
   ef::io::TrainingProgress progress;

@@ -60,13 +60,37 @@ LoadReport load_module(nn::Module& module, const std::string& path, bool strict)
   return load_into(load_safetensors(path), module.state_dict(), strict);
 }
 
-void save_training_checkpoint(const std::string& path, const nn::Module& model, const optim::Optimizer& optimizer,
+namespace {
+
+std::string part_prefix(const CheckpointPart& part, const std::string& kind) {
+  return part.name.empty() ? kind : part.name + "." + kind;
+}
+
+void check_parts(const char* api, const std::string& path, const std::vector<CheckpointPart>& parts) {
+  EF_CHECK(!parts.empty(), api, ": ", path, ": no model given");
+  std::set<std::string> names;
+  for (const CheckpointPart& part : parts) {
+    EF_CHECK(part.model != nullptr && part.optimizer != nullptr, api, ": ", path, ": part \"", part.name,
+             "\" has no model or no optimizer");
+    EF_CHECK(names.insert(part.name).second, api, ": ", path, ": part \"", part.name, "\" is given twice");
+  }
+}
+
+}  // namespace
+
+void save_training_checkpoint(const std::string& path, const std::vector<CheckpointPart>& parts,
                               const TrainingProgress& progress, const std::vector<Device>& generator_devices,
                               const std::map<std::string, std::string>& metadata) {
+  check_parts("save_training_checkpoint", path, parts);
   EF_CHECK(!metadata.count("format") && !metadata.count("version"), "save_training_checkpoint: ", path,
            ": the metadata keys \"format\" and \"version\" are reserved");
-  NamedTensors tensors = prefixed(kModelPrefix, model.state_dict());
-  for (auto& entry : prefixed(kOptimPrefix, optimizer.state())) tensors.push_back(std::move(entry));
+  NamedTensors tensors;
+  for (const CheckpointPart& part : parts) {
+    for (auto& entry : prefixed(part_prefix(part, kModelPrefix), part.model->state_dict()))
+      tensors.push_back(std::move(entry));
+    for (auto& entry : prefixed(part_prefix(part, kOptimPrefix), part.optimizer->state()))
+      tensors.push_back(std::move(entry));
+  }
   tensors.emplace_back(kStepKey, from_int_vector({progress.step}, {}));
   tensors.emplace_back(kEpochKey, from_int_vector({progress.epoch}, {}));
   for (const Device& d : unique_devices(generator_devices))
@@ -77,8 +101,9 @@ void save_training_checkpoint(const std::string& path, const nn::Module& model, 
   save_safetensors(path, tensors, meta);
 }
 
-TrainingCheckpoint load_training_checkpoint(const std::string& path, nn::Module& model, optim::Optimizer& optimizer,
+TrainingCheckpoint load_training_checkpoint(const std::string& path, const std::vector<CheckpointPart>& parts,
                                             const std::vector<Device>& generator_devices) {
+  check_parts("load_training_checkpoint", path, parts);
   const SafetensorsFile file = load_safetensors(path);
   const auto format = file.metadata.find("format");
   EF_CHECK(format != file.metadata.end() && format->second == kFormat, "load_training_checkpoint: ", path,
@@ -96,23 +121,43 @@ TrainingCheckpoint load_training_checkpoint(const std::string& path, nn::Module&
   std::vector<std::pair<Device, GeneratorState>> generators;
   for (const Device& d : unique_devices(generator_devices))
     generators.emplace_back(d, generator_state_from_tensor(file.at(kGeneratorPrefix + d.str())));
-  SafetensorsFile model_part;
-  model_part.tensors = with_prefix(file, kModelPrefix, false);
 
-  // ... then change: the model first (load_into checks every key, shape and dtype before copying,
-  // so a different architecture fails here naming the key), then the optimizer (load_state checks
-  // before replacing; on failure the model's previous values are put back), then the generators.
-  NamedTensors previous_model;
-  for (const auto& [name, t] : model.state_dict()) previous_model.emplace_back(name, t.clone());
-  load_into(model_part, prefixed(kModelPrefix, model.state_dict()), true);
+  // ... then change, part by part: the model (load_into checks every key, shape and dtype before
+  // copying, so a different architecture fails here naming the key), then its optimizer (load_state
+  // checks before replacing). On a failure every model changed so far gets its previous values back
+  // (optimizers replace their state only on success, so theirs are intact), then the generators.
+  std::vector<NamedTensors> previous(parts.size());
+  for (size_t i = 0; i < parts.size(); ++i)
+    for (const auto& [name, t] : parts[i].model->state_dict()) previous[i].emplace_back(name, t.clone());
+  size_t changed = 0;
   try {
-    optimizer.load_state(with_prefix(file, kOptimPrefix, true));
+    for (const CheckpointPart& part : parts) {
+      const std::string model_prefix = part_prefix(part, kModelPrefix);
+      SafetensorsFile model_part;
+      model_part.tensors = with_prefix(file, model_prefix, false);
+      ++changed;
+      load_into(model_part, prefixed(model_prefix, part.model->state_dict()), true);
+      part.optimizer->load_state(with_prefix(file, part_prefix(part, kOptimPrefix), true));
+    }
   } catch (...) {
-    model.load_state_dict(previous_model);
+    for (size_t i = 0; i < changed; ++i) parts[i].model->load_state_dict(previous[i]);
     throw;
   }
   for (const auto& [d, state] : generators) set_generator_state(d, state);
   return out;
+}
+
+void save_training_checkpoint(const std::string& path, const nn::Module& model, const optim::Optimizer& optimizer,
+                              const TrainingProgress& progress, const std::vector<Device>& generator_devices,
+                              const std::map<std::string, std::string>& metadata) {
+  // The part only reads the model and optimizer when saving.
+  save_training_checkpoint(path, {{"", const_cast<nn::Module*>(&model), const_cast<optim::Optimizer*>(&optimizer)}},
+                           progress, generator_devices, metadata);
+}
+
+TrainingCheckpoint load_training_checkpoint(const std::string& path, nn::Module& model, optim::Optimizer& optimizer,
+                                            const std::vector<Device>& generator_devices) {
+  return load_training_checkpoint(path, {{"", &model, &optimizer}}, generator_devices);
 }
 
 }  // namespace evenflow::io

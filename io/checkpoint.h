@@ -48,14 +48,29 @@ struct TrainingCheckpoint {
   std::map<std::string, std::string> metadata = {};
 };
 
+// A model and its optimizer in a checkpoint of several (a GAN's generator and critic): their keys
+// are "<name>.model.*" and "<name>.optim.*" ("model.*" and "optim.*" for the name "").
+struct CheckpointPart {
+  std::string name;
+  nn::Module* model = nullptr;
+  optim::Optimizer* optimizer = nullptr;
+};
+
 // Note [Training checkpoints]. `generator_devices` lists the devices whose generator states are
 // saved (duplicates are saved once); metadata keys "format" and "version" are reserved.
+void save_training_checkpoint(const std::string& path, const std::vector<CheckpointPart>& parts,
+                              const TrainingProgress& progress, const std::vector<Device>& generator_devices = {},
+                              const std::map<std::string, std::string>& metadata = {});
+// Restores every part (all checked before any is changed), the generators of `generator_devices`
+// (each must be in the file), and returns the counters and metadata. Each model's keys must match
+// the file's exactly; each optimizer's state is checked by Optimizer::load_state.
+TrainingCheckpoint load_training_checkpoint(const std::string& path, const std::vector<CheckpointPart>& parts,
+                                            const std::vector<Device>& generator_devices = {});
+
+// The one-model forms: the part named "".
 void save_training_checkpoint(const std::string& path, const nn::Module& model, const optim::Optimizer& optimizer,
                               const TrainingProgress& progress, const std::vector<Device>& generator_devices = {},
                               const std::map<std::string, std::string>& metadata = {});
-// Restores the model, the optimizer and the generators of `generator_devices` (each must be in the
-// file) and returns the counters and metadata. The model's keys must match the file's exactly; the
-// optimizer's state is checked by Optimizer::load_state.
 TrainingCheckpoint load_training_checkpoint(const std::string& path, nn::Module& model, optim::Optimizer& optimizer,
                                             const std::vector<Device>& generator_devices = {});
 

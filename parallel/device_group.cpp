@@ -4,6 +4,7 @@
 #include <set>
 #include <sstream>
 
+#include "engine/autograd.h"
 #include "engine/context.h"
 
 namespace evenflow::parallel {
@@ -106,6 +107,7 @@ void DeviceGroup::run(const std::function<void(int rank)>& task, int active) {
   std::mutex mu;
   std::condition_variable cv;
   int remaining = k;
+  const bool grad_mode = grad_enabled();  // the caller's NoGradGuard holds inside the tasks too
   std::string first_error;
   Worker* const waiting_worker = Worker::current();
   auto fail_all = [&](const std::string& why) {
@@ -119,6 +121,7 @@ void DeviceGroup::run(const std::function<void(int rank)>& task, int active) {
     context(device).worker().post([&, rank, device, waiting_worker] {
       std::string error;
       try {
+        const GradModeGuard mode(grad_mode);
         const RankContext ctx{communicator, rank};
         tls_rank = &ctx;
         struct Reset {

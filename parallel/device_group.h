@@ -39,7 +39,8 @@ class DeviceGroup {
   const Device& device(int rank) const { return devices_.at(static_cast<size_t>(rank)); }
 
   // Runs task(rank) for ranks 0..active-1 (default all), each on its device's worker, concurrently,
-  // and returns when all are done. If tasks throw, the group's communicator is aborted (so ranks
+  // with the caller's grad mode (a NoGradGuard around run covers the tasks), and returns when all
+  // are done. If tasks throw, the group's communicator is aborted (so ranks
   // waiting in a collective stop waiting), every task is still waited for, the communicator is
   // reset, and the first failure is rethrown as ef::Error naming its device. The group is then
   // usable again. Must not be called from inside a task of a group.

@@ -1,12 +1,9 @@
 // Line plots as PNG (see plot.h): a canvas with lines, markers and bitmap text, and libpng.
 #include "apps/common/plot.h"
 
-#include <png.h>
-
 #include <algorithm>
 #include <array>
 #include <cmath>
-#include <csetjmp>
 #include <cstdio>
 
 #include "engine/error.h"
@@ -102,38 +99,11 @@ class Canvas {
   std::vector<uint8_t> px_;
 };
 
-void append_bytes(png_structp png, png_bytep data, png_size_t n) {
-  auto* out = static_cast<std::vector<uint8_t>*>(png_get_io_ptr(png));
-  out->insert(out->end(), data, data + n);
-}
-
-// Runs libpng's writer; false when libpng reported an error (it longjmps back to the setjmp here,
-// which is why this function modifies no local after it).
-bool encode_png(png_structp png, png_infop info, png_bytepp rows, int w, int h, std::vector<uint8_t>* out) {
-  if (setjmp(png_jmpbuf(png))) return false;
-  png_set_write_fn(png, out, append_bytes, nullptr);
-  png_set_IHDR(png, info, static_cast<png_uint_32>(w), static_cast<png_uint_32>(h), 8, PNG_COLOR_TYPE_RGB,
-               PNG_INTERLACE_NONE, PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
-  png_write_info(png, info);
-  png_write_image(png, rows);
-  png_write_end(png, nullptr);
-  return true;
-}
-
-// Encodes into memory, so that no C++ exception crosses libpng.
+// The canvas as PNG bytes (image.h's encoder).
 std::vector<uint8_t> Canvas::png() const {
-  std::vector<uint8_t> out;
-  png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, nullptr, nullptr, nullptr);
-  EF_CHECK(png != nullptr, "write_line_plot_png: png_create_write_struct failed");
-  png_infop info = png_create_info_struct(png);
-  std::vector<png_bytep> rows(static_cast<size_t>(h_));
-  for (int y = 0; y < h_; ++y)
-    rows[static_cast<size_t>(y)] =
-        const_cast<png_bytep>(px_.data() + static_cast<size_t>(y) * static_cast<size_t>(w_) * 3);
-  const bool ok = info != nullptr && encode_png(png, info, rows.data(), w_, h_, &out);
-  png_destroy_write_struct(&png, &info);
-  EF_CHECK(ok, "write_line_plot_png: libpng failed to encode the image");
-  return out;
+  RgbImage image(w_, h_);
+  image.pixels = px_;
+  return encode_png(image);
 }
 
 // About `target` ticks at multiples of 1, 2 or 5 times a power of ten covering [lo, hi].

@@ -1,6 +1,6 @@
 // A small line-plot writer for the apps' training curves: axes with "nice" ticks, tick labels,
 // a title, axis labels and a legend, drawn into an RGB image with a built-in 3x5 bitmap font and
-// written as a PNG with libpng (atomically, Note [Atomic writes] in io/file.h). No plotting
+// written as a PNG (image.h) (atomically, Note [Atomic writes] in io/file.h). No plotting
 // library is needed, so every machine that builds the apps can draw their curves.
 #pragma once
 
@@ -8,11 +8,9 @@
 #include <string>
 #include <vector>
 
-namespace evenflow::apps {
+#include "apps/common/image.h"
 
-struct Rgb {
-  uint8_t r = 0, g = 0, b = 0;
-};
+namespace evenflow::apps {
 
 // One curve: points (x[i], y[i]) joined by lines, with a marker at each point.
 struct Series {

@@ -224,6 +224,14 @@ TEST_CASE("data parallel: no_sync accumulates, and a second unsynchronized backw
   CHECK(twice.find("received a gradient again after it was synchronized") != std::string::npos);
 }
 
+TEST_CASE("data parallel: the caller's NoGradGuard covers the replicas' forward") {
+  DataParallelModel model(make_cnn(), devices("cpu:2"));
+  const auto xs = model.scatter(randn({4, 1, 8, 8}, {.dtype = kFloat64}));
+  CHECK(model(xs)[1].requires_grad());
+  NoGradGuard no_grad;
+  for (const Tensor& y : model(xs)) CHECK(!y.requires_grad());
+}
+
 TEST_CASE("data parallel: mismatched replicas are detected and named") {
   DataParallelModel model(make_cnn(), devices("cpu:3"));
   model.check_replicas();

@@ -3,7 +3,6 @@
 // --steps 10 continues from step 5 with losses identical (to the last bit) to an uninterrupted run
 // of 10 steps; bad arguments exit 2 with a one-line message.
 #include <doctest/doctest.h>
-#include <sys/wait.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -12,44 +11,15 @@
 #include <vector>
 
 #include "io/safetensors.h"
-#include "tests/io/test_files.h"
+#include "tests/train/app_runner.h"
 
-using evenflow::testing::idx_bytes;
 using evenflow::testing::read_bytes;
+using evenflow::testing::run_app;
 using evenflow::testing::TempDir;
-using evenflow::testing::write_bytes;
+using evenflow::testing::write_fashion_split;
+using Result = evenflow::testing::AppResult;
 
 namespace {
-
-struct Result {
-  int rc = -1;
-  std::string output;  // stdout and stderr
-};
-
-Result run_classify(const std::string& args) {
-  const std::string cmd = std::string(EF_CLASSIFY_BIN) + " " + args + " 2>&1";
-  std::FILE* p = ::popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  Result r;
-  char buf[4096];
-  for (size_t n; (n = std::fread(buf, 1, sizeof(buf), p)) > 0;) r.output.append(buf, n);
-  const int status = ::pclose(p);
-  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
-
-// n images of 28x28 bytes (a fixed pseudo-random pattern) and labels 0..9.
-void write_split(const TempDir& dir, const std::string& prefix, uint32_t n, uint32_t salt) {
-  std::string pixels, labels;
-  uint32_t x = 12345 + salt;
-  for (uint32_t i = 0; i < n * 28 * 28; ++i) {
-    x = x * 1103515245u + 12345u;
-    pixels += static_cast<char>(x >> 24);
-  }
-  for (uint32_t i = 0; i < n; ++i) labels += static_cast<char>((i * 7 + salt) % 10);
-  write_bytes(dir.file(prefix + "-images-idx3-ubyte"), idx_bytes(0x08, {n, 28, 28}, pixels));
-  write_bytes(dir.file(prefix + "-labels-idx1-ubyte"), idx_bytes(0x08, {n}, labels));
-}
 
 // The lines "step N loss X" of an output, as {N: X}.
 std::vector<std::pair<int, std::string>> losses(const std::string& output) {
@@ -76,17 +46,17 @@ namespace {
 void check_resume(const std::string& extra_args) {
   CAPTURE(extra_args);
   TempDir data, full, split;
-  write_split(data, "train", 40, 0);
-  write_split(data, "t10k", 20, 3);
+  write_fashion_split(data, "train", 40, 0);
+  write_fashion_split(data, "t10k", 20, 3);
   const std::string common = "--data " + data.path().string() +
                              " --batch-size 4 --epochs 2 --workers 1 --threads 1 --print-loss " + extra_args;
 
-  const Result whole = run_classify(common + " --steps 10 --out " + full.path().string());
+  const Result whole = run_app(EF_CLASSIFY_BIN, common + " --steps 10 --out " + full.path().string());
   REQUIRE_MESSAGE(whole.rc == 0, whole.output);
   const auto reference = losses(whole.output);
   REQUIRE(reference.size() == 10);
 
-  const Result first = run_classify(common + " --steps 5 --out " + split.path().string());
+  const Result first = run_app(EF_CLASSIFY_BIN, common + " --steps 5 --out " + split.path().string());
   REQUIRE_MESSAGE(first.rc == 0, first.output);
   CHECK(losses(first.output).size() == 5);
   CHECK(read_bytes(split.file("loss_accuracy.png")).substr(0, 8) == "\x89PNG\r\n\x1a\n");
@@ -99,7 +69,7 @@ void check_resume(const std::string& extra_args) {
   CHECK(model.contains("10.bias"));
   CHECK(!model.contains("model.10.bias"));
 
-  const Result resumed = run_classify(common + " --resume --steps 10 --out " + split.path().string());
+  const Result resumed = run_app(EF_CLASSIFY_BIN, common + " --resume --steps 10 --out " + split.path().string());
   REQUIRE_MESSAGE(resumed.rc == 0, resumed.output);
   CHECK_MESSAGE(resumed.output.find("at step 5") != std::string::npos, resumed.output);
   const auto rest = losses(resumed.output);
@@ -122,8 +92,8 @@ TEST_CASE("classify: data-parallel on three CPU devices, float64, resumes exactl
 
 TEST_CASE("classify: bad arguments exit 2 with a one-line message") {
   TempDir data, out;
-  write_split(data, "train", 8, 0);
-  write_split(data, "t10k", 4, 3);
+  write_fashion_split(data, "train", 8, 0);
+  write_fashion_split(data, "t10k", 4, 3);
   const std::string data_arg = " --data " + data.path().string();
   const std::string out_arg = " --out " + out.path().string();
   for (const auto& [args, expected] :
@@ -131,7 +101,7 @@ TEST_CASE("classify: bad arguments exit 2 with a one-line message") {
                                                         {"--devices cpu:0" + data_arg, "cpu:0"},
                                                         {"--dtype float16" + data_arg, "float16"},
                                                         {"--data /nonexistent/fashion", "/nonexistent/fashion"}}) {
-    const Result r = run_classify(args + out_arg);
+    const Result r = run_app(EF_CLASSIFY_BIN, args + out_arg);
     CAPTURE(args);
     CHECK(r.rc == 2);
     CHECK_MESSAGE(r.output.find("classify: error:") != std::string::npos, r.output);

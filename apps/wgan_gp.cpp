@@ -1,0 +1,512 @@
+// wgan_gp: a Wasserstein GAN with a gradient penalty on FashionMNIST, data-parallel over the
+// devices found. Each device computes its own critic outputs and its own penalty (a double
+// backward through its replica); only the chunk-weighted losses and the gradients cross devices
+// (Note [Data-parallel step] in parallel/data_parallel.h). Defaults are the WGAN-GP paper's: λ = 10,
+// 5 critic steps per generator step, Adam 1e-4 with betas (0, 0.9), batch 64.
+//
+// Every random number (noise, interpolation weights) is drawn on the host for the whole batch and
+// then split over the devices, so N devices compute what one device computes on the whole batch
+// (tests/train/test_wgan_gp_app.cpp checks it), and --resume continues exactly.
+//
+// In --out: samples/step_<k>.png (a grid from a fixed noise batch every --sample-every steps),
+// metrics.csv and curves.png, checkpoint.safetensors (generator, critic, both optimizers, step,
+// generator states), generator.safetensors and critic.safetensors (PyTorch names). Sample quality:
+// the Fréchet distance between generated and test images in the feature space of the classifier
+// apps/classify trains (--classifier), every --fid-every steps and at the end, next to the same
+// distance for real held-out images (the floor).
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cinttypes>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+
+#include "apps/common/fashion_cnn.h"
+#include "apps/common/frechet.h"
+#include "apps/common/image.h"
+#include "apps/common/plot.h"
+#include "apps/common/progress.h"
+#include "data/fashion_mnist.h"
+#include "data/loader.h"
+#include "io/checkpoint.h"
+#include "io/file.h"
+#include "losses/losses.h"
+#include "parallel/data_parallel.h"
+#include "parallel/sync_batch_norm.h"
+
+namespace ef = evenflow;
+namespace nn = evenflow::nn;
+namespace par = evenflow::parallel;
+namespace fs = std::filesystem;
+using ef::Tensor;
+
+namespace {
+
+struct Args {
+  std::string devices = "auto";
+  int64_t steps = 2000;  // generator steps
+  int64_t batch_size = 64;
+  int64_t critic_steps = 5;
+  double lambda = 10.0;
+  double lr = 1e-4, beta1 = 0.0, beta2 = 0.9;
+  std::string norm = "layernorm";
+  std::string penalty = "wgan-gp";
+  int64_t width = 32;
+  int64_t z_dim = 128;
+  int64_t sample_every = 100;
+  int64_t fid_every = 500;
+  int64_t fid_samples = 2000;
+  std::string classifier = "runs/classify/model.safetensors";
+  uint64_t seed = 0;
+  std::string dtype = "float32";
+  std::string data = ef::data::kFashionMnistRoot;
+  std::string out = "runs/wgan_gp";
+  int workers = 2;
+  int threads = 0;
+  bool resume = false;
+  bool print_loss = false;
+};
+
+// DCGAN-style generator for 28x28: z -> Linear -> [2w, 7, 7] -> ConvTranspose (14x14) -> ConvTranspose
+// (28x28) -> tanh, with batch normalization (synchronized over the devices) and ReLU between.
+class Generator : public nn::Cloneable<Generator> {
+ public:
+  Generator(int64_t z_dim, int64_t width, const nn::ModuleOptions& o) : width_(width) {
+    register_module("fc", std::make_shared<nn::Linear>(z_dim, 2 * width * 7 * 7, true, o));
+    register_module("bn0", std::make_shared<par::SyncBatchNorm>(2 * width * 7 * 7, nn::BatchNormConfig{}, o));
+    register_module("up1", std::make_shared<nn::ConvTranspose2d>(
+                               2 * width, width, 4, nn::ConvTranspose2dConfig{.stride = 2, .padding = 1}, o));
+    register_module("bn1", std::make_shared<par::SyncBatchNorm>(width, nn::BatchNormConfig{}, o));
+    register_module("up2", std::make_shared<nn::ConvTranspose2d>(
+                               width, 1, 4, nn::ConvTranspose2dConfig{.stride = 2, .padding = 1}, o));
+  }
+  std::string name() const override { return "Generator"; }
+  Tensor forward(const Tensor& z) override {
+    Tensor h = ef::relu(child("bn0")->forward(child("fc")->forward(z)));
+    h = ef::reshape(h, {z.size(0), 2 * width_, 7, 7});
+    h = ef::relu(child("bn1")->forward(child("up1")->forward(h)));
+    return ef::tanh(child("up2")->forward(h));
+  }
+
+ private:
+  int64_t width_;
+};
+
+// DCGAN-style critic: Conv(4, stride 2) 28 -> 14 -> 7 with LeakyReLU(0.2), the chosen
+// normalization after the second convolution, and a linear output: [N, 1, 28, 28] -> [N].
+class Critic : public nn::Cloneable<Critic> {
+ public:
+  Critic(int64_t width, const std::string& norm, const nn::ModuleOptions& o) {
+    register_module("conv1", std::make_shared<nn::Conv2d>(1, width, 4, nn::Conv2dConfig{.stride = 2, .padding = 1}, o));
+    register_module("conv2",
+                    std::make_shared<nn::Conv2d>(width, 2 * width, 4, nn::Conv2dConfig{.stride = 2, .padding = 1}, o));
+    if (norm == "layernorm") {
+      register_module("norm", std::make_shared<nn::LayerNorm>(ef::Shape{2 * width, 7, 7}, nn::LayerNormConfig{}, o));
+    } else if (norm == "syncbn") {
+      register_module("norm", std::make_shared<par::SyncBatchNorm>(2 * width, nn::BatchNormConfig{}, o));
+    }
+    register_module("fc", std::make_shared<nn::Linear>(2 * width * 7 * 7, 1, true, o));
+  }
+  std::string name() const override { return "Critic"; }
+  Tensor forward(const Tensor& x) override {
+    Tensor h = ef::leaky_relu(child("conv1")->forward(x), 0.2);
+    h = child("conv2")->forward(h);
+    if (has_norm()) h = child("norm")->forward(h);
+    h = ef::flatten(ef::leaky_relu(h, 0.2), 1);
+    return ef::reshape(child("fc")->forward(h), {x.size(0)});
+  }
+
+ private:
+  bool has_norm() const {
+    for (const auto& [name, m] : named_children())
+      if (name == "norm") return true;
+    return false;
+  }
+};
+
+// The penalty of one device's chunk (a mean over its samples, so chunk weighting is exact).
+// DRAGAN's perturbation scale is the whole batch's standard deviation, so every device gets it.
+Tensor penalty(const Args& a, nn::Module& critic, const Tensor& real, const Tensor& fake, const Tensor& eps,
+               const Tensor& noise, double real_std) {
+  const ef::losses::Critic d = [&critic](const Tensor& x) { return critic(x); };
+  if (a.penalty == "wgan-gp") return ef::losses::wgan_gp_penalty(d, real, fake, {.lambda = a.lambda, .eps = eps});
+  if (a.penalty == "dragan")
+    return ef::losses::dragan_penalty(d, real, {.lambda = a.lambda, .noise = noise, .real_std = real_std});
+  return ef::losses::r1_penalty(d, real, a.lambda);
+}
+
+// One metrics row a generator step (or an evaluation); NaN where nothing was measured.
+struct Row {
+  int64_t step = 0;
+  double critic_loss = NAN, generator_loss = NAN, wasserstein = NAN, frechet = NAN, frechet_floor = NAN;
+  double seconds = 0, images_per_s = 0;
+};
+
+const char* kCsvHeader = "step,critic_loss,generator_loss,wasserstein,frechet,frechet_floor,seconds,images_per_s";
+
+std::string csv_number(double v) {
+  if (std::isnan(v)) return "";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.9g", v);
+  return buf;
+}
+
+void write_csv(const std::string& path, const std::vector<Row>& rows) {
+  std::string text = std::string(kCsvHeader) + "\n";
+  for (const Row& r : rows) {
+    text += std::to_string(r.step) + "," + csv_number(r.critic_loss) + "," + csv_number(r.generator_loss) + "," +
+            csv_number(r.wasserstein) + "," + csv_number(r.frechet) + "," + csv_number(r.frechet_floor) + "," +
+            csv_number(r.seconds) + "," + csv_number(r.images_per_s) + "\n";
+  }
+  ef::io::write_file_atomically(path, [&](ef::io::OutputFile& f) { f.write(text.data(), text.size()); });
+}
+
+std::vector<Row> read_csv(const std::string& path, int64_t up_to_step) {
+  std::ifstream in(path);
+  EF_CHECK(in.good(), "--resume: cannot read ", path);
+  std::string line;
+  std::getline(in, line);
+  EF_CHECK(line == kCsvHeader, "--resume: ", path, " does not start with the expected header");
+  std::vector<Row> rows;
+  while (std::getline(in, line)) {
+    std::vector<double> v;
+    std::stringstream ss(line);
+    std::string cell;
+    while (std::getline(ss, cell, ',')) v.push_back(cell.empty() ? NAN : std::stod(cell));
+    while (v.size() < 8) v.push_back(NAN);
+    Row r{static_cast<int64_t>(v[0]), v[1], v[2], v[3], v[4], v[5], v[6], v[7]};
+    if (r.step <= up_to_step) rows.push_back(r);
+  }
+  return rows;
+}
+
+void write_curves(const std::string& path, const std::vector<Row>& rows) {
+  ef::apps::Series critic{.label = "critic loss", .color = {200, 40, 40}};
+  ef::apps::Series wasserstein{.label = "wasserstein estimate", .color = {30, 80, 200}};
+  ef::apps::Series frechet{.label = "frechet distance / 10", .color = {20, 150, 60}};
+  for (const Row& r : rows) {
+    if (!std::isnan(r.critic_loss)) {
+      critic.x.push_back(static_cast<double>(r.step));
+      critic.y.push_back(r.critic_loss);
+      wasserstein.x.push_back(static_cast<double>(r.step));
+      wasserstein.y.push_back(r.wasserstein);
+    }
+    if (!std::isnan(r.frechet)) {
+      frechet.x.push_back(static_cast<double>(r.step));
+      frechet.y.push_back(r.frechet / 10.0);
+    }
+  }
+  ef::apps::write_line_plot_png(path, {.title = "WGAN-GP on FashionMNIST",
+                                       .x_label = "generator step",
+                                       .y_label = "loss / distance",
+                                       .series = {critic, wasserstein, frechet}});
+}
+
+std::map<std::string, std::string> run_metadata(const Args& a) {
+  return {{"app", "wgan_gp"},
+          {"batch_size", std::to_string(a.batch_size)},
+          {"critic_steps", std::to_string(a.critic_steps)},
+          {"devices", a.devices},
+          {"dtype", a.dtype},
+          {"norm", a.norm},
+          {"penalty", a.penalty},
+          {"seed", std::to_string(a.seed)},
+          {"width", std::to_string(a.width)},
+          {"z_dim", std::to_string(a.z_dim)}};
+}
+
+// The Fréchet distance set-up: the classifier, the test set's feature statistics, and the floor.
+struct FrechetMetric {
+  std::shared_ptr<nn::Sequential> net;
+  ef::apps::FeatureStats reference;
+  double floor = NAN;
+  Tensor noise;  // fixed, so successive evaluations compare the generator, not the noise
+
+  // Features of images in [-1, 1] (the generator's range), in chunks, in float32.
+  Tensor features(const Tensor& images) const {
+    std::vector<Tensor> parts;
+    for (int64_t start = 0; start < images.size(0); start += 500) {
+      const Tensor chunk = ef::narrow(images, 0, start, std::min<int64_t>(500, images.size(0) - start));
+      parts.push_back(ef::apps::fashion_cnn_features(*net, (chunk.to(ef::kFloat32) + 1.0) * 0.5).to(ef::cpu()));
+    }
+    return ef::cat(parts, 0);
+  }
+};
+
+Tensor dataset_images(const ef::data::FashionMNIST& set, int64_t count, ef::DType dtype, const ef::Device& device) {
+  std::vector<int64_t> indices(static_cast<size_t>(std::min(count, set.size())));
+  for (size_t i = 0; i < indices.size(); ++i) indices[i] = static_cast<int64_t>(i);
+  return set.get_batch(indices).images.to(dtype).to(device) * 2.0 - 1.0;
+}
+
+int run(const Args& a) {
+  // --- Setup: every failure here is a bad argument or a missing file (exit 2) ----------------------
+  std::vector<ef::Device> devices;
+  if (a.devices == "auto") {
+    devices = par::devices(ef::cuda_device_count() > 0 ? "cuda" : "cpu:2");
+  } else {
+    devices = par::devices(a.devices);
+  }
+  EF_CHECK(a.dtype == "float32" || a.dtype == "float64", "--dtype must be float32 or float64, got \"", a.dtype, "\"");
+  EF_CHECK(a.norm == "none" || a.norm == "layernorm" || a.norm == "syncbn",
+           "--norm must be none, layernorm or syncbn, got \"", a.norm, "\"");
+  EF_CHECK(a.penalty == "wgan-gp" || a.penalty == "dragan" || a.penalty == "r1",
+           "--penalty must be wgan-gp, dragan or r1, got \"", a.penalty, "\"");
+  const ef::DType dtype = a.dtype == "float64" ? ef::kFloat64 : ef::kFloat32;
+  if (a.threads > 0) ef::set_num_threads(a.threads);
+  const ef::Device first = devices[0];
+  auto train_set = std::make_shared<ef::data::FashionMNIST>(ef::data::Split::Train, a.data);
+  const ef::data::FashionMNIST test_set(ef::data::Split::Test, a.data);
+  fs::create_directories(fs::path(a.out) / "samples");
+  const std::string ckpt_path = (fs::path(a.out) / "checkpoint.safetensors").string();
+  const std::string csv_path = (fs::path(a.out) / "metrics.csv").string();
+
+  // Host draws (noise, interpolation weights) come from cpu:0's generator: part of the checkpoint.
+  ef::manual_seed(a.seed);
+  const Tensor fixed_noise = ef::randn({64, a.z_dim}, {.dtype = dtype});
+  const Tensor fid_noise = ef::randn({a.fid_samples, a.z_dim}, {.dtype = dtype});
+  par::DataParallelModel gen(std::make_shared<Generator>(a.z_dim, a.width, nn::ModuleOptions{.dtype = dtype}), devices);
+  par::DataParallelModel critic(std::make_shared<Critic>(a.width, a.norm, nn::ModuleOptions{.dtype = dtype}), devices);
+  const ef::optim::AdamOptions adam{.lr = a.lr, .betas = {a.beta1, a.beta2}};
+  par::ReplicatedOptimizer<ef::optim::Adam> opt_g(gen, adam), opt_d(critic, adam);
+  par::DataParallelCriterion criterion(critic);
+
+  // Before a resume restores the generators: building the classifier draws its initial weights.
+  FrechetMetric fid;
+  if (fs::exists(a.classifier)) {
+    fid.net = ef::apps::make_fashion_cnn();  // float32, as classify saves it, whatever --dtype is
+    ef::io::load_module(*fid.net, a.classifier);
+    fid.net->to(first);
+    fid.noise = fid_noise;
+    fid.reference = ef::apps::feature_stats(fid.features(dataset_images(test_set, test_set.size(), dtype, first)));
+    // The floor: real training images (held out from the reference, the test set), as many as the
+    // generated samples measured, since the distance's bias depends on the count.
+    fid.floor = ef::apps::frechet_distance(
+        ef::apps::feature_stats(fid.features(dataset_images(*train_set, a.fid_samples, dtype, first))), fid.reference);
+    std::printf("Frechet distance floor (%" PRId64 " real training images vs the test set): %.3f\n", a.fid_samples,
+                fid.floor);
+  } else {
+    std::printf("no classifier at %s: the Frechet distance is skipped (train one with apps/classify)\n",
+                a.classifier.c_str());
+  }
+  std::vector<ef::Device> generator_devices = devices;
+  generator_devices.push_back(ef::cpu());
+  ef::io::TrainingProgress progress;
+  std::vector<Row> rows;
+  const std::vector<ef::io::CheckpointPart> parts{{"gen", &gen.module(), &opt_g.primary()},
+                                                  {"critic", &critic.module(), &opt_d.primary()}};
+  if (a.resume) {
+    const auto ck = ef::io::load_training_checkpoint(ckpt_path, parts, generator_devices);
+    for (const auto& [key, value] : run_metadata(a)) {
+      const auto it = ck.metadata.find(key);
+      EF_CHECK(it != ck.metadata.end() && it->second == value, "--resume: ", ckpt_path, " was written with ", key, " ",
+               it == ck.metadata.end() ? "(none)" : it->second, ", this run has ", value);
+    }
+    gen.copy_primary_to_replicas();
+    critic.copy_primary_to_replicas();
+    opt_g.load_state(opt_g.primary().state());
+    opt_d.load_state(opt_d.primary().state());
+    progress = ck.progress;
+    rows = read_csv(csv_path, progress.step);
+    std::printf("resuming from %s at generator step %" PRId64 "\n", ckpt_path.c_str(), progress.step);
+  }
+
+  std::string device_names;
+  for (const ef::Device& d : devices) device_names += (device_names.empty() ? "" : ",") + d.str();
+  std::printf("training on %s, %s, batch %" PRId64 ", %" PRId64
+              " critic steps per generator step, norm %s, penalty %s\n",
+              device_names.c_str(), a.dtype.c_str(), a.batch_size, a.critic_steps, a.norm.c_str(), a.penalty.c_str());
+  std::fflush(stdout);
+
+  ef::data::DataLoader loader(train_set, {.batch_size = a.batch_size,
+                                          .shuffle = true,
+                                          .seed = a.seed,
+                                          .drop_last = true,
+                                          .num_workers = a.workers,
+                                          .device = ef::cpu()});
+  const int64_t per_epoch = loader.num_batches();
+  EF_CHECK(per_epoch > 0, "the training set has fewer images (", train_set->size(), ") than a batch (", a.batch_size,
+           ")");
+
+  // --- Pieces of a step ---------------------------------------------------------------------------------
+  const auto sample = [&](int64_t step) {
+    ef::NoGradGuard no_grad;
+    gen.module().eval();
+    const Tensor images = gen.module()(fixed_noise.to(first));
+    gen.module().train();
+    char name[64];
+    std::snprintf(name, sizeof name, "step_%06" PRId64 ".png", step);
+    ef::apps::write_png((fs::path(a.out) / "samples" / name).string(), ef::apps::image_grid(images, 8, -1.0, 1.0, 2));
+  };
+  const auto frechet = [&]() -> double {
+    if (!fid.net) return NAN;
+    ef::NoGradGuard no_grad;
+    gen.module().eval();
+    std::vector<Tensor> images;
+    for (int64_t start = 0; start < a.fid_samples; start += 500) {
+      const Tensor z = ef::narrow(fid.noise, 0, start, std::min<int64_t>(500, a.fid_samples - start));
+      images.push_back(gen.module()(z.to(first)));
+    }
+    gen.module().train();
+    return ef::apps::frechet_distance(ef::apps::feature_stats(fid.features(ef::cat(images, 0))), fid.reference);
+  };
+  const auto save = [&] {
+    ef::io::save_training_checkpoint(ckpt_path, parts, progress, generator_devices, run_metadata(a));
+    ef::io::save_module(gen.module(), (fs::path(a.out) / "generator.safetensors").string());
+    ef::io::save_module(critic.module(), (fs::path(a.out) / "critic.safetensors").string());
+    write_csv(csv_path, rows);
+    write_curves((fs::path(a.out) / "curves.png").string(), rows);
+  };
+  const auto set_critic_trainable = [&](bool on) {
+    for (int r = 0; r < critic.size(); ++r)
+      for (Tensor p : critic.replica(r).parameters()) p.requires_grad_(on);
+  };
+
+  // The batches, in the loader's order, from where a resumed run stopped: `critic_steps` a step.
+  int64_t position = progress.step * a.critic_steps;
+  int64_t epoch = position / per_epoch;
+  ef::data::DataLoader::Iterator it = loader.epoch(epoch).begin();
+  for (int64_t skip = position % per_epoch; skip > 0; --skip) ++it;
+  const auto next_real = [&]() -> Tensor {
+    if (it == loader.end()) it = loader.epoch(++epoch).begin();
+    Tensor images = it->images.to(dtype) * 2.0 - 1.0;
+    ++it;
+    return images;
+  };
+
+  // --- Training -----------------------------------------------------------------------------------------------
+  using Clock = std::chrono::steady_clock;
+  ef::apps::ProgressBar bar;
+  bar.start_epoch(1, 1, a.steps, progress.step + 1);
+  double seconds = 0;
+  int64_t images_seen = 0;
+  while (progress.step < a.steps) {
+    const auto t0 = Clock::now();
+    Row row;
+    for (int64_t k = 0; k < a.critic_steps; ++k) {
+      const Tensor real = next_real();
+      const int64_t n = real.size(0);
+      const Tensor z = ef::randn({n, a.z_dim}, {.dtype = dtype});
+      const Tensor eps = ef::rand({n, 1, 1, 1}, {.dtype = dtype});
+      const Tensor noise = ef::rand(real.shape(), {.dtype = dtype});
+      const double real_std = std::sqrt(ef::var(ef::flatten(real), {0}).item());
+      const auto reals = critic.scatter(real), zs = gen.scatter(z), epss = critic.scatter(eps),
+                 noises = critic.scatter(noise);
+      par::PerDevice<Tensor> fakes;
+      {
+        ef::NoGradGuard no_grad;
+        fakes = gen(zs);
+      }
+      std::vector<int64_t> sizes;
+      for (const Tensor& r : reals) sizes.push_back(r.size(0));
+      std::vector<double> distance(reals.size());
+      const Tensor loss = criterion(
+          [&](int r) {
+            nn::Module& d = critic.replica(r);
+            const Tensor d_real = d(reals[r]), d_fake = d(fakes[r]);
+            distance[static_cast<size_t>(r)] = (ef::mean(d_real) - ef::mean(d_fake)).item();
+            return ef::losses::wasserstein_critic_loss(d_real, d_fake) +
+                   penalty(a, d, reals[r], fakes[r], epss[r], noises[r], real_std);
+          },
+          sizes);
+      opt_d.zero_grad();
+      loss.backward();
+      opt_d.step();
+      row.critic_loss = loss.item();
+      row.wasserstein = 0;
+      for (size_t r = 0; r < sizes.size(); ++r)
+        row.wasserstein += distance[r] * static_cast<double>(sizes[r]) / static_cast<double>(n);
+      images_seen += n;
+      if (a.print_loss)
+        std::printf("step %" PRId64 " critic %d loss %.17g\n", progress.step + 1, static_cast<int>(k + 1),
+                    row.critic_loss);
+    }
+    {
+      const Tensor z = ef::randn({a.batch_size, a.z_dim}, {.dtype = dtype});
+      const auto zs = gen.scatter(z);
+      set_critic_trainable(false);
+      const auto fakes = gen(zs);
+      std::vector<int64_t> sizes;
+      for (const Tensor& f : fakes) sizes.push_back(f.size(0));
+      const Tensor loss =
+          criterion([&](int r) { return ef::losses::wasserstein_generator_loss(critic.replica(r)(fakes[r])); }, sizes);
+      opt_g.zero_grad();
+      loss.backward();
+      opt_g.step();
+      set_critic_trainable(true);
+      row.generator_loss = loss.item();
+      if (a.print_loss) std::printf("step %" PRId64 " generator loss %.17g\n", progress.step + 1, row.generator_loss);
+    }
+    ++progress.step;
+    seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+    row.step = progress.step;
+    row.seconds = seconds;
+    row.images_per_s = static_cast<double>(images_seen) / seconds;
+    bar.update(progress.step, row.critic_loss, row.images_per_s);
+    const bool last = progress.step == a.steps;
+    if (progress.step % a.fid_every == 0 || last) {
+      row.frechet = frechet();
+      row.frechet_floor = fid.floor;
+      if (!std::isnan(row.frechet)) {
+        bar.finish();
+        std::printf("step %" PRId64 "  Frechet distance %.3f (floor %.3f)\n", progress.step, row.frechet, fid.floor);
+        std::fflush(stdout);
+      }
+    }
+    rows.push_back(row);
+    if (progress.step % a.sample_every == 0 || last) sample(progress.step);
+    if (progress.step % a.sample_every == 0 || progress.step % a.fid_every == 0 || last) save();
+  }
+  bar.finish();
+  std::printf("done: %" PRId64 " generator steps; outputs in %s\n", progress.step, a.out.c_str());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Train a WGAN-GP on FashionMNIST, data-parallel over the devices found (evenflow)"};
+  Args a;
+  app.add_option("--devices", a.devices, "auto (every GPU, else cpu:2), cpu, cpu:N, cuda, cuda:0,1");
+  app.add_option("--steps", a.steps, "generator steps in all")->check(CLI::PositiveNumber);
+  app.add_option("--batch-size", a.batch_size, "batch size")->check(CLI::PositiveNumber);
+  app.add_option("--critic-steps", a.critic_steps, "critic steps per generator step")->check(CLI::PositiveNumber);
+  app.add_option("--lambda", a.lambda, "penalty weight (R1: gamma)")->check(CLI::NonNegativeNumber);
+  app.add_option("--lr", a.lr, "Adam learning rate of both networks")->check(CLI::PositiveNumber);
+  app.add_option("--beta1", a.beta1, "Adam beta1");
+  app.add_option("--beta2", a.beta2, "Adam beta2");
+  app.add_option("--norm", a.norm, "critic normalization: none, layernorm, syncbn");
+  app.add_option("--penalty", a.penalty, "wgan-gp, dragan or r1");
+  app.add_option("--width", a.width, "channels of the first critic layer / last generator layer")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--z-dim", a.z_dim, "noise dimension")->check(CLI::PositiveNumber);
+  app.add_option("--sample-every", a.sample_every, "write a sample grid every K steps")->check(CLI::PositiveNumber);
+  app.add_option("--fid-every", a.fid_every, "Frechet distance every K steps")->check(CLI::PositiveNumber);
+  app.add_option("--fid-samples", a.fid_samples, "generated (and real) images the distance uses")
+      ->check(CLI::Range(int64_t{2}, int64_t{100000}));
+  app.add_option("--classifier", a.classifier, "apps/classify's model.safetensors (the feature space)");
+  app.add_option("--seed", a.seed, "seed of the initialization, noise and data order");
+  app.add_option("--dtype", a.dtype, "float32 or float64");
+  app.add_option("--data", a.data, "FashionMNIST folder (IDX files, gzip or raw)");
+  app.add_option("--out", a.out, "output folder");
+  app.add_option("--workers", a.workers, "data loader threads")->check(CLI::NonNegativeNumber);
+  app.add_option("--threads", a.threads, "intra-op CPU threads (0: all)")->check(CLI::NonNegativeNumber);
+  app.add_flag("--resume", a.resume, "continue from <out>/checkpoint.safetensors exactly");
+  app.add_flag("--print-loss", a.print_loss, "print every critic and generator loss at full precision");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  try {
+    return run(a);
+  } catch (const ef::Error& e) {
+    std::fprintf(stderr, "wgan_gp: error: %s\n", e.what());
+    return 2;
+  }
+}

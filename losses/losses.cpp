@@ -1,0 +1,260 @@
+// Classification losses (cross-entropy, NLL, focal), regression and binary losses, and the checks
+// and masks every loss shares (losses/common.h). Dice, Lovász-softmax and OHEM are in
+// segmentation.cpp, the Wasserstein losses and gradient penalties in gan.cpp.
+#include <string>
+
+#include "losses/common.h"
+
+namespace evenflow::losses {
+
+namespace detail {
+
+namespace {
+
+Tensor index_scalar(int64_t v, const Device& d) {
+  return from_int_vector({v}, {}, d);
+}
+
+// Targets are data, so a class out of range is the caller's mistake (an ef::Error here), not an
+// invalid index deep inside gather. The check reads two numbers back from the device.
+void check_class_range(const char* loss, const Tensor& target, const Tensor& valid_int, int64_t classes,
+                       int64_t ignore_index) {
+  if (target.numel() == 0) return;
+  NoGradGuard no_grad;
+  const Tensor kept =
+      to_dtype(where(valid_int, target, zeros({}, {.dtype = kInt64, .device = target.device()})), kFloat64);
+  const std::vector<double> hi_lo = stack({amax(kept), amax(neg(kept))}, 0).to_vector();
+  const auto hi = static_cast<int64_t>(hi_lo[0]), lo = static_cast<int64_t>(-hi_lo[1]);
+  const int64_t bad = hi >= classes ? hi : lo;
+  EF_CHECK(lo >= 0 && hi < classes, loss, ": target holds class ", bad, ", outside [0, ", classes, ") for logits with ",
+           classes, " classes",
+           ignore_index == kNoIgnore ? std::string(" (no ignore_index)")
+                                     : evenflow::detail::str_cat(" (ignore_index ", ignore_index, ")"));
+}
+
+}  // namespace
+
+ClassTarget class_target(const char* loss, const Tensor& target, int64_t classes, int64_t ignore_index,
+                         DType mask_dtype) {
+  EF_CHECK(target.defined(), loss, ": target is undefined");
+  EF_CHECK(target.dtype() == kInt64, loss, ": target must hold int64 class indices, got ", dtype_name(target.dtype()));
+  const Tensor valid_int = ne(target, index_scalar(ignore_index, target.device()));
+  check_class_range(loss, target, valid_int, classes, ignore_index);
+  const Tensor clean = where(valid_int, target, index_scalar(0, target.device()));
+  return {to_dtype(valid_int, mask_dtype), clean};
+}
+
+ClassTarget class_target(const char* loss, const Tensor& logits, const Tensor& target, int64_t ignore_index,
+                         int64_t min_dim) {
+  EF_CHECK(logits.defined(), loss, ": logits are undefined");
+  EF_CHECK(is_floating(logits.dtype()), loss, ": logits must be float32 or float64, got ", dtype_name(logits.dtype()));
+  EF_CHECK(logits.dim() >= min_dim, loss, ": logits must be ",
+           min_dim == 2 ? "[N, C] or [N, C, d1, ...]" : "[N, C, d1, ...]", ", got ", shape_str(logits.shape()));
+  EF_CHECK(target.defined(), loss, ": target is undefined");
+  EF_CHECK(target.dtype() == kInt64, loss, ": target must hold int64 class indices, got ", dtype_name(target.dtype()));
+  EF_CHECK(target.device() == logits.device(), loss, ": target is on ", target.device().str(), " but logits are on ",
+           logits.device().str());
+  Shape expected = logits.shape();
+  expected.erase(expected.begin() + 1);
+  EF_CHECK(target.shape() == expected, loss, ": target has shape ", shape_str(target.shape()), ", expected ",
+           shape_str(expected), " for logits ", shape_str(logits.shape()));
+  return class_target(loss, target, logits.size(1), ignore_index, logits.dtype());
+}
+
+void check_class_weight(const char* loss, const char* what, const Tensor& weight, const Tensor& logits) {
+  if (!weight.defined()) return;
+  EF_CHECK(weight.dim() == 1 && weight.size(0) == logits.size(1), loss, ": ", what, " has shape ",
+           shape_str(weight.shape()), ", expected [", logits.size(1), "] (one per class)");
+  EF_CHECK(weight.dtype() == logits.dtype(), loss, ": ", what, " is ", dtype_name(weight.dtype()), " but logits are ",
+           dtype_name(logits.dtype()));
+  EF_CHECK(weight.device() == logits.device(), loss, ": ", what, " is on ", weight.device().str(),
+           " but logits are on ", logits.device().str());
+}
+
+void check_same_float(const char* loss, const Tensor& input, const Tensor& target, const char* what_input,
+                      const char* what_target) {
+  EF_CHECK(input.defined() && target.defined(), loss, ": ", input.defined() ? what_target : what_input,
+           " is undefined");
+  EF_CHECK(is_floating(input.dtype()), loss, ": ", what_input, " must be float32 or float64, got ",
+           dtype_name(input.dtype()));
+  EF_CHECK(target.dtype() == input.dtype(), loss, ": ", what_target, " is ", dtype_name(target.dtype()), " but ",
+           what_input, " is ", dtype_name(input.dtype()));
+  EF_CHECK(target.device() == input.device(), loss, ": ", what_target, " is on ", target.device().str(), " but ",
+           what_input, " is on ", input.device().str());
+  EF_CHECK(target.shape() == input.shape(), loss, ": ", what_target, " has shape ", shape_str(target.shape()), " but ",
+           what_input, " has shape ", shape_str(input.shape()));
+}
+
+Tensor one_hot(const Tensor& clean, int64_t classes, DType dtype) {
+  Shape class_shape(static_cast<size_t>(clean.dim() + 1), 1);
+  class_shape[1] = classes;
+  const Tensor ids =
+      reshape(arange(0, static_cast<double>(classes), 1, {.dtype = kInt64, .device = clean.device()}), class_shape);
+  return to_dtype(eq(unsqueeze(clean, 1), ids), dtype);
+}
+
+Tensor masked(const Tensor& x, const Tensor& mask) {
+  return where(mask, x, zeros({}, {.dtype = x.dtype(), .device = x.device()}));
+}
+
+Tensor nonzero(const Tensor& d) {
+  return d + eq(d, zeros({}, {.dtype = d.dtype(), .device = d.device()}));
+}
+
+Shape spatial_dims(const Tensor& logits) {
+  Shape dims;
+  for (int64_t i = 2; i < logits.dim(); ++i) dims.push_back(i);
+  return dims;
+}
+
+}  // namespace detail
+
+using detail::masked;
+using detail::nonzero;
+
+namespace {
+
+// [C] -> [1, C, 1, ...], to broadcast against [N, C, d1, ...].
+Tensor per_class_view(const Tensor& w, int64_t ndim) {
+  Shape s(static_cast<size_t>(ndim), 1);
+  s[1] = w.size(0);
+  return reshape(w, s);
+}
+
+// w[clean], shaped like clean.
+Tensor take_class(const Tensor& w, const Tensor& clean) {
+  return reshape(index_select(w, 0, reshape(clean, {-1})), clean.shape());
+}
+
+// log p[target] per element, [N, d1, ...].
+Tensor pick_target(const Tensor& log_probs, const Tensor& clean) {
+  return squeeze(gather(log_probs, 1, unsqueeze(clean, 1)), 1);
+}
+
+// The nll_loss of PyTorch on log_softmax(input) (cross_entropy) or on input itself (nll_loss), and
+// cross_entropy's label smoothing on top of it (torch's cross_entropy_loss_label_smoothing): per
+// element
+//   valid · [(1-ε)·w[t]·(-log p_t) + ε/C · Σ_c w[c]·(-log p_c)],
+// and Mean divides the sum by Σ valid·w[t], the same divisor for both terms.
+Tensor weighted_nll(const char* loss, const Tensor& input, bool take_log_softmax, const Tensor& target,
+                    const CrossEntropyOptions& o, double smoothing) {
+  const detail::ClassTarget t = detail::class_target(loss, input, target, o.ignore_index);
+  detail::check_class_weight(loss, "weight", o.weight, input);
+  EF_CHECK(smoothing >= 0 && smoothing <= 1, loss, ": label_smoothing must be in [0, 1], got ", smoothing);
+  const Tensor log_probs = take_log_softmax ? log_softmax(input, 1) : input;
+  const int64_t classes = input.size(1);
+  const Tensor weight_t = o.weight.defined() ? take_class(o.weight, t.clean) : Tensor();
+  Tensor per = neg(pick_target(log_probs, t.clean));
+  if (weight_t.defined()) per = per * weight_t;
+  if (smoothing > 0) {
+    const Tensor all = o.weight.defined() ? log_probs * per_class_view(o.weight, log_probs.dim()) : log_probs;
+    per = per * (1.0 - smoothing) - sum(all, {1}) * (smoothing / static_cast<double>(classes));
+  }
+  per = masked(per, t.valid);
+  switch (o.reduction) {
+    case Reduction::None:
+      return per;
+    case Reduction::Sum:
+      return sum(per);
+    case Reduction::Mean:
+      break;
+  }
+  const Tensor divisor = weight_t.defined() ? sum(masked(weight_t, t.valid)) : sum(t.valid);
+  return sum(per) / nonzero(divisor);
+}
+
+}  // namespace
+
+Tensor reduce(const Tensor& losses, Reduction reduction) {
+  EF_CHECK(losses.defined(), "reduce: losses are undefined");
+  switch (reduction) {
+    case Reduction::None:
+      return losses;
+    case Reduction::Sum:
+      return sum(losses);
+    case Reduction::Mean:
+      break;
+  }
+  return losses.numel() == 0 ? sum(losses) : mean(losses);
+}
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& target, const CrossEntropyOptions& o) {
+  return weighted_nll("cross_entropy", logits, true, target, o, o.label_smoothing);
+}
+
+Tensor nll_loss(const Tensor& log_probs, const Tensor& target, const CrossEntropyOptions& o) {
+  return weighted_nll("nll_loss", log_probs, false, target, o, 0.0);
+}
+
+Tensor valid_weight(const Tensor& target, int64_t ignore_index, const Tensor& weight) {
+  EF_CHECK(target.defined(), "valid_weight: target is undefined");
+  if (!weight.defined()) {
+    EF_CHECK(target.dtype() == kInt64, "valid_weight: target must hold int64 class indices, got ",
+             dtype_name(target.dtype()));
+    return sum(to_dtype(ne(target, from_int_vector({ignore_index}, {}, target.device())), kFloat64));
+  }
+  EF_CHECK(weight.dim() == 1 && is_floating(weight.dtype()), "valid_weight: weight must be a 1-D float tensor, got ",
+           weight.str());
+  EF_CHECK(weight.device() == target.device(), "valid_weight: weight is on ", weight.device().str(),
+           " but target is on ", target.device().str());
+  const detail::ClassTarget t = detail::class_target("valid_weight", target, weight.size(0), ignore_index, kFloat64);
+  return sum(masked(take_class(to_dtype(weight, kFloat64), t.clean), t.valid));
+}
+
+Tensor focal_loss(const Tensor& logits, const Tensor& target, const FocalOptions& o) {
+  const detail::ClassTarget t = detail::class_target("focal_loss", logits, target, o.ignore_index);
+  detail::check_class_weight("focal_loss", "alpha", o.alpha, logits);
+  EF_CHECK(o.gamma >= 0, "focal_loss: gamma must be non-negative, got ", o.gamma);
+  const Tensor log_pt = pick_target(log_softmax(logits, 1), t.clean);
+  Tensor per = neg(log_pt);
+  // γ = 0 is cross-entropy; pow(x, 0) would still put 0·x^-1 (NaN at x = 0) into the gradient.
+  if (o.gamma != 0) per = per * pow(1.0 - exp(log_pt), o.gamma);
+  if (o.alpha.defined()) per = per * take_class(o.alpha, t.clean);
+  per = masked(per, t.valid);
+  if (o.reduction != Reduction::Mean) return reduce(per, o.reduction);
+  return sum(per) / nonzero(sum(t.valid));
+}
+
+Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
+  detail::check_same_float("mse_loss", input, target, "input", "target");
+  return reduce(square(input - target), reduction);
+}
+
+Tensor l1_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
+  detail::check_same_float("l1_loss", input, target, "input", "target");
+  return reduce(abs(input - target), reduction);
+}
+
+Tensor smooth_l1_loss(const Tensor& input, const Tensor& target, double beta, Reduction reduction) {
+  detail::check_same_float("smooth_l1_loss", input, target, "input", "target");
+  EF_CHECK(beta >= 0, "smooth_l1_loss: beta must be non-negative, got ", beta);
+  const Tensor d = input - target;
+  const Tensor ad = abs(d);
+  if (beta == 0) return reduce(ad, reduction);  // as torch: the quadratic part vanishes
+  const Tensor quadratic = lt(ad, scalar_tensor(beta, {.dtype = d.dtype(), .device = d.device()}));
+  return reduce(where(quadratic, square(d) * (0.5 / beta), ad - 0.5 * beta), reduction);
+}
+
+Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& target, const BceOptions& o) {
+  const char* loss = "binary_cross_entropy_with_logits";
+  detail::check_same_float(loss, logits, target, "logits", "target");
+  for (const auto& [w, what] : {std::pair{o.weight, "weight"}, std::pair{o.pos_weight, "pos_weight"}}) {
+    if (!w.defined()) continue;
+    EF_CHECK(w.dtype() == logits.dtype() && w.device() == logits.device(), loss, ": ", what, " is ", w.str(),
+             " but logits are ", logits.str());
+    bool broadcasts = w.dim() <= logits.dim();
+    for (int64_t i = 1; broadcasts && i <= w.dim(); ++i) broadcasts = w.size(-i) == 1 || w.size(-i) == logits.size(-i);
+    EF_CHECK(broadcasts, loss, ": ", what, " of shape ", shape_str(w.shape()), " does not broadcast to logits ",
+             shape_str(logits.shape()));
+  }
+  // softplus(-x) = m + log(e^-m + e^(-x-m)) for any m; m = max(-x, 0) keeps both exponents ≤ 0. The
+  // identity holds for every m, so m is a detached constant and the derivatives stay exact.
+  const Tensor m = relu(neg(logits.detach()));
+  const Tensor softplus_neg = m + log(exp(neg(m)) + exp(neg(logits) - m));
+  const Tensor log_weight = o.pos_weight.defined() ? (o.pos_weight - 1.0) * target + 1.0 : Tensor();
+  Tensor per = (1.0 - target) * logits + (log_weight.defined() ? log_weight * softplus_neg : softplus_neg);
+  if (o.weight.defined()) per = per * o.weight;
+  return reduce(per, o.reduction);
+}
+
+}  // namespace evenflow::losses

@@ -1,0 +1,46 @@
+// What the end-to-end tests of the apps share: running a program and capturing its output, and a
+// tiny synthetic FashionMNIST written as raw IDX files (so CI needs no dataset).
+#pragma once
+
+#include <doctest/doctest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <string>
+
+#include "tests/io/test_files.h"
+
+namespace evenflow::testing {
+
+struct AppResult {
+  int rc = -1;
+  std::string output;  // stdout and stderr
+};
+
+inline AppResult run_app(const std::string& binary, const std::string& args) {
+  const std::string cmd = binary + " " + args + " 2>&1";
+  std::FILE* p = ::popen(cmd.c_str(), "r");
+  REQUIRE(p != nullptr);
+  AppResult r;
+  char buf[4096];
+  for (size_t n; (n = std::fread(buf, 1, sizeof(buf), p)) > 0;) r.output.append(buf, n);
+  const int status = ::pclose(p);
+  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+// n images of 28x28 bytes (a fixed pseudo-random pattern) and labels 0..9, as the split `prefix`
+// ("train" or "t10k") of a FashionMNIST folder.
+inline void write_fashion_split(const TempDir& dir, const std::string& prefix, uint32_t n, uint32_t salt) {
+  std::string pixels, labels;
+  uint32_t x = 12345 + salt;
+  for (uint32_t i = 0; i < n * 28 * 28; ++i) {
+    x = x * 1103515245u + 12345u;
+    pixels += static_cast<char>(x >> 24);
+  }
+  for (uint32_t i = 0; i < n; ++i) labels += static_cast<char>((i * 7 + salt) % 10);
+  write_bytes(dir.file(prefix + "-images-idx3-ubyte"), idx_bytes(0x08, {n, 28, 28}, pixels));
+  write_bytes(dir.file(prefix + "-labels-idx1-ubyte"), idx_bytes(0x08, {n}, labels));
+}
+
+}  // namespace evenflow::testing

@@ -1,0 +1,135 @@
+// apps/wgan_gp end to end on a tiny synthetic FashionMNIST: it writes samples, metrics with the
+// Fréchet distance, curves and checkpoints; --resume continues with bitwise-identical losses; the
+// critic and generator steps on three CPU devices equal one device (float64, every normalization
+// and penalty); bad arguments exit 2 with a one-line message.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <sstream>
+
+#include "apps/common/fashion_cnn.h"
+#include "io/checkpoint.h"
+#include "tests/train/app_runner.h"
+
+using namespace evenflow::testing;
+
+namespace {
+
+AppResult run_wgan(const std::string& args) {
+  return run_app(EF_WGAN_GP_BIN, args);
+}
+
+// Every "... loss X" line of --print-loss, in order, as (line text before the value, value).
+std::vector<std::pair<std::string, double>> losses(const std::string& output) {
+  std::vector<std::pair<std::string, double>> out;
+  std::istringstream in(output);
+  for (std::string line; std::getline(in, line);) {
+    const size_t at = line.find(" loss ");
+    if (line.rfind("step ", 0) == 0 && at != std::string::npos)
+      out.emplace_back(line.substr(0, at), std::stod(line.substr(at + 6)));
+  }
+  return out;
+}
+
+struct Data {
+  TempDir dir;
+  std::string classifier;
+  Data() {
+    write_fashion_split(dir, "train", 48, 0);
+    write_fashion_split(dir, "t10k", 24, 3);
+    classifier = dir.file("classifier.safetensors");
+    evenflow::manual_seed(1);
+    evenflow::io::save_module(*evenflow::apps::make_fashion_cnn(), classifier);
+  }
+  std::string args() const {
+    return "--data " + dir.path().string() + " --classifier " + classifier +
+           " --batch-size 8 --width 4 --z-dim 8 --workers 1 --threads 1 --fid-samples 16 ";
+  }
+};
+
+}  // namespace
+
+TEST_CASE("wgan_gp: outputs, the Frechet distance, and an exact --resume") {
+  Data data;
+  TempDir whole, split;
+  const std::string common = data.args() + "--critic-steps 2 --sample-every 2 --fid-every 2 --print-loss";
+  const AppResult full = run_wgan(common + " --steps 4 --out " + whole.path().string());
+  REQUIRE_MESSAGE(full.rc == 0, full.output);
+  CHECK(full.output.find("Frechet distance floor") != std::string::npos);
+  const auto reference = losses(full.output);
+  REQUIRE(reference.size() == 12);  // 4 steps x (2 critic + 1 generator)
+  for (const char* file : {"samples/step_000002.png", "samples/step_000004.png", "curves.png"})
+    CHECK(read_bytes(whole.file(file)).substr(0, 8) == "\x89PNG\r\n\x1a\n");
+  const std::string csv = read_bytes(whole.file("metrics.csv"));
+  CHECK(csv.rfind("step,critic_loss,generator_loss,wasserstein,frechet,frechet_floor,seconds,images_per_s\n", 0) == 0);
+  std::istringstream rows(csv);
+  std::string line;
+  std::getline(rows, line);
+  int count = 0, with_distance = 0;
+  while (std::getline(rows, line)) {
+    ++count;
+    std::vector<std::string> cells;
+    std::stringstream ss(line);
+    for (std::string c; std::getline(ss, c, ',');) cells.push_back(c);
+    REQUIRE(cells.size() >= 6);
+    if (!cells[4].empty()) {
+      ++with_distance;
+      CHECK(std::stod(cells[4]) >= 0.0);
+      CHECK(std::stod(cells[5]) >= 0.0);
+    }
+  }
+  CHECK(count == 4);
+  CHECK(with_distance == 2);  // steps 2 and 4
+  const auto ckpt = evenflow::io::load_safetensors(whole.file("checkpoint.safetensors"));
+  CHECK(ckpt.contains("gen.model.fc.weight"));
+  CHECK(ckpt.contains("critic.optim.state.0.exp_avg"));
+  CHECK(evenflow::io::load_safetensors(whole.file("generator.safetensors")).contains("up2.weight"));
+
+  const AppResult first = run_wgan(common + " --steps 2 --out " + split.path().string());
+  REQUIRE_MESSAGE(first.rc == 0, first.output);
+  const AppResult resumed = run_wgan(common + " --steps 4 --resume --out " + split.path().string());
+  REQUIRE_MESSAGE(resumed.rc == 0, resumed.output);
+  CHECK(resumed.output.find("at generator step 2") != std::string::npos);
+  auto both = losses(first.output);
+  const auto rest = losses(resumed.output);
+  both.insert(both.end(), rest.begin(), rest.end());
+  CHECK(both == reference);  // bitwise
+}
+
+TEST_CASE("wgan_gp: three CPU devices equal one device (float64)") {
+  Data data;
+  for (const char* variant : {"--norm none --penalty wgan-gp", "--norm layernorm --penalty dragan",
+                              "--norm syncbn --penalty wgan-gp", "--norm syncbn --penalty r1"}) {
+    CAPTURE(variant);
+    TempDir one, three;
+    const std::string common = data.args() + variant + " --dtype float64 --steps 2 --critic-steps 2 --print-loss ";
+    const AppResult a = run_wgan(common + "--devices cpu --out " + one.path().string());
+    const AppResult b = run_wgan(common + "--devices cpu:3 --out " + three.path().string());
+    REQUIRE_MESSAGE(a.rc == 0, a.output);
+    REQUIRE_MESSAGE(b.rc == 0, b.output);
+    const auto la = losses(a.output), lb = losses(b.output);
+    REQUIRE(la.size() == 6);
+    REQUIRE(lb.size() == la.size());
+    for (size_t i = 0; i < la.size(); ++i) {
+      CAPTURE(la[i].first);
+      CHECK(lb[i].first == la[i].first);
+      CHECK(std::abs(lb[i].second - la[i].second) <= 1e-10 * (1.0 + std::abs(la[i].second)));
+    }
+  }
+}
+
+TEST_CASE("wgan_gp: bad arguments exit 2 with a one-line message") {
+  Data data;
+  TempDir out;
+  for (const auto& [args, expected] : std::vector<std::pair<std::string, std::string>>{
+           {data.args() + "--norm batch", "--norm must be none, layernorm or syncbn"},
+           {data.args() + "--penalty wgan", "--penalty must be wgan-gp, dragan or r1"},
+           {data.args() + "--devices tpu:1", "unknown device kind in 'tpu:1'"},
+           {"--data /nonexistent/fashion", "/nonexistent/fashion"}}) {
+    CAPTURE(args);
+    const AppResult r = run_wgan(args + " --steps 1 --out " + out.path().string());
+    CHECK(r.rc == 2);
+    CHECK_MESSAGE(r.output.find("wgan_gp: error:") != std::string::npos, r.output);
+    CHECK_MESSAGE(r.output.find(expected) != std::string::npos, r.output);
+  }
+}
