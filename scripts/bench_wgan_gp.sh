@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Benchmark: apps/wgan_gp against its PyTorch twin (scripts/wgan_gp_torch.py) on FashionMNIST: the same
+# generator, critic, WGAN-GP step (critic steps with a double-backward penalty, then a generator step),
+# batch, Adam, norm, seed and threads. Prints the images/s of each (real images consumed by the critic
+# steps) and the ratio evenflow / PyTorch (> 1: evenflow is faster).
+#   scripts/bench_wgan_gp.sh [--steps N] [--warmup W] [--devices cuda:0] [--threads T] [--norm layernorm]
+#                            [--batch-size B] [--seed S] [--build DIR] [--data DIR]
+#   PYTHON=/usr/bin/python3 scripts/bench_wgan_gp.sh ...   (the interpreter with torch; default python3)
+# Both run W warm-up generator steps (default 5) and then N timed ones (default 50). The app times every
+# step (no warm-up of its own) and writes cumulative seconds per step to metrics.csv, so its rate is
+# taken between the row of step W and the last row: N * batch * critic_steps / (seconds_last - seconds_W).
+# Sampling and the Frechet distance are kept out of the run (--sample-every/--fid-every past the end,
+# --classifier /nonexistent); what the app does after its last step is not timed.
+# PyTorch runs on one device, the first --devices names (cuda:0,1 -> cuda:0; cpu:N -> cpu); with
+# several devices the ratio is evenflow data-parallel against PyTorch's single-device step.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+steps=50 warmup=5 devices=cuda:0 threads=$(nproc) norm=layernorm batch=64 seed=0 build=build
+data=/usr/share/datasets/fashion-mnist
+python=${PYTHON:-python3}
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --steps) steps=$2; shift 2 ;;
+    --warmup) warmup=$2; shift 2 ;;
+    --devices) devices=$2; shift 2 ;;
+    --threads) threads=$2; shift 2 ;;
+    --norm) norm=$2; shift 2 ;;
+    --batch-size) batch=$2; shift 2 ;;
+    --seed) seed=$2; shift 2 ;;
+    --build) build=$2; shift 2 ;;
+    --data) data=$2; shift 2 ;;
+    *) echo "bench_wgan_gp.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+[[ -x "$build/apps/wgan_gp" ]] || { echo "bench_wgan_gp.sh: $build/apps/wgan_gp not built (--build DIR)" >&2; exit 2; }
+[[ "$steps" =~ ^[1-9][0-9]*$ ]] || { echo "bench_wgan_gp.sh: --steps must be a positive integer, got $steps" >&2; exit 2; }
+[[ "$warmup" =~ ^[0-9]+$ ]] || { echo "bench_wgan_gp.sh: --warmup must be a non-negative integer, got $warmup" >&2; exit 2; }
+case "$devices" in
+  auto) torch_device=$("$python" -c 'import torch; print("cuda" if torch.cuda.is_available() else "cpu")') ;;
+  cpu*) torch_device=cpu ;;
+  cuda:*) torch_device=${devices%%,*} ;;
+  *) torch_device=$devices ;;
+esac
+critic_steps=5  # the default of both
+total=$((warmup + steps))
+
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+echo "== evenflow wgan_gp: $warmup warm-up + $steps timed generator steps, $devices, $threads thread(s), norm $norm, batch $batch" >&2
+"$build/apps/wgan_gp" --steps "$total" --devices "$devices" --threads "$threads" --norm "$norm" \
+  --batch-size "$batch" --critic-steps "$critic_steps" --seed "$seed" --data "$data" \
+  --sample-every 1000000000 --fid-every 1000000000 --classifier /nonexistent --out "$out/ef" >&2
+echo "== PyTorch $("$python" -c 'import torch; print(torch.__version__)') on $torch_device" >&2
+"$python" scripts/wgan_gp_torch.py --steps "$steps" --warmup "$warmup" --device "$torch_device" --threads "$threads" \
+  --norm "$norm" --batch-size "$batch" --critic-steps "$critic_steps" --seed "$seed" --data "$data" |
+  tee "$out/torch.txt" >&2
+
+# metrics.csv: step,critic_loss,generator_loss,wasserstein,frechet,frechet_floor,seconds,images_per_s
+# (cumulative seconds; the columns are found by name). Prints "images_per_s seconds_per_step".
+ef=$(awk -F, -v warmup="$warmup" -v steps="$steps" -v images="$((batch * critic_steps))" '
+  NR == 1 { for (i = 1; i <= NF; ++i) col[$i] = i; next }
+  $col["step"] == warmup { start = $col["seconds"] }
+  { last = $col["seconds"]; last_step = $col["step"] }
+  END {
+    if (last_step != warmup + steps) { print "metrics.csv ends at step " last_step > "/dev/stderr"; exit 1 }
+    s = last - start
+    printf "%.1f %.6f\n", steps * images / s, s / steps
+  }' "$out/ef/metrics.csv")
+th=$(awk '$1 == "images_per_s" { print $2, $4 }' "$out/torch.txt" | tail -n 1)
+[[ -n "$th" ]] || { echo "bench_wgan_gp.sh: no images_per_s line from wgan_gp_torch.py" >&2; exit 1; }
+case "$devices" in
+  cpu | cpu:1 | cuda:[0-9] | cuda:[0-9][0-9]) ;;
+  *) echo "note: evenflow ran on $devices (maybe several devices), PyTorch on one ($torch_device)" >&2 ;;
+esac
+echo
+printf '%-10s %12s %12s\n' "" "images/s" "s/step"
+read -r ef_ips ef_sps <<<"$ef"
+read -r th_ips th_sps <<<"$th"
+printf '%-10s %12.1f %12.4f\n' evenflow "$ef_ips" "$ef_sps" pytorch "$th_ips" "$th_sps"
+awk -v a="$ef_ips" -v b="$th_ips" 'BEGIN { printf "%-10s %12.2f   (evenflow / pytorch, > 1: evenflow faster)\n", "ratio", a / b }'
