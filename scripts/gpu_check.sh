@@ -2,8 +2,8 @@
 # On a machine with a GPU (the lent device machine): builds with CUDA, runs the whole test suite
 # (the CUDA parity tests run there, on one physical GPU and on two logical devices sharing it, and
 # the data-parallel tests on two logical devices), then the engine benchmark against PyTorch on the
-# same GPU and the data-parallel memory-balance benchmark on four logical devices. One call does
-# everything:
+# same GPU, the data-parallel memory-balance benchmark on four logical devices, and wgan_gp against
+# PyTorch. One call does everything:
 #   bash scripts/gpu_check.sh
 # PyTorch's pip wheels bring cuDNN and NCCL; their lib/ folders go on LD_LIBRARY_PATH.
 set -uo pipefail
@@ -32,4 +32,6 @@ join -t $'\t' <(sort "$ours") <(sort "$theirs") |
   awk -F'\t' '{printf "%-42s %8.2f %-4s %7.2f %-4s %8.2f\n", $1, $3, substr($4,1,4), $6, substr($7,1,4), $2/$5}'
 echo "== data parallel: memory balance and step time, four logical devices on GPU 0"
 EF_CUDA_DEVICES=0,0,0,0 build-gpu/apps/bench_parallel --devices cuda || status=1
+echo "== wgan_gp: images/s against the same model and step in PyTorch on the GPU"
+PYTHON="$python" bash scripts/bench_wgan_gp.sh --build build-gpu --devices cuda:0 || status=1
 exit $status
