@@ -103,7 +103,7 @@ int run(const Args& a) {
   const ef::Device device = devices[0];  // batches arrive here, are split from here; replica 0 lives here
   EF_CHECK(a.dtype == "float32" || a.dtype == "float64", "--dtype must be float32 or float64, got \"", a.dtype, "\"");
   const ef::DType dtype = a.dtype == "float64" ? ef::kFloat64 : ef::kFloat32;
-  if (a.threads > 0) ef::set_num_threads(a.threads);
+  ef::set_num_threads(a.threads > 0 ? a.threads : ef::parallel::cpu_threads_per_device(devices));
   auto train_set = std::make_shared<ef::data::FashionMNIST>(ef::data::Split::Train, a.data);
   auto test_set = std::make_shared<ef::data::FashionMNIST>(ef::data::Split::Test, a.data);
   fs::create_directories(a.out);
@@ -221,7 +221,9 @@ int main(int argc, char** argv) {
   app.add_option("--data", a.data, "FashionMNIST folder (IDX files, gzip or raw)");
   app.add_option("--out", a.out, "output folder");
   app.add_option("--workers", a.workers, "data loader threads")->check(CLI::NonNegativeNumber);
-  app.add_option("--threads", a.threads, "intra-op CPU threads (0: all)")->check(CLI::NonNegativeNumber);
+  app.add_option("--threads", a.threads,
+                 "intra-op threads per CPU device (0: the hardware threads shared among the CPU devices)")
+      ->check(CLI::NonNegativeNumber);
   app.add_flag("--resume", a.resume, "continue from <out>/checkpoint.safetensors exactly");
   app.add_option("--steps", a.steps, "stop after this many steps in all (0: no limit)")->check(CLI::NonNegativeNumber);
   app.add_flag("--print-loss", a.print_loss, "print every step's loss at full precision");

@@ -369,7 +369,7 @@ int run(const Args& a, const std::string& command) {
   s.devices = ef::parallel::devices(a.devices);
   EF_CHECK(a.dtype == "float32" || a.dtype == "float64", "--dtype must be float32 or float64, got \"", a.dtype, "\"");
   s.dtype = a.dtype == "float64" ? ef::kFloat64 : ef::kFloat32;
-  if (a.threads > 0) ef::set_num_threads(a.threads);
+  ef::set_num_threads(a.threads > 0 ? a.threads : ef::parallel::cpu_threads_per_device(s.devices));
   s.train = std::make_shared<seg::CanvasSet>(ef::data::load_fashion_mnist(ef::data::Split::Train, a.data), a.train_size,
                                              a.canvas, a.seed, 0);
   s.test = std::make_shared<seg::CanvasSet>(ef::data::load_fashion_mnist(ef::data::Split::Test, a.data), a.test_size,
@@ -419,7 +419,9 @@ int main(int argc, char** argv) {
   app.add_option("--data", a.data, "FashionMNIST folder (IDX files, gzip or raw)");
   app.add_option("--out", a.out, "output folder");
   app.add_option("--workers", a.workers, "data loader threads")->check(CLI::NonNegativeNumber);
-  app.add_option("--threads", a.threads, "intra-op CPU threads (0: all)")->check(CLI::NonNegativeNumber);
+  app.add_option("--threads", a.threads,
+                 "intra-op threads per CPU device (0: the hardware threads shared among the CPU devices)")
+      ->check(CLI::NonNegativeNumber);
   app.add_flag("--resume", a.resume,
                "continue from <out>/checkpoint.safetensors exactly (with --compare: each loss's)");
   app.add_option("--steps", a.steps, "stop after this many steps in all (0: no limit)")->check(CLI::NonNegativeNumber);

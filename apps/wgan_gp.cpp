@@ -258,7 +258,7 @@ int run(const Args& a) {
   EF_CHECK(a.penalty == "wgan-gp" || a.penalty == "dragan" || a.penalty == "r1",
            "--penalty must be wgan-gp, dragan or r1, got \"", a.penalty, "\"");
   const ef::DType dtype = a.dtype == "float64" ? ef::kFloat64 : ef::kFloat32;
-  if (a.threads > 0) ef::set_num_threads(a.threads);
+  ef::set_num_threads(a.threads > 0 ? a.threads : ef::parallel::cpu_threads_per_device(devices));
   const ef::Device first = devices[0];
   auto train_set = std::make_shared<ef::data::FashionMNIST>(ef::data::Split::Train, a.data);
   const ef::data::FashionMNIST test_set(ef::data::Split::Test, a.data);
@@ -495,7 +495,9 @@ int main(int argc, char** argv) {
   app.add_option("--data", a.data, "FashionMNIST folder (IDX files, gzip or raw)");
   app.add_option("--out", a.out, "output folder");
   app.add_option("--workers", a.workers, "data loader threads")->check(CLI::NonNegativeNumber);
-  app.add_option("--threads", a.threads, "intra-op CPU threads (0: all)")->check(CLI::NonNegativeNumber);
+  app.add_option("--threads", a.threads,
+                 "intra-op threads per CPU device (0: the hardware threads shared among the CPU devices)")
+      ->check(CLI::NonNegativeNumber);
   app.add_flag("--resume", a.resume, "continue from <out>/checkpoint.safetensors exactly");
   app.add_flag("--print-loss", a.print_loss, "print every critic and generator loss at full precision");
   try {

@@ -1,8 +1,10 @@
 #include "parallel/device_group.h"
 
+#include <algorithm>
 #include <condition_variable>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "engine/autograd.h"
 #include "engine/context.h"
@@ -51,6 +53,13 @@ std::vector<Device> devices(const std::string& spec) {
     EF_ERROR("devices: unknown device kind in '", spec, "'; expected cpu, cpu:N, cuda or cuda:0,1,...");
   }
   return out;
+}
+
+int cpu_threads_per_device(const std::vector<Device>& devices) {
+  const unsigned hw = std::thread::hardware_concurrency();
+  const int threads = hw == 0 ? 1 : static_cast<int>(hw);
+  const auto cpus = std::count_if(devices.begin(), devices.end(), [](const Device& d) { return d.is_cpu(); });
+  return cpus == 0 ? threads : std::max(1, threads / static_cast<int>(cpus));
 }
 
 const RankContext* current_rank() {

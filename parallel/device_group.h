@@ -22,6 +22,11 @@ using PerDevice = std::vector<T>;
 // GPU, a device that does not exist).
 std::vector<Device> devices(const std::string& spec);
 
+// Intra-op threads for each CPU device when these devices run at once: the machine's hardware
+// threads shared evenly among the CPU devices (at least 1), so N CPU devices do not oversubscribe
+// the cores. All hardware threads when there is no CPU device.
+int cpu_threads_per_device(const std::vector<Device>& devices);
+
 // What a rank's task can ask about where it runs (SyncBatchNorm does).
 struct RankContext {
   std::shared_ptr<Communicator> comm;  // over the ranks taking part in this run
