@@ -19,6 +19,7 @@
 #include "apps/common/metrics.h"
 #include "apps/common/plot.h"
 #include "apps/common/progress.h"
+#include "apps/common/run_options.h"
 #include "data/fashion_mnist.h"
 #include "data/loader.h"
 #include "engine/ops.h"
@@ -33,20 +34,12 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct Args {
-  std::string devices = "cpu";
+struct Args : evenflow::apps::RunOptions {
+  Args() { out = "runs/classify"; }
   int64_t epochs = 10;
   int64_t batch_size = 100;
   double lr = 1e-3;
-  uint64_t seed = 0;
-  std::string dtype = "float32";
-  std::string data = ef::data::kFashionMnistRoot;
-  std::string out = "runs/classify";
-  int workers = 2;
-  int threads = 0;  // 0: the engine's default
-  bool resume = false;
   int64_t steps = 0;  // 0: no limit
-  bool print_loss = false;
 };
 
 // Mean cross-entropy of logits [N, C] against labels [N]: -mean(log_softmax(x)[i, label_i]).
@@ -210,33 +203,10 @@ int run(const Args& a) {
 int main(int argc, char** argv) {
   CLI::App app{"Train the FashionMNIST benchmark CNN with Adam (evenflow)"};
   Args a;
-  app.add_option("--devices", a.devices,
-                 "devices to train on, data-parallel: cpu (one CPU device), cpu:N (N CPU devices), cuda (every "
-                 "GPU), cuda:0,1 (those)");
+  evenflow::apps::add_run_options(app, a, "seed of the initialization, dropout and data order");
   app.add_option("--epochs", a.epochs, "epochs")->check(CLI::PositiveNumber);
   app.add_option("--batch-size", a.batch_size, "batch size")->check(CLI::PositiveNumber);
   app.add_option("--lr", a.lr, "Adam learning rate")->check(CLI::PositiveNumber);
-  app.add_option("--seed", a.seed, "seed of the initialization, dropout and data order");
-  app.add_option("--dtype", a.dtype, "float32 or float64");
-  app.add_option("--data", a.data, "FashionMNIST folder (IDX files, gzip or raw)");
-  app.add_option("--out", a.out, "output folder");
-  app.add_option("--workers", a.workers, "data loader threads")->check(CLI::NonNegativeNumber);
-  app.add_option("--threads", a.threads,
-                 "intra-op threads per CPU device (0: the hardware threads shared among the CPU devices)")
-      ->check(CLI::NonNegativeNumber);
-  app.add_flag("--resume", a.resume, "continue from <out>/checkpoint.safetensors exactly");
   app.add_option("--steps", a.steps, "stop after this many steps in all (0: no limit)")->check(CLI::NonNegativeNumber);
-  app.add_flag("--print-loss", a.print_loss, "print every step's loss at full precision");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
-  }
-  // An ef::Error (usually a bad device, dtype, dataset or checkpoint) is one line and exit 2.
-  try {
-    return run(a);
-  } catch (const ef::Error& e) {
-    std::fprintf(stderr, "classify: error: %s\n", e.what());
-    return 2;
-  }
+  return evenflow::apps::run_program(app, argc, argv, "classify", [&] { return run(a); });
 }

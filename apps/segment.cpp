@@ -23,6 +23,7 @@
 #include "apps/common/image.h"
 #include "apps/common/plot.h"
 #include "apps/common/progress.h"
+#include "apps/common/run_options.h"
 #include "apps/segment/segmentation.h"
 #include "data/fashion_mnist.h"
 #include "data/loader.h"
@@ -42,20 +43,12 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct Args {
-  std::string devices = "cpu";
+struct Args : ef::apps::RunOptions {
+  Args() { out = "runs/segment"; }
   int64_t epochs = 5;
   int64_t batch_size = 32;
   double lr = 1e-3;
-  uint64_t seed = 0;
-  std::string dtype = "float32";
-  std::string data = ef::data::kFashionMnistRoot;
-  std::string out = "runs/segment";
-  int workers = 2;
-  int threads = 0;  // 0: the engine's default
-  bool resume = false;
   int64_t steps = 0;  // 0: no limit
-  bool print_loss = false;
   std::string loss = "ce";
   bool compare = false;
   int64_t canvas = 64;
@@ -408,44 +401,22 @@ int run(const Args& a, const std::string& command) {
 int main(int argc, char** argv) {
   CLI::App app{"Segment FashionMNIST garments on canvases with a small encoder-decoder (evenflow)"};
   Args a;
-  app.add_option("--devices", a.devices,
-                 "devices to train on, data-parallel: cpu (one CPU device), cpu:N (N CPU devices), cuda (every "
-                 "GPU), cuda:0,1 (those)");
+  ef::apps::add_run_options(app, a, "seed of the canvases, the initialization and the data order");
   app.add_option("--epochs", a.epochs, "epochs")->check(CLI::PositiveNumber);
   app.add_option("--batch-size", a.batch_size, "batch size")->check(CLI::PositiveNumber);
   app.add_option("--lr", a.lr, "Adam learning rate")->check(CLI::PositiveNumber);
-  app.add_option("--seed", a.seed, "seed of the canvases, the initialization and the data order");
-  app.add_option("--dtype", a.dtype, "float32 or float64");
-  app.add_option("--data", a.data, "FashionMNIST folder (IDX files, gzip or raw)");
-  app.add_option("--out", a.out, "output folder");
-  app.add_option("--workers", a.workers, "data loader threads")->check(CLI::NonNegativeNumber);
-  app.add_option("--threads", a.threads,
-                 "intra-op threads per CPU device (0: the hardware threads shared among the CPU devices)")
-      ->check(CLI::NonNegativeNumber);
-  app.add_flag("--resume", a.resume,
-               "continue from <out>/checkpoint.safetensors exactly (with --compare: each loss's)");
   app.add_option("--steps", a.steps, "stop after this many steps in all (0: no limit)")->check(CLI::NonNegativeNumber);
-  app.add_flag("--print-loss", a.print_loss, "print every step's loss at full precision");
   auto* loss = app.add_option("--loss", a.loss, "ce, focal, dice, lovasz, ohem, or a sum of them such as ce+dice");
   app.add_flag("--compare", a.compare,
-               "train ce, focal, dice, lovasz, ohem and ce+dice with the same seed and budget, each in <out>/<loss>; "
-               "write <out>/compare.md and <out>/predictions.png")
+               "train ce, focal, dice, lovasz, ohem and ce+dice with the same seed and budget, each in <out>/<loss> "
+               "(--resume continues each); write <out>/compare.md and <out>/predictions.png")
       ->excludes(loss);
   app.add_option("--canvas", a.canvas, "canvas height and width (a multiple of 4, at least 28)");
   app.add_option("--train-size", a.train_size, "training canvases")->check(CLI::PositiveNumber);
   app.add_option("--test-size", a.test_size, "held-out canvases")->check(CLI::PositiveNumber);
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
-  }
-  std::string command = "segment";
-  for (int i = 1; i < argc; ++i) command += std::string(" ") + argv[i];
-  // An ef::Error (a bad loss, device, dtype, dataset or checkpoint) is one line and exit 2.
-  try {
+  return ef::apps::run_program(app, argc, argv, "segment", [&] {
+    std::string command = "segment";
+    for (int i = 1; i < argc; ++i) command += std::string(" ") + argv[i];
     return run(a, command);
-  } catch (const ef::Error& e) {
-    std::fprintf(stderr, "segment: error: %s\n", e.what());
-    return 2;
-  }
+  });
 }

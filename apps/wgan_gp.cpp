@@ -31,6 +31,7 @@
 #include "apps/common/image.h"
 #include "apps/common/plot.h"
 #include "apps/common/progress.h"
+#include "apps/common/run_options.h"
 #include "data/fashion_mnist.h"
 #include "data/loader.h"
 #include "io/checkpoint.h"
@@ -47,8 +48,11 @@ using ef::Tensor;
 
 namespace {
 
-struct Args {
-  std::string devices = "auto";
+struct Args : ef::apps::RunOptions {
+  Args() {
+    devices = "auto";
+    out = "runs/wgan_gp";
+  }
   int64_t steps = 2000;  // generator steps
   int64_t batch_size = 64;
   int64_t critic_steps = 5;
@@ -62,14 +66,6 @@ struct Args {
   int64_t fid_every = 500;
   int64_t fid_samples = 2000;
   std::string classifier = "runs/classify/model.safetensors";
-  uint64_t seed = 0;
-  std::string dtype = "float32";
-  std::string data = ef::data::kFashionMnistRoot;
-  std::string out = "runs/wgan_gp";
-  int workers = 2;
-  int threads = 0;
-  bool resume = false;
-  bool print_loss = false;
 };
 
 // DCGAN-style generator for 28x28: z -> Linear -> [2w, 7, 7] -> ConvTranspose (14x14) -> ConvTranspose
@@ -472,7 +468,8 @@ int run(const Args& a) {
 int main(int argc, char** argv) {
   CLI::App app{"Train a WGAN-GP on FashionMNIST, data-parallel over the devices found (evenflow)"};
   Args a;
-  app.add_option("--devices", a.devices, "auto (every GPU, else cpu:2), cpu, cpu:N, cuda, cuda:0,1");
+  ef::apps::add_run_options(app, a, "seed of the initialization, noise and data order");
+  app.get_option("--devices")->description("auto (every GPU, else cpu:2), cpu, cpu:N, cuda, cuda:0,1");
   app.add_option("--steps", a.steps, "generator steps in all")->check(CLI::PositiveNumber);
   app.add_option("--batch-size", a.batch_size, "batch size")->check(CLI::PositiveNumber);
   app.add_option("--critic-steps", a.critic_steps, "critic steps per generator step")->check(CLI::PositiveNumber);
@@ -490,25 +487,5 @@ int main(int argc, char** argv) {
   app.add_option("--fid-samples", a.fid_samples, "generated (and real) images the distance uses")
       ->check(CLI::Range(int64_t{2}, int64_t{100000}));
   app.add_option("--classifier", a.classifier, "apps/classify's model.safetensors (the feature space)");
-  app.add_option("--seed", a.seed, "seed of the initialization, noise and data order");
-  app.add_option("--dtype", a.dtype, "float32 or float64");
-  app.add_option("--data", a.data, "FashionMNIST folder (IDX files, gzip or raw)");
-  app.add_option("--out", a.out, "output folder");
-  app.add_option("--workers", a.workers, "data loader threads")->check(CLI::NonNegativeNumber);
-  app.add_option("--threads", a.threads,
-                 "intra-op threads per CPU device (0: the hardware threads shared among the CPU devices)")
-      ->check(CLI::NonNegativeNumber);
-  app.add_flag("--resume", a.resume, "continue from <out>/checkpoint.safetensors exactly");
-  app.add_flag("--print-loss", a.print_loss, "print every critic and generator loss at full precision");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
-  }
-  try {
-    return run(a);
-  } catch (const ef::Error& e) {
-    std::fprintf(stderr, "wgan_gp: error: %s\n", e.what());
-    return 2;
-  }
+  return ef::apps::run_program(app, argc, argv, "wgan_gp", [&] { return run(a); });
 }
