@@ -1,0 +1,52 @@
+// classify_steps: the classify network trained for --steps Adam steps without dropout on the first
+// training images in order, from weights written to --init, printing each step's loss. With
+// scripts/classify_steps_torch.py (the same from the same weights in PyTorch) it shows whether
+// the two frameworks train the same way step by step: scripts/compare_classify_steps.sh.
+#include <CLI/CLI.hpp>
+#include <cinttypes>
+#include <cstdio>
+
+#include "apps/common/fashion_cnn.h"
+#include "data/fashion_mnist.h"
+#include "io/checkpoint.h"
+#include "optim/optim.h"
+
+namespace ef = evenflow;
+
+int main(int argc, char** argv) {
+  CLI::App app{"classify's network, step by step, without dropout (for comparison with PyTorch)"};
+  std::string init = "classify_init.safetensors", data = ef::data::kFashionMnistRoot;
+  int64_t steps = 200, batch = 100;
+  uint64_t seed = 0;
+  app.add_option("--init", init, "where to write the initial weights (PyTorch names)");
+  app.add_option("--steps", steps, "Adam steps")->check(CLI::PositiveNumber);
+  app.add_option("--batch-size", batch, "batch size")->check(CLI::PositiveNumber);
+  app.add_option("--seed", seed, "seed of the initial weights");
+  app.add_option("--data", data, "FashionMNIST folder");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    ef::set_num_threads(1);  // one thread on both sides: the same summation order within a kernel
+    ef::manual_seed(seed);
+    auto net = ef::apps::make_fashion_cnn();
+    net->replace_child("9", std::make_shared<ef::nn::Dropout>(0.0));
+    ef::io::save_module(*net, init);
+    const ef::data::FashionMNIST train(ef::data::Split::Train, data);
+    EF_CHECK(steps * batch <= train.size(), "--steps x --batch-size exceeds the ", train.size(), " training images");
+    ef::optim::Adam opt(net->parameters(), {.lr = 1e-3});
+    for (int64_t step = 0; step < steps; ++step) {
+      std::vector<int64_t> indices(static_cast<size_t>(batch));
+      for (int64_t i = 0; i < batch; ++i) indices[static_cast<size_t>(i)] = step * batch + i;
+      const ef::data::Batch b = train.get_batch(indices);
+      const ef::Tensor loss =
+          ef::neg(ef::mean(ef::gather(ef::log_softmax((*net)(b.images), 1), 1, b.labels.unsqueeze(1))));
+      opt.zero_grad();
+      loss.backward();
+      opt.step();
+      std::printf("%" PRId64 " %.9g\n", step, loss.item());
+    }
+  } catch (const ef::Error& e) {
+    std::fprintf(stderr, "classify_steps: error: %s\n", e.what());
+    return 2;
+  }
+  return 0;
+}
