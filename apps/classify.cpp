@@ -119,11 +119,7 @@ int run(const Args& a) {
   std::vector<evenflow::apps::MetricsRow> rows;
   if (a.resume) {
     const auto ck = ef::io::load_training_checkpoint(ckpt_path, model.module(), opt.primary(), devices);
-    for (const auto& [key, value] : run_metadata(a)) {
-      const auto it = ck.metadata.find(key);
-      EF_CHECK(it != ck.metadata.end() && it->second == value, "--resume: ", ckpt_path, " was written with ", key, " ",
-               it == ck.metadata.end() ? "(none)" : it->second, ", this run has ", value);
-    }
+    ef::apps::check_resume_metadata(ckpt_path, ck.metadata, run_metadata(a));
     model.copy_primary_to_replicas();
     opt.load_state(opt.primary().state());
     progress = ck.progress;

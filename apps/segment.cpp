@@ -226,11 +226,7 @@ Outcome train(const Args& a, const Setup& s, const std::string& spec, const fs::
   std::vector<Row> rows;
   if (a.resume && (fs::exists(ckpt_path) || !start_if_missing)) {
     const auto ck = ef::io::load_training_checkpoint(ckpt_path, model.module(), opt.primary(), s.devices);
-    for (const auto& [key, value] : run_metadata(a, spec)) {
-      const auto it = ck.metadata.find(key);
-      EF_CHECK(it != ck.metadata.end() && it->second == value, "--resume: ", ckpt_path, " was written with ", key, " ",
-               it == ck.metadata.end() ? "(none)" : it->second, ", this run has ", value);
-    }
+    ef::apps::check_resume_metadata(ckpt_path, ck.metadata, run_metadata(a, spec));
     model.copy_primary_to_replicas();
     opt.load_state(opt.primary().state());
     progress = ck.progress;

@@ -298,11 +298,7 @@ int run(const Args& a) {
                                                   {"critic", &critic.module(), &opt_d.primary()}};
   if (a.resume) {
     const auto ck = ef::io::load_training_checkpoint(ckpt_path, parts, generator_devices);
-    for (const auto& [key, value] : run_metadata(a)) {
-      const auto it = ck.metadata.find(key);
-      EF_CHECK(it != ck.metadata.end() && it->second == value, "--resume: ", ckpt_path, " was written with ", key, " ",
-               it == ck.metadata.end() ? "(none)" : it->second, ", this run has ", value);
-    }
+    ef::apps::check_resume_metadata(ckpt_path, ck.metadata, run_metadata(a));
     gen.copy_primary_to_replicas();
     critic.copy_primary_to_replicas();
     opt_g.load_state(opt_g.primary().state());

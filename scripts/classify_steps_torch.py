@@ -4,9 +4,6 @@ initial weights classify_steps wrote, trained with Adam 1e-3 on the first traini
 one thread, printing each step's loss. Needs torch, numpy and safetensors (pip install safetensors;
 put it on PYTHONPATH)."""
 import argparse
-import gzip
-import os
-import struct
 
 import numpy as np
 import torch
@@ -14,15 +11,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-
-def read_idx(root, name):
-    for path in (os.path.join(root, name), os.path.join(root, name + ".gz")):
-        if os.path.exists(path):
-            with (gzip.open if path.endswith(".gz") else open)(path, "rb") as f:
-                data = f.read()
-            dims = struct.unpack(">" + "I" * data[3], data[4:4 + 4 * data[3]])
-            return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * data[3]).reshape(dims)
-    raise SystemExit(f"classify_steps_torch.py: {os.path.join(root, name)}[.gz] not found")
+from fashion_idx import read_idx  # scripts/fashion_idx.py
 
 
 def main():

@@ -6,10 +6,6 @@ files (gzip or raw). Prints one line per epoch:
     epoch <e> seconds <training seconds> images_per_s <x> test_accuracy <fraction>
 Runs with Debian's python3-torch (1.13); needs only torch and numpy."""
 import argparse
-import gzip
-import os
-import struct
-import sys
 import time
 
 import numpy as np
@@ -17,16 +13,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-
-def read_idx(root, name):
-    for path in (os.path.join(root, name), os.path.join(root, name + ".gz")):
-        if os.path.exists(path):
-            with (gzip.open if path.endswith(".gz") else open)(path, "rb") as f:
-                data = f.read()
-            ndim = data[3]
-            dims = struct.unpack(">" + "I" * ndim, data[4:4 + 4 * ndim])
-            return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
-    sys.exit(f"classify_torch.py: {os.path.join(root, name)}[.gz] not found")
+from fashion_idx import read_idx  # scripts/fashion_idx.py
 
 
 def load(root, split):

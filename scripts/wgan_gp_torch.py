@@ -25,9 +25,6 @@ where images are the real images the critic steps consume (batch * critic_steps 
 as the app's images/s counts. Runs with Debian's python3-torch (1.13) or PyTorch 2.x; needs only
 torch and numpy."""
 import argparse
-import gzip
-import os
-import struct
 import sys
 import time
 
@@ -35,16 +32,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-
-def read_idx(root, name):
-    for path in (os.path.join(root, name), os.path.join(root, name + ".gz")):
-        if os.path.exists(path):
-            with (gzip.open if path.endswith(".gz") else open)(path, "rb") as f:
-                data = f.read()
-            ndim = data[3]
-            dims = struct.unpack(">" + "I" * ndim, data[4:4 + 4 * ndim])
-            return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
-    sys.exit(f"wgan_gp_torch.py: {os.path.join(root, name)}[.gz] not found")
+from fashion_idx import read_idx  # scripts/fashion_idx.py
 
 
 def load_train_images(root):

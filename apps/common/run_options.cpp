@@ -22,6 +22,15 @@ void add_run_options(CLI::App& app, RunOptions& o, const std::string& seed_help)
   app.add_flag("--print-loss", o.print_loss, "print every step's loss at full precision");
 }
 
+void check_resume_metadata(const std::string& path, const std::map<std::string, std::string>& written,
+                           const std::map<std::string, std::string>& expected) {
+  for (const auto& [key, value] : expected) {
+    const auto it = written.find(key);
+    EF_CHECK(it != written.end() && it->second == value, "--resume: ", path, " was written with ", key, " ",
+             it == written.end() ? "(none)" : it->second, ", this run has ", value);
+  }
+}
+
 int run_program(CLI::App& app, int argc, char** argv, const char* program, const std::function<int()>& run) {
   try {
     app.parse(argc, argv);

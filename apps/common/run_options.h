@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 
 #include "data/fashion_mnist.h"
@@ -27,6 +28,11 @@ struct RunOptions {
 // --devices, --seed (described by seed_help), --dtype, --data, --out, --workers, --threads,
 // --resume, --print-loss.
 void add_run_options(CLI::App& app, RunOptions& o, const std::string& seed_help);
+
+// On --resume: ef::Error unless the checkpoint at `path` was written with every (key, value) of
+// `expected` (the settings a resumed run must share with the run that wrote it).
+void check_resume_metadata(const std::string& path, const std::map<std::string, std::string>& written,
+                           const std::map<std::string, std::string>& expected);
 
 // Parses the command line and calls run(); returns the exit status.
 int run_program(CLI::App& app, int argc, char** argv, const char* program, const std::function<int()>& run);

@@ -6,7 +6,10 @@
 #include <sys/wait.h>
 
 #include <cstdio>
+#include <sstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "tests/io/test_files.h"
 
@@ -41,6 +44,23 @@ inline void write_fashion_split(const TempDir& dir, const std::string& prefix, u
   for (uint32_t i = 0; i < n; ++i) labels += static_cast<char>((i * 7 + salt) % 10);
   write_bytes(dir.file(prefix + "-images-idx3-ubyte"), idx_bytes(0x08, {n, 28, 28}, pixels));
   write_bytes(dir.file(prefix + "-labels-idx1-ubyte"), idx_bytes(0x08, {n}, labels));
+}
+
+// The lines "step N loss X" of an output, as (N, X) with X as printed.
+inline std::vector<std::pair<int, std::string>> step_losses(const std::string& output) {
+  std::vector<std::pair<int, std::string>> out;
+  std::istringstream in(output);
+  for (std::string line; std::getline(in, line);) {
+    int step = 0;
+    char value[64];
+    if (std::sscanf(line.c_str(), "step %d loss %63s", &step, value) == 2) out.emplace_back(step, value);
+  }
+  return out;
+}
+
+inline std::string first_line(const std::string& path) {
+  const std::string text = read_bytes(path);
+  return text.substr(0, text.find('\n'));
 }
 
 }  // namespace evenflow::testing

@@ -13,32 +13,13 @@
 #include "io/safetensors.h"
 #include "tests/train/app_runner.h"
 
+using evenflow::testing::first_line;
 using evenflow::testing::read_bytes;
 using evenflow::testing::run_app;
+using evenflow::testing::step_losses;
 using evenflow::testing::TempDir;
 using evenflow::testing::write_fashion_split;
 using Result = evenflow::testing::AppResult;
-
-namespace {
-
-// The lines "step N loss X" of an output, as {N: X}.
-std::vector<std::pair<int, std::string>> losses(const std::string& output) {
-  std::vector<std::pair<int, std::string>> out;
-  std::istringstream in(output);
-  for (std::string line; std::getline(in, line);) {
-    int step = 0;
-    char value[64];
-    if (std::sscanf(line.c_str(), "step %d loss %63s", &step, value) == 2) out.emplace_back(step, value);
-  }
-  return out;
-}
-
-std::string first_line(const std::string& path) {
-  const std::string text = read_bytes(path);
-  return text.substr(0, text.find('\n'));
-}
-
-}  // namespace
 
 namespace {
 
@@ -53,12 +34,12 @@ void check_resume(const std::string& extra_args) {
 
   const Result whole = run_app(EF_CLASSIFY_BIN, common + " --steps 10 --out " + full.path().string());
   REQUIRE_MESSAGE(whole.rc == 0, whole.output);
-  const auto reference = losses(whole.output);
+  const auto reference = step_losses(whole.output);
   REQUIRE(reference.size() == 10);
 
   const Result first = run_app(EF_CLASSIFY_BIN, common + " --steps 5 --out " + split.path().string());
   REQUIRE_MESSAGE(first.rc == 0, first.output);
-  CHECK(losses(first.output).size() == 5);
+  CHECK(step_losses(first.output).size() == 5);
   CHECK(read_bytes(split.file("loss_accuracy.png")).substr(0, 8) == "\x89PNG\r\n\x1a\n");
   CHECK(first_line(split.file("metrics.csv")) == "epoch,step,train_loss,test_loss,test_accuracy,seconds,images_per_s");
   const auto ckpt = evenflow::io::load_safetensors(split.file("checkpoint.safetensors"));
@@ -72,7 +53,7 @@ void check_resume(const std::string& extra_args) {
   const Result resumed = run_app(EF_CLASSIFY_BIN, common + " --resume --steps 10 --out " + split.path().string());
   REQUIRE_MESSAGE(resumed.rc == 0, resumed.output);
   CHECK_MESSAGE(resumed.output.find("at step 5") != std::string::npos, resumed.output);
-  const auto rest = losses(resumed.output);
+  const auto rest = step_losses(resumed.output);
   REQUIRE(rest.size() == 5);
   CHECK(rest.front().first == 6);
   CHECK(rest == std::vector<std::pair<int, std::string>>(reference.begin() + 5, reference.end()));  // bitwise

@@ -21,7 +21,9 @@
 namespace ef = evenflow;
 namespace seg = evenflow::segment;
 using evenflow::testing::AppResult;
+using evenflow::testing::first_line;
 using evenflow::testing::read_bytes;
+using evenflow::testing::step_losses;
 using evenflow::testing::TempDir;
 
 namespace {
@@ -146,23 +148,6 @@ void write_dataset(const TempDir& data) {
   ef::testing::write_fashion_split(data, "t10k", 20, 3);
 }
 
-// The lines "step N loss X" of an output, as {N: X}.
-std::vector<std::pair<int, std::string>> losses(const std::string& output) {
-  std::vector<std::pair<int, std::string>> out;
-  std::istringstream in(output);
-  for (std::string line; std::getline(in, line);) {
-    int step = 0;
-    char value[64];
-    if (std::sscanf(line.c_str(), "step %d loss %63s", &step, value) == 2) out.emplace_back(step, value);
-  }
-  return out;
-}
-
-std::string first_line(const std::string& path) {
-  const std::string text = read_bytes(path);
-  return text.substr(0, text.find('\n'));
-}
-
 bool is_png(const std::string& path) {
   return read_bytes(path).substr(0, 8) == "\x89PNG\r\n\x1a\n";
 }
@@ -182,12 +167,12 @@ TEST_CASE("segment: --steps writes valid outputs and --resume continues exactly"
 
   const AppResult whole = run_segment(common + " --steps 8 --out " + full.path().string());
   REQUIRE_MESSAGE(whole.rc == 0, whole.output);
-  const auto reference = losses(whole.output);
+  const auto reference = step_losses(whole.output);
   REQUIRE(reference.size() == 8);
 
   const AppResult first = run_segment(common + " --steps 4 --out " + split.path().string());
   REQUIRE_MESSAGE(first.rc == 0, first.output);
-  CHECK(losses(first.output).size() == 4);
+  CHECK(step_losses(first.output).size() == 4);
   CHECK_MESSAGE(first.output.find("mIoU") != std::string::npos, first.output);
   CHECK(is_png(split.file("metrics.png")));
   CHECK(is_png(split.file("predictions.png")));
@@ -204,7 +189,7 @@ TEST_CASE("segment: --steps writes valid outputs and --resume continues exactly"
   const AppResult resumed = run_segment(common + " --resume --steps 8 --out " + split.path().string());
   REQUIRE_MESSAGE(resumed.rc == 0, resumed.output);
   CHECK_MESSAGE(resumed.output.find("at step 4") != std::string::npos, resumed.output);
-  const auto rest = losses(resumed.output);
+  const auto rest = step_losses(resumed.output);
   REQUIRE(rest.size() == 4);
   CHECK(rest.front().first == 5);
   CHECK(rest == std::vector<std::pair<int, std::string>>(reference.begin() + 4, reference.end()));  // bitwise
@@ -269,7 +254,7 @@ TEST_CASE("segment: three CPU devices train what one does (ce+dice, float64)") {
   const AppResult b = run_segment(common + " --devices cpu:3 --out " + three.path().string());
   REQUIRE_MESSAGE(a.rc == 0, a.output);
   REQUIRE_MESSAGE(b.rc == 0, b.output);
-  const auto la = losses(a.output), lb = losses(b.output);
+  const auto la = step_losses(a.output), lb = step_losses(b.output);
   REQUIRE(la.size() == 3);
   REQUIRE(lb.size() == 3);
   for (size_t i = 0; i < la.size(); ++i) {
