@@ -10,13 +10,17 @@
 
 namespace evenflow::parallel {
 
-Communicator::Communicator(std::vector<Device> devices) : devices_(std::move(devices)) {
-  EF_CHECK(!devices_.empty(), "communicator: no devices given");
+void check_distinct_devices(const char* who, const std::vector<Device>& devices) {
+  EF_CHECK(!devices.empty(), who, ": no devices given");
   std::set<Device> seen;
-  for (const Device& d : devices_) {
+  for (const Device& d : devices) {
     check_device(d);
-    EF_CHECK(seen.insert(d).second, "communicator: device ", d.str(), " is listed twice");
+    EF_CHECK(seen.insert(d).second, who, ": device ", d.str(), " is listed twice");
   }
+}
+
+Communicator::Communicator(std::vector<Device> devices) : devices_(std::move(devices)) {
+  check_distinct_devices("communicator", devices_);
 }
 
 void Communicator::check_rank(const char* op, int rank, const Tensor& x) const {

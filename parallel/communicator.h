@@ -30,6 +30,9 @@
 
 namespace evenflow::parallel {
 
+// ef::Error, starting with `who`, unless `devices` is a non-empty list of existing devices, each once.
+void check_distinct_devices(const char* who, const std::vector<Device>& devices);
+
 inline constexpr std::chrono::milliseconds kDefaultCollectiveTimeout{std::chrono::minutes(5)};
 
 class Communicator {

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <condition_variable>
-#include <set>
 #include <sstream>
 #include <thread>
 
@@ -67,12 +66,7 @@ const RankContext* current_rank() {
 }
 
 DeviceGroup::DeviceGroup(std::vector<Device> devices) : devices_(std::move(devices)) {
-  EF_CHECK(!devices_.empty(), "DeviceGroup: no devices given");
-  std::set<Device> seen;
-  for (const Device& d : devices_) {
-    check_device(d);
-    EF_CHECK(seen.insert(d).second, "DeviceGroup: device ", d.str(), " is listed twice");
-  }
+  check_distinct_devices("DeviceGroup", devices_);
   comms_.resize(devices_.size());
 }
 
