@@ -61,6 +61,35 @@ void Node::release() {
   saved_versions_.clear();
 }
 
+// Note [Gradient layout]
+// A tensor's accumulated .grad() is its own tensor: contiguous, sharing storage with nothing else
+// (PyTorch's gradient layout contract). Backward functions may hand back their incoming gradient
+// unchanged (add, clone, sum_to of an equal shape), so one gradient tensor can reach several leaves,
+// or a leaf and a node that still reads it; and a view (linear's weight gradient is a transpose) is
+// strided. In-place work on .grad() -- the data-parallel all-reduce, clip_grad_norm_, zero_grad --
+// would then change another parameter's gradient, or a value backward has yet to read, and NCCL
+// needs contiguous buffers. So the first gradient is kept as it comes only when nothing else can see
+// it: outside create_graph, a contiguous tensor covering all of its storage, whose handle (held by
+// the engine) and storage have no other owner -- the common case, which costs no copy. Otherwise it
+// is copied (a differentiable clone under create_graph). Later gradients are added out of place,
+// into a new tensor.
+static bool owned_by_caller_alone(const Tensor& g) {
+  return g.impl_ptr().use_count() == 1 && g.storage().use_count() == 1 && g.is_contiguous() && g.offset() == 0 &&
+         static_cast<size_t>(g.numel()) * dtype_size(g.dtype()) == g.storage()->nbytes;
+}
+
+// Adds gradient g into impl->grad, following Note [Gradient layout]; `may_take`: the engine is
+// done with g once this returns. Runs with grad mode = create_graph; the caller holds impl->grad_mu.
+static void accumulate_grad(TensorImpl* impl, const Tensor& g, bool may_take) {
+  if (impl->grad.defined()) {
+    impl->grad = add(impl->grad, grad_enabled() ? g : g.detach());
+  } else if (may_take && !grad_enabled() && owned_by_caller_alone(g)) {
+    impl->grad = g.requires_grad() ? g.detach() : g;
+  } else {
+    impl->grad = grad_enabled() ? clone(g) : clone(g.detach());
+  }
+}
+
 // Note [Leaf accumulators]
 // A leaf's AccumulateGrad node holds the leaf strongly; the leaf points back weakly, so there is no
 // cycle, and all graphs that use the leaf share one accumulator while any of them is alive. The
@@ -73,13 +102,11 @@ class AccumulateGrad final : public Node {
         leaf_(leaf) {}
 
   std::vector<Tensor> apply(const std::vector<Tensor>& grads) override {
-    const Tensor& g = grads[0];
     TensorImpl* impl = leaf_.impl();
     std::function<void(const Tensor&)> hook;
     {
       std::lock_guard<std::mutex> lock(impl->grad_mu);
-      Tensor incoming = grad_enabled() ? g : g.detach();
-      impl->grad = impl->grad.defined() ? add(impl->grad, incoming) : incoming;
+      accumulate_grad(impl, grads[0], /*may_take=*/true);
       hook = impl->post_accumulate_hook;
     }
     if (hook) hook(leaf_);
@@ -223,8 +250,7 @@ void run_node(const std::shared_ptr<GraphTask>& task, Node* node) {
         if (auto impl = node->retained[i].lock()) {
           Tensor owner(impl);
           std::lock_guard<std::mutex> lock(impl->grad_mu);
-          Tensor g = task->create_graph ? grads[i] : grads[i].detach();
-          impl->grad = impl->grad.defined() ? add(impl->grad, g) : g;
+          accumulate_grad(impl.get(), grads[i], /*may_take=*/false);  // the node reads it next
         }
       }
       if (needed) {

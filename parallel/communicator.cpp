@@ -30,6 +30,22 @@ void Communicator::check_rank(const char* op, int rank, const Tensor& x) const {
            x.device().str(), ", but its device is ", devices_[static_cast<size_t>(rank)].str());
 }
 
+void Communicator::check_in_place(const std::vector<Tensor>& per_rank) const {
+  EF_CHECK(per_rank.size() == devices_.size(), "all_reduce_in_place: ", per_rank.size(), " tensors for ", size(),
+           " ranks");
+  for (size_t r = 0; r < per_rank.size(); ++r) {
+    check_rank("all_reduce_in_place", static_cast<int>(r), per_rank[r]);
+    EF_CHECK(per_rank[r].shape() == per_rank[0].shape() && per_rank[r].dtype() == per_rank[0].dtype(),
+             "all_reduce_in_place: rank ", r, " has ", shape_str(per_rank[r].shape()), " ",
+             dtype_name(per_rank[r].dtype()), ", rank 0 has ", shape_str(per_rank[0].shape()), " ",
+             dtype_name(per_rank[0].dtype()));
+    // NCCL reduces flat buffers; the local path holds to the same contract so CPU tests catch a
+    // strided gradient before a multi-GPU run does.
+    EF_CHECK(per_rank[r].is_contiguous(), "all_reduce_in_place: rank ", r, "'s tensor ", per_rank[r].str(),
+             " is not contiguous");
+  }
+}
+
 namespace {
 
 std::string tag_of(const char* op, const Tensor& x, int root) {
@@ -186,15 +202,7 @@ Tensor LocalCommunicator::reduce_scatter(int rank, const Tensor& x) {
 }
 
 void LocalCommunicator::all_reduce_in_place(const std::vector<Tensor>& per_rank) {
-  EF_CHECK(per_rank.size() == devices_.size(), "all_reduce_in_place: ", per_rank.size(), " tensors for ", size(),
-           " ranks");
-  for (size_t r = 0; r < per_rank.size(); ++r) {
-    check_rank("all_reduce_in_place", static_cast<int>(r), per_rank[r]);
-    EF_CHECK(per_rank[r].shape() == per_rank[0].shape() && per_rank[r].dtype() == per_rank[0].dtype(),
-             "all_reduce_in_place: rank ", r, " has ", shape_str(per_rank[r].shape()), " ",
-             dtype_name(per_rank[r].dtype()), ", rank 0 has ", shape_str(per_rank[0].shape()), " ",
-             dtype_name(per_rank[0].dtype()));
-  }
+  check_in_place(per_rank);
   {
     std::lock_guard<std::mutex> lock(mu_);
     EF_CHECK(aborted_.empty(), "all_reduce_in_place: the communicator was aborted: ", aborted_);

@@ -62,9 +62,9 @@ class Communicator {
   // Sum over ranks, then rank r's r-th slice of dim 0 (size divisible by the number of ranks).
   virtual Tensor reduce_scatter(int rank, const Tensor& x) = 0;
 
-  // From one thread: replaces every rank's tensor in `per_rank` (one per rank, equal shapes, on the
-  // ranks' devices; undefined = zeros) by the sum over ranks, in place. Gradient buckets use it from
-  // whichever thread finishes a bucket last, so no rank waits for another.
+  // From one thread: replaces every rank's tensor in `per_rank` (one per rank, defined, contiguous,
+  // equal shapes, on the ranks' devices) by the sum over ranks, in place. Gradient buckets use it
+  // from whichever thread finishes a bucket last, so no rank waits for another.
   virtual void all_reduce_in_place(const std::vector<Tensor>& per_rank) = 0;
 
   // Makes every waiting and later call throw ef::Error with `why`, until reset().
@@ -77,6 +77,8 @@ class Communicator {
  protected:
   explicit Communicator(std::vector<Device> devices);
   void check_rank(const char* op, int rank, const Tensor& x) const;
+  // The argument checks of all_reduce_in_place (every implementation has the same contract).
+  void check_in_place(const std::vector<Tensor>& per_rank) const;
 
   std::vector<Device> devices_;
   std::chrono::milliseconds timeout_ = kDefaultCollectiveTimeout;

@@ -378,19 +378,7 @@ Tensor NcclCommunicator::reduce_scatter(int rank, const Tensor& x) {
 
 // Note [NCCL bucket reduce].
 void NcclCommunicator::all_reduce_in_place(const std::vector<Tensor>& per_rank) {
-  EF_CHECK(per_rank.size() == ranks_.size(), "all_reduce_in_place: ", per_rank.size(), " tensors for ", size(),
-           " ranks");
-  for (size_t r = 0; r < per_rank.size(); ++r) {
-    // A zero tensor made here could not be handed back through per_rank.
-    EF_CHECK(per_rank[r].defined(), "all_reduce_in_place: rank ", r,
-             "'s tensor is undefined; the NCCL communicator reduces in place, so pass zeros");
-    check_rank("all_reduce_in_place", static_cast<int>(r), per_rank[r]);
-    EF_CHECK(per_rank[r].shape() == per_rank[0].shape() && per_rank[r].dtype() == per_rank[0].dtype(),
-             "all_reduce_in_place: rank ", r, " has ", shape_str(per_rank[r].shape()), " ",
-             dtype_name(per_rank[r].dtype()), ", rank 0 has ", shape_str(per_rank[0].shape()), " ",
-             dtype_name(per_rank[0].dtype()));
-    EF_CHECK(per_rank[r].is_contiguous(), "all_reduce_in_place: rank ", r, "'s tensor is not contiguous");
-  }
+  check_in_place(per_rank);
   const ncclDataType_t type = nccl_type(per_rank[0].dtype());
   const size_t count = count_of(per_rank[0]);
 

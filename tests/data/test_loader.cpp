@@ -15,6 +15,7 @@
 
 using namespace evenflow;
 using namespace evenflow::data;
+using evenflow::testing::cuda_devices_available;
 using evenflow::testing::error_of;
 using evenflow::testing::vals;
 
@@ -113,11 +114,7 @@ TEST_CASE("DataLoader workers: drop_last, epochs and shards") {
 
 TEST_CASE("DataLoader workers: batches are copied to the target device") {
   std::vector<Device> devices{Device("cpu:3")};
-  if (cuda_device_count() > 0) {
-    devices.push_back(cuda(0));
-  } else {
-    MESSAGE("CUDA target skipped: " << cuda_unavailable_reason());
-  }
+  if (cuda_devices_available()) devices.push_back(cuda(0));
   for (const Device& d : devices) {
     CAPTURE(d.str());
     DataLoader loader(std::make_shared<IndexDataset>(6), {.batch_size = 4, .num_workers = 2, .device = d});

@@ -2,6 +2,7 @@
 // gradients, in-place detection, passes spanning several devices, and errors raised on a worker.
 #include <doctest/doctest.h>
 
+#include <functional>
 #include <future>
 
 #include "engine/context.h"
@@ -118,6 +119,66 @@ TEST_CASE("accumulated gradients are differentiable under create_graph") {
   const Tensor ggx = grad({sum(gx)}, {x})[0];
   CHECK(ggx.item() == doctest::Approx(18));
   x.set_grad(Tensor());  // x.grad's graph refers to x: clearing it breaks the cycle (see backward())
+}
+
+// Note [Gradient layout] in engine/autograd.cpp: ops whose backward hands its incoming gradient on
+// unchanged (add, clone, sum_to of an equal shape), a transposed gradient (linear's weight), and
+// the seed of backward() itself must not end up shared between .grad()s or left strided.
+TEST_CASE("every accumulated gradient is its own contiguous tensor") {
+  using evenflow::testing::gradient_layout_problem;
+  const Tensor x = from_vector({1, 2, 3, 4, 5, 6}, {3, 2}, f64);
+  auto leaf = [](std::vector<double> v, Shape s) { return from_vector(v, s, f64).requires_grad_(); };
+  struct Pattern {
+    std::string name;
+    std::function<Tensor(const std::vector<Tensor>&)> loss;
+    std::vector<Tensor> params;
+  };
+  const std::vector<Pattern> patterns{
+      {"x + (a + b)", [&](const auto& p) { return sum(x + (p[0] + p[1])); }, {leaf({1, 2}, {2}), leaf({3, 4}, {2})}},
+      {"clone(a) + b", [&](const auto& p) { return sum(clone(p[0]) + p[1]); }, {leaf({1, 2}, {2}), leaf({3, 4}, {2})}},
+      {"sum(a) + sum(b)", [&](const auto& p) { return sum(p[0]) + sum(p[1]); }, {leaf({1, 2}, {2}), leaf({3}, {1})}},
+      {"linear(x, W0 + dW, b1 + b2)",
+       [&](const auto& p) { return sum(linear(x, p[0] + p[1], p[2] + p[3])); },
+       {leaf({1, 2, 3, 4}, {2, 2}), leaf({0, 1, 0, 1}, {2, 2}), leaf({1, 1}, {2}), leaf({2, 2}, {2})}},
+      {"linear weight (a transposed gradient)",
+       [&](const auto& p) { return sum(linear(x, p[0], Tensor())); },
+       {leaf({1, 2, 3, 4}, {2, 2})}},
+      {"a used twice", [&](const auto& p) { return sum(p[0] + p[0]); }, {leaf({1, 2}, {2})}},
+  };
+  for (bool create_graph : {false, true}) {
+    for (const Pattern& pattern : patterns) {
+      CAPTURE(pattern.name);
+      CAPTURE(create_graph);
+      std::vector<std::pair<std::string, Tensor>> named;
+      for (size_t i = 0; i < pattern.params.size(); ++i) {
+        pattern.params[i].set_grad(Tensor());
+        named.emplace_back(std::to_string(i), pattern.params[i]);
+      }
+      const Tensor loss = pattern.loss(pattern.params);
+      const std::vector<Tensor> want = grad({loss}, pattern.params, {}, {.retain_graph = true});
+      loss.backward(Tensor(), false, create_graph);
+      CHECK(gradient_layout_problem(named).empty());
+      for (size_t i = 0; i < want.size(); ++i) CHECK(vals(pattern.params[i].grad()) == vals(want[i]));
+      for (const Tensor& p : pattern.params) p.set_grad(Tensor());  // create_graph: break the cycle
+    }
+  }
+}
+
+TEST_CASE("changing a gradient in place when it arrives leaves the rest of backward unchanged") {
+  // The data-parallel gradient sync all-reduces a parameter's gradient in place as soon as it is
+  // accumulated, while backward goes on. add's backward hands the same gradient to `a` and to mul,
+  // so unless a.grad() is its own tensor, mul's backward would read the changed values.
+  Tensor a = from_vector({0, 0}, {2}, f64).requires_grad_();
+  Tensor w = from_vector({1, 1}, {2}, f64).requires_grad_();
+  const Tensor x = from_vector({3, 5}, {2}, f64);
+  set_post_accumulate_hook(a, [](const Tensor& leaf) {
+    NoGradGuard no_grad;
+    leaf.grad().mul_(100.0);
+  });
+  (a + x * w).backward(ones({2}, f64));
+  set_post_accumulate_hook(a, nullptr);
+  CHECK(vals(a.grad()) == std::vector<double>{100, 100});
+  CHECK(vals(w.grad()) == std::vector<double>{3, 5});
 }
 
 TEST_CASE("retain_grad keeps a non-leaf's gradient") {

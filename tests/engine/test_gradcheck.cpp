@@ -1,7 +1,9 @@
 // gradcheck and gradgradcheck of every differentiable op, in float64 on the CPU, driven by the op
-// table; third-order gradients of a small conv net.
+// table; third-order gradients of a small conv net; the comparison they rest on.
 #include <doctest/doctest.h>
 
+#include <cmath>
+#include <limits>
 #include <set>
 
 #include "tests/engine/op_table.h"
@@ -60,4 +62,16 @@ TEST_CASE("third-order gradients of a small conv net") {
   args.push_back(ones({}, f64));
   const std::string failure = gradgradcheck(first, args, {.eps = 1e-5, .atol = 1e-5, .rtol = 1e-3});
   CHECK_MESSAGE(failure.empty(), failure);
+}
+
+TEST_CASE("compare: infinities and NaNs must match; an infinite reference is no infinite tolerance") {
+  const TensorOptions f64{.dtype = kFloat64};
+  const double inf = std::numeric_limits<double>::infinity();
+  const Tensor ref = from_vector({1.0, inf, -inf}, {3}, f64);
+  CHECK(compare(from_vector({1.0, inf, -inf}, {3}, f64), ref, 1e-5, 1e-3).empty());
+  CHECK(compare(from_vector({1.0, 12.0, -inf}, {3}, f64), ref, 1e-5, 1e-3) == "element 1: 12 vs reference inf");
+  CHECK(compare(from_vector({1.0, inf, inf}, {3}, f64), ref, 1e-5, 1e-3) == "element 2: inf vs reference -inf");
+  CHECK(compare(from_vector({1.0, inf, -inf}, {3}, f64), from_vector({1.0, inf, 7.0}, {3}, f64), 1e-5, 1e-3) ==
+        "element 2: -inf vs reference 7");
+  CHECK_FALSE(compare(from_vector({std::nan("")}, {1}, f64), from_vector({0.0}, {1}, f64), 1e-5, 1e-3).empty());
 }

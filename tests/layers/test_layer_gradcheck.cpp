@@ -1,12 +1,14 @@
 // gradcheck of every layer's forward in float64, with respect to its input and its parameters
 // (the module's parameters are rebound to gradcheck's tensors with Module::assign), and
 // gradgradcheck: GroupNorm (a composite in layers/) and the other layers, which must stay twice
-// differentiable for gradient penalties.
+// differentiable for gradient penalties. And every layer's parameter gradients follow the gradient
+// layout rule (Note [Gradient layout] in engine/autograd.cpp).
 #include <doctest/doctest.h>
 
 #include "tests/layers/fixture.h"
 #include "tests/layers/layer_cases.h"
 #include "tests/testing/gradcheck.h"
+#include "tests/testing/helpers.h"
 
 using namespace evenflow;
 using namespace evenflow::testing;
@@ -60,6 +62,25 @@ TEST_CASE("gradcheck: every layer, float64, input and parameters") {
     const std::string failure = gradcheck(module_fn(c.module), module_inputs(c.input, *c.module));
     CHECK_MESSAGE(failure.empty(), c.name, ": ", failure);
   }
+}
+
+TEST_CASE("every layer's parameter gradients are contiguous and own their storage, with and without create_graph") {
+  int with_params = 0;
+  for (const LoadedCase& c : float64_cases()) {
+    if (c.module->parameters().empty()) continue;
+    ++with_params;
+    CAPTURE(c.name);
+    for (bool create_graph : {false, true}) {
+      CAPTURE(create_graph);
+      c.module->zero_grad();
+      sum(square(c.module->forward(c.input))).backward(Tensor(), false, create_graph);
+      const nn::NamedTensors params = c.module->named_parameters();
+      for (const auto& [name, p] : params) CHECK_MESSAGE(p.grad().defined(), name);
+      CHECK(gradient_layout_problem(params).empty());
+      c.module->zero_grad();  // under create_graph a gradient's graph refers to its parameter
+    }
+  }
+  CHECK(with_params >= 12);
 }
 
 TEST_CASE("gradgradcheck: GroupNorm") {

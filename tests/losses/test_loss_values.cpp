@@ -9,6 +9,7 @@
 
 #include "tests/losses/loss_fixture.h"
 #include "tests/testing/gradcheck.h"
+#include "tests/testing/helpers.h"
 
 using namespace evenflow;
 using namespace evenflow::testing;
@@ -129,10 +130,7 @@ TEST_CASE("every loss in float32 and on another device agrees with PyTorch's flo
 }
 
 TEST_CASE("every loss on a CUDA device agrees with PyTorch, float64 and float32") {
-  if (cuda_device_count() == 0) {
-    std::cout << "[skipped] no CUDA device visible: " << cuda_unavailable_reason() << "\n";
-    return;
-  }
+  if (!cuda_devices_available()) return;
   CHECK(check_losses(all_losses(), cuda(), kFloat64, 1e-10) == 53);
   CHECK(check_losses(all_losses(), cuda(), kFloat32, 1e-4) == 53);
 }

@@ -1,8 +1,11 @@
 // The data-parallel invariants on CPU devices, in float64: N devices equal one device on the whole
 // batch (losses and every parameter gradient, 1e-10) for a CNN, uneven splits, a batch smaller than
 // the group, a WGAN-GP penalty computed per device, and SyncBatchNorm under a penalty; replicas stay
-// bitwise identical; failures on one device reach the caller and the group runs again.
+// bitwise identical; failures on one device reach the caller and the group runs again; gradients that
+// reach several parameters through one tensor are neither summed twice nor left strided.
 #include <doctest/doctest.h>
+
+#include <functional>
 
 #include "layers/layers.h"
 #include "optim/optim.h"
@@ -86,9 +89,11 @@ void check_cnn_step(const std::string& devices_spec, int64_t batch) {
   loss.backward();
   const Tensor want = nll(reference->forward(x), y);
   want.backward();
-  CHECK(loss.device() == cpu(0));
+  CHECK(loss.device() == model.devices()[0]);
   check_close(loss, want, "loss");
   check_grads(model, *reference);
+  // NCCL reduces flat buffers: a strided gradient (linear's weight) would fail on distinct GPUs.
+  for (int r = 0; r < model.size(); ++r) CHECK(gradient_layout_problem(model.replica(r).named_parameters()).empty());
   // The torch DataParallel pattern gives the same loss (it only costs more memory on device 0).
   check_close(criterion.gathered(model(model.scatter(x)), model.scatter(y)), want, "gathered loss");
 }
@@ -102,22 +107,117 @@ TEST_CASE("data parallel: a CNN on N devices equals one device on the whole batc
   check_cnn_step("cpu:1", 5);
 }
 
-TEST_CASE("data parallel: CUDA logical devices equal one CPU device (float64)") {
-  if (cuda_device_count() < 2) {
-    MESSAGE("[skipped] needs 2 CUDA logical devices (EF_CUDA_DEVICES=0,0 on one GPU): ",
-            cuda_device_count() == 0 ? cuda_unavailable_reason() : std::string("only one"));
-    return;
+namespace {
+// A model given by its parameters (name, initial values) and a forward function over them: the
+// patterns whose gradients once reached several parameters through one shared tensor (Note
+// [Gradient layout] in engine/autograd.cpp).
+struct PatternNet : nn::Cloneable<PatternNet> {
+  using Forward = std::function<Tensor(const nn::Module& self, const Tensor& x)>;
+  PatternNet(std::string pattern, const std::vector<std::pair<std::string, Shape>>& params, Forward fn)
+      : pattern_(std::move(pattern)), fn_(std::move(fn)) {
+    for (const auto& [name, shape] : params) register_parameter(name, randn(shape, {.dtype = kFloat64}));
   }
-  check_cnn_step("cuda:0,1", 10);
-  check_cnn_step("cuda", 3);
+  std::string name() const override { return "PatternNet(" + pattern_ + ")"; }
+  Tensor forward(const Tensor& x) override { return fn_(*this, x); }
+
+  std::string pattern_;
+  Forward fn_;
+};
+
+std::vector<std::shared_ptr<PatternNet>> aliasing_patterns() {
+  manual_seed(cpu(), 31);
+  using M = const nn::Module&;
+  const Shape v{4}, w{4, 4};
+  return {
+      std::make_shared<PatternNet>("x + (a + b)", std::vector<std::pair<std::string, Shape>>{{"a", v}, {"b", v}},
+                                   [](M m, const Tensor& x) { return x + (m.tensor("a") + m.tensor("b")); }),
+      std::make_shared<PatternNet>(
+          "LoRA-style linear(x, W0 + dW, c)",
+          std::vector<std::pair<std::string, Shape>>{{"W0", w}, {"dW", w}, {"c", v}},
+          [](M m, const Tensor& x) { return linear(x, m.tensor("W0") + m.tensor("dW"), m.tensor("c")); }),
+      std::make_shared<PatternNet>(
+          "two biases linear(x, W) + b1 + b2",
+          std::vector<std::pair<std::string, Shape>>{{"W", w}, {"b1", v}, {"b2", v}},
+          [](M m, const Tensor& x) { return linear(x, m.tensor("W"), Tensor()) + m.tensor("b1") + m.tensor("b2"); }),
+      std::make_shared<PatternNet>("clone(a) + b", std::vector<std::pair<std::string, Shape>>{{"a", v}, {"b", v}},
+                                   [](M m, const Tensor& x) { return x * (clone(m.tensor("a")) + m.tensor("b")); }),
+      std::make_shared<PatternNet>("x * (sum(a) + sum(b))",
+                                   std::vector<std::pair<std::string, Shape>>{{"a", v}, {"b", v}},
+                                   [](M m, const Tensor& x) { return x * (sum(m.tensor("a")) + sum(m.tensor("b"))); }),
+      std::make_shared<PatternNet>("a + mean(tanh(x W^T)) per sample",
+                                   std::vector<std::pair<std::string, Shape>>{{"a", v}, {"W", w}},
+                                   [](M m, const Tensor& x) {
+                                     return m.tensor("a") + mean(tanh(linear(x, m.tensor("W"), Tensor())), {1}, true);
+                                   }),
+      std::make_shared<PatternNet>("W used twice: linear(tanh(linear(x, W, b)), W, b)",
+                                   std::vector<std::pair<std::string, Shape>>{{"W", w}, {"b", v}},
+                                   [](M m, const Tensor& x) {
+                                     const Tensor& W = m.tensor("W");
+                                     const Tensor& b = m.tensor("b");
+                                     return linear(tanh(linear(x, W, b)), W, b);
+                                   }),
+  };
+}
+}  // namespace
+
+namespace {
+// Each aliasing pattern on `specs`, with one-parameter (1-byte) and default buckets, against one CPU
+// device on the whole batch (float64, 1e-10); every gradient contiguous and its own.
+void check_aliasing_patterns(const std::vector<std::string>& specs) {
+  const auto square_mean = [](const Tensor& out, const Tensor&) { return mean(square(out)); };
+  for (const auto& pattern : aliasing_patterns()) {
+    for (const std::string& spec : specs) {
+      for (size_t bucket_bytes : {size_t{1}, DataParallelOptions{}.bucket_bytes}) {
+        CAPTURE(pattern->pattern_);
+        CAPTURE(spec);
+        CAPTURE(bucket_bytes);
+        auto reference = pattern->clone();
+        DataParallelModel model(pattern->clone(), devices(spec), {.bucket_bytes = bucket_bytes});
+        DataParallelCriterion criterion(model, square_mean);
+        manual_seed(cpu(), 32);
+        const Tensor x = randn({7, 4}, {.dtype = kFloat64});
+        const auto xs = model.scatter(x);
+        const Tensor loss = criterion(model(xs), xs);
+        loss.backward();
+        const Tensor want = square_mean(reference->forward(x), x);
+        want.backward();
+        check_close(loss, want, "loss");
+        check_grads(model, *reference);
+        for (int r = 0; r < model.size(); ++r)
+          CHECK(gradient_layout_problem(model.replica(r).named_parameters()).empty());
+        CHECK(gradient_layout_problem(reference->named_parameters()).empty());
+        // Clipping scales each gradient once (an aliased one would be scaled twice).
+        const double total = optim::clip_grad_norm_(reference->parameters(), 1e-3);
+        for (int r = 0; r < model.size(); ++r)
+          CHECK(optim::clip_grad_norm_(model.replica(r).parameters(), 1e-3) == doctest::Approx(total).epsilon(1e-12));
+        check_grads(model, *reference);
+      }
+    }
+  }
+}
+}  // namespace
+
+TEST_CASE("data parallel: gradients reaching several parameters through one tensor are not summed twice") {
+  check_aliasing_patterns({"cpu:2", "cpu:3"});
 }
 
-TEST_CASE("data parallel: a WGAN-GP penalty computed per device equals the whole batch's") {
+TEST_CASE("data parallel: CUDA logical devices equal one CPU device (float64)") {
+  if (!cuda_devices_available(2)) return;
+  check_cnn_step("cuda:0,1", 10);
+  check_cnn_step("cuda", 3);
+  check_aliasing_patterns({"cuda:0,1"});
+}
+
+namespace {
+// The WGAN-GP critic loss computed per device on `spec` (with SyncBatchNorm or without a norm)
+// against one CPU device on the whole batch of 7: loss, every gradient, SyncBatchNorm's buffers.
+void check_penalty_step(const std::string& spec) {
+  CAPTURE(spec);
   for (bool sync_bn : {false, true}) {
     CAPTURE(sync_bn);
     auto net = make_critic(sync_bn);
     auto reference = net->clone();
-    DataParallelModel model(sync_bn ? convert_sync_batchnorm(net) : net, devices("cpu:3"), {.bucket_bytes = 128});
+    DataParallelModel model(sync_bn ? convert_sync_batchnorm(net) : net, devices(spec), {.bucket_bytes = 128});
     if (sync_bn) CHECK(model.replica(1).repr().find("SyncBatchNorm") != std::string::npos);
     DataParallelCriterion criterion(model);
     manual_seed(cpu(), 22);
@@ -127,7 +227,7 @@ TEST_CASE("data parallel: a WGAN-GP penalty computed per device equals the whole
     const auto reals = model.scatter(real), fakes = model.scatter(fake), epss = model.scatter(eps);
     std::vector<int64_t> sizes;
     for (const Tensor& t : reals) sizes.push_back(t.size(0));
-    CHECK(sizes == std::vector<int64_t>{3, 2, 2});
+    CHECK(sizes == split_sizes(7, model.size()));
 
     const Tensor loss =
         criterion([&](int r) { return critic_loss(model.replica(r), reals[r], fakes[r], epss[r]); }, sizes);
@@ -139,13 +239,23 @@ TEST_CASE("data parallel: a WGAN-GP penalty computed per device equals the whole
     if (sync_bn) {
       // SyncBatchNorm's running statistics are the whole batch's, on every replica.
       const auto want_buffers = reference->named_buffers();
-      for (int r = 0; r < 3; ++r) {
+      for (int r = 0; r < model.size(); ++r) {
         const auto got = model.replica(r).named_buffers();
         for (size_t i = 0; i < want_buffers.size(); ++i)
           check_close(got[i].second, want_buffers[i].second, "buffer " + want_buffers[i].first);
       }
     }
   }
+}
+}  // namespace
+
+TEST_CASE("data parallel: a WGAN-GP penalty computed per device equals the whole batch's") {
+  check_penalty_step("cpu:3");  // chunks 3, 2, 2
+}
+
+TEST_CASE("data parallel: a WGAN-GP penalty and SyncBatchNorm on CUDA logical devices equal one CPU device") {
+  if (!cuda_devices_available(2)) return;
+  check_penalty_step("cuda");
 }
 
 TEST_CASE("data parallel: a gradient penalty has the exact expected gradient") {

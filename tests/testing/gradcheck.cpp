@@ -32,7 +32,9 @@ std::string compare(const Tensor& a, const Tensor& b, double atol, double rtol) 
   for (size_t i = 0; i < va.size(); ++i) {
     const double err = std::fabs(va[i] - vb[i]);
     const double excess = err - (atol + rtol * std::fabs(vb[i]));
-    if (std::isnan(va[i]) != std::isnan(vb[i]) || excess > 0) {
+    // An infinite reference makes the tolerance infinite (and excess NaN): infinities must match.
+    const bool inf_mismatch = (std::isinf(va[i]) || std::isinf(vb[i])) && va[i] != vb[i];
+    if (std::isnan(va[i]) != std::isnan(vb[i]) || inf_mismatch || excess > 0) {
       if (!bad || excess > worst) {
         worst = excess;
         at = i;

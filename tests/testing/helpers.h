@@ -1,7 +1,12 @@
 // Small helpers shared by the test suites.
 #pragma once
 
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/ops.h"
@@ -21,6 +26,37 @@ std::string error_of(F&& f) {
     return e.what();
   }
   return "(no error)";
+}
+
+// True when at least `needed` CUDA (logical) devices are visible. Otherwise the calling test is
+// skipped, saying why -- or fails when EF_REQUIRE_CUDA=1 (scripts/gpu_check.sh sets it), so that a
+// GPU run cannot pass with its CUDA tests skipped. EF_CUDA_DEVICES=0,0 gives one GPU two devices.
+inline bool cuda_devices_available(int needed = 1) {
+  const int have = cuda_device_count();
+  if (have >= needed) return true;
+  std::string why = "needs " + std::to_string(needed) + " CUDA device(s) (EF_CUDA_DEVICES=0,0 makes two of one GPU), " +
+                    std::to_string(have) + " visible";
+  if (have == 0) why += ": " + cuda_unavailable_reason();
+  const char* require = std::getenv("EF_REQUIRE_CUDA");
+  if (require != nullptr && std::string(require) == "1") FAIL("EF_REQUIRE_CUDA=1, but this test " << why);
+  MESSAGE("[skipped] " << why);
+  return false;
+}
+
+// Note [Gradient layout] (engine/autograd.cpp) for named tensors: "" when every defined .grad() is
+// contiguous and shares storage with no other tensor's gradient nor with the tensors themselves;
+// otherwise what is wrong, naming the tensor.
+inline std::string gradient_layout_problem(const std::vector<std::pair<std::string, Tensor>>& named) {
+  std::set<const Storage*> seen;
+  for (const auto& [name, t] : named) seen.insert(t.storage().get());
+  for (const auto& [name, t] : named) {
+    const Tensor g = t.grad();
+    if (!g.defined()) continue;
+    if (!g.is_contiguous()) return "the gradient of '" + name + "' is not contiguous";
+    if (!seen.insert(g.storage().get()).second)
+      return "the gradient of '" + name + "' shares its storage with another tensor or gradient";
+  }
+  return "";
 }
 
 }  // namespace evenflow::testing
