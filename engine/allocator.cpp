@@ -42,6 +42,10 @@ CachingAllocator::~CachingAllocator() {
 }
 
 void* CachingAllocator::allocate(size_t nbytes, size_t* block_bytes) {
+  // Byte offsets are int64 (Note [Checked sizes] in tensor.cpp), and round_size would overflow
+  // size_t near its top.
+  EF_CHECK(nbytes <= kMaxBytes, "out of memory on ", device_.str(), ": ", nbytes,
+           " bytes requested, more than int64 can hold");
   const size_t size = round_size(nbytes);
   std::lock_guard<std::mutex> lock(mu_);
   ++stats_.num_allocs;

@@ -34,8 +34,12 @@ class CachingAllocator {
   CachingAllocator(const CachingAllocator&) = delete;
   CachingAllocator& operator=(const CachingAllocator&) = delete;
 
-  // Returns a block of at least nbytes (its size in *block_bytes). Throws ef::Error, with the
-  // device's statistics, when the device has no memory left or the limit would be exceeded.
+  // The largest request: tensors address their bytes with int64 offsets.
+  static constexpr size_t kMaxBytes = static_cast<size_t>(INT64_MAX);
+
+  // Returns a block of at least nbytes (its size in *block_bytes). Throws ef::Error when nbytes
+  // exceeds kMaxBytes and, with the device's statistics, when the device has no memory left or the
+  // limit would be exceeded.
   void* allocate(size_t nbytes, size_t* block_bytes);
   void release(void* ptr, size_t block_bytes);
 
@@ -44,6 +48,7 @@ class CachingAllocator {
   void empty_cache();
   void set_limit(size_t bytes);
 
+  // The size class of a request of at most kMaxBytes.
   static size_t round_size(size_t nbytes);
 
  private:

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 #include "engine/ops_util.h"
@@ -118,6 +119,20 @@ Tensor mask_of(const Tensor& x, UnaryOp op, double a = 0, double b = 0) {
   return unary_kernel(x.detach(), op, a, b);
 }
 
+// Note [NaN in backward masks]
+// PyTorch's backward formulas select where they mask (threshold_backward: x <= 0 ? 0 : g), they
+// do not multiply by a 0/1 mask. So a NaN input gets what the false comparison selects (relu, elu:
+// all of g; clamp: 0; maximum/minimum: all of g on both sides), and a masked-out position gets 0
+// even when its incoming gradient is NaN or infinite. Ours follow: masks are computed with
+// comparisons that are false for NaN, and applied with where(mask, g, 0) or as factors that are
+// finite everywhere (never 0 times an exp that overflows).
+Tensor zero_where(const Tensor& mask, const Tensor& t) {  // 0 where the mask is 1, else t
+  return where(mask, zeros({}, detail::options_of(t)), t);
+}
+Tensor keep_where(const Tensor& mask, const Tensor& t) {  // t where the mask is 1, else 0
+  return where(mask, t, zeros({}, detail::options_of(t)));
+}
+
 void check_inplace(const char* op, const Tensor& x) {
   detail::check_defined(op, x);
   EF_CHECK(!(grad_enabled() && x.requires_grad()), op, ": ", x.str(),
@@ -211,12 +226,16 @@ Tensor clamp(const Tensor& x, double lo, double hi) {
   EF_CHECK(lo <= hi, "clamp: lower bound ", lo, " is greater than upper bound ", hi);
   return unary_op(
       "clamp", UnaryOp::Clamp, x,
-      [](const Tensor& in, const Tensor& g, double l, double h) { return g * mask_of(in, UnaryOp::InRange, l, h); }, lo,
-      hi);
+      [](const Tensor& in, const Tensor& g, double l, double h) {
+        return keep_where(mask_of(in, UnaryOp::InRange, l, h), g);
+      },
+      lo, hi);
 }
 Tensor relu(const Tensor& x) {
-  return unary_op("relu", UnaryOp::Relu, x,
-                  [](const Tensor& in, const Tensor& g, double, double) { return g * mask_of(in, UnaryOp::GtScalar); });
+  return unary_op("relu", UnaryOp::Relu, x, [](const Tensor& in, const Tensor& g, double, double) {
+    // PyTorch's threshold_backward(g, x, 0), x <= 0 ? 0 : g: a NaN input passes g.
+    return zero_where(mask_of(in, UnaryOp::LeScalar), g);
+  });
 }
 Tensor leaky_relu(const Tensor& x, double slope) {
   return unary_op(
@@ -231,8 +250,11 @@ Tensor elu(const Tensor& x, double alpha) {
   return unary_op(
       "elu", UnaryOp::Elu, x,
       [](const Tensor& in, const Tensor& g, double a, double) {
-        const Tensor pos = mask_of(in, UnaryOp::GtScalar);
-        return g * (pos + (1.0 - pos) * mul_scalar(exp(in), a));
+        // α·exp(x) where x <= 0, else 1; exp sees 0 elsewhere, so a large x cannot make it inf
+        // (inf·0 would be NaN) and a NaN x gets all of g.
+        const Tensor neg = mask_of(in, UnaryOp::LeScalar);
+        const Tensor in_neg = keep_where(neg, in);
+        return g * (neg * (mul_scalar(exp(in_neg), a) - 1.0) + 1.0);
       },
       alpha);
 }
@@ -275,25 +297,29 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   return y;
 }
 
-// Ties split the gradient evenly, as PyTorch does.
-static Tensor extremum(const char* name, BinaryOp op, BinaryOp wins, const Tensor& a, const Tensor& b) {
+// As PyTorch: the operand that loses (`loses(a, b)`: a < b for maximum) gets 0, ties split g
+// evenly, and otherwise g goes whole to each side, so both get g where either is NaN.
+static Tensor extremum(const char* name, BinaryOp op, BinaryOp loses, const Tensor& a, const Tensor& b) {
   Tensor y = binary_kernel(name, op, a, b);
-  record(name, {y}, {a, b}, {a, b}, [a, b, wins](const Grads& g) {
-    Tensor share_a;
+  record(name, {y}, {a, b}, {a, b}, [a, b, loses](const Grads& g) {
+    Tensor lose_a, lose_b, share;
     {
       NoGradGuard no_grad;
       const Tensor ad = a.detach(), bd = b.detach();
-      share_a = binary_kernel("mask", wins, ad, bd) + mul_scalar(binary_kernel("mask", BinaryOp::Eq, ad, bd), 0.5);
+      lose_a = binary_kernel("mask", loses, ad, bd);
+      lose_b = binary_kernel("mask", loses, bd, ad);
+      share = 1.0 - mul_scalar(binary_kernel("mask", BinaryOp::Eq, ad, bd), 0.5);
     }
-    return Grads{sum_to(g[0] * share_a, a.shape()), sum_to(g[0] * (1.0 - share_a), b.shape())};
+    const Tensor gs = g[0] * share;
+    return Grads{sum_to(zero_where(lose_a, gs), a.shape()), sum_to(zero_where(lose_b, gs), b.shape())};
   });
   return y;
 }
 Tensor maximum(const Tensor& a, const Tensor& b) {
-  return extremum("maximum", BinaryOp::Maximum, BinaryOp::Gt, a, b);
+  return extremum("maximum", BinaryOp::Maximum, BinaryOp::Lt, a, b);
 }
 Tensor minimum(const Tensor& a, const Tensor& b) {
-  return extremum("minimum", BinaryOp::Minimum, BinaryOp::Lt, a, b);
+  return extremum("minimum", BinaryOp::Minimum, BinaryOp::Gt, a, b);
 }
 
 Tensor sign(const Tensor& x) {
@@ -463,24 +489,31 @@ Tensor sum_to(const Tensor& x, const Shape& shape) {
 
 // --- Views -------------------------------------------------------------------------------------------
 
+// The shape a view/reshape asks for, its -1 filled in; its products are checked (Note [Checked sizes]).
 static Shape infer_shape(const char* op, const Shape& shape, int64_t numel) {
   Shape out = shape;
-  int64_t known = 1, infer = -1;
+  int64_t infer = -1;
   for (size_t i = 0; i < out.size(); ++i) {
     if (out[i] == -1) {
       EF_CHECK(infer < 0, op, ": only one dim may be -1 in ", shape_str(shape));
       infer = static_cast<int64_t>(i);
     } else {
       EF_CHECK(out[i] >= 0, op, ": invalid size ", out[i], " in ", shape_str(shape));
-      known *= out[i];
     }
   }
   if (infer >= 0) {
+    int64_t known = 1;  // the product of the given dims
+    for (size_t i = 0; i < out.size(); ++i) {
+      if (static_cast<int64_t>(i) == infer) continue;
+      EF_CHECK(out[i] == 0 || known <= std::numeric_limits<int64_t>::max() / out[i], op, ": shape ", shape_str(shape),
+               " has more elements than int64 can hold");
+      known *= out[i];
+    }
     EF_CHECK(known != 0 && numel % known == 0, op, ": shape ", shape_str(shape), " is invalid for ", numel,
              " elements");
     out[static_cast<size_t>(infer)] = numel / known;
   }
-  EF_CHECK(numel_of(out) == numel, op, ": shape ", shape_str(shape), " is invalid for ", numel, " elements");
+  EF_CHECK(checked_numel(out, op) == numel, op, ": shape ", shape_str(shape), " is invalid for ", numel, " elements");
   return out;
 }
 
@@ -641,6 +674,8 @@ Tensor expand(const Tensor& x, const Shape& shape_in) {
     shape[static_cast<size_t>(i)] = want;
     strides[static_cast<size_t>(i)] = (src >= 0 && have == want) ? x.strides()[static_cast<size_t>(src)] : 0;
   }
+  // A view of any size costs nothing, so the size is checked here and not by an allocation.
+  checked_numel(shape, "expand");
   if (shape == x.shape()) return x;
   Tensor y = make_view(x, shape, strides, x.offset());
   record("expand", {y}, {x}, {}, [in = x.shape()](const Grads& g) { return Grads{sum_to(g[0], in)}; });
@@ -665,6 +700,9 @@ Tensor cat(const std::vector<Tensor>& xs, int64_t dim) {
                "cat: tensors[", i, "] has shape ", shape_str(xs[i].shape()), ", tensors[0] has ",
                shape_str(first.shape()), " (only dim ", d, " may differ)");
     sizes.push_back(xs[i].shape()[static_cast<size_t>(d)]);
+    EF_CHECK(sizes.back() <= std::numeric_limits<int64_t>::max() - shape[static_cast<size_t>(d)],
+             "cat: the sizes along dim ", d, " add up to more than int64 can hold (at tensors[", i, "] of shape ",
+             shape_str(xs[i].shape()), ")");
     shape[static_cast<size_t>(d)] += sizes.back();
   }
   Tensor y = detail::empty_like_shape(first, shape);

@@ -34,6 +34,8 @@ namespace evenflow {
 // clang-format on
 
 // --- Elementwise (broadcasting; both operands same dtype and device) ----------------------------
+// A NaN input gives a NaN output (Note [NaN propagation] in scalar_ops.h); where a backward masks,
+// it selects as PyTorch's does (Note [NaN in backward masks] in ops.cpp).
 Tensor add(const Tensor& a, const Tensor& b);                        // d/da = g, d/db = g (summed to each shape)
 Tensor sub(const Tensor& a, const Tensor& b);                        // d/da = g, d/db = -g
 Tensor mul(const Tensor& a, const Tensor& b);                        // d/da = g·b, d/db = g·a
@@ -49,13 +51,13 @@ Tensor exp(const Tensor& x);                                         // g·exp(x
 Tensor log(const Tensor& x);                                         // g/x
 Tensor abs(const Tensor& x);                                         // g·sign(x)
 Tensor square(const Tensor& x);                                      // g·2x
-Tensor clamp(const Tensor& x, double lo, double hi);                 // g·[lo ≤ x ≤ hi]
+Tensor clamp(const Tensor& x, double lo, double hi);                 // g where lo ≤ x ≤ hi, else 0 (NaN x: 0)
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);  // a: where(c, g, 0), b: where(c, 0, g)
-Tensor maximum(const Tensor& a, const Tensor& b);                    // g to the larger (split evenly on ties)
-Tensor minimum(const Tensor& a, const Tensor& b);                    // g to the smaller (split evenly on ties)
-Tensor relu(const Tensor& x);                                        // g·[x > 0]
-Tensor leaky_relu(const Tensor& x, double slope = 0.01);             // g·([x > 0] + slope·[x ≤ 0])
-Tensor elu(const Tensor& x, double alpha = 1.0);                     // g·([x > 0] + α·exp(x)·[x ≤ 0])
+Tensor maximum(const Tensor& a, const Tensor& b);                    // g to the larger, ½ on ties, both if a NaN
+Tensor minimum(const Tensor& a, const Tensor& b);                    // g to the smaller, ½ on ties, both if a NaN
+Tensor relu(const Tensor& x);                                        // 0 where x ≤ 0, else g (NaN x: g)
+Tensor leaky_relu(const Tensor& x, double slope = 0.01);             // g where x > 0, else slope·g (NaN x too)
+Tensor elu(const Tensor& x, double alpha = 1.0);                     // g·α·exp(x) where x ≤ 0, else g (NaN x: g)
 Tensor sigmoid(const Tensor& x);                                     // g·σ(x)·(1-σ(x))
 Tensor tanh(const Tensor& x);                                        // g·(1-tanh²(x))
 Tensor softplus(const Tensor& x, double beta = 1.0, double threshold = 20.0);  // g·σ(βx) (g where βx > threshold)

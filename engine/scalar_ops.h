@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #ifdef __CUDACC__
 #define EF_HD __host__ __device__
@@ -56,9 +57,27 @@ EF_HD inline float pow_(float x, float y) {
 EF_HD inline double pow_(double x, double y) {
   return ::pow(x, y);
 }
+// Whether x is NaN; always false for integer types.
+template <typename T>
+EF_HD inline bool isnan_(T x) {
+  if constexpr (std::is_floating_point_v<T>)
+    return x != x;
+  else
+    return false;
+}
+
+// Note [NaN propagation]
+// As in PyTorch, a NaN input gives a NaN output: relu, leaky_relu, elu, softplus and clamp of NaN
+// are NaN, maximum and minimum are NaN when either operand is, and so are max pooling over a
+// window holding a NaN and max/argmax along a dim holding one (the backends' own kernels). Every
+// comparison with NaN is false, so the branch a functor below takes for NaN must compute from x:
+// Relu is PyTorch's threshold, x <= 0 ? 0 : x (x > 0 ? x : 0 would turn NaN into 0), and
+// Maximum/Minimum test x for NaN (a NaN y reaches the output through the false comparison). The
+// backward rules for NaN are in Note [NaN in backward masks] (ops.cpp).
 
 // Unary ops: y = f(x; a, b). `a` and `b` are the op's scalar parameters (unused by most).
-// Masks (GtScalar, InRange) return 1 or 0 in the input's type; they carry no gradient.
+// Masks (GtScalar, LeScalar, InRange) return 1 or 0 in the input's type (0 for NaN); they carry no
+// gradient.
 #define EF_UNARY_OPS(X)                                                                \
   X(Neg, -x)                                                                           \
   X(Exp, exp_(x))                                                                      \
@@ -69,7 +88,7 @@ EF_HD inline double pow_(double x, double y) {
   X(Abs, abs_(x))                                                                      \
   X(Sign, T((x > T(0)) - (x < T(0))))                                                  \
   X(Square, x* x)                                                                      \
-  X(Relu, x > T(0) ? x : T(0))                                                         \
+  X(Relu, x <= T(0) ? T(0) : x)                                                        \
   X(LeakyRelu, x > T(0) ? x : T(a) * x)                                                \
   X(Elu, x > T(0) ? x : T(a) * (exp_(x) - T(1)))                                       \
   X(Sigmoid, x >= T(0) ? T(1) / (T(1) + exp_(-x)) : exp_(x) / (T(1) + exp_(x)))        \
@@ -81,20 +100,21 @@ EF_HD inline double pow_(double x, double y) {
   X(AddScalar, x + T(a))                                                               \
   X(MulScalar, x* T(a))                                                                \
   X(GtScalar, T(x > T(a)))                                                             \
+  X(LeScalar, T(x <= T(a)))                                                            \
   X(InRange, T(x >= T(a) && x <= T(b)))
 
-#define EF_BINARY_OPS(X)    \
-  X(Add, x + y)             \
-  X(Sub, x - y)             \
-  X(Mul, x* y)              \
-  X(Div, x / y)             \
-  X(Maximum, x > y ? x : y) \
-  X(Minimum, x < y ? x : y) \
-  X(Gt, T(x > y))           \
-  X(Lt, T(x < y))           \
-  X(Ge, T(x >= y))          \
-  X(Le, T(x <= y))          \
-  X(Eq, T(x == y))          \
+#define EF_BINARY_OPS(X)                 \
+  X(Add, x + y)                          \
+  X(Sub, x - y)                          \
+  X(Mul, x* y)                           \
+  X(Div, x / y)                          \
+  X(Maximum, x > y || isnan_(x) ? x : y) \
+  X(Minimum, x < y || isnan_(x) ? x : y) \
+  X(Gt, T(x > y))                        \
+  X(Lt, T(x < y))                        \
+  X(Ge, T(x >= y))                       \
+  X(Le, T(x <= y))                       \
+  X(Eq, T(x == y))                       \
   X(Ne, T(x != y))
 
 #define EF_DECLARE_UNARY_FUNCTOR(name, expr)            \

@@ -1,7 +1,10 @@
 #include "engine/tensor.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <iomanip>
+#include <limits>
 #include <ostream>
 #include <sstream>
 
@@ -23,6 +26,38 @@ int64_t numel_of(const Shape& s) {
   int64_t n = 1;
   for (int64_t d : s) n *= d;
   return n;
+}
+
+// Note [Checked sizes]
+// A shape from a caller (or from a file) may have a negative dim, or dims whose product does not fit
+// int64: unchecked, numel_of wraps, a tiny buffer is allocated for a huge tensor and the first
+// kernel writes past it. So shapes are checked where they enter: empty(), through which every
+// creation function and every op's output passes, checks the element count and the byte count;
+// view/reshape and expand check the shapes they compute; the allocator refuses byte counts past
+// int64. Zero-size dims are left out of the product, so that the strides (and byte strides) of an
+// accepted shape fit int64 as well, even when it has no elements. Past these checks, numel_of,
+// contiguous_strides and the kernels' index arithmetic cannot overflow.
+namespace {
+constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
+
+// The product of the non-zero dims of a shape without negative dims, or -1 when it overflows int64.
+int64_t extent_of(const Shape& s) {
+  int64_t n = 1;
+  for (int64_t d : s) {
+    if (d == 0) continue;
+    if (n > kInt64Max / d) return -1;
+    n *= d;
+  }
+  return n;
+}
+}  // namespace
+
+int64_t checked_numel(const Shape& s, const char* op) {
+  for (int64_t d : s) EF_CHECK(d >= 0, op, ": negative dimension in shape ", shape_str(s));
+  const bool has_zero = std::find(s.begin(), s.end(), int64_t{0}) != s.end();
+  EF_CHECK(extent_of(s) >= 0, op, ": shape ", shape_str(s), " has more elements than int64 can hold",
+           has_zero ? " (not counting its zero-size dims, whose strides would overflow)" : "");
+  return has_zero ? 0 : extent_of(s);
 }
 
 Shape contiguous_strides(const Shape& s) {
@@ -292,13 +327,17 @@ Tensor Tensor::mean(const Shape& dims, bool keepdim) const {
 
 // --- Creation ------------------------------------------------------------------------------------
 
-Tensor empty(const Shape& shape, const TensorOptions& opts) {
-  for (int64_t d : shape) EF_CHECK(d >= 0, "empty: negative dimension in shape ", shape_str(shape));
-  EF_CHECK(static_cast<int64_t>(shape.size()) <= kMaxDims, "empty: shape ", shape_str(shape), " has more than ",
+// empty() under the name of the creation function that called it, for its error messages.
+static Tensor empty_for(const char* op, const Shape& shape, const TensorOptions& opts) {
+  const int64_t n = checked_numel(shape, op);
+  EF_CHECK(static_cast<int64_t>(shape.size()) <= kMaxDims, op, ": shape ", shape_str(shape), " has more than ",
            kMaxDims, " dims");
+  // Byte offsets are int64 too (Note [Checked sizes]).
+  const auto elem_bytes = static_cast<int64_t>(dtype_size(opts.dtype));
+  EF_CHECK(extent_of(shape) <= kInt64Max / elem_bytes, op, ": shape ", shape_str(shape), " of ", dtype_name(opts.dtype),
+           " has more bytes than int64 can hold (", elem_bytes, " bytes per element)");
   auto impl = std::make_shared<TensorImpl>();
-  const int64_t n = numel_of(shape);
-  impl->storage = std::make_shared<Storage>(opts.device, static_cast<size_t>(n) * dtype_size(opts.dtype));
+  impl->storage = std::make_shared<Storage>(opts.device, static_cast<size_t>(n * elem_bytes));
   impl->shape = shape;
   impl->strides = contiguous_strides(shape);
   impl->dtype = opts.dtype;
@@ -307,23 +346,27 @@ Tensor empty(const Shape& shape, const TensorOptions& opts) {
   return t;
 }
 
-static Tensor filled(const Shape& shape, double value, const TensorOptions& opts) {
+Tensor empty(const Shape& shape, const TensorOptions& opts) {
+  return empty_for("empty", shape, opts);
+}
+
+static Tensor filled(const char* op, const Shape& shape, double value, const TensorOptions& opts) {
   TensorOptions o = opts;
   o.requires_grad = false;
-  Tensor t = empty(shape, o);
+  Tensor t = empty_for(op, shape, o);
   if (t.numel() > 0) context(t.device()).backend().fill(t.view(), value);
   if (opts.requires_grad) t.requires_grad_(true);
   return t;
 }
 
 Tensor zeros(const Shape& shape, const TensorOptions& opts) {
-  return filled(shape, 0.0, opts);
+  return filled("zeros", shape, 0.0, opts);
 }
 Tensor ones(const Shape& shape, const TensorOptions& opts) {
-  return filled(shape, 1.0, opts);
+  return filled("ones", shape, 1.0, opts);
 }
 Tensor full(const Shape& shape, double value, const TensorOptions& opts) {
-  return filled(shape, value, opts);
+  return filled("full", shape, value, opts);
 }
 Tensor zeros_like(const Tensor& t) {
   return zeros(t.shape(), {.dtype = t.dtype(), .device = t.device()});
@@ -337,21 +380,25 @@ Tensor full_like(const Tensor& t, double v) {
 
 Tensor arange(double start, double end, double step, const TensorOptions& opts) {
   EF_CHECK(step != 0, "arange: step must be non-zero");
-  const double span = (end - start) / step;
-  const int64_t n = span > 0 ? static_cast<int64_t>(std::ceil(span)) : 0;
+  const double span = std::ceil((end - start) / step);
+  // 2^63 as a double: converting a span at or past it (or infinite) to int64 is undefined.
+  EF_CHECK(!(span >= 0x1p63), "arange: [", start, ", ", end, ") in steps of ", step,
+           " has more elements than int64 can hold");
+  const int64_t n = span > 0 ? static_cast<int64_t>(span) : 0;
   TensorOptions o = opts;
   o.requires_grad = false;
-  Tensor t = empty({n}, o);
+  Tensor t = empty_for("arange", {n}, o);
   if (n > 0) context(t.device()).backend().arange(t.view(), start, step);
   if (opts.requires_grad) t.requires_grad_(true);
   return t;
 }
 
-static Tensor random_tensor(const Shape& shape, RandomKind kind, double a, double b, const TensorOptions& opts) {
-  EF_CHECK(is_floating(opts.dtype), "random tensors must be float32 or float64, got ", dtype_name(opts.dtype));
+static Tensor random_tensor(const char* op, const Shape& shape, RandomKind kind, double a, double b,
+                            const TensorOptions& opts) {
+  EF_CHECK(is_floating(opts.dtype), op, ": random tensors must be float32 or float64, got ", dtype_name(opts.dtype));
   TensorOptions o = opts;
   o.requires_grad = false;
-  Tensor t = empty(shape, o);
+  Tensor t = empty_for(op, shape, o);
   if (t.numel() > 0) {
     DeviceContext& ctx = context(t.device());
     const GeneratorState s = ctx.generator().reserve(static_cast<uint64_t>(t.numel()));
@@ -362,24 +409,25 @@ static Tensor random_tensor(const Shape& shape, RandomKind kind, double a, doubl
 }
 
 Tensor rand(const Shape& shape, const TensorOptions& opts) {
-  return random_tensor(shape, RandomKind::Uniform, 0, 1, opts);
+  return random_tensor("rand", shape, RandomKind::Uniform, 0, 1, opts);
 }
 Tensor randn(const Shape& shape, const TensorOptions& opts) {
-  return random_tensor(shape, RandomKind::Normal, 0, 1, opts);
+  return random_tensor("randn", shape, RandomKind::Normal, 0, 1, opts);
 }
 Tensor uniform(const Shape& shape, double low, double high, const TensorOptions& opts) {
   EF_CHECK(low <= high, "uniform: low ", low, " is greater than high ", high);
-  return random_tensor(shape, RandomKind::Uniform, low, high, opts);
+  return random_tensor("uniform", shape, RandomKind::Uniform, low, high, opts);
 }
 Tensor bernoulli(const Shape& shape, double p, const TensorOptions& opts) {
   EF_CHECK(p >= 0 && p <= 1, "bernoulli: p must be in [0, 1], got ", p);
-  return random_tensor(shape, RandomKind::Bernoulli, p, 0, opts);
+  return random_tensor("bernoulli", shape, RandomKind::Bernoulli, p, 0, opts);
 }
 
 Tensor from_vector(const std::vector<double>& values, const Shape& shape, const TensorOptions& opts) {
-  EF_CHECK(static_cast<int64_t>(values.size()) == numel_of(shape), "from_vector: ", values.size(), " values for shape ",
-           shape_str(shape), " (", numel_of(shape), " elements)");
-  Tensor host = empty(shape, {.dtype = kFloat64, .device = cpu()});
+  const int64_t n = checked_numel(shape, "from_vector");
+  EF_CHECK(static_cast<int64_t>(values.size()) == n, "from_vector: ", values.size(), " values for shape ",
+           shape_str(shape), " (", n, " elements)");
+  Tensor host = empty_for("from_vector", shape, {.dtype = kFloat64, .device = cpu()});
   if (!values.empty()) std::memcpy(host.data_ptr(), values.data(), values.size() * sizeof(double));
   Tensor t = host.to(opts.dtype).to(opts.device);
   if (opts.requires_grad) t.requires_grad_(true);
@@ -387,15 +435,16 @@ Tensor from_vector(const std::vector<double>& values, const Shape& shape, const 
 }
 
 Tensor from_int_vector(const std::vector<int64_t>& values, const Shape& shape, const Device& device) {
-  EF_CHECK(static_cast<int64_t>(values.size()) == numel_of(shape), "from_int_vector: ", values.size(),
-           " values for shape ", shape_str(shape), " (", numel_of(shape), " elements)");
-  Tensor host = empty(shape, {.dtype = kInt64, .device = cpu()});
+  const int64_t n = checked_numel(shape, "from_int_vector");
+  EF_CHECK(static_cast<int64_t>(values.size()) == n, "from_int_vector: ", values.size(), " values for shape ",
+           shape_str(shape), " (", n, " elements)");
+  Tensor host = empty_for("from_int_vector", shape, {.dtype = kInt64, .device = cpu()});
   if (!values.empty()) std::memcpy(host.data_ptr(), values.data(), values.size() * sizeof(int64_t));
   return host.to(device);
 }
 
 Tensor scalar_tensor(double value, const TensorOptions& opts) {
-  return full({}, value, opts);
+  return filled("scalar_tensor", {}, value, opts);
 }
 
 std::ostream& operator<<(std::ostream& os, const Tensor& t) {

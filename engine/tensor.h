@@ -181,7 +181,11 @@ Tensor from_int_vector(const std::vector<int64_t>& values, const Shape& shape, c
 Tensor scalar_tensor(double value, const TensorOptions& opts = {});
 
 // Helpers shared by the ops
+// The element count of a shape that has passed checked_numel (unchecked: it may wrap otherwise).
 int64_t numel_of(const Shape& s);
+// The element count of a shape from a caller, or an ef::Error naming `op` and the shape when a dim
+// is negative or the dims multiply past int64 (Note [Checked sizes] in tensor.cpp).
+int64_t checked_numel(const Shape& s, const char* op);
 Shape contiguous_strides(const Shape& s);
 int64_t normalize_dim(int64_t dim, int64_t ndim, const char* op);
 // A tensor over the same storage with new geometry (no copy, no autograd).

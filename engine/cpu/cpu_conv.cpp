@@ -345,7 +345,7 @@ bool shifted(const ConvArgs& a) {
 struct ShiftedRow {
   int64_t row;     // col row (c·kh + i)·kw + j
   int64_t src;     // x index of tile pixel 0 (x index of pixel p is src + p)
-  int64_t c0, c1;  // tile pixels of existing input rows, clipped to x
+  int64_t c0, c1;  // tile pixels of existing input rows, clipped to x; 0 <= c0 <= c1 <= pt
   int64_t v0, v1;  // output rows whose input row exists
   int64_t lo, hi;  // output columns whose input column exists
 };
@@ -365,8 +365,13 @@ void walk_shifted(const ConvArgs& a, int64_t x_sample, int64_t oh0, int64_t oh1,
         r.hi = std::clamp(a.w - off_w, r.lo, a.ow);
         r.src = c * a.h * a.w + (oh0 + off_h) * a.w + off_w;
         // The padding columns of the valid rows may read a neighbouring row, but never outside x.
-        r.c0 = std::max((r.v0 - oh0) * a.ow, -r.src);
-        r.c1 = std::max(r.c0, std::min((r.v1 - oh0) * a.ow, x_sample - r.src));
+        // c0 and c1 stay within the valid rows' pixels [first, last]: -src can lie past them (for a
+        // 1xN image under a 3x3 kernel padded by 1, the kernel's top row has no valid rows and src
+        // is a row and a column before x), and a c0 past the tile's pt pixels made im2col write
+        // past its col rows.
+        const int64_t first = (r.v0 - oh0) * a.ow, last = (r.v1 - oh0) * a.ow;
+        r.c0 = std::clamp(-r.src, first, last);
+        r.c1 = std::clamp(x_sample - r.src, r.c0, last);
         fn(r);
       }
     }

@@ -516,10 +516,12 @@ void run_reduce(const CudaBackend& be, const ReducePlan& p, const View& out, con
 
 // --- Softmax ------------------------------------------------------------------------------------------
 
+// NaN wins from either side, so that every thread of a group reduces to the same maximum (the
+// plain a > b ? a : b is not symmetric in NaN); a row holding a NaN then gives NaN, as in PyTorch.
 struct MaxOf {
   template <typename T>
   __device__ T operator()(T a, T b) const {
-    return a > b ? a : b;
+    return a > b || is_nan(a) ? a : b;
   }
 };
 struct SumOf {

@@ -1,7 +1,13 @@
 // Tensors: creation, views and their shared versions, copies across dtypes and devices, the seeded
-// generators, and the errors bad arguments get.
+// generators, the errors bad arguments get (sizes past int64 among them), and NaN propagation.
 #include <doctest/doctest.h>
 
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/context.h"
 #include "engine/ops.h"
 #include "tests/testing/helpers.h"
 
@@ -122,4 +128,166 @@ TEST_CASE("errors name the op and the values") {
             zeros({1}, {.device = cuda(0)});
           }).find("unknown device cuda:0: no CUDA device is available") == 0);
   }
+}
+
+TEST_CASE("sizes past int64 are errors naming the shape (Note [Checked sizes])") {
+  const int64_t big = int64_t{1} << 32;  // big·big = 2^64 wraps to 0 unchecked
+  const auto elements = [](const std::string& op, const std::string& shape) {
+    return op + ": shape " + shape + " has more elements than int64 can hold";
+  };
+  CHECK(error_of([&] { empty({big, big}); }) == elements("empty", "[4294967296, 4294967296]"));
+  CHECK(error_of([&] { zeros({int64_t{1} << 62, 4}); }) == elements("zeros", "[4611686018427387904, 4]"));
+  CHECK(error_of([&] { ones({big, big + 1}); }) == elements("ones", "[4294967296, 4294967297]"));
+  CHECK(error_of([&] { full({3, big, big}, 1.0); }) == elements("full", "[3, 4294967296, 4294967296]"));
+  CHECK(error_of([&] { rand({big, big}); }) == elements("rand", "[4294967296, 4294967296]"));
+  CHECK(error_of([&] { randn({big, big}); }) == elements("randn", "[4294967296, 4294967296]"));
+  CHECK(error_of([&] { uniform({big, big}, 0, 1); }) == elements("uniform", "[4294967296, 4294967296]"));
+  CHECK(error_of([&] { bernoulli({big, big}, 0.5); }) == elements("bernoulli", "[4294967296, 4294967296]"));
+  CHECK(error_of([&] { from_vector({}, {big, big}); }) == elements("from_vector", "[4294967296, 4294967296]"));
+  CHECK(error_of([&] { from_int_vector({}, {big, big}); }) == elements("from_int_vector", "[4294967296, 4294967296]"));
+  CHECK(error_of([&] { arange(0, 1e30); }) == "arange: [0, 1e+30) in steps of 1 has more elements than int64 can hold");
+  // Zero-size dims hold no elements, but the strides of the others must still fit.
+  CHECK(error_of([&] { empty({0, big, big}); }).find(elements("empty", "[0, 4294967296, 4294967296]")) == 0);
+  CHECK(empty({0, big}).numel() == 0);
+  // Negative dims.
+  CHECK(error_of([&] { full({2, -3}, 1.0); }) == "full: negative dimension in shape [2, -3]");
+  CHECK(error_of([&] { randn({-1}); }) == "randn: negative dimension in shape [-1]");
+  // The byte count: 2^61 float64 elements are 2^64 bytes; 2^61 bytes of int64 are fine to ask for.
+  CHECK(error_of([&] { empty({int64_t{1} << 61}, {.dtype = kFloat64}); }) ==
+        "empty: shape [2305843009213693952] of float64 has more bytes than int64 can hold (8 bytes per element)");
+  CHECK(error_of([&] {
+          zeros({int64_t{1} << 31, int64_t{1} << 31});
+        }) ==
+        "zeros: shape [2147483648, 2147483648] of float32 has more bytes than int64 can hold (4 bytes per element)");
+  // Views compute shapes of their own.
+  const Tensor none = empty({0});
+  CHECK(error_of([&] { none.reshape({big, big}); }) == elements("reshape", "[4294967296, 4294967296]"));
+  CHECK(error_of([&] { none.view({big, big, 0}); }).find(elements("view", "[4294967296, 4294967296, 0]")) == 0);
+  CHECK(error_of([&] { none.reshape({big, big, -1}); }) == elements("reshape", "[4294967296, 4294967296, -1]"));
+  const Tensor one = ones({1, 1});
+  CHECK(error_of([&] { one.expand({big, big}); }) == elements("expand", "[4294967296, 4294967296]"));
+  CHECK(error_of([&] { one.expand({-5, 1}); }) == "expand: negative dimension in shape [-5, 1]");
+  CHECK(one.expand({big, 1}).numel() == big);  // large views are fine: they allocate nothing
+  const Tensor half = one.reshape({1}).expand({int64_t{1} << 62});
+  CHECK(error_of([&] {
+          cat({half, half}, 0);
+        }) ==
+        "cat: the sizes along dim 0 add up to more than int64 can hold (at tensors[1] of shape [4611686018427387904])");
+  // The allocator refuses what no int64 byte offset can address (rounding it up would overflow).
+  size_t block = 0;
+  CHECK(error_of([&] { context(cpu()).allocator().allocate(SIZE_MAX, &block); }) ==
+        "out of memory on cpu:0: 18446744073709551615 bytes requested, more than int64 can hold");
+}
+
+namespace {
+
+// Element-wise equality where NaN equals NaN and numbers agree to a relative 1e-6 (float32 too).
+std::string nan_aware_mismatch(const Tensor& got, const std::vector<double>& want) {
+  const std::vector<double> g = got.to_vector();
+  if (g.size() != want.size()) return std::to_string(g.size()) + " values, expected " + std::to_string(want.size());
+  for (size_t i = 0; i < g.size(); ++i) {
+    const bool same =
+        std::isnan(want[i]) ? std::isnan(g[i]) : std::abs(g[i] - want[i]) <= 1e-6 * (1 + std::abs(want[i]));
+    if (!same)
+      return "element " + std::to_string(i) + ": " + std::to_string(g[i]) + ", expected " + std::to_string(want[i]);
+  }
+  return "";
+}
+
+#define EF_CHECK_VALUES(got, ...)                                                          \
+  do {                                                                                     \
+    const std::string mismatch = nan_aware_mismatch(got, std::vector<double> __VA_ARGS__); \
+    CHECK_MESSAGE(mismatch.empty(), #got ": " << mismatch);                                \
+  } while (0)
+
+// Note [NaN propagation] and Note [NaN in backward masks], checked on one device and dtype against
+// what PyTorch gives.
+void check_nan_rules(const Device& device, DType dtype) {
+  CAPTURE(device.str());
+  CAPTURE(dtype_name(dtype));
+  const double nan = std::nan(""), e = std::exp(-1.0);
+  const TensorOptions o{.dtype = dtype, .device = device};
+  const auto leaf = [&](const std::vector<double>& v) {
+    return from_vector(v, {static_cast<int64_t>(v.size())}, {.dtype = dtype, .device = device, .requires_grad = true});
+  };
+  const auto vec = [&](const std::vector<double>& v) { return from_vector(v, {static_cast<int64_t>(v.size())}, o); };
+  // d/dx of sum(g·f(x)), one input
+  const auto grad1 = [](const Tensor& y, const Tensor& x, const Tensor& g) { return grad({y}, {x}, {g})[0]; };
+
+  {  // relu: PyTorch's threshold_backward selects (x <= 0 ? 0 : g): NaN x passes g, a NaN g at x < 0 gives 0
+    const Tensor x = leaf({nan, -1, 2, -3});
+    const Tensor y = relu(x);
+    EF_CHECK_VALUES(y, {nan, 0, 2, 0});
+    EF_CHECK_VALUES(grad1(y, x, vec({1, 1, 1, nan})), {1, 0, 1, 0});
+  }
+  {  // leaky_relu: x > 0 ? g : slope·g
+    const Tensor x = leaf({nan, -1, 2});
+    const Tensor y = leaky_relu(x, 0.1);
+    EF_CHECK_VALUES(y, {nan, -0.1, 2});
+    EF_CHECK_VALUES(grad1(y, x, vec({1, 1, 1})), {0.1, 0.1, 1});
+  }
+  {  // elu: x <= 0 ? g·α·exp(x) : g; a large x must not give inf·0
+    const Tensor x = leaf({nan, -1, 2, 1000});
+    const Tensor y = elu(x, 1.0);
+    EF_CHECK_VALUES(y, {nan, e - 1, 2, 1000});
+    EF_CHECK_VALUES(grad1(y, x, vec({1, 1, 1, 1})), {1, e, 1, 1});
+  }
+  {  // softplus: NaN in, NaN out and NaN gradient (g·σ(NaN)), as in PyTorch
+    const Tensor x = leaf({nan, -1, 30});
+    const Tensor y = softplus(x);
+    EF_CHECK_VALUES(y, {nan, std::log1p(e), 30});
+    EF_CHECK_VALUES(grad1(y, x, vec({1, 1, 1})), {nan, e / (1 + e), 1});
+  }
+  {  // clamp: where(lo <= x <= hi, g, 0)
+    const Tensor x = leaf({nan, -1, 0.25, 3});
+    const Tensor y = clamp(x, -0.5, 0.5);
+    EF_CHECK_VALUES(y, {nan, -0.5, 0.25, 0.5});
+    EF_CHECK_VALUES(grad1(y, x, vec({1, nan, 1, 1})), {0, 0, 1, 0});
+  }
+  {  // maximum / minimum: NaN if either is; the loser gets 0 (even for a NaN g), a tie halves g,
+     // and both get g where either is NaN
+    const Tensor a = leaf({nan, 1, 3, 0}), b = leaf({2, nan, 3, 5});
+    const Tensor g = vec({1, 1, 1, nan});
+    const Tensor hi = maximum(a, b);
+    EF_CHECK_VALUES(hi, {nan, nan, 3, 5});
+    const std::vector<Tensor> ghi = grad({hi}, {a, b}, {g});
+    EF_CHECK_VALUES(ghi[0], {1, 1, 0.5, 0});
+    EF_CHECK_VALUES(ghi[1], {1, 1, 0.5, nan});
+    const Tensor lo = minimum(a, b);
+    EF_CHECK_VALUES(lo, {nan, nan, 3, 0});
+    const std::vector<Tensor> glo = grad({lo}, {a, b}, {g});
+    EF_CHECK_VALUES(glo[0], {1, 1, 0.5, nan});
+    EF_CHECK_VALUES(glo[1], {1, 1, 0.5, 0});
+  }
+  {  // max_pool2d: a window holding a NaN gives NaN, and the gradient goes to the NaN
+    const Tensor x = from_vector({1, nan, 3, 4, 5, 6, 7, 8}, {1, 1, 2, 4},
+                                 {.dtype = dtype, .device = device, .requires_grad = true});
+    const Tensor y = max_pool2d(x, {.kernel = {2, 2}});
+    EF_CHECK_VALUES(y, {nan, 8});
+    EF_CHECK_VALUES(grad1(y, x, ones_like(y)), {0, 1, 0, 0, 0, 0, 0, 1});
+  }
+  {  // max / argmax / argmin / amax along a dim holding a NaN: NaN, at the NaN's index
+    const Tensor x = leaf({1, nan, -3, 4});
+    const auto [values, index] = max(x, 0);
+    EF_CHECK_VALUES(values, {nan});
+    CHECK(index.to_int_vector() == std::vector<int64_t>{1});
+    CHECK(argmax(x, 0).to_int_vector() == std::vector<int64_t>{1});
+    CHECK(argmin(x, 0).to_int_vector() == std::vector<int64_t>{1});
+    EF_CHECK_VALUES(amax(x), {nan});
+    EF_CHECK_VALUES(grad1(values, x, ones_like(values)), {0, 1, 0, 0});
+    EF_CHECK_VALUES(softmax(reshape(x, {1, 4}), 1), {nan, nan, nan, nan});
+  }
+}
+
+#undef EF_CHECK_VALUES
+
+}  // namespace
+
+TEST_CASE("NaN propagates as in PyTorch (activations clamp maximum minimum max_pool2d max): CPU") {
+  for (DType dtype : {kFloat32, kFloat64}) check_nan_rules(cpu(), dtype);
+}
+
+TEST_CASE("NaN propagates as in PyTorch (activations clamp maximum minimum max_pool2d max): CUDA") {
+  if (!evenflow::testing::cuda_devices_available()) return;
+  for (DType dtype : {kFloat32, kFloat64}) check_nan_rules(cuda(0), dtype);
 }
