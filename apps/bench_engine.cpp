@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <functional>
 
+#include "apps/common/program.h"
 #include "engine/ops.h"
 
 namespace ef = evenflow;
@@ -45,11 +46,10 @@ int main(int argc, char** argv) {
   double min_seconds = 1.0;
   int threads = 0;
   app.add_option("--device", device, "cpu:N or cuda:N");
-  app.add_option("--threads", threads, "intra-op threads on CPU (default: all cores)");
-  app.add_option("--min-seconds", min_seconds, "time budget per case");
+  app.add_option("--threads", threads, "intra-op threads on CPU (default: all cores)")->check(CLI::NonNegativeNumber);
+  app.add_option("--min-seconds", min_seconds, "time budget per case")->check(CLI::PositiveNumber & ef::apps::finite());
   app.add_option("--only", only, "run only cases whose name contains this");
-  CLI11_PARSE(app, argc, argv);
-  try {
+  return ef::apps::run_program(app, argc, argv, "bench_engine", [&] {
     const ef::Device d(device);
     if (threads > 0) ef::set_num_threads(threads);
     const ef::TensorOptions o{.dtype = ef::kFloat32, .device = d};
@@ -95,8 +95,5 @@ int main(int argc, char** argv) {
              "GB/s");
     }
     return 0;
-  } catch (const ef::Error& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 2;
-  }
+  });
 }

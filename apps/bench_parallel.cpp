@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "apps/common/program.h"
 #include "engine/allocator.h"
 #include "layers/layers.h"
 #include "optim/optim.h"
@@ -161,9 +162,9 @@ int main(int argc, char** argv) {
   app.add_option("--size", c.size, "image height and width")->check(CLI::PositiveNumber);
   app.add_option("--steps", c.steps, "timed steps, after one warm-up step")->check(CLI::PositiveNumber);
   app.add_option("--dtype", dtype, "float32 or float64")->check(CLI::IsMember({"float32", "float64"}));
-  app.add_option("--threads", threads, "intra-op threads of the CPU devices (0: leave as is)");
-  CLI11_PARSE(app, argc, argv);
-  try {
+  app.add_option("--threads", threads, "intra-op threads of the CPU devices (0: leave as is)")
+      ->check(CLI::NonNegativeNumber);
+  return ef::apps::run_program(app, argc, argv, "bench_parallel", [&] {
     c.devices = par::devices(devices_spec);
     c.dtype = dtype == "float64" ? ef::kFloat64 : ef::kFloat32;
     if (threads > 0) ef::set_num_threads(threads);
@@ -200,8 +201,5 @@ int main(int argc, char** argv) {
                 results[2].step_seconds / results[0].step_seconds, 1e3 * results[0].step_seconds,
                 1e3 * results[2].step_seconds);
     return 0;
-  } catch (const ef::Error& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 2;
-  }
+  });
 }

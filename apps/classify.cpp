@@ -83,11 +83,8 @@ void write_plot(const std::string& path, const std::vector<evenflow::apps::Metri
 
 // The settings a checkpoint must share with the run that resumes it.
 std::map<std::string, std::string> run_metadata(const Args& a) {
-  return {{"app", "classify"},
-          {"batch_size", std::to_string(a.batch_size)},
-          {"devices", a.devices},
-          {"dtype", a.dtype},
-          {"seed", std::to_string(a.seed)}};
+  return {{"app", "classify"}, {"batch_size", std::to_string(a.batch_size)}, {"devices", a.devices},
+          {"dtype", a.dtype},  {"lr", ef::apps::metadata_number(a.lr)},      {"seed", std::to_string(a.seed)}};
 }
 
 int run(const Args& a) {
@@ -97,10 +94,12 @@ int run(const Args& a) {
   EF_CHECK(a.dtype == "float32" || a.dtype == "float64", "--dtype must be float32 or float64, got \"", a.dtype, "\"");
   const ef::DType dtype = a.dtype == "float64" ? ef::kFloat64 : ef::kFloat32;
   ef::set_num_threads(a.threads > 0 ? a.threads : ef::parallel::cpu_threads_per_device(devices));
+  const std::string ckpt_path = (fs::path(a.out) / "checkpoint.safetensors").string();
+  ef::apps::prepare_output_folder(a.out, ckpt_path, a.resume, a.overwrite);
   auto train_set = std::make_shared<ef::data::FashionMNIST>(ef::data::Split::Train, a.data);
   auto test_set = std::make_shared<ef::data::FashionMNIST>(ef::data::Split::Test, a.data);
-  fs::create_directories(a.out);
-  const std::string ckpt_path = (fs::path(a.out) / "checkpoint.safetensors").string();
+  EF_CHECK(train_set->size() > 0 && test_set->size() > 0, "--data ", a.data, ": the training set has ",
+           train_set->size(), " images and the test set ", test_set->size(), "; both need some");
   const std::string model_path = (fs::path(a.out) / "model.safetensors").string();
   const std::string csv_path = (fs::path(a.out) / "metrics.csv").string();
   const std::string png_path = (fs::path(a.out) / "loss_accuracy.png").string();
@@ -123,7 +122,7 @@ int run(const Args& a) {
     model.copy_primary_to_replicas();
     opt.load_state(opt.primary().state());
     progress = ck.progress;
-    rows = evenflow::apps::read_metrics_csv(csv_path);
+    rows = ef::apps::rows_up_to_checkpoint(evenflow::apps::read_metrics_csv(csv_path), progress.step, csv_path);
     std::printf("resuming from %s at step %" PRId64 " (epoch %" PRId64 ")\n", ckpt_path.c_str(), progress.step,
                 progress.epoch + 1);
   }
@@ -134,12 +133,14 @@ int run(const Args& a) {
   std::fflush(stdout);
 
   // --- Training ---------------------------------------------------------------------------------------
+  // The checkpoint last (the rule in run_options.h).
   const auto save = [&] {
-    ef::io::save_training_checkpoint(ckpt_path, model.module(), opt.primary(), progress, devices, run_metadata(a));
-    ef::io::save_module(model.module(), model_path);
     evenflow::apps::write_metrics_csv(csv_path, rows);
     write_plot(png_path, rows);
+    ef::io::save_module(model.module(), model_path);
+    ef::io::save_training_checkpoint(ckpt_path, model.module(), opt.primary(), progress, devices, run_metadata(a));
   };
+  ef::apps::setup_done();
   using Clock = std::chrono::steady_clock;
   evenflow::apps::ProgressBar bar;
   bool stop = a.steps > 0 && progress.step >= a.steps;
@@ -160,6 +161,7 @@ int run(const Args& a) {
       opt.step();
       const double l = loss.item();
       ++progress.step;
+      ef::apps::check_finite_loss(l, progress.step, "training loss");
       ++steps;
       loss_sum += l;
       images += b.labels.numel();
@@ -202,7 +204,7 @@ int main(int argc, char** argv) {
   evenflow::apps::add_run_options(app, a, "seed of the initialization, dropout and data order");
   app.add_option("--epochs", a.epochs, "epochs")->check(CLI::PositiveNumber);
   app.add_option("--batch-size", a.batch_size, "batch size")->check(CLI::PositiveNumber);
-  app.add_option("--lr", a.lr, "Adam learning rate")->check(CLI::PositiveNumber);
+  app.add_option("--lr", a.lr, "Adam learning rate")->check(CLI::PositiveNumber & ef::apps::finite());
   app.add_option("--steps", a.steps, "stop after this many steps in all (0: no limit)")->check(CLI::NonNegativeNumber);
   return evenflow::apps::run_program(app, argc, argv, "classify", [&] { return run(a); });
 }

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cinttypes>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -87,8 +88,8 @@ void write_csv(const std::string& path, const std::vector<Row>& rows) {
 
 std::vector<Row> read_csv(const std::string& path) {
   std::vector<Row> rows;
-  if (!fs::exists(path)) return rows;
   std::ifstream in(path);
+  EF_CHECK(in.good(), "cannot read ", path, ": it holds the run's history up to its checkpoint");
   std::string line;
   EF_CHECK(std::getline(in, line) && line == kCsvHeader, path, ": line 1 is not the header \"", kCsvHeader, "\"");
   for (int n = 2; std::getline(in, line); ++n) {
@@ -99,6 +100,8 @@ std::vector<Row> read_csv(const std::string& path) {
         std::sscanf(line.c_str(), "%lf,%" SCNd64 ",%lf,%lf,%lf,%lf,%lf,%lf%c", &r.epoch, &r.step, &r.train_loss,
                     &r.test_loss, &r.test_miou, &r.test_pixel_accuracy, &r.seconds, &r.images_per_s, &end);
     EF_CHECK(got == 8, path, ": line ", n, " is not a row of 8 numbers: \"", line, "\"");
+    for (double v : {r.epoch, r.train_loss, r.test_loss, r.test_miou, r.test_pixel_accuracy, r.seconds, r.images_per_s})
+      EF_CHECK(std::isfinite(v), path, ": line ", n, " holds a number that is not finite: \"", line, "\"");
     rows.push_back(r);
   }
   return rows;
@@ -163,6 +166,7 @@ std::map<std::string, std::string> run_metadata(const Args& a, const std::string
           {"devices", a.devices},
           {"dtype", a.dtype},
           {"loss", spec},
+          {"lr", apps::metadata_number(a.lr)},
           {"seed", std::to_string(a.seed)},
           {"train_size", std::to_string(a.train_size)}};
 }
@@ -202,8 +206,8 @@ ef::Tensor predict(nn::Module& model, const ef::data::Batch& shown, ef::DType dt
 // in `out`; where there is none, `start_if_missing` starts afresh (--compare resuming a loss it
 // had not reached) instead of failing.
 Outcome train(const Args& a, const Setup& s, const std::string& spec, const fs::path& out, bool start_if_missing) {
-  fs::create_directories(out);
   const std::string ckpt_path = (out / "checkpoint.safetensors").string();
+  apps::prepare_output_folder(out, ckpt_path, a.resume, a.overwrite);
   const std::string model_path = (out / "model.safetensors").string();
   const std::string csv_path = (out / "metrics.csv").string();
   const std::string png_path = (out / "metrics.png").string();
@@ -230,7 +234,7 @@ Outcome train(const Args& a, const Setup& s, const std::string& spec, const fs::
     model.copy_primary_to_replicas();
     opt.load_state(opt.primary().state());
     progress = ck.progress;
-    rows = read_csv(csv_path);
+    rows = apps::rows_up_to_checkpoint(read_csv(csv_path), progress.step, csv_path);
     std::printf("resuming %s from %s at step %" PRId64 " (epoch %" PRId64 ")\n", spec.c_str(), ckpt_path.c_str(),
                 progress.step, progress.epoch + 1);
   }
@@ -242,13 +246,15 @@ Outcome train(const Args& a, const Setup& s, const std::string& spec, const fs::
               steps_per_epoch);
   std::fflush(stdout);
 
+  // The checkpoint last (the rule in run_options.h).
   const auto save = [&] {
-    ef::io::save_training_checkpoint(ckpt_path, model.module(), opt.primary(), progress, s.devices,
-                                     run_metadata(a, spec));
-    ef::io::save_module(model.module(), model_path);
     write_csv(csv_path, rows);
     write_plot(png_path, spec, rows);
+    ef::io::save_module(model.module(), model_path);
+    ef::io::save_training_checkpoint(ckpt_path, model.module(), opt.primary(), progress, s.devices,
+                                     run_metadata(a, spec));
   };
+  apps::setup_done();
   using Clock = std::chrono::steady_clock;
   apps::ProgressBar bar;
   bool stop = a.steps > 0 && progress.step >= a.steps;
@@ -279,6 +285,7 @@ Outcome train(const Args& a, const Setup& s, const std::string& spec, const fs::
       opt.step();
       const double l = loss.item();
       ++progress.step;
+      apps::check_finite_loss(l, progress.step, "training loss");
       ++steps;
       loss_sum += l;
       images += totals.images;
@@ -350,14 +357,13 @@ int run(const Args& a, const std::string& command) {
   // --- Setup: every failure here is a bad argument or a missing dataset (exit 2) ---------------
   const std::vector<std::string> specs = a.compare ? seg::compare_specs() : std::vector<std::string>{a.loss};
   for (const std::string& spec : specs) seg::loss_terms(spec);
-  EF_CHECK(a.canvas >= 28 && a.canvas % 4 == 0,
-           "--canvas must be a multiple of 4 (the model halves it twice) and at "
-           "least 28 (a garment), got ",
-           a.canvas);
+  EF_CHECK(a.canvas >= 28 && a.canvas <= 1024 && a.canvas % 4 == 0,
+           "--canvas must be a multiple of 4 (the model halves it twice) from 28 (a garment) to 1024, got ", a.canvas);
   Setup s;
   s.devices = ef::parallel::devices(a.devices);
   EF_CHECK(a.dtype == "float32" || a.dtype == "float64", "--dtype must be float32 or float64, got \"", a.dtype, "\"");
   s.dtype = a.dtype == "float64" ? ef::kFloat64 : ef::kFloat32;
+  apps::prepare_output_folder(a.out, fs::path(a.out) / "checkpoint.safetensors", a.resume, a.overwrite);
   ef::set_num_threads(a.threads > 0 ? a.threads : ef::parallel::cpu_threads_per_device(s.devices));
   s.train = std::make_shared<seg::CanvasSet>(ef::data::load_fashion_mnist(ef::data::Split::Train, a.data), a.train_size,
                                              a.canvas, a.seed, 0);
@@ -366,7 +372,6 @@ int run(const Args& a, const std::string& command) {
   std::vector<int64_t> shown(static_cast<size_t>(std::min(kShown, a.test_size)));
   for (size_t i = 0; i < shown.size(); ++i) shown[i] = static_cast<int64_t>(i);
   s.shown = s.test->get_batch(shown);
-  fs::create_directories(a.out);
 
   if (!a.compare) {
     const Outcome o = train(a, s, a.loss, a.out, false);
@@ -400,16 +405,19 @@ int main(int argc, char** argv) {
   ef::apps::add_run_options(app, a, "seed of the canvases, the initialization and the data order");
   app.add_option("--epochs", a.epochs, "epochs")->check(CLI::PositiveNumber);
   app.add_option("--batch-size", a.batch_size, "batch size")->check(CLI::PositiveNumber);
-  app.add_option("--lr", a.lr, "Adam learning rate")->check(CLI::PositiveNumber);
+  app.add_option("--lr", a.lr, "Adam learning rate")->check(CLI::PositiveNumber & apps::finite());
   app.add_option("--steps", a.steps, "stop after this many steps in all (0: no limit)")->check(CLI::NonNegativeNumber);
   auto* loss = app.add_option("--loss", a.loss, "ce, focal, dice, lovasz, ohem, or a sum of them such as ce+dice");
   app.add_flag("--compare", a.compare,
                "train ce, focal, dice, lovasz, ohem and ce+dice with the same seed and budget, each in <out>/<loss> "
                "(--resume continues each); write <out>/compare.md and <out>/predictions.png")
       ->excludes(loss);
-  app.add_option("--canvas", a.canvas, "canvas height and width (a multiple of 4, at least 28)");
-  app.add_option("--train-size", a.train_size, "training canvases")->check(CLI::PositiveNumber);
-  app.add_option("--test-size", a.test_size, "held-out canvases")->check(CLI::PositiveNumber);
+  app.add_option("--canvas", a.canvas, "canvas height and width (a multiple of 4, 28 to 1024)");
+  // Canvases are drawn when read, but an epoch's order holds an index per canvas: bounded.
+  app.add_option("--train-size", a.train_size, "training canvases (at most 10000000)")
+      ->check(CLI::Range(int64_t{1}, int64_t{10'000'000}));
+  app.add_option("--test-size", a.test_size, "held-out canvases (at most 10000000)")
+      ->check(CLI::Range(int64_t{1}, int64_t{10'000'000}));
   return ef::apps::run_program(app, argc, argv, "segment", [&] {
     std::string command = "segment";
     for (int i = 1; i < argc; ++i) command += std::string(" ") + argv[i];

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "apps/common/program.h"
 #include "engine/ops.h"
 
 namespace ef = evenflow;
@@ -54,13 +55,12 @@ int main(int argc, char** argv) {
   app.add_option("--second-device", second_device, "device for the last layer (default: the same)");
   app.add_option("--steps", steps, "training steps")->check(CLI::PositiveNumber);
   app.add_option("--hidden", hidden, "hidden units")->check(CLI::PositiveNumber);
-  app.add_option("--lr", lr, "SGD learning rate (momentum 0.9)")->check(CLI::PositiveNumber);
-  app.add_option("--penalty", penalty, "weight of the input-gradient penalty (double backward)");
+  app.add_option("--lr", lr, "SGD learning rate (momentum 0.9)")->check(CLI::PositiveNumber & ef::apps::finite());
+  app.add_option("--penalty", penalty, "weight of the input-gradient penalty (double backward)")
+      ->check(CLI::NonNegativeNumber & ef::apps::finite());
   app.add_option("--dtype", dtype, "float32 or float64")->check(CLI::IsMember({"float32", "float64"}));
-  app.add_option("--seed", seed, "random seed");
-  CLI11_PARSE(app, argc, argv);
-
-  try {
+  app.add_option("--seed", seed, "random seed")->check(CLI::NonNegativeNumber);
+  return ef::apps::run_program(app, argc, argv, "train_demo", [&] {
     const ef::Device d0(device), d1(second_device.empty() ? device : second_device);
     const ef::DType dt = dtype == "float64" ? ef::kFloat64 : ef::kFloat32;
     auto [x_all, y_all] = spirals(300, 0.02, seed);
@@ -110,8 +110,5 @@ int main(int argc, char** argv) {
     }
     std::printf("final training accuracy %.1f%%\n", 100 * accuracy);
     return accuracy > 0.9 ? 0 : 1;
-  } catch (const ef::Error& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 2;
-  }
+  });
 }

@@ -19,6 +19,7 @@
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -65,7 +66,8 @@ struct Args : ef::apps::RunOptions {
   int64_t sample_every = 100;
   int64_t fid_every = 500;
   int64_t fid_samples = 2000;
-  std::string classifier = "runs/classify/model.safetensors";
+  std::string classifier = kDefaultClassifier;
+  static constexpr const char* kDefaultClassifier = "runs/classify/model.safetensors";
 };
 
 // DCGAN-style generator for 28x28: z -> Linear -> [2w, 7, 7] -> ConvTranspose (14x14) -> ConvTranspose
@@ -162,21 +164,33 @@ void write_csv(const std::string& path, const std::vector<Row>& rows) {
   ef::io::write_file_atomically(path, [&](ef::io::OutputFile& f) { f.write(text.data(), text.size()); });
 }
 
-std::vector<Row> read_csv(const std::string& path, int64_t up_to_step) {
+// A metrics cell: empty is "not measured" (NaN); anything else must be a finite number.
+double csv_cell(const std::string& cell, const std::string& path, int line) {
+  if (cell.empty()) return NAN;
+  const char* begin = cell.c_str();
+  char* end = nullptr;
+  const double v = std::strtod(begin, &end);
+  EF_CHECK(end == begin + cell.size() && std::isfinite(v), path, ": line ", line, " holds \"", cell,
+           "\", which is not a finite number");
+  return v;
+}
+
+std::vector<Row> read_csv(const std::string& path) {
   std::ifstream in(path);
-  EF_CHECK(in.good(), "--resume: cannot read ", path);
+  EF_CHECK(in.good(), "cannot read ", path, ": it holds the run's history up to its checkpoint");
   std::string line;
   std::getline(in, line);
-  EF_CHECK(line == kCsvHeader, "--resume: ", path, " does not start with the expected header");
+  EF_CHECK(line == kCsvHeader, path, " does not start with the expected header");
   std::vector<Row> rows;
-  while (std::getline(in, line)) {
+  for (int n = 2; std::getline(in, line); ++n) {
     std::vector<double> v;
     std::stringstream ss(line);
     std::string cell;
-    while (std::getline(ss, cell, ',')) v.push_back(cell.empty() ? NAN : std::stod(cell));
+    while (std::getline(ss, cell, ',')) v.push_back(csv_cell(cell, path, n));
+    EF_CHECK(v.size() <= 8 && !v.empty() && !std::isnan(v[0]) && v[0] >= 0 && v[0] == std::floor(v[0]), path, ": line ",
+             n, " is not a row of at most 8 cells starting with a step: \"", line, "\"");
     while (v.size() < 8) v.push_back(NAN);
-    Row r{static_cast<int64_t>(v[0]), v[1], v[2], v[3], v[4], v[5], v[6], v[7]};
-    if (r.step <= up_to_step) rows.push_back(r);
+    rows.push_back({static_cast<int64_t>(v[0]), v[1], v[2], v[3], v[4], v[5], v[6], v[7]});
   }
   return rows;
 }
@@ -208,7 +222,11 @@ std::map<std::string, std::string> run_metadata(const Args& a) {
           {"batch_size", std::to_string(a.batch_size)},
           {"critic_steps", std::to_string(a.critic_steps)},
           {"devices", a.devices},
+          {"beta1", ef::apps::metadata_number(a.beta1)},
+          {"beta2", ef::apps::metadata_number(a.beta2)},
           {"dtype", a.dtype},
+          {"lambda", ef::apps::metadata_number(a.lambda)},
+          {"lr", ef::apps::metadata_number(a.lr)},
           {"norm", a.norm},
           {"penalty", a.penalty},
           {"seed", std::to_string(a.seed)},
@@ -256,11 +274,18 @@ int run(const Args& a) {
   const ef::DType dtype = a.dtype == "float64" ? ef::kFloat64 : ef::kFloat32;
   ef::set_num_threads(a.threads > 0 ? a.threads : ef::parallel::cpu_threads_per_device(devices));
   const ef::Device first = devices[0];
-  auto train_set = std::make_shared<ef::data::FashionMNIST>(ef::data::Split::Train, a.data);
-  const ef::data::FashionMNIST test_set(ef::data::Split::Test, a.data);
-  fs::create_directories(fs::path(a.out) / "samples");
   const std::string ckpt_path = (fs::path(a.out) / "checkpoint.safetensors").string();
   const std::string csv_path = (fs::path(a.out) / "metrics.csv").string();
+  ef::apps::prepare_output_folder(a.out, ckpt_path, a.resume, a.overwrite);
+  fs::create_directories(fs::path(a.out) / "samples");
+  // A classifier asked for by name must be there; only the default may be missing (metric skipped).
+  std::error_code ec;
+  const bool have_classifier = fs::exists(a.classifier, ec);
+  EF_CHECK(!ec, "--classifier ", a.classifier, ": ", ec.message());
+  EF_CHECK(have_classifier || a.classifier == Args::kDefaultClassifier, "--classifier ", a.classifier,
+           " does not exist");
+  auto train_set = std::make_shared<ef::data::FashionMNIST>(ef::data::Split::Train, a.data);
+  const ef::data::FashionMNIST test_set(ef::data::Split::Test, a.data);
 
   // Host draws (noise, interpolation weights) come from cpu:0's generator: part of the checkpoint.
   ef::manual_seed(a.seed);
@@ -274,7 +299,7 @@ int run(const Args& a) {
 
   // Before a resume restores the generators: building the classifier draws its initial weights.
   FrechetMetric fid;
-  if (fs::exists(a.classifier)) {
+  if (have_classifier) {
     fid.net = ef::apps::make_fashion_cnn();  // float32, as classify saves it, whatever --dtype is
     ef::io::load_module(*fid.net, a.classifier);
     fid.net->to(first);
@@ -304,7 +329,7 @@ int run(const Args& a) {
     opt_g.load_state(opt_g.primary().state());
     opt_d.load_state(opt_d.primary().state());
     progress = ck.progress;
-    rows = read_csv(csv_path, progress.step);
+    rows = ef::apps::rows_up_to_checkpoint(read_csv(csv_path), progress.step, csv_path);
     std::printf("resuming from %s at generator step %" PRId64 "\n", ckpt_path.c_str(), progress.step);
   }
 
@@ -347,12 +372,13 @@ int run(const Args& a) {
     gen.module().train();
     return ef::apps::frechet_distance(ef::apps::feature_stats(fid.features(ef::cat(images, 0))), fid.reference);
   };
+  // The checkpoint last (the rule in apps/common/run_options.h).
   const auto save = [&] {
-    ef::io::save_training_checkpoint(ckpt_path, parts, progress, generator_devices, run_metadata(a));
-    ef::io::save_module(gen.module(), (fs::path(a.out) / "generator.safetensors").string());
-    ef::io::save_module(critic.module(), (fs::path(a.out) / "critic.safetensors").string());
     write_csv(csv_path, rows);
     write_curves((fs::path(a.out) / "curves.png").string(), rows);
+    ef::io::save_module(gen.module(), (fs::path(a.out) / "generator.safetensors").string());
+    ef::io::save_module(critic.module(), (fs::path(a.out) / "critic.safetensors").string());
+    ef::io::save_training_checkpoint(ckpt_path, parts, progress, generator_devices, run_metadata(a));
   };
   const auto set_critic_trainable = [&](bool on) {
     for (int r = 0; r < critic.size(); ++r)
@@ -372,6 +398,7 @@ int run(const Args& a) {
   };
 
   // --- Training -----------------------------------------------------------------------------------------------
+  ef::apps::setup_done();
   using Clock = std::chrono::steady_clock;
   ef::apps::ProgressBar bar;
   bar.start_epoch(1, 1, a.steps, progress.step + 1);
@@ -410,6 +437,7 @@ int run(const Args& a) {
       loss.backward();
       opt_d.step();
       row.critic_loss = loss.item();
+      ef::apps::check_finite_loss(row.critic_loss, progress.step + 1, "critic loss");
       row.wasserstein = 0;
       for (size_t r = 0; r < sizes.size(); ++r)
         row.wasserstein += distance[r] * static_cast<double>(sizes[r]) / static_cast<double>(n);
@@ -432,6 +460,7 @@ int run(const Args& a) {
       opt_g.step();
       set_critic_trainable(true);
       row.generator_loss = loss.item();
+      ef::apps::check_finite_loss(row.generator_loss, progress.step + 1, "generator loss");
       if (a.print_loss) std::printf("step %" PRId64 " generator loss %.17g\n", progress.step + 1, row.generator_loss);
     }
     ++progress.step;
@@ -469,15 +498,16 @@ int main(int argc, char** argv) {
   app.add_option("--steps", a.steps, "generator steps in all")->check(CLI::PositiveNumber);
   app.add_option("--batch-size", a.batch_size, "batch size")->check(CLI::PositiveNumber);
   app.add_option("--critic-steps", a.critic_steps, "critic steps per generator step")->check(CLI::PositiveNumber);
-  app.add_option("--lambda", a.lambda, "penalty weight (R1: gamma)")->check(CLI::NonNegativeNumber);
-  app.add_option("--lr", a.lr, "Adam learning rate of both networks")->check(CLI::PositiveNumber);
-  app.add_option("--beta1", a.beta1, "Adam beta1");
-  app.add_option("--beta2", a.beta2, "Adam beta2");
+  app.add_option("--lambda", a.lambda, "penalty weight (R1: gamma)")
+      ->check(CLI::NonNegativeNumber & ef::apps::finite());
+  app.add_option("--lr", a.lr, "Adam learning rate of both networks")->check(CLI::PositiveNumber & ef::apps::finite());
+  app.add_option("--beta1", a.beta1, "Adam beta1, in [0, 1)")->check(CLI::Range(0.0, 1.0) & ef::apps::finite());
+  app.add_option("--beta2", a.beta2, "Adam beta2, in [0, 1)")->check(CLI::Range(0.0, 1.0) & ef::apps::finite());
   app.add_option("--norm", a.norm, "critic normalization: none, layernorm, syncbn");
   app.add_option("--penalty", a.penalty, "wgan-gp, dragan or r1");
-  app.add_option("--width", a.width, "channels of the first critic layer / last generator layer")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--z-dim", a.z_dim, "noise dimension")->check(CLI::PositiveNumber);
+  app.add_option("--width", a.width, "channels of the first critic layer / last generator layer (1 to 4096)")
+      ->check(CLI::Range(int64_t{1}, int64_t{4096}));
+  app.add_option("--z-dim", a.z_dim, "noise dimension (1 to 65536)")->check(CLI::Range(int64_t{1}, int64_t{65536}));
   app.add_option("--sample-every", a.sample_every, "write a sample grid every K steps")->check(CLI::PositiveNumber);
   app.add_option("--fid-every", a.fid_every, "Frechet distance every K steps")->check(CLI::PositiveNumber);
   app.add_option("--fid-samples", a.fid_samples, "generated (and real) images the distance uses")

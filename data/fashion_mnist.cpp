@@ -3,6 +3,7 @@
 #include "data/fashion_mnist.h"
 
 #include <filesystem>
+#include <system_error>
 
 #include "data/idx.h"
 #include "engine/ops.h"
@@ -17,8 +18,13 @@ constexpr int64_t kClasses = 10;
 // `<root>/<stem>.gz` or, failing that, `<root>/<stem>`.
 std::string find_part(const std::string& root, const std::string& stem) {
   const std::filesystem::path dir(root);
-  for (const std::string& name : {stem + ".gz", stem})
-    if (std::filesystem::is_regular_file(dir / name)) return (dir / name).string();
+  for (const std::string& name : {stem + ".gz", stem}) {
+    std::error_code ec;  // a symlink loop or an unreadable folder: an error naming the path, not a throw
+    const bool found = std::filesystem::is_regular_file(dir / name, ec);
+    EF_CHECK(!ec || ec == std::errc::no_such_file_or_directory, "FashionMNIST: ", (dir / name).string(), ": ",
+             ec.message());
+    if (found) return (dir / name).string();
+  }
   EF_ERROR("FashionMNIST: ", (dir / (stem + ".gz")).string(), " not found (nor its uncompressed ", stem,
            "); install it with: apt-get install dataset-fashion-mnist (files in ", kFashionMnistRoot,
            "), or pass the directory that holds the IDX files");

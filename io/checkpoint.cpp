@@ -46,7 +46,9 @@ int64_t read_counter(const SafetensorsFile& file, const std::string& path, const
   const Tensor& t = file.at(key);
   EF_CHECK(t.dtype() == kInt64 && t.numel() == 1, "load_training_checkpoint: ", path, ": \"", key,
            "\" must be one int64 value, got ", shape_str(t.shape()), " ", dtype_name(t.dtype()));
-  return t.to_int_vector()[0];
+  const int64_t value = t.to_int_vector()[0];
+  EF_CHECK(value >= 0, "load_training_checkpoint: ", path, ": \"", key, "\" must be a count (>= 0), got ", value);
+  return value;
 }
 
 }  // namespace

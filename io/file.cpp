@@ -3,6 +3,7 @@
 #include "io/file.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -119,6 +120,24 @@ void write_file_atomically(const std::string& path, const std::function<void(Out
   } catch (const std::exception& e) {
     EF_ERROR(path, " was written, but may not survive a crash: ", e.what());
   }
+}
+
+int remove_stale_temporaries(const std::string& dir) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec)) return 0;
+  int removed = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    const size_t mark = name.rfind(".tmp.");
+    if (mark == std::string::npos || mark + 5 == name.size() || !entry.is_regular_file(ec)) continue;
+    const std::string digits = name.substr(mark + 5);
+    if (digits.find_first_not_of("0123456789") != std::string::npos || digits.size() > 9) continue;
+    const auto pid = static_cast<pid_t>(std::stol(digits));
+    // kill(pid, 0) probes without signalling; ESRCH: no such process, so nobody is writing it.
+    if (pid == ::getpid() || ::kill(pid, 0) == 0 || errno != ESRCH) continue;
+    if (std::filesystem::remove(entry.path(), ec)) ++removed;
+  }
+  return removed;
 }
 
 }  // namespace evenflow::io

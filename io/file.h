@@ -51,4 +51,9 @@ class OutputFile {
 // saves to one path at the same time from one process would share the temporary file: don't.)
 void write_file_atomically(const std::string& path, const std::function<void(OutputFile&)>& fill);
 
+// Removes the temporaries `<name>.tmp.<pid>` in `dir` (not below it) that a process killed in the
+// middle of write_file_atomically left behind: those whose process no longer runs. Returns how many
+// it removed. A missing `dir` has none.
+int remove_stale_temporaries(const std::string& dir);
+
 }  // namespace evenflow::io

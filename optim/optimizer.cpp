@@ -3,6 +3,8 @@
 // single-tensor path), step for step, so that runs match PyTorch's to rounding.
 #include "optim/optimizer.h"
 
+#include <algorithm>
+
 #include <cmath>
 #include <map>
 #include <set>
@@ -133,9 +135,17 @@ void Optimizer::load_state(const NamedTensors& state) {
              dtype_name(p.dtype()));
     loaded[i].tensors.emplace_back(n, t.detach().clone().to(p.device()));
   }
-  for (size_t i = 0; i < params_.size(); ++i)
+  for (size_t i = 0; i < params_.size(); ++i) {
     EF_CHECK(has_step[i] || loaded[i].tensors.empty(), name_, ".load_state: parameter ", i,
              " has state tensors but no \"state.", i, ".step\"");
+    // A missing moment would restart from zero without a word: resuming would not be exact.
+    for (const std::string& n : names) {
+      const bool present = std::any_of(loaded[i].tensors.begin(), loaded[i].tensors.end(),
+                                       [&](const auto& named) { return named.first == n; });
+      EF_CHECK(!has_step[i] || present, name_, ".load_state: parameter ", i, " has \"state.", i,
+               ".step\" but no \"state.", i, ".", n, "\": the state is incomplete");
+    }
+  }
   if (lr) set_lr(*lr);
   state_ = std::move(loaded);
 }

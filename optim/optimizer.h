@@ -49,7 +49,8 @@ class Optimizer {
   // Updates parameter i (detached) from its gradient g (detached); step is its update count,
   // already incremented (1 on the first update). Runs under NoGradGuard.
   virtual void update(size_t i, const Tensor& p, const Tensor& g, int64_t step) = 0;
-  // The names of the state tensors this optimizer may keep per parameter.
+  // The names of the state tensors this optimizer, as configured, keeps for every parameter it has
+  // updated (load_state requires each of them beside a step count).
   virtual std::vector<std::string> state_names() const = 0;
 
   // Parameter i's state tensor `name` (a handle: update it in place), made by init() on first use.
@@ -85,7 +86,9 @@ class SGD : public Optimizer {
 
  protected:
   void update(size_t i, const Tensor& p, const Tensor& g, int64_t step) override;
-  std::vector<std::string> state_names() const override { return {"momentum_buffer"}; }
+  std::vector<std::string> state_names() const override {
+    return o_.momentum != 0 ? std::vector<std::string>{"momentum_buffer"} : std::vector<std::string>{};
+  }
 
  private:
   SGDOptions o_;

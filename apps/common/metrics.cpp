@@ -2,8 +2,8 @@
 #include "apps/common/metrics.h"
 
 #include <cinttypes>
+#include <cmath>
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 
 #include "engine/error.h"
@@ -24,8 +24,8 @@ void write_metrics_csv(const std::string& path, const std::vector<MetricsRow>& r
 
 std::vector<MetricsRow> read_metrics_csv(const std::string& path) {
   std::vector<MetricsRow> rows;
-  if (!std::filesystem::exists(path)) return rows;
   std::ifstream in(path);
+  EF_CHECK(in.good(), "cannot read ", path, ": it holds the run's history up to its checkpoint");
   std::string line;
   EF_CHECK(std::getline(in, line) && line == kMetricsHeader, path, ": line 1 is not the header \"", kMetricsHeader,
            "\"");
@@ -36,6 +36,8 @@ std::vector<MetricsRow> read_metrics_csv(const std::string& path) {
     const int got = std::sscanf(line.c_str(), "%lf,%" SCNd64 ",%lf,%lf,%lf,%lf,%lf%c", &r.epoch, &r.step, &r.train_loss,
                                 &r.test_loss, &r.test_accuracy, &r.seconds, &r.images_per_s, &end);
     EF_CHECK(got == 7, path, ": line ", n, " is not a row of 7 numbers: \"", line, "\"");
+    for (double v : {r.epoch, r.train_loss, r.test_loss, r.test_accuracy, r.seconds, r.images_per_s})
+      EF_CHECK(std::isfinite(v), path, ": line ", n, " holds a number that is not finite: \"", line, "\"");
     rows.push_back(r);
   }
   return rows;

@@ -24,8 +24,8 @@ inline constexpr const char* kMetricsHeader = "epoch,step,train_loss,test_loss,t
 
 // Writes the header and the rows (atomically).
 void write_metrics_csv(const std::string& path, const std::vector<MetricsRow>& rows);
-// Reads a file write_metrics_csv wrote; a missing file is no rows. Throws ef::Error naming the
-// path and line when the header or a row is malformed.
+// Reads a file write_metrics_csv wrote. Throws ef::Error naming the path (and line) when it is
+// missing, or the header or a row is malformed or holds a number that is not finite.
 std::vector<MetricsRow> read_metrics_csv(const std::string& path);
 
 }  // namespace evenflow::apps

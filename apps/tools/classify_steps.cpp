@@ -7,6 +7,7 @@
 #include <cstdio>
 
 #include "apps/common/fashion_cnn.h"
+#include "apps/common/program.h"
 #include "data/fashion_mnist.h"
 #include "io/checkpoint.h"
 #include "optim/optim.h"
@@ -21,10 +22,9 @@ int main(int argc, char** argv) {
   app.add_option("--init", init, "where to write the initial weights (PyTorch names)");
   app.add_option("--steps", steps, "Adam steps")->check(CLI::PositiveNumber);
   app.add_option("--batch-size", batch, "batch size")->check(CLI::PositiveNumber);
-  app.add_option("--seed", seed, "seed of the initial weights");
+  app.add_option("--seed", seed, "seed of the initial weights")->check(CLI::NonNegativeNumber);
   app.add_option("--data", data, "FashionMNIST folder");
-  CLI11_PARSE(app, argc, argv);
-  try {
+  return ef::apps::run_program(app, argc, argv, "classify_steps", [&] {
     ef::set_num_threads(1);  // one thread on both sides: the same summation order within a kernel
     ef::manual_seed(seed);
     auto net = ef::apps::make_fashion_cnn();
@@ -44,9 +44,6 @@ int main(int argc, char** argv) {
       opt.step();
       std::printf("%" PRId64 " %.9g\n", step, loss.item());
     }
-  } catch (const ef::Error& e) {
-    std::fprintf(stderr, "classify_steps: error: %s\n", e.what());
-    return 2;
-  }
-  return 0;
+    return 0;
+  });
 }

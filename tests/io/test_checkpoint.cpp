@@ -2,13 +2,19 @@
 // optimizer (different init, different generator state) and continued for 3 more steps ends
 // bitwise equal, in losses and parameters, to an uninterrupted run of 6 steps; the CNN has dropout,
 // so this also checks that the generator state is restored. And the failures: a different
-// architecture, a file that is not a training checkpoint, module files round trips.
+// architecture, a file that is not a training checkpoint, negative counters, module files round
+// trips; and the clean-up of temporaries that killed writes left.
 #include <doctest/doctest.h>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
 #include <memory>
 
 #include "engine/ops.h"
 #include "io/checkpoint.h"
+#include "io/file.h"
 #include "layers/layers.h"
 #include "optim/optim.h"
 #include "tests/io/test_files.h"
@@ -125,6 +131,11 @@ TEST_CASE("checkpoint: loading into a different architecture fails naming the ke
   // A generator the file does not hold is named.
   const std::string no_gen = error_of([&] { io::load_training_checkpoint(path, *model, opt, {cpu(3)}); });
   CHECK_MESSAGE(no_gen.find("generator.cpu:3") != std::string::npos, no_gen);
+  // A negative counter is no place to resume from.
+  io::save_training_checkpoint(dir.file("negative.safetensors"), *model, opt, {.step = -5, .epoch = 0}, {cpu()});
+  CHECK(error_of([&] {
+          io::load_training_checkpoint(dir.file("negative.safetensors"), *model, opt, {cpu()});
+        }).find("\"train.step\" must be a count (>= 0), got -5") != std::string::npos);
 }
 
 TEST_CASE("checkpoint: module files hold PyTorch's names and round trip") {
@@ -150,4 +161,21 @@ TEST_CASE("checkpoint: module files hold PyTorch's names and round trip") {
   auto wrong = small_cnn(2);
   const std::string err = error_of([&] { io::load_module(*wrong, path); });
   CHECK_MESSAGE(err.find("0.weight") != std::string::npos, err);
+}
+
+TEST_CASE("checkpoint folders: temporaries of killed writes are removed, those of live writers kept") {
+  TempDir dir;
+  const pid_t dead = ::fork();
+  REQUIRE(dead >= 0);
+  if (dead == 0) ::_exit(0);
+  ::waitpid(dead, nullptr, 0);  // reaped: no process has this pid now
+  const std::string stale = dir.file("checkpoint.safetensors.tmp." + std::to_string(dead));
+  const std::string live = dir.file("metrics.csv.tmp." + std::to_string(::getppid()));
+  const std::string own = dir.file("model.safetensors.tmp." + std::to_string(::getpid()));
+  const std::string other = dir.file("notes.tmp.draft");
+  for (const std::string& f : {stale, live, own, other}) testing::write_bytes(f, "x");
+  CHECK(io::remove_stale_temporaries(dir.path().string()) == 1);
+  CHECK_FALSE(std::filesystem::exists(stale));
+  for (const std::string& f : {live, own, other}) CHECK(std::filesystem::exists(f));
+  CHECK(io::remove_stale_temporaries(dir.file("missing")) == 0);
 }

@@ -163,6 +163,17 @@ TEST_CASE("load_state errors") {
   CHECK(error_of([&] {
           adam.load_state({{"state.0.step", scalar_tensor(1.0)}});
         }).find("must be a positive int64") != std::string::npos);
+  // A step count without every moment: the missing one would silently restart from zero.
+  CHECK(error_of([&] {
+          adam.load_state({{"state.0.step", one}, {"state.0.exp_avg_sq", m}});
+        }) == "Adam.load_state: parameter 0 has \"state.0.step\" but no \"state.0.exp_avg\": the state is incomplete");
+  SGD momentum({p}, {.lr = 0.1, .momentum = 0.9});
+  CHECK(error_of([&] {
+          momentum.load_state({{"state.0.step", one}});
+        }) ==
+        "SGD.load_state: parameter 0 has \"state.0.step\" but no \"state.0.momentum_buffer\": the state is incomplete");
+  SGD plain({p}, {.lr = 0.1});
+  CHECK(error_of([&] { plain.load_state({{"state.0.step", one}}); }) == "(no error)");
 }
 
 TEST_CASE("optimizers update parameters in place on several devices, and modules see the updates") {

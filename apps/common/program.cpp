@@ -1,0 +1,66 @@
+// The programs' top level (see program.h).
+#include "apps/common/program.h"
+
+#include <atomic>
+#include <cmath>
+#include <cstdio>
+#include <exception>
+#include <new>
+#include <string>
+
+namespace evenflow::apps {
+
+namespace {
+
+std::atomic<bool> g_setup_done{false};
+
+// One line: a message from the system or a library may hold line breaks.
+std::string one_line(std::string s) {
+  for (char& c : s)
+    if (c == '\n' || c == '\r') c = ' ';
+  return s;
+}
+
+}  // namespace
+
+void setup_done() {
+  g_setup_done = true;
+}
+
+CLI::Validator finite() {
+  return CLI::Validator(
+      [](std::string& value) -> std::string {
+        std::size_t used = 0;
+        double v = 0;
+        try {
+          v = std::stod(value, &used);
+        } catch (const std::exception&) {
+          return "not a number: " + value;
+        }
+        if (used != value.size() || !std::isfinite(v)) return "not a finite number: " + value;
+        return "";
+      },
+      "FINITE");
+}
+
+int run_program(CLI::App& app, int argc, char** argv, const char* program, const std::function<int()>& run) {
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  std::string cause;
+  try {
+    return run();
+  } catch (const std::bad_alloc&) {
+    cause = "out of memory (a size too large for this machine?)";
+  } catch (const std::exception& e) {
+    cause = e.what();
+  } catch (...) {
+    cause = "unknown exception";
+  }
+  std::fprintf(stderr, "%s: error: %s\n", program, one_line(cause).c_str());
+  return g_setup_done ? 1 : 2;
+}
+
+}  // namespace evenflow::apps

@@ -1,0 +1,23 @@
+// The top level every program shares: parse the command line, run, and turn whatever is thrown
+// into one line "<program>: error: <cause>" and an exit status -- 2 for bad input (an argument,
+// device, dataset, checkpoint or output folder that cannot be used), 1 for a failure while running
+// (a non-finite loss, a full disk) -- never a signal or a C++ runtime abort.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <functional>
+
+namespace evenflow::apps {
+
+// Parses the command line and calls run(); returns the exit status (run()'s, or 2 / 1 as above).
+// Exceptions before setup_done() count as bad input, after it as failures while running.
+int run_program(CLI::App& app, int argc, char** argv, const char* program, const std::function<int()>& run);
+
+// Called by a program once its input is checked and loaded, just before it starts working.
+void setup_done();
+
+// A check for floating-point options: NaN and infinities parse as numbers and pass CLI11's range
+// checks (NaN compares false), so combine it with them: ->check(CLI::PositiveNumber & finite()).
+CLI::Validator finite();
+
+}  // namespace evenflow::apps

@@ -1,0 +1,203 @@
+// Every program against bad arguments, hostile files and an earlier run in its folder: a clean
+// exit -- 2 for bad input, 1 for a failure while running -- with one line "<program>: error: ..."
+// naming the option or file, never a signal; and the rules of apps/common/run_options.h: a run
+// never replaces another's checkpoint unless told to, a resume sees the metrics that match its
+// checkpoint, a non-finite loss stops the run before a save.
+#include <doctest/doctest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "tests/train/app_runner.h"
+
+using namespace evenflow::testing;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string bin(const std::string& program) {
+  return std::string(EF_BIN_DIR) + "/" + program;
+}
+
+struct Case {
+  std::string program, args, expected;
+  int rc = 2;
+};
+
+void check_case(const Case& c) {
+  CAPTURE(c.program);
+  CAPTURE(c.args);
+  const AppResult r = run_app(bin(c.program), c.args);
+  CHECK_MESSAGE(r.rc == c.rc, r.output);  // a signal would read -1
+  CHECK_MESSAGE(r.output.find(c.program + ": error:") != std::string::npos, r.output);
+  CHECK_MESSAGE(r.output.find(c.expected) != std::string::npos, "expected \"" << c.expected << "\" in " << r.output);
+  CHECK_MESSAGE(r.output.find("terminate called") == std::string::npos, r.output);
+}
+
+// A tiny FashionMNIST (raw IDX) and the arguments that make each program quick on it.
+struct Data {
+  TempDir dir;
+  Data() {
+    write_fashion_split(dir, "train", 40, 0);
+    write_fashion_split(dir, "t10k", 20, 3);
+  }
+  std::string args(const std::string& program) const {
+    const std::string common = "--data " + dir.path().string() + " --workers 1 --threads 1 ";
+    if (program == "classify") return common + "--batch-size 4 --epochs 3 ";
+    if (program == "segment") return common + "--batch-size 4 --epochs 3 --train-size 8 --test-size 4 --canvas 32 ";
+    if (program == "wgan_gp") return common + "--batch-size 8 --width 4 --z-dim 8 --fid-samples 16 --sample-every 1 ";
+    return "";
+  }
+};
+
+// CLI11's own message for a parse error (exit 2, the option named) has no "<program>: error:".
+void check_parse_error(const std::string& program, const std::string& args, const std::string& option) {
+  CAPTURE(program);
+  CAPTURE(args);
+  const AppResult r = run_app(bin(program), args);
+  CHECK_MESSAGE(r.rc == 2, r.output);
+  CHECK_MESSAGE(r.output.find(option) != std::string::npos, r.output);
+}
+
+}  // namespace
+
+TEST_CASE("bad input: numbers that are not finite, negative or out of range are refused, naming the option") {
+  const Data data;
+  for (const auto& [program, args, option] : std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"wgan_gp", "--lambda nan", "--lambda"},
+           {"wgan_gp", "--lambda inf", "--lambda"},
+           {"wgan_gp", "--lr nan", "--lr"},
+           {"wgan_gp", "--beta1 1.5", "--beta1"},
+           {"wgan_gp", "--beta2 nan", "--beta2"},
+           {"wgan_gp", "--seed -1", "--seed"},
+           {"wgan_gp", "--z-dim 4611686018427387904", "--z-dim"},
+           {"wgan_gp", "--width 0", "--width"},
+           {"classify", "--lr -inf", "--lr"},
+           {"classify", "--seed -1", "--seed"},
+           {"classify", "--threads -1", "--threads"},
+           {"segment", "--lr nan", "--lr"},
+           {"segment", "--train-size 10000000000000", "--train-size"},
+           {"train_demo", "--penalty nan", "--penalty"},
+           {"train_demo", "--lr inf", "--lr"},
+           {"bench_parallel", "--threads -1", "--threads"},
+           {"bench_engine", "--min-seconds nan", "--min-seconds"},
+       }) {
+    check_parse_error(program, data.args(program) + args, option);
+  }
+  check_case({"segment", "--data " + data.dir.path().string() + " --canvas 4294967296", "--canvas"});
+}
+
+TEST_CASE("bad input: output folders that cannot be written are refused before any work") {
+  const Data data;
+  TempDir dir;
+  write_bytes(dir.file("a_file"), "x");
+  const std::string long_name(300, 'n');  // over NAME_MAX
+  for (const std::string program : {"classify", "segment", "wgan_gp"}) {
+    check_case({program, data.args(program) + "--out " + dir.file("a_file"), "is a file, not a folder"});
+    check_case({program, data.args(program) + "--out " + dir.file("a_file") + "/below", "--out"});
+    check_case({program, data.args(program) + "--out " + dir.file(long_name), "--out"});
+  }
+}
+
+TEST_CASE("bad input: symlink loops and missing files name the option or path") {
+  const Data data;
+  TempDir dir;
+  fs::create_symlink(dir.file("loop"), dir.file("loop"));
+  for (const std::string program : {"classify", "segment", "wgan_gp"})
+    check_case({program, "--out " + dir.file("out") + " --data " + dir.file("loop"), dir.file("loop")});
+  check_case({"wgan_gp", data.args("wgan_gp") + "--out " + dir.file("out") + " --classifier " + dir.file("loop"),
+              "--classifier"});
+  // A classifier named on the command line must exist (a typo would silently drop the metric).
+  check_case({"wgan_gp", data.args("wgan_gp") + "--out " + dir.file("out") + " --classifier " + dir.file("typo"),
+              "--classifier " + dir.file("typo") + " does not exist"});
+}
+
+TEST_CASE("bad input: classify refuses empty datasets") {
+  TempDir empty, out;
+  write_fashion_split(empty, "train", 0, 0);
+  write_fashion_split(empty, "t10k", 0, 3);
+  check_case({"classify", "--data " + empty.path().string() + " --out " + out.path().string(),
+              "the training set has 0 images"});
+}
+
+TEST_CASE("an earlier run's checkpoint is replaced only with --overwrite, continued only with --resume") {
+  const Data data;
+  for (const std::string program : {"classify", "segment", "wgan_gp"}) {
+    CAPTURE(program);
+    TempDir out;
+    const std::string args = data.args(program) + "--out " + out.path().string() + " ";
+    const AppResult first = run_app(bin(program), args + "--steps 2");
+    REQUIRE_MESSAGE(first.rc == 0, first.output);
+    const std::string before = read_bytes(out.file("checkpoint.safetensors"));
+    check_case({program, args + "--steps 2", "pass --resume to continue it, or --overwrite"});
+    CHECK(read_bytes(out.file("checkpoint.safetensors")) == before);
+    check_parse_error(program, args + "--steps 2 --resume --overwrite", "--overwrite");
+    // A changed learning rate would silently be the checkpoint's: refused, naming the option.
+    check_case({program, args + "--steps 3 --resume --lr 0.5", "resume with the same --lr"});
+    const AppResult again = run_app(bin(program), args + "--steps 2 --overwrite");
+    CHECK_MESSAGE(again.rc == 0, again.output);
+  }
+}
+
+TEST_CASE("--resume: metrics past the checkpoint are dropped, a history short of it or corrupt is refused") {
+  const Data data;
+  for (const std::string program : {"classify", "segment", "wgan_gp"}) {
+    CAPTURE(program);
+    TempDir out;
+    const std::string args = data.args(program) + "--out " + out.path().string() + " ";
+    REQUIRE(run_app(bin(program), args + "--steps 2").rc == 0);
+    const std::string csv = read_bytes(out.file("metrics.csv"));
+    const std::string last_row = csv.substr(csv.rfind('\n', csv.size() - 2) + 1);
+
+    // Killed after writing metrics.csv, before the checkpoint: a row for step 5 the checkpoint never
+    // saw. The resume drops it and writes its own rows.
+    std::string future = last_row;
+    const size_t step_at = program == "wgan_gp" ? 0 : future.find(',') + 1;
+    future.replace(step_at, future.find(',', step_at) - step_at, "5");
+    write_bytes(out.file("metrics.csv"), csv + future);
+    const AppResult resumed = run_app(bin(program), args + "--steps 3 --resume");
+    REQUIRE_MESSAGE(resumed.rc == 0, resumed.output);
+    const std::string after = read_bytes(out.file("metrics.csv"));
+    CHECK(after.find(future) == std::string::npos);
+    CHECK(after.substr(0, csv.size()) == csv);
+
+    // The history misses the checkpoint's step, or holds what is not a finite number.
+    write_bytes(out.file("metrics.csv"), csv);
+    check_case({program, args + "--steps 4 --resume", "has no row for step 3"});
+    std::string corrupt = after;
+    corrupt.replace(corrupt.rfind(',') + 1, std::string::npos, "1e999\n");
+    write_bytes(out.file("metrics.csv"), corrupt);
+    check_case({program, args + "--steps 4 --resume", "metrics.csv: line"});
+    corrupt.replace(corrupt.rfind(',') + 1, std::string::npos, "abc\n");
+    write_bytes(out.file("metrics.csv"), corrupt);
+    check_case({program, args + "--steps 4 --resume", "metrics.csv: line"});
+    fs::remove(out.file("metrics.csv"));
+    check_case({program, args + "--steps 4 --resume", "cannot read " + out.file("metrics.csv")});
+  }
+}
+
+TEST_CASE("a loss that stops being finite ends the run with exit 1, naming the step, before a save") {
+  const Data data;
+  TempDir out;
+  // Adam at 1e30 takes the critic's weights to overflow at once.
+  check_case({"wgan_gp", data.args("wgan_gp") + "--steps 2 --lr 1e30 --out " + out.path().string(),
+              "step 1: the critic loss is NaN", 1});
+  CHECK_FALSE(fs::exists(out.file("checkpoint.safetensors")));
+}
+
+TEST_CASE("temporaries that killed saves left in --out are removed when a run starts") {
+  const Data data;
+  TempDir out;
+  const pid_t dead = ::fork();
+  REQUIRE(dead >= 0);
+  if (dead == 0) ::_exit(0);
+  ::waitpid(dead, nullptr, 0);
+  const std::string stale = out.file("checkpoint.safetensors.tmp." + std::to_string(dead));
+  write_bytes(stale, std::string(1000, 'x'));
+  REQUIRE(run_app(bin("classify"), data.args("classify") + "--steps 1 --out " + out.path().string()).rc == 0);
+  CHECK_FALSE(fs::exists(stale));
+}
