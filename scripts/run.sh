@@ -9,6 +9,7 @@ bash scripts/setup.sh
 bash scripts/build.sh
 if [[ ! -f runs/classify/model.safetensors ]]; then
   echo "== training the feature network for the Frechet distance (apps/classify, 2 epochs)"
-  build/apps/classify --epochs 2 --out runs/classify
+  # No model means no finished run there: whatever a killed one left is replaced.
+  build/apps/classify --epochs 2 --out runs/classify --overwrite
 fi
 exec build/apps/wgan_gp "$@"
