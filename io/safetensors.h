@@ -4,11 +4,13 @@
 // with spaces to 8 bytes, then the tensors' bytes, contiguous and little-endian, without gaps.
 // This layer works on named tensors; a Module's state_dict is adapted to it elsewhere. Saves are
 // atomic (Note [Atomic writes] in io/file.h); loads check every field and offset and name the
-// key or byte offset that is wrong.
+// key or byte offset that is wrong, and refuse headers nested deeper than any safetensors header
+// (Note [Header nesting] in io/safetensors.cpp).
 #pragma once
 
 #include <map>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -34,6 +36,8 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
                       const std::map<std::string, std::string>& metadata = {});
 // Reads every tensor onto cpu:0; the caller moves them where they belong (or uses load_into).
 SafetensorsFile load_safetensors(const std::string& path);
+// The same for the bytes of a whole file already in memory; `name` stands for the path in errors.
+SafetensorsFile load_safetensors_bytes(std::string_view bytes, const std::string& name = "(bytes)");
 
 // What load_into found besides the tensors it copied.
 struct LoadReport {

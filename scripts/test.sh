@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up, builds and runs every test: the formatting check, the full suite (CUDA compiled and
-# linked, warnings as errors), the threaded tests again under ThreadSanitizer, and the CPU suite
-# under AddressSanitizer + UBSan. CUDA tests skip, saying why, where no GPU is visible.
+# linked, warnings as errors), the threaded tests again under ThreadSanitizer, the CPU suite (the
+# programs' bad-input table included) under AddressSanitizer + UBSan, and the readers of untrusted
+# files under libFuzzer (60 s each). CUDA tests skip, saying why, where no GPU is visible.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -25,3 +26,6 @@ echo "== CPU tests under AddressSanitizer + UndefinedBehaviorSanitizer"
 BUILD_DIR=build-asan BUILD_TYPE=RelWithDebInfo bash scripts/build.sh -DEF_SANITIZE=address -DEF_CUDA=OFF -DEF_WERROR=ON
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
   ctest --output-on-failure --timeout 900 -j "$(nproc)")
+
+echo "== safetensors and IDX readers under libFuzzer (AddressSanitizer + UBSan)"
+FUZZ_SECONDS=${FUZZ_SECONDS:-60} bash scripts/fuzz.sh

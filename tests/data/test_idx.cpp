@@ -4,6 +4,8 @@
 #include <doctest/doctest.h>
 #include <zlib.h>
 
+#include <limits>
+
 #include "data/idx.h"
 #include "tests/io/test_files.h"
 #include "tests/testing/helpers.h"
@@ -104,5 +106,59 @@ TEST_CASE("read_idx: damaged files name the file and the problem") {
   has(error_for(gz), "damaged or truncated");
 
   CHECK(error_of([&] { read_idx(dir.file("nope.gz")); }).find("cannot open: No such file or directory") !=
+        std::string::npos);
+}
+
+TEST_CASE("read_idx: dims whose strides overflow are refused even when a zero dim empties the tensor") {
+  // Found by tests/fuzz/fuzz_idx.cpp: [0, 2^32-1, 2^32-1, 2^32-1] holds no byte, but its strides
+  // (products of the later sizes) overflow int64 in the engine.
+  TempDir dir;
+  const std::string path = dir.file("empty-idx4-ubyte");
+  write_bytes(path, idx_bytes(0x08, {0, 0xFFFFFFFF, 0xFFFFFFFF, 0xFFFFFFFF}, ""));
+  const std::string e = error_of([&] { read_idx(path); });
+  INFO(e);
+  CHECK(e.find("read_idx " + path +
+               ": dims [0, 4294967295] and 4294967295 are too large: the product of the nonzero dims, times 8 "
+               "bytes per element, overflows int64") == 0);
+  // Large nonzero dims around a zero that stay addressable are an empty tensor.
+  write_bytes(path, idx_bytes(0x0E, {0xFFFFFFFF, 0, 0xFFFFFF}, ""));
+  const Tensor t = read_idx(path);
+  CHECK(t.shape() == Shape{0xFFFFFFFF, 0, 0xFFFFFF});
+  CHECK(t.numel() == 0);
+
+  // The tensor's element size counts too (found by the fuzzer in a second run): ubyte dims
+  // [0, 2^32-1, 2^29] span under 2^61 bytes in the file, and as many float32 fit in int64 bytes,
+  // but not as many int64.
+  write_bytes(path, idx_bytes(0x08, {0, 0xFFFFFFFF, 1u << 29}, ""));
+  CHECK(read_idx(path, kFloat32).shape() == Shape{0, 0xFFFFFFFF, 1 << 29});
+  const std::string wide = error_of([&] { read_idx(path); });
+  INFO(wide);
+  CHECK(wide.find("dims [0, 4294967295] and 536870912 are too large: the product of the nonzero dims, times 8 bytes "
+                  "per element, overflows int64") != std::string::npos);
+}
+
+TEST_CASE("read_idx: float data converted to int64 truncates, and refuses values int64 cannot hold") {
+  // Found by tests/fuzz/fuzz_idx.cpp: converting NaN, an infinity or 1e30 to int64 was undefined
+  // behaviour (UBSan: "outside the range of representable values").
+  TempDir dir;
+  const std::string path = dir.file("x-idx1-float");
+  write_bytes(path, idx_bytes(0x0D, {4},
+                              big_endian32(0x402CCCCD) + big_endian32(0xC02CCCCD) +       // 2.7f, -2.7f
+                                  big_endian32(0xDF000000) + big_endian32(0x5EFFFFFF)));  // -2^63, below 2^63
+  CHECK(read_idx(path, kInt64).to_int_vector() ==
+        std::vector<int64_t>{2, -2, std::numeric_limits<int64_t>::min(), 9223371487098961920});
+  const auto refused = [&](uint32_t bits, const std::string& shown) {
+    write_bytes(path, idx_bytes(0x0D, {2}, big_endian32(0x3F800000) + big_endian32(bits)));
+    const std::string e = error_of([&] { read_idx(path, kInt64); });
+    INFO(e);
+    CHECK(e.find("read_idx " + path + ": float value " + shown + " at index 1 cannot be converted to int64") == 0);
+    CHECK(vals(read_idx(path)).size() == 2);  // as float32 it reads
+  };
+  refused(0x7FC00000, "nan");
+  refused(0xFF800000, "-inf");
+  refused(0x5F000000, "9.22337e+18");  // 2^63
+  refused(0x7149F2CA, "1e+30");
+  write_bytes(path, idx_bytes(0x0E, {1}, big_endian32(0x7FF00000) + big_endian32(0)));
+  CHECK(error_of([&] { read_idx(path, kInt64); }).find("double value inf at index 0 cannot be converted to int64") !=
         std::string::npos);
 }

@@ -224,6 +224,81 @@ TEST_CASE("safetensors: bad files are refused, naming the key or offset") {
   has(load_error(dir, good.substr(0, 20)), "goes beyond the end of the file");
 }
 
+TEST_CASE("safetensors: a header nested deeper than any safetensors header is refused before it is parsed") {
+  // 200000 levels overflowed the stack (nlohmann's recursive dump() of the value for the error
+  // message); the loader must refuse the header from a scan of its text instead.
+  TempDir dir;
+  const size_t levels = 200000;
+  const std::string deep = std::string(levels, '[') + std::string(levels, ']');
+  const std::string e = load_error(dir, file_bytes(R"({"w":)" + deep + "}", ""));
+  INFO(e);
+  CHECK(e.find("load_safetensors " + dir.file("bad.safetensors") + ": ") == 0);
+  CHECK(e.find("the header nests arrays and objects 200001 levels deep; at most 64 are read (a safetensors header "
+               "has 3)") != std::string::npos);
+  CHECK(e.find("level 65 opens at header byte 69") != std::string::npos);
+
+  // Brackets inside strings (escaped quotes included) are text, not nesting: a key of 200000 '['
+  // is only too long to show in full.
+  const std::string key = R"(\"[)" + std::string(levels, '[');
+  const std::string in_string = load_error(dir, file_bytes(R"({")" + key + R"(":{"dtype":"F32"}})", ""));
+  INFO(in_string);
+  CHECK(in_string.find("tensor '\"[[[[") != std::string::npos);
+  CHECK(in_string.find("has no 'shape'") != std::string::npos);
+  CHECK(in_string.size() < 1000);
+
+  // 64 levels are read, and a value too large to quote is cut short in the message.
+  const std::string ok_depth = R"({"w":)" + std::string(63, '[') + std::string(63, ']') + "}";
+  const std::string at_limit = load_error(dir, file_bytes(ok_depth, ""));
+  INFO(at_limit);
+  CHECK(at_limit.find("tensor 'w': expected an object {dtype, shape, data_offsets}, got [[[[") != std::string::npos);
+  CHECK(at_limit.find("... (126 bytes)") != std::string::npos);
+  std::string long_shape = "[1";
+  for (int i = 0; i < 100000; ++i) long_shape += ",1";
+  const std::string many = load_error(
+      dir, file_bytes(R"({"w":{"dtype":"F32","shape":)" + long_shape + R"(],"data_offsets":[0,4]}})", "1234"));
+  INFO(many.substr(0, 300));
+  CHECK(many.find("tensor 'w' has 100001 dims; at most 8 are supported") != std::string::npos);
+  CHECK(many.size() < 1000);
+}
+
+TEST_CASE("safetensors: numbers and shapes beyond what the engine holds are refused, naming the tensor") {
+  TempDir dir;
+  const auto has = [](const std::string& error, const std::string& part) {
+    INFO(error);
+    CHECK(error.find(part) != std::string::npos);
+  };
+  // A number beyond double's range: nlohmann throws out_of_range, not parse_error, which escaped
+  // the loader as a foreign exception.
+  has(load_error(dir, file_bytes(R"({"w":{"dtype":"F32","shape":[1e400],"data_offsets":[0,4]}})", "1234")),
+      "invalid JSON header: [json.exception.out_of_range.406] number overflow parsing '1e400'");
+  // No byte to read, but the strides of [0, 2^62, 4] (products of the later sizes) overflow int64:
+  // undefined behaviour in the engine before it checked sizes, and now refused here naming the file.
+  has(load_error(dir,
+                 file_bytes(R"({"w":{"dtype":"F32","shape":[0,4611686018427387904,4],"data_offsets":[0,0]}})", "")),
+      "tensor 'w' has shape [0,4611686018427387904,4], too large to address");
+  // Large sizes around a zero that stay addressable are an empty tensor.
+  const std::string ok = dir.file("empty.safetensors");
+  write_bytes(ok, file_bytes(R"({"w":{"dtype":"F64","shape":[1099511627776,0,524288],"data_offsets":[0,0]}})", ""));
+  CHECK(load_safetensors(ok).at("w").shape() == Shape{1099511627776, 0, 524288});
+  // More dims than the engine's tensors have, named here instead of by the engine.
+  has(load_error(dir, file_bytes(R"({"w":{"dtype":"F32","shape":[1,1,1,1,1,1,1,1,1],"data_offsets":[0,4]}})", "1234")),
+      "tensor 'w' has 9 dims; at most 8 are supported");
+}
+
+TEST_CASE("safetensors: load_safetensors_bytes reads a file's bytes from memory, with the same checks") {
+  TempDir dir;
+  const std::string path = dir.file("m.safetensors");
+  save_safetensors(path, cross_check_tensors(), {{"k", "v"}});
+  const std::string bytes = read_bytes(path);
+  const SafetensorsFile f = load_safetensors_bytes(bytes, "model bytes");
+  check_same_tensors(f.tensors, cross_check_tensors());
+  CHECK(f.metadata == std::map<std::string, std::string>{{"k", "v"}});
+  CHECK(error_of([&] {
+          load_safetensors_bytes(bytes.substr(0, bytes.size() - 1), "model bytes");
+        }).find("load_safetensors model bytes: tensor 'transposed' at data offsets") == 0);
+  CHECK(error_of([] { load_safetensors_bytes(""); }).find("load_safetensors (bytes): the file has 0 bytes") == 0);
+}
+
 TEST_CASE("safetensors: bad arguments to save") {
   TempDir dir;
   const std::string path = dir.file("x.safetensors");
