@@ -13,24 +13,11 @@
 #   FUZZ_TARGETS   targets to run (default "safetensors idx")
 #   BUILD_DIR      build folder (default build-fuzz); JOBS: build jobs (default nproc)
 #
-# Packages: scripts/setup.sh's, plus clang and libclang-rt-dev (Debian's compiler-rt: libFuzzer's
-# runtime libclang_rt.fuzzer*.a and the sanitizer runtimes), installed here the same way.
+# Packages: scripts/setup.sh --fuzz's (its own plus clang and libclang-rt-dev, Debian's compiler-rt:
+# libFuzzer's runtime libclang_rt.fuzzer*.a and the sanitizer runtimes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
-
-fuzz_packages=(clang libclang-rt-dev)
-missing=()
-for p in "${fuzz_packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if ((${#missing[@]})); then
-  echo "fuzz: installing ${missing[*]}"
-  sudo_cmd=()
-  if [[ $(id -u) -ne 0 ]]; then sudo_cmd=(sudo); fi
-  "${sudo_cmd[@]}" apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
-fi
+bash scripts/setup.sh --fuzz
 
 build_dir=${BUILD_DIR:-build-fuzz}
 seconds=${FUZZ_SECONDS:-60}

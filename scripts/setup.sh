@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Installs the Debian packages evenflow needs to build, test and run. Idempotent: installs only
-# what is missing. `--bench` also installs PyTorch for CPU (the benchmark's baseline).
+# what is missing. `--bench` also installs PyTorch for CPU (the benchmark's baseline), `--fuzz`
+# clang and libclang-rt-dev (libFuzzer's and the sanitizers' runtimes, for scripts/fuzz.sh).
 set -euo pipefail
 
 packages=(build-essential cmake ninja-build pkg-config libeigen3-dev doctest-dev libcli11-dev
           nlohmann-json3-dev libpng-dev zlib1g-dev libbenchmark-dev clang-format dataset-fashion-mnist)
 if [[ "${1:-}" == "--bench" ]]; then packages+=(python3-torch python3-numpy); fi
+if [[ "${1:-}" == "--fuzz" ]]; then packages+=(clang libclang-rt-dev); fi
 
 missing=()
 for p in "${packages[@]}"; do

@@ -45,14 +45,6 @@ __device__ __forceinline__ int64_t grid_stride() {
   return static_cast<int64_t>(gridDim.x) * blockDim.x;
 }
 
-template <typename T>
-__device__ __forceinline__ bool is_nan(T v) {
-  if constexpr (std::is_floating_point_v<T>)
-    return v != v;
-  else
-    return false;
-}
-
 // The identity of max (kMax) or min: -inf / +inf, or the integer limits.
 template <typename T, bool kMax>
 __device__ __forceinline__ T extreme_identity() {
@@ -341,7 +333,7 @@ struct ExtremeOp {
   using Out = T;
   __device__ Acc identity() const { return extreme_identity<T, kMax>(); }
   __device__ Acc make(T x, int64_t) const { return x; }
-  __device__ Acc combine(Acc a, Acc b) const { return is_nan(a) || (kMax ? a > b : a < b) ? a : b; }
+  __device__ Acc combine(Acc a, Acc b) const { return scalar::isnan_(a) || (kMax ? a > b : a < b) ? a : b; }
   __device__ Out finish(Acc a) const { return a; }
 };
 
@@ -358,7 +350,7 @@ struct ArgExtremeOp {
   __device__ Acc identity() const { return {extreme_identity<T, kMax>(), std::numeric_limits<int64_t>::max()}; }
   __device__ Acc make(T x, int64_t index) const { return {x, index}; }
   __device__ Acc combine(Acc a, Acc b) const {
-    const bool a_nan = is_nan(a.value), b_nan = is_nan(b.value);
+    const bool a_nan = scalar::isnan_(a.value), b_nan = scalar::isnan_(b.value);
     if (a_nan != b_nan) return a_nan ? a : b;
     if (a_nan || a.value == b.value) return a.index <= b.index ? a : b;
     return (kMax ? a.value > b.value : a.value < b.value) ? a : b;
@@ -521,7 +513,7 @@ void run_reduce(const CudaBackend& be, const ReducePlan& p, const View& out, con
 struct MaxOf {
   template <typename T>
   __device__ T operator()(T a, T b) const {
-    return a > b || is_nan(a) ? a : b;
+    return a > b || scalar::isnan_(a) ? a : b;
   }
 };
 struct SumOf {
@@ -595,7 +587,7 @@ __global__ void max_pool2d_kernel(PoolArgs a, T* out, int64_t* indices, const T*
         const int64_t ix = ow * a.stride_w - a.pad_w + kx * a.dil_w;
         if (ix < 0 || ix >= a.w) continue;
         const T v = xp[iy * a.w + ix];
-        if (best_index < 0 || v > best || (is_nan(v) && !is_nan(best))) {
+        if (best_index < 0 || v > best || (scalar::isnan_(v) && !scalar::isnan_(best))) {
           best = v;
           best_index = iy * a.w + ix;
         }
