@@ -108,6 +108,24 @@ void check_device_locked(Registry& r, const Device& d) {
 
 }  // namespace
 
+namespace {
+// One word, read by every CUDA call that depends on it: bit 0 TF32 convolutions, bit 1 TF32
+// matrix products, bit 2 deterministic algorithms (Note [CUDA math settings]).
+std::atomic<unsigned> g_cuda_math{1u};
+}  // namespace
+
+CudaMath cuda_math() {
+  const unsigned bits = g_cuda_math.load(std::memory_order_relaxed);
+  return {
+      .allow_tf32_conv = (bits & 1u) != 0, .allow_tf32_matmul = (bits & 2u) != 0, .deterministic = (bits & 4u) != 0};
+}
+
+void set_cuda_math(const CudaMath& settings) {
+  g_cuda_math.store((settings.allow_tf32_conv ? 1u : 0u) | (settings.allow_tf32_matmul ? 2u : 0u) |
+                        (settings.deterministic ? 4u : 0u),
+                    std::memory_order_relaxed);
+}
+
 int cuda_device_count() {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);

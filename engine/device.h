@@ -51,6 +51,22 @@ void set_cuda_logical_devices(const std::vector<int>& physical_ids);
 // The physical GPU behind a logical CUDA device (ef::Error for a CPU or unknown device).
 int cuda_physical_id(const Device& d);
 
+// Note [CUDA math settings]
+// How float32 matrix products and convolutions run on CUDA devices, process-wide, with PyTorch's
+// defaults: convolutions may use TF32 tensor cores (torch.backends.cudnn.allow_tf32 = True: inputs
+// rounded to a 10-bit mantissa, about 1e-3 relative), matrix products may not
+// (torch.backends.cuda.matmul.allow_tf32 = False), and cuDNN takes its fastest algorithm even where
+// it sums with atomics (torch.backends.cudnn.deterministic = False: float sums may differ in the
+// last bits from run to run). float64 is never affected. The CPU backend ignores them. Set them
+// before the work they should govern; each convolution shape chooses its algorithm once per setting.
+struct CudaMath {
+  bool allow_tf32_conv = true;
+  bool allow_tf32_matmul = false;
+  bool deterministic = false;
+};
+CudaMath cuda_math();
+void set_cuda_math(const CudaMath& settings);
+
 // Throws ef::Error naming the device when it does not exist here.
 void check_device(const Device& d);
 

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "engine/cuda/cuda_internal.h"
+#include "engine/device.h"
 
 namespace evenflow::cuda_backend {
 namespace {
@@ -44,10 +45,11 @@ int as_int(int64_t v, const char* op) {
 
 // Note [cuDNN math for float32]
 // cuDNN's default math mode lets float32 convolutions run on TF32 tensor cores on Ampere and later
-// (10-bit mantissa inputs). The backends are meant to agree within float rounding, so float32 uses
-// CUDNN_FMA_MATH (plain fp32 FMA kernels) and algorithms reporting tensor-op math are skipped.
-// float64 keeps the default: its tensor-core path (DMMA) is full IEEE double precision.
-void set_descriptors(ConvDescs& d, const ConvArgs& a, DType dtype, const char* op) {
+// (10-bit mantissa inputs). That is allowed or not by cuda_math().allow_tf32_conv (Note [CUDA math
+// settings] in engine/device.h; PyTorch's default allows it): when not, float32 uses CUDNN_FMA_MATH
+// (plain fp32 FMA kernels) and algorithms reporting tensor-op math are skipped, so the backends agree
+// within float rounding. float64 keeps the default: its tensor-core path (DMMA) is full IEEE double.
+void set_descriptors(ConvDescs& d, const ConvArgs& a, DType dtype, const CudaMath& settings, const char* op) {
   const cudnnDataType_t type = dtype == DType::Float32 ? CUDNN_DATA_FLOAT : CUDNN_DATA_DOUBLE;
   CUDNN_CHECK(cudnnSetTensor4dDescriptor(d.x.get(), CUDNN_TENSOR_NCHW, type, as_int(a.n, op), as_int(a.c_in, op),
                                          as_int(a.h, op), as_int(a.w, op)));
@@ -59,7 +61,8 @@ void set_descriptors(ConvDescs& d, const ConvArgs& a, DType dtype, const char* o
                                               as_int(a.stride_h, op), as_int(a.stride_w, op), as_int(a.dil_h, op),
                                               as_int(a.dil_w, op), CUDNN_CROSS_CORRELATION, type));
   CUDNN_CHECK(cudnnSetConvolutionGroupCount(d.conv.get(), as_int(a.groups, op)));
-  CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv.get(), dtype == DType::Float32 ? CUDNN_FMA_MATH : CUDNN_DEFAULT_MATH));
+  const bool fma_only = dtype == DType::Float32 && !settings.allow_tf32_conv;
+  CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv.get(), fma_only ? CUDNN_FMA_MATH : CUDNN_DEFAULT_MATH));
   int dims[4] = {};
   CUDNN_CHECK(cudnnGetConvolutionNdForwardOutputDim(d.conv.get(), d.x.get(), d.w.get(), 4, dims));
   EF_ASSERT(dims[0] == a.n && dims[1] == a.c_out && dims[2] == a.oh && dims[3] == a.ow, op, ": cuDNN computes output ",
@@ -138,23 +141,25 @@ struct BackwardFilterPass {
   }
 };
 
-ConvKey conv_key(int pass, DType dtype, const ConvArgs& a) {
+ConvKey conv_key(int pass, DType dtype, const ConvArgs& a, const CudaMath& math) {
   // clang-format off
   return {pass, static_cast<int64_t>(dtype),
           a.n, a.c_in, a.h, a.w, a.c_out, a.kh, a.kw, a.oh, a.ow,
-          a.stride_h, a.stride_w, a.pad_h, a.pad_w, a.dil_h, a.dil_w, a.groups};
+          a.stride_h, a.stride_w, a.pad_h, a.pad_w, a.dil_h, a.dil_w, a.groups,
+          math.allow_tf32_conv, math.deterministic};
   // clang-format on
 }
 
 // Note [cuDNN algorithm choice]
-// Per shape, once (cached in the backend): cuDNN's heuristics rank the algorithms (no benchmarking,
-// so the first call is cheap); we take the first that is supported, does not use tensor-op math on
-// float32 (Note [cuDNN math for float32]), is deterministic (so that runs repeat bit for bit, and N
-// devices vs 1 compare cleanly) and whose workspace we can allocate. Only if no deterministic one
-// qualifies do we accept a non-deterministic one (atomics in the backward passes).
+// Per shape and math setting, once (cached in the backend): cuDNN's heuristics rank the algorithms
+// by expected speed (no benchmarking, so the first call is cheap); we take the first that is
+// supported, uses tensor-op math on float32 only where TF32 is allowed (Note [cuDNN math for
+// float32]) and whose workspace we can allocate. With cuda_math().deterministic (PyTorch's
+// cudnn.deterministic) only algorithms that repeat bit for bit qualify, and if none does that is an
+// error; without it (the default) the fastest wins, atomics in the backward passes included.
 template <typename Pass>
 ConvAlgo choose_algo(CudaBackend& be, const CudaBackend::Lock& lock, cudnnHandle_t h, ConvDescs& d, DType dtype,
-                     const ConvKey& key) {
+                     const ConvKey& key, const CudaMath& settings) {
   auto& cache = be.conv_algos(lock);
   if (const auto it = cache.find(key); it != cache.end()) return it->second;
   int max_count = 0;
@@ -162,26 +167,25 @@ ConvAlgo choose_algo(CudaBackend& be, const CudaBackend::Lock& lock, cudnnHandle
   std::vector<typename Pass::Perf> perf(static_cast<size_t>(std::max(max_count, 1)));
   int returned = 0;
   CUDNN_CHECK(Pass::heuristics(h, d, static_cast<int>(perf.size()), &returned, perf.data()));
-  for (const bool need_deterministic : {true, false}) {
-    for (int i = 0; i < returned; ++i) {
-      const auto& p = perf[static_cast<size_t>(i)];
-      if (p.status != CUDNN_STATUS_SUCCESS) continue;
-      if (need_deterministic && p.determinism != CUDNN_DETERMINISTIC) continue;
-      const bool tensor_op = p.mathType == CUDNN_TENSOR_OP_MATH || p.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION;
-      if (dtype == DType::Float32 && tensor_op) continue;
-      // float32 always runs with FMA math: cuDNN's "default" would permit TF32.
-      const cudnnMathType_t math = dtype == DType::Float32 ? CUDNN_FMA_MATH : p.mathType;
-      CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv.get(), math));
-      size_t workspace = 0;
-      if (Pass::workspace(h, d, p.algo, &workspace) != CUDNN_STATUS_SUCCESS) continue;
-      if (workspace > 0 && be.scratch(lock, workspace) == nullptr) continue;
-      const ConvAlgo choice{static_cast<int>(p.algo), static_cast<int>(math), workspace};
-      cache.emplace(key, choice);
-      return choice;
-    }
+  const bool fma_only = dtype == DType::Float32 && !settings.allow_tf32_conv;
+  for (int i = 0; i < returned; ++i) {
+    const auto& p = perf[static_cast<size_t>(i)];
+    if (p.status != CUDNN_STATUS_SUCCESS) continue;
+    if (settings.deterministic && p.determinism != CUDNN_DETERMINISTIC) continue;
+    const bool tensor_op = p.mathType == CUDNN_TENSOR_OP_MATH || p.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION;
+    if (fma_only && tensor_op) continue;
+    // Without TF32, float32 runs with FMA math: cuDNN's "default" would permit TF32.
+    const cudnnMathType_t math = fma_only ? CUDNN_FMA_MATH : p.mathType;
+    CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv.get(), math));
+    size_t workspace = 0;
+    if (Pass::workspace(h, d, p.algo, &workspace) != CUDNN_STATUS_SUCCESS) continue;
+    if (workspace > 0 && be.scratch(lock, workspace) == nullptr) continue;
+    const ConvAlgo choice{static_cast<int>(p.algo), static_cast<int>(math), workspace};
+    cache.emplace(key, choice);
+    return choice;
   }
-  EF_ERROR(Pass::kName, ": cuDNN has no usable algorithm for this shape on ", be.name(),
-           " (or not enough memory for its workspace)");
+  EF_ERROR(Pass::kName, ": cuDNN has no usable ", settings.deterministic ? "deterministic " : "",
+           "algorithm for this shape on ", be.name(), " (or not enough memory for its workspace)");
 }
 
 template <typename Pass>
@@ -198,13 +202,14 @@ void run_conv(CudaBackend& be, const ConvArgs& a, DType dtype, const View& out, 
     CUDA_CHECK(cudaMemsetAsync(out.data, 0, static_cast<size_t>(out.numel()) * dtype_size(dtype), be.stream()));
     return;
   }
+  const CudaMath settings = cuda_math();
   ConvDescs d;
-  set_descriptors(d, a, dtype, Pass::kName);
-  const ConvKey key = conv_key(Pass::kId, dtype, a);
+  set_descriptors(d, a, dtype, settings, Pass::kName);
+  const ConvKey key = conv_key(Pass::kId, dtype, a, settings);
 
   const CudaBackend::Lock lock = be.lock_libraries();
   const cudnnHandle_t h = be.cudnn(lock);
-  const ConvAlgo algo = choose_algo<Pass>(be, lock, h, d, dtype, key);
+  const ConvAlgo algo = choose_algo<Pass>(be, lock, h, d, dtype, key, settings);
   CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv.get(), static_cast<cudnnMathType_t>(algo.math_type)));
   void* workspace = be.scratch(lock, algo.workspace);
   EF_CHECK(algo.workspace == 0 || workspace != nullptr, Pass::kName, ": out of memory on ", be.name(),

@@ -33,7 +33,7 @@ struct ConvAlgo {
   size_t workspace = 0;
 };
 // Pass, dtype and the 16 ConvArgs fields: the shape a choice of algorithm depends on.
-using ConvKey = std::array<int64_t, 18>;
+using ConvKey = std::array<int64_t, 20>;  // pass, dtype, shape (16), TF32, deterministic
 
 class CudaBackend final : public Backend {
  public:

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "engine/cuda/cuda_internal.h"
+#include "engine/device.h"
 #include "engine/random.h"
 
 namespace evenflow::cuda_backend {
@@ -893,7 +894,10 @@ void CudaBackend::gemm(const GemmArgs& g) {
   const void* alpha = f32 ? static_cast<const void*>(&alpha_f) : static_cast<const void*>(&g.alpha);
   const void* beta = f32 ? static_cast<const void*>(&beta_f) : static_cast<const void*>(&g.beta);
   const cudaDataType type = f32 ? CUDA_R_32F : CUDA_R_64F;
-  const cublasComputeType_t compute = f32 ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_64F;
+  // Note [CUDA math settings] (engine/device.h): TF32 for float32 products only when allowed.
+  const cublasComputeType_t compute = !f32                            ? CUBLAS_COMPUTE_64F
+                                      : cuda_math().allow_tf32_matmul ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                                                      : CUBLAS_COMPUTE_32F;
 
   const Lock lock = lock_libraries();
   CUBLAS_CHECK(cublasGemmStridedBatchedEx_64(cublas(lock), g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,

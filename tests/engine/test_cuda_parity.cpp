@@ -43,7 +43,24 @@ OpCase differentiated(const OpCase& c) {
   return d;
 }
 
-void check_parity(const std::vector<OpCase>& cases, DType dtype, double atol, double rtol) {
+// Sets the CUDA math settings for a scope (Note [CUDA math settings] in engine/device.h).
+class CudaMathGuard {
+ public:
+  explicit CudaMathGuard(const CudaMath& m) : saved_(cuda_math()) { set_cuda_math(m); }
+  ~CudaMathGuard() { set_cuda_math(saved_); }
+  CudaMathGuard(const CudaMathGuard&) = delete;
+  CudaMathGuard& operator=(const CudaMathGuard&) = delete;
+
+ private:
+  CudaMath saved_;
+};
+
+// Strict parity (float rounding apart) needs full float32 math on the GPU, whatever the defaults.
+constexpr CudaMath kNoTf32{.allow_tf32_conv = false, .allow_tf32_matmul = false, .deterministic = false};
+
+void check_parity(const std::vector<OpCase>& cases, DType dtype, double atol, double rtol,
+                  const CudaMath& math = kNoTf32) {
+  const CudaMathGuard guard(math);
   for (const OpCase& c : cases) {
     if (c.cpu_only) continue;
     CAPTURE(c.name);
@@ -144,6 +161,33 @@ TEST_CASE("cuda parity: realistic sizes, float64 and float32") {
   check_parity(cases, kFloat64, 1e-10, 1e-8);
   // float32 sums of many terms differ by rounding in the order of summation.
   check_parity(cases, kFloat32, 1e-3, 1e-3);
+}
+
+TEST_CASE("cuda parity: float32 convolutions and products on TF32 tensor cores stay within TF32's precision") {
+  if (!cuda_devices_available()) return;
+  std::vector<OpCase> cases;
+  for (const OpCase& c : realistic_cases())
+    if (c.name == "conv2d" || c.name == "matmul") cases.push_back(c);
+  REQUIRE(cases.size() == 3);
+  // TF32 keeps 10 bits of mantissa: about 1e-3 relative per product, less over a sum of them.
+  check_parity(cases, kFloat32, 5e-2, 1e-2, {.allow_tf32_conv = true, .allow_tf32_matmul = true});
+  check_parity(cases, kFloat32, 1e-3, 1e-3,
+               {.allow_tf32_conv = false, .allow_tf32_matmul = false, .deterministic = true});
+}
+
+TEST_CASE("CUDA math settings: PyTorch's defaults, and what is set is what is read") {
+  const CudaMath defaults = cuda_math();
+  CHECK(defaults.allow_tf32_conv);          // torch.backends.cudnn.allow_tf32
+  CHECK_FALSE(defaults.allow_tf32_matmul);  // torch.backends.cuda.matmul.allow_tf32
+  CHECK_FALSE(defaults.deterministic);      // torch.backends.cudnn.deterministic
+  {
+    const CudaMathGuard guard({.allow_tf32_conv = false, .allow_tf32_matmul = true, .deterministic = true});
+    const CudaMath now = cuda_math();
+    CHECK_FALSE(now.allow_tf32_conv);
+    CHECK(now.allow_tf32_matmul);
+    CHECK(now.deterministic);
+  }
+  CHECK(cuda_math().allow_tf32_conv);
 }
 
 TEST_CASE("cuda: tensors past 2^31 elements index with 64 bits") {
