@@ -258,6 +258,26 @@ TEST_CASE("data parallel: a WGAN-GP penalty and SyncBatchNorm on CUDA logical de
   check_penalty_step("cuda");
 }
 
+TEST_CASE("SyncBatchNorm: float32 variance of values far from zero stays exact across devices") {
+  // mean 100, std 0.01: a one-pass variance (Σx² - n·mean², Σx² ≈ 9e4 with float32 steps of 8e-3)
+  // would lose every digit of n·var ≈ 1e-3; the per-device centred sums combine without cancelling
+  // (Note [SyncBatchNorm statistics]). momentum 1: running_var is the batch's unbiased variance.
+  manual_seed(cpu(), 27);
+  const Tensor x = (randn({9, 3}, {.dtype = kFloat64}) * 0.01 + 100.0).to(kFloat32);
+  const nn::BatchNormConfig config{.momentum = 1.0, .affine = false};
+  DataParallelModel model(std::make_shared<SyncBatchNorm>(3, config), devices("cpu:3"));
+  const auto ys = model(model.scatter(x));
+  nn::BatchNorm1d reference(3, config, {.dtype = kFloat64});
+  const Tensor want = reference.forward(x.to(kFloat64));  // the float32 values, in float64
+  const std::string running =
+      compare(model.module().tensor("running_var").to(kFloat64), reference.tensor("running_var"), 0.0, 1e-3);
+  CHECK_MESSAGE(running.empty(), running);
+  // The outputs carry the float32 mean's rounding (about 1e-5 against a std of 1e-2).
+  const Tensor y = cat({ys[0], ys[1].to(cpu()), ys[2].to(cpu())}, 0).to(kFloat64);
+  const std::string diff = compare(y, want, 1e-2, 1e-2);
+  CHECK_MESSAGE(diff.empty(), diff);
+}
+
 TEST_CASE("data parallel: a gradient penalty has the exact expected gradient") {
   // D(x) = x·w: ∇ₓD = w for every sample, so the penalty is λ(|w| - 1)² and its gradient is
   // 2λ(|w| - 1)·w/|w|, whatever the batch and its split.
