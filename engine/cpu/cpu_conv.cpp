@@ -613,12 +613,16 @@ void conv_weight_grad_typed(const ConvArgs& a, T* gw, const T* x, const T* gy) {
       }
     }
   });
-  // gw[g][o][r] = Σ over threads of gwᵀ[g][r][o]
+  // gw[g][o][r] = Σ over threads of gwᵀ[g][r][o], over the threads that took samples: a team can be
+  // smaller than asked for (no OpenMP, a nested region), and a slot no thread wrote holds whatever
+  // the kept workspace held before.
   for (int64_t g = 0; g < a.groups; ++g) {
     for (int64_t o = 0; o < geo.og; ++o) {
       for (int64_t r = 0; r < geo.kc; ++r) {
         T sum = T(0);
-        for (int t = 0; t < work.threads; ++t) sum += work.slot(t)[col_elems + b_elems + (g * geo.kc + r) * geo.og + o];
+        for (int t = 0; t < work.threads; ++t)
+          if (started[static_cast<size_t>(t)] != 0)
+            sum += work.slot(t)[col_elems + b_elems + (g * geo.kc + r) * geo.og + o];
         gw[(g * geo.og + o) * geo.kc + r] = sum;
       }
     }
