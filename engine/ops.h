@@ -117,7 +117,7 @@ Tensor to_device(const Tensor& x, const Device& d);  // g.to(x.device)
 // [..., M, K] x [..., K, N] -> [..., M, N], batch dims broadcast.
 Tensor matmul(const Tensor& a, const Tensor& b);  // dA = g·Bᵀ, dB = Aᵀ·g (summed to each shape)
 // x [..., in], weight [out, in], bias [out] (optional): x·Wᵀ + b.
-Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());  // composite
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());  // dx = g·W, dW = gᵀ·x, db = Σg
 
 struct Conv2dOptions {
   std::pair<int64_t, int64_t> stride{1, 1}, padding{0, 0}, dilation{1, 1};

@@ -141,15 +141,30 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   EF_CHECK(weight.dim() == 2, "linear: weight must be 2-D [out, in], got ", shape_str(weight.shape()));
   EF_CHECK(x.dim() >= 1 && x.size(-1) == weight.size(1), "linear: input has ", x.dim() ? x.size(-1) : 0,
            " features, weight expects ", weight.size(1));
-  const Tensor x2 = x.dim() == 1 ? unsqueeze(x, 0) : x;
-  Tensor y = matmul(x2, transpose(weight, 0, 1));
+  const int64_t in = weight.size(1), out = weight.size(0);
+  Shape out_shape = x.shape();
+  out_shape.back() = out;
+  const Tensor flat = reshape(x, {-1, in});  // [N, in]: the batch dims folded
+  Tensor y;
+  {
+    NoGradGuard no_grad;
+    y = matmul(flat, transpose(weight, 0, 1));  // y = x·Wᵀ [N,in]x[in,out]
+  }
+  // dx = g·W [N,out]x[out,in]; dW = gᵀ·x [out,N]x[N,in], computed in the weight's own layout, so
+  // the accumulated gradient needs no copy (Note [Gradient layout] in autograd.cpp), as matmul's
+  // transposed Aᵀ·g would.
+  record("linear", {y}, {flat, weight}, {flat, weight}, [flat, weight](const Grads& g) {
+    return Grads{flat.requires_grad() ? matmul(g[0], weight) : Tensor(),
+                 weight.requires_grad() ? matmul(transpose(g[0], 0, 1), flat) : Tensor()};
+  });
+  y = reshape(y, out_shape);
   if (bias.defined()) {
     detail::check_compatible("linear", x, bias, "input", "bias");
     EF_CHECK(bias.dim() == 1 && bias.size(0) == weight.size(0), "linear: bias has shape ", shape_str(bias.shape()),
              ", expected [", weight.size(0), "]");
     y = y + bias;
   }
-  return x.dim() == 1 ? squeeze(y, 0) : y;
+  return y;
 }
 
 // --- Convolution -----------------------------------------------------------------------------------------
