@@ -206,8 +206,7 @@ ef::Tensor predict(nn::Module& model, const ef::data::Batch& shown, ef::DType dt
 // in `out`; where there is none, `start_if_missing` starts afresh (--compare resuming a loss it
 // had not reached) instead of failing.
 Outcome train(const Args& a, const Setup& s, const std::string& spec, const fs::path& out, bool start_if_missing) {
-  const std::string ckpt_path = (out / "checkpoint.safetensors").string();
-  apps::prepare_output_folder(out, ckpt_path, a.resume, a.overwrite);
+  const std::string ckpt_path = (out / "checkpoint.safetensors").string();  // `out` prepared by run()
   const std::string model_path = (out / "model.safetensors").string();
   const std::string csv_path = (out / "metrics.csv").string();
   const std::string png_path = (out / "metrics.png").string();
@@ -363,7 +362,12 @@ int run(const Args& a, const std::string& command) {
   s.devices = ef::parallel::devices(a.devices);
   EF_CHECK(a.dtype == "float32" || a.dtype == "float64", "--dtype must be float32 or float64, got \"", a.dtype, "\"");
   s.dtype = a.dtype == "float64" ? ef::kFloat64 : ef::kFloat32;
+  // Every output folder before any work: <out>, and with --compare one per loss in it.
   apps::prepare_output_folder(a.out, fs::path(a.out) / "checkpoint.safetensors", a.resume, a.overwrite);
+  if (a.compare)
+    for (const std::string& spec : specs)
+      apps::prepare_output_folder(fs::path(a.out) / spec, fs::path(a.out) / spec / "checkpoint.safetensors", a.resume,
+                                  a.overwrite);
   ef::set_num_threads(a.threads > 0 ? a.threads : ef::parallel::cpu_threads_per_device(s.devices));
   s.train = std::make_shared<seg::CanvasSet>(ef::data::load_fashion_mnist(ef::data::Split::Train, a.data), a.train_size,
                                              a.canvas, a.seed, 0);

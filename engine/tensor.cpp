@@ -54,10 +54,11 @@ int64_t extent_of(const Shape& s) {
 
 int64_t checked_numel(const Shape& s, const char* op) {
   for (int64_t d : s) EF_CHECK(d >= 0, op, ": negative dimension in shape ", shape_str(s));
+  const int64_t extent = extent_of(s);
   const bool has_zero = std::find(s.begin(), s.end(), int64_t{0}) != s.end();
-  EF_CHECK(extent_of(s) >= 0, op, ": shape ", shape_str(s), " has more elements than int64 can hold",
+  EF_CHECK(extent >= 0, op, ": shape ", shape_str(s), " has more elements than int64 can hold",
            has_zero ? " (not counting its zero-size dims, whose strides would overflow)" : "");
-  return has_zero ? 0 : extent_of(s);
+  return has_zero ? 0 : extent;
 }
 
 Shape contiguous_strides(const Shape& s) {

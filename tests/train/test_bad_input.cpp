@@ -124,14 +124,22 @@ TEST_CASE("bad input: classify refuses empty datasets") {
               "the training set has 0 images"});
 }
 
+namespace {
+// Runs `program` for 2 steps into `out`; returns the arguments that run used (--steps aside).
+std::string run_two_steps(const Data& data, const std::string& program, const TempDir& out) {
+  const std::string args = data.args(program) + "--out " + out.path().string() + " ";
+  const AppResult first = run_app(bin(program), args + "--steps 2");
+  REQUIRE_MESSAGE(first.rc == 0, first.output);
+  return args;
+}
+}  // namespace
+
 TEST_CASE("an earlier run's checkpoint is replaced only with --overwrite, continued only with --resume") {
   const Data data;
   for (const std::string program : {"classify", "segment", "wgan_gp"}) {
     CAPTURE(program);
     TempDir out;
-    const std::string args = data.args(program) + "--out " + out.path().string() + " ";
-    const AppResult first = run_app(bin(program), args + "--steps 2");
-    REQUIRE_MESSAGE(first.rc == 0, first.output);
+    const std::string args = run_two_steps(data, program, out);
     const std::string before = read_bytes(out.file("checkpoint.safetensors"));
     check_case({program, args + "--steps 2", "pass --resume to continue it, or --overwrite"});
     CHECK(read_bytes(out.file("checkpoint.safetensors")) == before);
@@ -148,8 +156,7 @@ TEST_CASE("--resume: metrics past the checkpoint are dropped, a history short of
   for (const std::string program : {"classify", "segment", "wgan_gp"}) {
     CAPTURE(program);
     TempDir out;
-    const std::string args = data.args(program) + "--out " + out.path().string() + " ";
-    REQUIRE(run_app(bin(program), args + "--steps 2").rc == 0);
+    const std::string args = run_two_steps(data, program, out);
     const std::string csv = read_bytes(out.file("metrics.csv"));
     const std::string last_row = csv.substr(csv.rfind('\n', csv.size() - 2) + 1);
 
