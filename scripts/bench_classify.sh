@@ -5,6 +5,7 @@
 #   scripts/bench_classify.sh [--epochs N] [--threads T] [--devices cpu] [--limit-steps K]
 #                             [--seed S] [--build DIR] [--data DIR]
 # --limit-steps K stops both after K steps (a quick smoke run); the lead runs the full benchmark.
+# PYTHON=... picks PyTorch's interpreter (default: PyTorch 2.15 from PyPI, scripts/bench_python.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,14 +24,15 @@ while [[ $# -gt 0 ]]; do
 done
 [[ -x "$build/apps/classify" ]] || { echo "bench_classify.sh: $build/apps/classify not built (--build DIR)" >&2; exit 2; }
 torch_device=${devices%%:*}  # PyTorch runs on one device of that kind
+python=${PYTHON:-$(bash scripts/bench_python.sh)}
 
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 echo "== evenflow classify: $epochs epoch(s), $threads thread(s), $devices, seed $seed" >&2
 "$build/apps/classify" --epochs "$epochs" --threads "$threads" --devices "$devices" --data "$data" \
   --steps "$limit" --seed "$seed" --out "$out/ef" >&2
-echo "== PyTorch $(/usr/bin/python3 -c 'import torch; print(torch.__version__)')" >&2
-/usr/bin/python3 scripts/classify_torch.py --epochs "$epochs" --threads "$threads" --device "$torch_device" \
+echo "== PyTorch $("$python" -c 'import torch; print(torch.__version__)')" >&2
+"$python" scripts/classify_torch.py --epochs "$epochs" --threads "$threads" --device "$torch_device" \
   --data "$data" --limit-steps "$limit" --seed "$seed" | tee "$out/torch.txt" >&2
 
 # metrics.csv: epoch,step,train_loss,test_loss,test_accuracy,seconds,images_per_s

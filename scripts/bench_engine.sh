@@ -2,23 +2,24 @@
 # Runs apps/bench_engine and the same cases in PyTorch, one after the other in this run, with the
 # same thread count, and prints both rates and the ratio (evenflow time / PyTorch time; < 1 means
 # evenflow is faster). Usage: scripts/bench_engine.sh [cpu|cuda] [threads]
+# PYTHON=... picks PyTorch's interpreter; the default on CPU is PyTorch 2.15 from PyPI
+# (scripts/bench_python.sh makes its venv), on CUDA the machine's python3.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 kind=${1:-cpu}
 threads=${2:-$(nproc)}
-python=${PYTHON:-python3}
-[[ -x /usr/bin/python3 && "$kind" == cpu ]] && python=${PYTHON:-/usr/bin/python3}
 if [[ "$kind" == cpu ]]; then
-  bash scripts/setup.sh --bench
+  python=${PYTHON:-$(bash scripts/bench_python.sh)}
   ef_device=cpu:0; torch_device=cpu
 else
+  python=${PYTHON:-python3}
   ef_device=cuda:0; torch_device=cuda
 fi
 [[ -x build/apps/bench_engine ]] || bash scripts/build.sh
 ours=$(mktemp); theirs=$(mktemp)
 OMP_NUM_THREADS=$threads build/apps/bench_engine --device "$ef_device" --threads "$threads" > "$ours"
 OMP_NUM_THREADS=$threads "$python" scripts/bench_torch.py --device "$torch_device" --threads "$threads" > "$theirs"
-echo "device $kind, $threads threads, $(date -u +%F)"
+echo "device $kind, $threads threads, $(date -u +%F), PyTorch $("$python" -c 'import torch; print(torch.__version__)')"
 printf "%-42s %12s %12s %8s\n" case evenflow pytorch "time ratio"
 join -t $'\t' <(sort "$ours") <(sort "$theirs") | sort -t $'\t' -k1,1 |
   awk -F'\t' '{printf "%-42s %8.2f %-4s %7.2f %-4s %8.2f\n", $1, $3, substr($4,1,4), $6, substr($7,1,4), $2/$5}'

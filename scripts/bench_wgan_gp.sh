@@ -5,7 +5,8 @@
 # steps) and the ratio evenflow / PyTorch (> 1: evenflow is faster).
 #   scripts/bench_wgan_gp.sh [--steps N] [--warmup W] [--devices cuda:0] [--threads T] [--norm layernorm]
 #                            [--batch-size B] [--seed S] [--build DIR] [--data DIR]
-#   PYTHON=/usr/bin/python3 scripts/bench_wgan_gp.sh ...   (the interpreter with torch; default python3)
+#   PYTHON=python3 scripts/bench_wgan_gp.sh ...   (PyTorch's interpreter; default: PyTorch 2.15 from PyPI
+#   made by scripts/bench_python.sh for CPU devices, python3 for CUDA ones)
 # Both run W warm-up generator steps (default 5) and then N timed ones (default 50). The app times every
 # step (no warm-up of its own) and writes cumulative seconds per step to metrics.csv, so its rate is
 # taken between the row of step W and the last row: N * batch * critic_steps / (seconds_last - seconds_W).
@@ -18,7 +19,6 @@ cd "$(dirname "$0")/.."
 
 steps=50 warmup=5 devices=cuda:0 threads=$(nproc) norm=layernorm batch=64 seed=0 build=build
 data=/usr/share/datasets/fashion-mnist
-python=${PYTHON:-python3}
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --steps) steps=$2; shift 2 ;;
@@ -36,6 +36,10 @@ done
 [[ -x "$build/apps/wgan_gp" ]] || { echo "bench_wgan_gp.sh: $build/apps/wgan_gp not built (--build DIR)" >&2; exit 2; }
 [[ "$steps" =~ ^[1-9][0-9]*$ ]] || { echo "bench_wgan_gp.sh: --steps must be a positive integer, got $steps" >&2; exit 2; }
 [[ "$warmup" =~ ^[0-9]+$ ]] || { echo "bench_wgan_gp.sh: --warmup must be a non-negative integer, got $warmup" >&2; exit 2; }
+case "$devices" in
+  cpu*) python=${PYTHON:-$(bash scripts/bench_python.sh)} ;;
+  *) python=${PYTHON:-python3} ;;
+esac
 case "$devices" in
   auto) torch_device=$("$python" -c 'import torch; print("cuda" if torch.cuda.is_available() else "cpu")') ;;
   cpu*) torch_device=cpu ;;

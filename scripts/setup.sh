@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Installs the Debian packages evenflow needs to build, test and run. Idempotent: installs only
-# what is missing. `--bench` also installs PyTorch for CPU (the benchmark's baseline), `--fuzz`
+# what is missing. `--fixtures` also installs Debian's PyTorch 1.13 (what
+# scripts/make_*_fixtures.py ran on; the benchmarks' PyTorch 2.15 is scripts/bench_python.sh's), `--fuzz`
 # clang and libclang-rt-dev (libFuzzer's and the sanitizers' runtimes, for scripts/fuzz.sh).
 set -euo pipefail
 
 packages=(build-essential cmake ninja-build pkg-config libeigen3-dev doctest-dev libcli11-dev
-          nlohmann-json3-dev libpng-dev zlib1g-dev libbenchmark-dev clang-format dataset-fashion-mnist)
-if [[ "${1:-}" == "--bench" ]]; then packages+=(python3-torch python3-numpy); fi
+          nlohmann-json3-dev libpng-dev zlib1g-dev libbenchmark-dev clang-format dataset-fashion-mnist
+          libdnnl-dev)
+if [[ "${1:-}" == "--fixtures" ]]; then packages+=(python3-torch python3-numpy); fi
 if [[ "${1:-}" == "--fuzz" ]]; then packages+=(clang libclang-rt-dev); fi
 
 missing=()
