@@ -1,6 +1,7 @@
-// bench_engine: GFLOP/s of matmul and conv2d, forward and forward+backward, and the bandwidth of an
-// elementwise add, on one device. scripts/bench_engine.sh runs the same shapes in PyTorch in the
-// same run and prints the ratios. Output: one line per case, "case<TAB>seconds<TAB>rate<TAB>unit".
+// bench_engine: GFLOP/s of matmul and conv2d, forward and forward+backward, the bandwidth of an
+// elementwise add, and the overhead per op of tiny tensors (µs), on one device.
+// scripts/bench_engine.sh runs the same cases in PyTorch in the same run and prints the ratios.
+// Output: one line per case, "case<TAB>seconds<TAB>rate<TAB>unit".
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -9,6 +10,7 @@
 
 #include "apps/common/program.h"
 #include "engine/ops.h"
+#include "optim/optimizer.h"
 
 namespace ef = evenflow;
 
@@ -35,6 +37,12 @@ double time_it(const std::function<void()>& fn, const ef::Device& d, double min_
 
 void report(const std::string& name, double seconds, double amount, const char* unit) {
   std::printf("%s\t%.6f\t%.2f\t%s\n", name.c_str(), seconds, amount / seconds / 1e9, unit);
+  std::fflush(stdout);
+}
+
+// For the overhead cases: seconds per op or step, shown in µs.
+void report_latency(const std::string& name, double seconds, double per) {
+  std::printf("%s\t%.9f\t%.3f\tus/op\n", name.c_str(), seconds / per, seconds / per * 1e6);
   std::fflush(stdout);
 }
 
@@ -93,6 +101,47 @@ int main(int argc, char** argv) {
              "GB/s");
       report("copy_bandwidth_64M", time_it([&] { ef::clone(a); }, d, min_seconds), 2.0 * 4.0 * static_cast<double>(n),
              "GB/s");
+    }
+
+    // What a small-batch step pays per op besides arithmetic: allocation, autograd nodes, dispatch.
+    if (only.empty() || std::string("overhead").find(only) != std::string::npos) {
+      constexpr int kAdds = 10000;
+      const ef::Tensor x = ef::randn({16}, o).requires_grad_();
+      const auto chain = [&] {
+        ef::Tensor y = x;
+        for (int i = 0; i < kAdds; ++i) y = y + x;
+        return y;
+      };
+      {
+        ef::NoGradGuard no_grad;
+        report_latency("overhead_add16_nograd", time_it([&] { chain(); }, d, min_seconds), kAdds);
+      }
+      report_latency("overhead_add16_autograd_fwd", time_it([&] { chain(); }, d, min_seconds), kAdds);
+      report_latency("overhead_add16_autograd_fwdbwd", time_it([&] { ef::sum(chain()).backward(); }, d, min_seconds),
+                     kAdds);
+      // A tiny MLP (16 → 32 → 32 → 1, batch 16) trained by Adam: forward, loss, backward, step.
+      std::vector<ef::Tensor> params;
+      for (auto [out, in] : {std::pair<int64_t, int64_t>{32, 16}, {32, 32}, {1, 32}}) {
+        params.push_back(ef::mul_scalar(ef::randn({out, in}, o), 0.1).requires_grad_());
+        params.push_back(ef::zeros({out}, o).requires_grad_());
+      }
+      ef::optim::Adam adam(params, {.lr = 1e-3});
+      const ef::Tensor input = ef::randn({16, 16}, o), target = ef::randn({16, 1}, o);
+      constexpr int kSteps = 100;
+      report_latency("overhead_mlp_adam_step",
+                     time_it(
+                         [&] {
+                           for (int i = 0; i < kSteps; ++i) {
+                             adam.zero_grad();
+                             ef::Tensor h = ef::relu(ef::linear(input, params[0], params[1]));
+                             h = ef::relu(ef::linear(h, params[2], params[3]));
+                             const ef::Tensor out = ef::linear(h, params[4], params[5]);
+                             ef::mean(ef::square(out - target)).backward();
+                             adam.step();
+                           }
+                         },
+                         d, min_seconds),
+                     kSteps);
     }
     return 0;
   });

@@ -22,5 +22,5 @@ OMP_NUM_THREADS=$threads "$python" scripts/bench_torch.py --device "$torch_devic
 echo "device $kind, $threads threads, $(date -u +%F), PyTorch $("$python" -c 'import torch; print(torch.__version__)')"
 printf "%-42s %12s %12s %8s\n" case evenflow pytorch "time ratio"
 join -t $'\t' <(sort "$ours") <(sort "$theirs") | sort -t $'\t' -k1,1 |
-  awk -F'\t' '{printf "%-42s %8.2f %-4s %7.2f %-4s %8.2f\n", $1, $3, substr($4,1,4), $6, substr($7,1,4), $2/$5}'
+  awk -F'\t' '{printf "%-42s %8.2f %-5s %7.2f %-5s %8.2f\n", $1, $3, substr($4,1,5), $6, substr($7,1,5), $2/$5}'
 rm -f "$ours" "$theirs"

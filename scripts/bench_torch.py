@@ -30,6 +30,10 @@ def report(name, seconds, amount, unit):
     print(f"{name}\t{seconds:.6f}\t{amount / seconds / 1e9:.2f}\t{unit}", flush=True)
 
 
+def report_latency(name, seconds, per):
+    print(f"{name}\t{seconds / per:.9f}\t{seconds / per * 1e6:.3f}\tus/op", flush=True)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--device", default="cpu")
@@ -82,6 +86,39 @@ def main():
         with torch.no_grad():
             report("add_bandwidth_64M", time_it(lambda: x + y, dev, a.min_seconds), 3.0 * 4 * n, "GB/s")
             report("copy_bandwidth_64M", time_it(lambda: x.clone(), dev, a.min_seconds), 2.0 * 4 * n, "GB/s")
+
+    if not a.only or a.only in "overhead":
+        adds = 10000
+        x = torch.randn(16, **kw).requires_grad_()
+
+        def chain():
+            y = x
+            for _ in range(adds):
+                y = y + x
+            return y
+        with torch.no_grad():
+            report_latency("overhead_add16_nograd", time_it(chain, dev, a.min_seconds), adds)
+        report_latency("overhead_add16_autograd_fwd", time_it(chain, dev, a.min_seconds), adds)
+        report_latency("overhead_add16_autograd_fwdbwd", time_it(lambda: chain().sum().backward(), dev, a.min_seconds),
+                       adds)
+        params = []
+        for out, inp in [(32, 16), (32, 32), (1, 32)]:
+            params.append((torch.randn(out, inp, **kw) * 0.1).requires_grad_())
+            params.append(torch.zeros(out, **kw).requires_grad_())
+        adam = torch.optim.Adam(params, lr=1e-3)  # PyTorch's default: the multi-tensor (foreach) step
+        inp, target = torch.randn(16, 16, **kw), torch.randn(16, 1, **kw)
+        steps = 100
+        F = torch.nn.functional
+
+        def train():
+            for _ in range(steps):
+                adam.zero_grad()
+                h = F.relu(F.linear(inp, params[0], params[1]))
+                h = F.relu(F.linear(h, params[2], params[3]))
+                out = F.linear(h, params[4], params[5])
+                ((out - target) ** 2).mean().backward()
+                adam.step()
+        report_latency("overhead_mlp_adam_step", time_it(train, dev, a.min_seconds), steps)
     return 0
 
 
