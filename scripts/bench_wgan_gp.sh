@@ -10,8 +10,9 @@
 # Both run W warm-up generator steps (default 5) and then N timed ones (default 50). The app times every
 # step (no warm-up of its own) and writes cumulative seconds per step to metrics.csv, so its rate is
 # taken between the row of step W and the last row: N * batch * critic_steps / (seconds_last - seconds_W).
-# Sampling and the Frechet distance are kept out of the run (--sample-every/--fid-every past the end,
-# --classifier /nonexistent); what the app does after its last step is not timed.
+# Sampling and the Frechet distance are kept out of the run (--sample-every/--fid-every past the end);
+# what the app does after its last step (a last sample, and a Frechet distance when
+# runs/classify/model.safetensors exists) is not timed.
 # PyTorch runs on one device, the first --devices names (cuda:0,1 -> cuda:0; cpu:N -> cpu); with
 # several devices the ratio is evenflow data-parallel against PyTorch's single-device step.
 set -euo pipefail
@@ -54,7 +55,7 @@ trap 'rm -rf "$out"' EXIT
 echo "== evenflow wgan_gp: $warmup warm-up + $steps timed generator steps, $devices, $threads thread(s), norm $norm, batch $batch" >&2
 "$build/apps/wgan_gp" --steps "$total" --devices "$devices" --threads "$threads" --norm "$norm" \
   --batch-size "$batch" --critic-steps "$critic_steps" --seed "$seed" --data "$data" \
-  --sample-every 1000000000 --fid-every 1000000000 --classifier /nonexistent --out "$out/ef" >&2
+  --sample-every 1000000000 --fid-every 1000000000 --out "$out/ef" >&2
 echo "== PyTorch $("$python" -c 'import torch; print(torch.__version__)') on $torch_device" >&2
 "$python" scripts/wgan_gp_torch.py --steps "$steps" --warmup "$warmup" --device "$torch_device" --threads "$threads" \
   --norm "$norm" --batch-size "$batch" --critic-steps "$critic_steps" --seed "$seed" --data "$data" |

@@ -526,6 +526,20 @@ void softmax_typed(T* out, const T* x, int64_t rows, int64_t cols, bool log) {
 template <typename T>
 void max_pool2d_typed(const PoolArgs& a, T* out, int64_t* indices, const T* x) {
   const int64_t planes = a.n * a.c, plane_out = a.oh * a.ow;
+  // Each window's rows [i0, i1) and columns [j0, j1) that lie inside the image, computed once per
+  // call so the inner loops carry no bounds tests (they took 10% of a classify step inline).
+  const auto window = [](int64_t o, int64_t stride, int64_t pad, int64_t dil, int64_t k, int64_t size) {
+    const int64_t start = o * stride - pad;
+    int64_t lo = 0, hi = k;
+    while (lo < k && start + lo * dil < 0) ++lo;
+    while (hi > lo && start + (hi - 1) * dil >= size) --hi;
+    return std::array<int64_t, 3>{start, lo, hi};
+  };
+  std::vector<std::array<int64_t, 3>> rows(static_cast<size_t>(a.oh)), cols(static_cast<size_t>(a.ow));
+  for (int64_t oh = 0; oh < a.oh; ++oh)
+    rows[static_cast<size_t>(oh)] = window(oh, a.stride_h, a.pad_h, a.dil_h, a.kh, a.h);
+  for (int64_t ow = 0; ow < a.ow; ++ow)
+    cols[static_cast<size_t>(ow)] = window(ow, a.stride_w, a.pad_w, a.dil_w, a.kw, a.w);
   [[maybe_unused]] const int nt = threads_for(planes * plane_out * a.kh * a.kw);
 #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
   for (int64_t p = 0; p < planes; ++p) {
@@ -533,26 +547,29 @@ void max_pool2d_typed(const PoolArgs& a, T* out, int64_t* indices, const T* x) {
     T* op = out + p * plane_out;
     int64_t* ip = indices + p * plane_out;
     for (int64_t oh = 0; oh < a.oh; ++oh) {
+      const auto [h0, i0, i1] = rows[static_cast<size_t>(oh)];
       for (int64_t ow = 0; ow < a.ow; ++ow) {
+        const auto [w0, j0, j1] = cols[static_cast<size_t>(ow)];
+        // An empty window (padding wider than the kernel reaches) gives -inf at index 0.
         T best = -std::numeric_limits<T>::infinity();
-        int64_t best_i = -1;
-        for (int64_t i = 0; i < a.kh; ++i) {
-          const int64_t ih = oh * a.stride_h - a.pad_h + i * a.dil_h;
-          if (ih < 0 || ih >= a.h) continue;
-          for (int64_t j = 0; j < a.kw; ++j) {
-            const int64_t iw = ow * a.stride_w - a.pad_w + j * a.dil_w;
-            if (iw < 0 || iw >= a.w) continue;
-            const T v = xp[ih * a.w + iw];
-            // The first valid element always takes the slot (so -inf inputs get an index); a NaN
-            // wins and then keeps it.
-            if (best_i < 0 || ((v > best || v != v) && best == best)) {
+        int64_t best_i = 0;
+        bool first = true;
+        for (int64_t i = i0; i < i1; ++i) {
+          const int64_t row = (h0 + i * a.dil_h) * a.w;
+          for (int64_t j = j0; j < j1; ++j) {
+            const int64_t at = row + w0 + j * a.dil_w;
+            const T v = xp[at];
+            // The first element always takes the slot (so -inf inputs get an index); a NaN wins
+            // and then keeps it.
+            if (first || ((v > best || v != v) && best == best)) {
               best = v;
-              best_i = ih * a.w + iw;
+              best_i = at;
+              first = false;
             }
           }
         }
         op[oh * a.ow + ow] = best;
-        ip[oh * a.ow + ow] = std::max<int64_t>(best_i, 0);
+        ip[oh * a.ow + ow] = best_i;
       }
     }
   }
