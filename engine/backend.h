@@ -52,6 +52,17 @@ struct GemmArgs {
   double alpha = 1.0, beta = 0.0;
 };
 
+// One Adam or AdamW step on one parameter, in the order of the unfused formula (so both agree
+// bitwise on the CPU), every scalar rounded to the parameter's dtype:
+//   p ← p·decay;  g ← grad + weight_decay·p;  m ← β1·m + (1-β1)·g;  v ← β2·v + (1-β2)·g²;
+//   s ← amsgrad ? (v_max ← max(v_max, v)) : v;  p ← p + step·m / (√s·inv_bias_correction2_sqrt + eps)
+// with step = -lr / bias_correction1 (the caller computes the scalars).
+struct AdamArgs {
+  double decay = 1, weight_decay = 0, beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+  double inv_bias_correction2_sqrt = 1, step = 0;
+  bool amsgrad = false;
+};
+
 // 2-D convolution geometry, NCHW input, OIHW weight (O = c_out, I = c_in / groups).
 struct ConvArgs {
   int64_t n = 0, c_in = 0, h = 0, w = 0;
@@ -117,6 +128,11 @@ class Backend {
   // index_select / index_add along `dim` with a 1-D int64 index; index_add adds into out.
   virtual void index_select(const View& out, const View& x, int dim, const View& index) = 0;
   virtual void index_add(const View& out, int dim, const View& index, const View& src) = 0;
+
+  // The fused optimizer step of AdamArgs, in place on param, exp_avg, exp_avg_sq (and
+  // max_exp_avg_sq when amsgrad; otherwise it is an empty view). All contiguous, one shape, one dtype.
+  virtual void adam(const AdamArgs& args, const View& param, const View& grad, const View& exp_avg,
+                    const View& exp_avg_sq, const View& max_exp_avg_sq) = 0;
 
   // Fills a contiguous view with random::sample(kind, a, b, seed, offset + i).
   virtual void random(const View& out, RandomKind kind, double a, double b, uint64_t seed, uint64_t offset) = 0;

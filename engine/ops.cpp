@@ -873,4 +873,38 @@ void mul_(const Tensor& x, double s) {
   bump(x);
 }
 
+void adam_(const AdamArgs& args, const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
+           const Tensor& exp_avg_sq, const Tensor& max_exp_avg_sq) {
+  check_inplace("adam_", param);
+  detail::check_float("adam_", param, "param");
+  std::vector<std::pair<const char*, const Tensor*>> operands{
+      {"grad", &grad}, {"exp_avg", &exp_avg}, {"exp_avg_sq", &exp_avg_sq}};
+  if (args.amsgrad) operands.emplace_back("max_exp_avg_sq", &max_exp_avg_sq);
+  for (const auto& [what, t] : operands) {
+    detail::check_compatible("adam_", param, *t, "param", what);
+    EF_CHECK(t->shape() == param.shape(), "adam_: ", what, " has shape ", shape_str(t->shape()), " but param has ",
+             shape_str(param.shape()));
+  }
+  if (param.numel() == 0) return;
+  // The kernel walks flat memory: strided operands go through contiguous copies, written back.
+  std::vector<Tensor> flat{param, grad.detach(), exp_avg, exp_avg_sq, args.amsgrad ? max_exp_avg_sq : param};
+  const bool copies = std::any_of(flat.begin(), flat.end(), [](const Tensor& t) { return !t.is_contiguous(); });
+  if (copies) {
+    NoGradGuard no_grad;
+    for (Tensor& t : flat) t = t.detach().contiguous();
+  }
+  backend_of(param).adam(args, flat[0].view(), flat[1].view(), flat[2].view(), flat[3].view(),
+                         args.amsgrad ? flat[4].view() : View{});
+  const Tensor* updated[] = {&param, &exp_avg, &exp_avg_sq, args.amsgrad ? &max_exp_avg_sq : nullptr};
+  const size_t slot[] = {0, 2, 3, 4};
+  for (size_t i = 0; i < 4; ++i) {
+    if (updated[i] == nullptr) continue;
+    if (copies && !updated[i]->is_contiguous()) {
+      NoGradGuard no_grad;
+      copy_(updated[i]->detach(), flat[slot[i]]);
+    }
+    bump(*updated[i]);
+  }
+}
+
 }  // namespace evenflow

@@ -177,6 +177,10 @@ void fill_(const Tensor& x, double v);
 void copy_(const Tensor& dst, const Tensor& src);
 void add_(const Tensor& x, const Tensor& other, double alpha = 1.0);
 void mul_(const Tensor& x, double s);
+// One fused Adam/AdamW step (AdamArgs, engine/backend.h) on param, exp_avg, exp_avg_sq and, with
+// amsgrad, max_exp_avg_sq: one pass instead of ten kernels. All on one device, one dtype, one shape.
+void adam_(const AdamArgs& args, const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
+           const Tensor& exp_avg_sq, const Tensor& max_exp_avg_sq = Tensor());
 
 // --- Operators -------------------------------------------------------------------------------------
 inline Tensor operator+(const Tensor& a, const Tensor& b) {

@@ -201,32 +201,24 @@ std::vector<std::string> Adam::state_names() const {
   return {"exp_avg", "exp_avg_sq"};
 }
 
-void Adam::update(size_t i, const Tensor& p, const Tensor& g_in, int64_t step) {
+void Adam::update(size_t i, const Tensor& p, const Tensor& g, int64_t step) {
   const auto [beta1, beta2] = o_.betas;
-  Tensor g = g_in;
-  if (decoupled_) {
-    p.mul_(1 - lr() * weight_decay_);
-  } else if (weight_decay_ != 0) {
-    g = g + p * weight_decay_;
-  }
+  const double bias_correction1 = 1 - std::pow(beta1, static_cast<double>(step));
+  const double bias_correction2_sqrt = std::sqrt(1 - std::pow(beta2, static_cast<double>(step)));
+  AdamArgs a;
+  a.decay = decoupled_ ? 1 - lr() * weight_decay_ : 1;
+  a.weight_decay = decoupled_ ? 0 : weight_decay_;
+  a.beta1 = beta1;
+  a.beta2 = beta2;
+  a.eps = o_.eps;
+  a.inv_bias_correction2_sqrt = 1.0 / bias_correction2_sqrt;
+  a.step = -lr() / bias_correction1;
+  a.amsgrad = o_.amsgrad;
   const auto zeros = [&] { return zeros_like(p); };
   const Tensor exp_avg = state_tensor(i, "exp_avg", zeros);
   const Tensor exp_avg_sq = state_tensor(i, "exp_avg_sq", zeros);
-  exp_avg.mul_(beta1);
-  exp_avg.add_(g, 1 - beta1);
-  exp_avg_sq.mul_(beta2);
-  exp_avg_sq.add_(square(g), 1 - beta2);
-
-  const double bias_correction1 = 1 - std::pow(beta1, static_cast<double>(step));
-  const double bias_correction2_sqrt = std::sqrt(1 - std::pow(beta2, static_cast<double>(step)));
-  Tensor second = exp_avg_sq;
-  if (o_.amsgrad) {
-    const Tensor max_sq = state_tensor(i, "max_exp_avg_sq", zeros);
-    max_sq.copy_(maximum(max_sq, exp_avg_sq));
-    second = max_sq;
-  }
-  const Tensor denom = sqrt(second) / bias_correction2_sqrt + o_.eps;
-  p.add_(exp_avg / denom, -lr() / bias_correction1);
+  const Tensor max_exp_avg_sq = o_.amsgrad ? state_tensor(i, "max_exp_avg_sq", zeros) : Tensor();
+  adam_(a, p, g, exp_avg, exp_avg_sq, max_exp_avg_sq);
 }
 
 }  // namespace evenflow::optim

@@ -576,6 +576,38 @@ void max_pool2d_typed(const PoolArgs& a, T* out, int64_t* indices, const T* x) {
 }
 
 // ------------------------------------------------------------------------------------------------
+// The fused Adam step (AdamArgs): one pass over the four tensors instead of ten kernels and five
+// temporaries, which on classify's 3.2M-parameter layer were a fifth of the step.
+
+template <typename T>
+void adam_typed(const AdamArgs& a, int64_t n, T* p, const T* grad, T* m, T* v, T* v_max) {
+  const T decay = T(a.decay), wd = T(a.weight_decay), b1 = T(a.beta1), b2 = T(a.beta2);
+  const T one_minus_b1 = T(1 - a.beta1), one_minus_b2 = T(1 - a.beta2), eps = T(a.eps);
+  const T inv_bc2 = T(a.inv_bias_correction2_sqrt), step = T(a.step);
+  const bool decoupled = a.decay != 1, l2 = a.weight_decay != 0;
+  [[maybe_unused]] const int nt = threads_for(n * 8);
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    T pi = p[i];
+    if (decoupled) pi = pi * decay;
+    T g = grad[i];
+    if (l2) g = g + pi * wd;
+    const T mi = m[i] * b1 + g * one_minus_b1;
+    const T vi = v[i] * b2 + (g * g) * one_minus_b2;
+    T second = vi;
+    if (v_max) {
+      // maximum() propagates NaN.
+      second = (v_max[i] != v_max[i] || v_max[i] > vi) ? v_max[i] : vi;
+      v_max[i] = second;
+    }
+    const T denom = std::sqrt(second) * inv_bc2 + eps;
+    p[i] = pi + (mi / denom) * step;
+    m[i] = mi;
+    v[i] = vi;
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
 // Indexing. Indices are checked before any parallel loop: an exception must not leave an OpenMP
 // region.
 
@@ -722,6 +754,16 @@ class CpuBackend final : public Backend {
     EF_DISPATCH_FLOAT(x.dtype, "max_pool2d", [&] {
       max_pool2d_typed(args, static_cast<scalar_t*>(out.data), static_cast<int64_t*>(indices.data),
                        static_cast<const scalar_t*>(x.data));
+    });
+  }
+
+  void adam(const AdamArgs& args, const View& param, const View& grad, const View& exp_avg, const View& exp_avg_sq,
+            const View& max_exp_avg_sq) override {
+    EF_DISPATCH_FLOAT(param.dtype, "adam", [&] {
+      adam_typed<scalar_t>(args, param.numel(), static_cast<scalar_t*>(param.data),
+                           static_cast<const scalar_t*>(grad.data), static_cast<scalar_t*>(exp_avg.data),
+                           static_cast<scalar_t*>(exp_avg_sq.data),
+                           args.amsgrad ? static_cast<scalar_t*>(max_exp_avg_sq.data) : nullptr);
     });
   }
 

@@ -56,6 +56,8 @@ class CudaBackend final : public Backend {
   void unary(UnaryOp op, const View& out, const View& x, double a, double b) override;
   void binary(BinaryOp op, const View& out, const View& x, const View& y) override;
   void where(const View& out, const View& cond, const View& x, const View& y) override;
+  void adam(const AdamArgs& args, const View& param, const View& grad, const View& exp_avg, const View& exp_avg_sq,
+            const View& max_exp_avg_sq) override;
   void reduce(ReduceOp op, const View& out, const View& x) override;
   void gemm(const GemmArgs& args) override;
   void softmax(const View& out, const View& x, bool log) override;

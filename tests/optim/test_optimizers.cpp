@@ -239,3 +239,33 @@ TEST_CASE("clip_grad_norm_ matches PyTorch") {
   CHECK(clip_grad_norm_({zeros({2}, {.requires_grad = true})}, 1.0) == 0.0);
   CHECK(error_of([] { clip_grad_norm_({}, -1.0); }) == "clip_grad_norm_: max_norm must be non-negative, got -1");
 }
+
+TEST_CASE("the fused Adam step updates strided parameters and state like contiguous ones") {
+  for (const DType dt : {kFloat32, kFloat64}) {
+    manual_seed(3);
+    const Tensor base = randn({5, 7}, {.dtype = dt});
+    const Tensor grad = randn({7, 5}, {.dtype = dt});
+    // The same values twice: once as a transposed (strided) view, once contiguous.
+    const Tensor strided = transpose(base.clone(), 0, 1).requires_grad_();
+    const Tensor dense = transpose(base, 0, 1).contiguous().requires_grad_();
+    REQUIRE_FALSE(strided.is_contiguous());
+    Adam a({strided}, {.lr = 0.1, .weight_decay = 0.01, .amsgrad = true});
+    Adam b({dense}, {.lr = 0.1, .weight_decay = 0.01, .amsgrad = true});
+    for (int step = 0; step < 3; ++step) {
+      strided.set_grad(grad * static_cast<double>(step + 1));
+      dense.set_grad(grad * static_cast<double>(step + 1));
+      a.step();
+      b.step();
+    }
+    CHECK(compare(strided, dense, 0, 0).empty());
+    CHECK_FALSE(compare(dense, transpose(base, 0, 1), 0, 0).empty());  // it moved
+  }
+}
+
+TEST_CASE("adam_ names a mismatched operand") {
+  const Tensor p = zeros({3}), g = zeros({4}), m = zeros({3}), v = zeros({3});
+  CHECK(error_of([&] { adam_(AdamArgs{}, p, g, m, v); }).find("adam_: grad has shape [4] but param has [3]") == 0);
+  CHECK(error_of([&] {
+          adam_(AdamArgs{}, p, zeros({3}, {.dtype = kFloat64}), m, v);
+        }).find("adam_: param is float32") == 0);
+}
