@@ -407,13 +407,17 @@ int run(const Args& a) {
   while (progress.step < a.steps) {
     const auto t0 = Clock::now();
     Row row;
+    // Losses and estimates stay on their devices until the generator step is queued: the host
+    // reads them once a generator step, not once per critic step (a read waits for the device).
+    std::vector<Tensor> critic_losses;
+    std::vector<std::pair<Tensor, double>> distances;  // the last critic step's, per replica, with its batch share
     for (int64_t k = 0; k < a.critic_steps; ++k) {
       const Tensor real = next_real();
       const int64_t n = real.size(0);
       const Tensor z = ef::randn({n, a.z_dim}, {.dtype = dtype});
       const Tensor eps = ef::rand({n, 1, 1, 1}, {.dtype = dtype});
       const Tensor noise = ef::rand(real.shape(), {.dtype = dtype});
-      const double real_std = std::sqrt(ef::var(ef::flatten(real), {0}).item());
+      const double real_std = a.penalty == "dragan" ? std::sqrt(ef::var(ef::flatten(real), {0}).item()) : 0.0;
       const auto reals = critic.scatter(real), zs = gen.scatter(z), epss = critic.scatter(eps),
                  noises = critic.scatter(noise);
       par::PerDevice<Tensor> fakes;
@@ -423,12 +427,12 @@ int run(const Args& a) {
       }
       std::vector<int64_t> sizes;
       for (const Tensor& r : reals) sizes.push_back(r.size(0));
-      std::vector<double> distance(reals.size());
+      std::vector<Tensor> distance(reals.size());
       const Tensor loss = criterion(
           [&](int r) {
             nn::Module& d = critic.replica(r);
             const Tensor d_real = d(reals[r]), d_fake = d(fakes[r]);
-            distance[static_cast<size_t>(r)] = (ef::mean(d_real) - ef::mean(d_fake)).item();
+            distance[static_cast<size_t>(r)] = (ef::mean(d_real) - ef::mean(d_fake)).detach();
             return ef::losses::wasserstein_critic_loss(d_real, d_fake) +
                    penalty(a, d, reals[r], fakes[r], epss[r], noises[r], real_std);
           },
@@ -436,15 +440,11 @@ int run(const Args& a) {
       opt_d.zero_grad();
       loss.backward();
       opt_d.step();
-      row.critic_loss = loss.item();
-      ef::apps::check_finite_loss(row.critic_loss, progress.step + 1, "critic loss");
-      row.wasserstein = 0;
+      critic_losses.push_back(loss.detach());
+      distances.clear();
       for (size_t r = 0; r < sizes.size(); ++r)
-        row.wasserstein += distance[r] * static_cast<double>(sizes[r]) / static_cast<double>(n);
+        distances.emplace_back(distance[r], static_cast<double>(sizes[r]) / static_cast<double>(n));
       images_seen += n;
-      if (a.print_loss)
-        std::printf("step %" PRId64 " critic %d loss %.17g\n", progress.step + 1, static_cast<int>(k + 1),
-                    row.critic_loss);
     }
     {
       const Tensor z = ef::randn({a.batch_size, a.z_dim}, {.dtype = dtype});
@@ -459,6 +459,17 @@ int run(const Args& a) {
       loss.backward();
       opt_g.step();
       set_critic_trainable(true);
+      // The step's host reads, in the order the losses arose (a NaN stops the run before any save).
+      for (size_t k = 0; k < critic_losses.size(); ++k) {
+        row.critic_loss = critic_losses[k].item();
+        ef::apps::check_finite_loss(row.critic_loss, progress.step + 1, "critic loss");
+        if (a.print_loss)
+          std::printf("step %" PRId64 " critic %d loss %.17g\n", progress.step + 1, static_cast<int>(k + 1),
+                      row.critic_loss);
+      }
+      // The Wasserstein estimate of the last critic step, chunk-weighted over the replicas.
+      row.wasserstein = 0;
+      for (const auto& [distance, share] : distances) row.wasserstein += distance.item() * share;
       row.generator_loss = loss.item();
       ef::apps::check_finite_loss(row.generator_loss, progress.step + 1, "generator loss");
       if (a.print_loss) std::printf("step %" PRId64 " generator loss %.17g\n", progress.step + 1, row.generator_loss);
