@@ -6,8 +6,8 @@
 set -euo pipefail
 venv=${EF_BENCH_VENV:-$HOME/.cache/evenflow/torch-2.15.0}
 version=2.15.0
-if ! "$venv/bin/python" -c "import sys, torch; sys.exit(torch.__version__.split('+')[0] != '$version')" 2>/dev/null; then
-  echo "bench_python: installing torch==$version and numpy into $venv (about 3 GB, once)" >&2
+if ! "$venv/bin/python" -c "import sys, numpy, safetensors, torch; sys.exit(torch.__version__.split('+')[0] != '$version')" 2>/dev/null; then
+  echo "bench_python: installing torch==$version, numpy and safetensors into $venv (about 3 GB, once)" >&2
   if ! python3 -c "import ensurepip" 2>/dev/null; then
     sudo_cmd=()
     if [[ $(id -u) -ne 0 ]]; then sudo_cmd=(sudo); fi
@@ -15,6 +15,6 @@ if ! "$venv/bin/python" -c "import sys, torch; sys.exit(torch.__version__.split(
     DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends python3-venv >&2
   fi
   python3 -m venv "$venv" >&2
-  "$venv/bin/pip" install -q "torch==$version" numpy >&2
+  "$venv/bin/pip" install -q "torch==$version" numpy safetensors >&2
 fi
 echo "$venv/bin/python"

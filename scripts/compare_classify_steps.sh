@@ -5,7 +5,7 @@
 # drift apart without a trend (float32 rounding grows chaotically; a wrong gradient would show a
 # difference from step 1).
 #   scripts/compare_classify_steps.sh [--build DIR] [--steps N] [--seed S]
-# Needs PyTorch (Debian's python3-torch) and safetensors on PYTHONPATH.
+# PYTHON=... picks PyTorch's interpreter (default: PyTorch 2.15 from PyPI, scripts/bench_python.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=build steps=200 seed=0
@@ -21,7 +21,8 @@ done
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 "$build/apps/classify_steps" --init "$tmp/init.safetensors" --steps "$steps" --seed "$seed" > "$tmp/ours.txt"
-${PYTHON:-/usr/bin/python3} scripts/classify_steps_torch.py --init "$tmp/init.safetensors" --steps "$steps" > "$tmp/theirs.txt"
+python=${PYTHON:-$(bash scripts/bench_python.sh)}
+"$python" scripts/classify_steps_torch.py --init "$tmp/init.safetensors" --steps "$steps" > "$tmp/theirs.txt"
 printf '%-6s %14s %14s %12s\n' step evenflow pytorch "rel. diff"
 paste "$tmp/ours.txt" "$tmp/theirs.txt" |
   awk -v n="$steps" '$1 < 3 || $1 == 4 || $1 == 9 || $1 % 25 == 24 || $1 == n - 1 {
