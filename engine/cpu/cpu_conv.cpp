@@ -4,6 +4,7 @@
 // Eigen, whose GEMM templates dominate build time.
 #include "engine/cpu/cpu_conv.h"
 
+#include "engine/cpu/onednn_conv.h"
 #include "engine/cpu/threads.h"
 
 // GCC 12 reports false (maybe-)uninitialized uses inside its own AVX-512 intrinsics (the
@@ -667,6 +668,11 @@ void gemm(const GemmArgs& args) {
 void conv2d_forward(const ConvArgs& args, const View& y, const View& x, const View& w) {
   check_conv("conv2d", args, x, w);
   EF_ASSERT(y.is_contiguous() && y.dtype == x.dtype, "conv2d: bad output view");
+#if EF_ONEDNN
+  if (x.dtype == DType::Float32 && onednn_takes(args, ConvPass::Forward))
+    return onednn_conv2d_forward(args, static_cast<float*>(y.data), static_cast<const float*>(x.data),
+                                 static_cast<const float*>(w.data));
+#endif
   EF_DISPATCH_FLOAT(x.dtype, "conv2d", [&] {
     conv_forward_typed(args, static_cast<scalar_t*>(y.data), static_cast<const scalar_t*>(x.data),
                        static_cast<const scalar_t*>(w.data));
@@ -676,6 +682,11 @@ void conv2d_forward(const ConvArgs& args, const View& y, const View& x, const Vi
 void conv2d_input_grad(const ConvArgs& args, const View& gx, const View& gy, const View& w) {
   check_conv("conv2d_input_grad", args, gy, w);
   EF_ASSERT(gx.is_contiguous() && gx.dtype == gy.dtype, "conv2d_input_grad: bad output view");
+#if EF_ONEDNN
+  if (gy.dtype == DType::Float32 && onednn_takes(args, ConvPass::InputGrad))
+    return onednn_conv2d_input_grad(args, static_cast<float*>(gx.data), static_cast<const float*>(gy.data),
+                                    static_cast<const float*>(w.data));
+#endif
   EF_DISPATCH_FLOAT(gy.dtype, "conv2d_input_grad", [&] {
     conv_input_grad_typed(args, static_cast<scalar_t*>(gx.data), static_cast<const scalar_t*>(gy.data),
                           static_cast<const scalar_t*>(w.data));
@@ -685,6 +696,11 @@ void conv2d_input_grad(const ConvArgs& args, const View& gx, const View& gy, con
 void conv2d_weight_grad(const ConvArgs& args, const View& gw, const View& x, const View& gy) {
   check_conv("conv2d_weight_grad", args, x, gy);
   EF_ASSERT(gw.is_contiguous() && gw.dtype == x.dtype, "conv2d_weight_grad: bad output view");
+#if EF_ONEDNN
+  if (x.dtype == DType::Float32 && onednn_takes(args, ConvPass::WeightGrad))
+    return onednn_conv2d_weight_grad(args, static_cast<float*>(gw.data), static_cast<const float*>(x.data),
+                                     static_cast<const float*>(gy.data));
+#endif
   EF_DISPATCH_FLOAT(x.dtype, "conv2d_weight_grad", [&] {
     conv_weight_grad_typed(args, static_cast<scalar_t*>(gw.data), static_cast<const scalar_t*>(x.data),
                            static_cast<const scalar_t*>(gy.data));

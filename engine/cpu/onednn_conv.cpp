@@ -1,0 +1,298 @@
+// float32 convolution through oneDNN (Note [oneDNN convolution]): one primitive per geometry, pass
+// and team size, created once and kept, with the reorders between our plain NCHW / OIHW layout and
+// the blocked layouts the primitive runs on.
+#include "engine/cpu/onednn_conv.h"
+
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdlib>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+
+#include "engine/cpu/threads.h"
+#include "engine/device.h"
+#include "engine/error.h"
+
+namespace evenflow::cpu_backend {
+
+// Note [oneDNN convolution]
+// - Threads. oneDNN's OpenMP runtime runs a primitive on omp_get_max_threads() of the calling
+//   thread, which run() sets to num_threads(); a device thread with a team of one runs oneDNN
+//   serially. Some of its kernels choose their blocking for the team size at creation, so the team
+//   size is part of the cache key.
+// - Concurrency. Each CPU device is its own thread, and devices convolve at once. Primitives and
+//   the engine may be shared between threads; streams may not (one per thread). oneDNN's own
+//   scratchpad is shared between primitives unless the library was built for concurrent execution
+//   (Debian's is not), so every primitive takes a user scratchpad: this thread's workspace.
+// - Layouts. Each primitive is created with format_tag::any, so it picks the layouts its fastest
+//   kernel wants (nChw16c, OIhw16i16o, ... on AVX-512); operands whose layout differs from ours
+//   go through a reorder into or out of the workspace. Primitives on our plain layouts were
+//   measured too: oneDNN then mostly runs im2col + GEMM, slower on every pass of the benchmark and
+//   training shapes (classify conv2's forward at 1 thread: 93 GFLOP/s vs 210) but one: the input
+//   gradient of a 1-channel input (48 vs 42), too small a share of classify's and wgan_gp's work
+//   to keep a second layout for; it stays on our kernels (Note [oneDNN convolution dispatch]).
+// - Weights change every step, so their reorder runs on every call, like the data's.
+
+namespace {
+
+using Tag = dnnl::memory::format_tag;
+using Dims = dnnl::memory::dims;
+
+const dnnl::engine& cpu_engine() {
+  static const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  return engine;
+}
+
+dnnl::stream& thread_stream() {
+  thread_local dnnl::stream stream(cpu_engine());
+  return stream;
+}
+
+// A buffer that grows and is kept, one per calling thread: scratchpads and reordered operands.
+std::byte* workspace(size_t bytes) {
+  struct Buffer {
+    void* data = nullptr;
+    size_t size = 0;
+    ~Buffer() { std::free(data); }
+  };
+  thread_local Buffer buf;
+  if (buf.size < bytes) {
+    std::free(buf.data);
+    buf.size = 0;
+    buf.data = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+    EF_CHECK(buf.data != nullptr, "conv2d: out of memory allocating a ", bytes, "-byte oneDNN workspace");
+    buf.size = bytes;
+  }
+  return static_cast<std::byte*>(buf.data);
+}
+
+size_t round_up(size_t bytes) {
+  return (bytes + 63) / 64 * 64;
+}
+
+// Every field of ConvArgs, the pass and the team size.
+using Key = std::array<int64_t, 18>;
+
+Key make_key(const ConvArgs& a, ConvPass pass, int threads) {
+  return {a.n,
+          a.c_in,
+          a.h,
+          a.w,
+          a.c_out,
+          a.kh,
+          a.kw,
+          a.oh,
+          a.ow,
+          a.stride_h,
+          a.stride_w,
+          a.pad_h,
+          a.pad_w,
+          a.dil_h,
+          a.dil_w,
+          a.groups,
+          static_cast<int64_t>(pass),
+          threads};
+}
+
+struct KeyHash {
+  size_t operator()(const Key& k) const {
+    size_t h = 0;
+    for (int64_t v : k) h = h * 1000003u ^ std::hash<int64_t>{}(v);
+    return h;
+  }
+};
+
+// One operand of a convolution: our plain layout, the primitive's, and the reorder between them
+// (plain -> primitive for inputs, primitive -> plain for the output; empty when they agree).
+struct Operand {
+  int arg = 0;
+  dnnl::memory::desc plain, used;
+  dnnl::reorder reorder;
+  size_t offset = 0;  // of the reordered copy in the workspace
+};
+
+struct Plan {
+  dnnl::primitive conv;
+  Operand in0, in1, out;
+  dnnl::memory::desc scratch;  // bytes, the largest scratchpad of the convolution and its reorders
+  size_t workspace_bytes = 0;  // the scratchpad at offset 0, then the reordered operands
+};
+
+dnnl::memory::desc plain_desc(const Dims& dims) {
+  return dnnl::memory::desc(dims, dnnl::memory::data_type::f32,
+                            dims.size() == 5 ? Tag::goihw : Tag::nchw);  // nchw and oihw are one tag
+}
+
+dnnl::memory::desc any_desc(const Dims& dims) {
+  return dnnl::memory::desc(dims, dnnl::memory::data_type::f32, Tag::any);
+}
+
+Plan make_plan(const ConvArgs& a, ConvPass pass) {
+  const Dims src{a.n, a.c_in, a.h, a.w}, dst{a.n, a.c_out, a.oh, a.ow};
+  const Dims wei = a.groups == 1 ? Dims{a.c_out, a.c_in, a.kh, a.kw}
+                                 : Dims{a.groups, a.c_out / a.groups, a.c_in / a.groups, a.kh, a.kw};
+  // oneDNN counts dilation from 0 and wants the right padding that makes the output size exact.
+  const Dims strides{a.stride_h, a.stride_w}, dilates{a.dil_h - 1, a.dil_w - 1}, pad_l{a.pad_h, a.pad_w};
+  const Dims pad_r{(a.oh - 1) * a.stride_h + (a.kh - 1) * a.dil_h + 1 - a.h - a.pad_h,
+                   (a.ow - 1) * a.stride_w + (a.kw - 1) * a.dil_w + 1 - a.w - a.pad_w};
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  const dnnl::engine& eng = cpu_engine();
+  const auto algo = dnnl::algorithm::convolution_direct;
+  const dnnl::convolution_forward::primitive_desc fwd(
+      dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, algo, any_desc(src), any_desc(wei),
+                                      any_desc(dst), strides, dilates, pad_l, pad_r),
+      attr, eng);
+
+  Plan plan;
+  dnnl::memory::desc scratch;
+  switch (pass) {
+    case ConvPass::Forward:
+      plan.conv = dnnl::convolution_forward(fwd);
+      scratch = fwd.scratchpad_desc();
+      plan.in0 = {DNNL_ARG_SRC, plain_desc(src), fwd.src_desc(), {}, 0};
+      plan.in1 = {DNNL_ARG_WEIGHTS, plain_desc(wei), fwd.weights_desc(), {}, 0};
+      plan.out = {DNNL_ARG_DST, plain_desc(dst), fwd.dst_desc(), {}, 0};
+      break;
+    case ConvPass::InputGrad: {
+      const dnnl::convolution_backward_data::primitive_desc pd(
+          dnnl::convolution_backward_data::desc(algo, any_desc(src), any_desc(wei), any_desc(dst), strides, dilates,
+                                                pad_l, pad_r),
+          attr, eng, fwd);
+      plan.conv = dnnl::convolution_backward_data(pd);
+      scratch = pd.scratchpad_desc();
+      plan.in0 = {DNNL_ARG_DIFF_DST, plain_desc(dst), pd.diff_dst_desc(), {}, 0};
+      plan.in1 = {DNNL_ARG_WEIGHTS, plain_desc(wei), pd.weights_desc(), {}, 0};
+      plan.out = {DNNL_ARG_DIFF_SRC, plain_desc(src), pd.diff_src_desc(), {}, 0};
+      break;
+    }
+    case ConvPass::WeightGrad: {
+      const dnnl::convolution_backward_weights::primitive_desc pd(
+          dnnl::convolution_backward_weights::desc(algo, any_desc(src), any_desc(wei), any_desc(dst), strides, dilates,
+                                                   pad_l, pad_r),
+          attr, eng, fwd);
+      plan.conv = dnnl::convolution_backward_weights(pd);
+      scratch = pd.scratchpad_desc();
+      plan.in0 = {DNNL_ARG_SRC, plain_desc(src), pd.src_desc(), {}, 0};
+      plan.in1 = {DNNL_ARG_DIFF_DST, plain_desc(dst), pd.diff_dst_desc(), {}, 0};
+      plan.out = {DNNL_ARG_DIFF_WEIGHTS, plain_desc(wei), pd.diff_weights_desc(), {}, 0};
+      break;
+    }
+  }
+  size_t scratch_bytes = scratch.get_size();
+  for (Operand* op : {&plan.in0, &plan.in1, &plan.out}) {
+    if (op->used == op->plain) continue;
+    const bool input = op != &plan.out;
+    const dnnl::reorder::primitive_desc rpd(eng, input ? op->plain : op->used, eng, input ? op->used : op->plain, attr);
+    op->reorder = dnnl::reorder(rpd);
+    scratch_bytes = std::max(scratch_bytes, rpd.scratchpad_desc().get_size());
+  }
+  plan.scratch = dnnl::memory::desc({static_cast<int64_t>(scratch_bytes)}, dnnl::memory::data_type::u8, Tag::a);
+  size_t bytes = round_up(scratch_bytes);
+  // The reordered operands follow the largest scratchpad: every primitive here runs in turn.
+  for (Operand* op : {&plan.in0, &plan.in1, &plan.out}) {
+    if (!op->reorder) continue;
+    op->offset = bytes;
+    bytes += round_up(op->used.get_size());
+  }
+  plan.workspace_bytes = bytes;
+  return plan;
+}
+
+// The plans made so far. A plan is never removed, so references to it stay valid, and it is only
+// read after it is made, so threads may run one at once.
+const Plan& plan_for(const ConvArgs& a, ConvPass pass, int threads) {
+  static std::mutex mutex;
+  static std::unordered_map<Key, std::unique_ptr<Plan>, KeyHash> plans;
+  const Key key = make_key(a, pass, threads);
+  const std::lock_guard<std::mutex> lock(mutex);
+  std::unique_ptr<Plan>& plan = plans[key];
+  if (!plan) plan = std::make_unique<Plan>(make_plan(a, pass));
+  return *plan;
+}
+
+const char* pass_name(ConvPass pass) {
+  switch (pass) {
+    case ConvPass::Forward:
+      return "conv2d";
+    case ConvPass::InputGrad:
+      return "conv2d_input_grad";
+    case ConvPass::WeightGrad:
+      return "conv2d_weight_grad";
+  }
+  return "conv2d";
+}
+
+void run(const ConvArgs& a, ConvPass pass, const void* in0, const void* in1, void* out) {
+  try {
+    const int threads = std::max(1, num_threads());
+    set_team_size(threads);
+    const Plan& plan = plan_for(a, pass, threads);
+    std::byte* ws = workspace(plan.workspace_bytes);
+    const dnnl::engine& eng = cpu_engine();
+    dnnl::stream& stream = thread_stream();
+    // Scratchpads are bytes: one memory serves the convolution and the reorders.
+    const dnnl::memory scratch(plan.scratch, eng, ws);
+    std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SCRATCHPAD, scratch}};
+    const auto input = [&](const Operand& op, const void* data) {
+      dnnl::memory plain(op.plain, eng, const_cast<void*>(data));
+      if (!op.reorder) return plain;
+      dnnl::memory used(op.used, eng, ws + op.offset);
+      op.reorder.execute(stream, {{DNNL_ARG_FROM, plain}, {DNNL_ARG_TO, used}, {DNNL_ARG_SCRATCHPAD, scratch}});
+      return used;
+    };
+    args.emplace(plan.in0.arg, input(plan.in0, in0));
+    args.emplace(plan.in1.arg, input(plan.in1, in1));
+    const dnnl::memory out_plain(plan.out.plain, eng, out);
+    const dnnl::memory out_used = plan.out.reorder ? dnnl::memory(plan.out.used, eng, ws + plan.out.offset) : out_plain;
+    args.emplace(plan.out.arg, out_used);
+    plan.conv.execute(stream, args);
+    if (plan.out.reorder)
+      plan.out.reorder.execute(stream,
+                               {{DNNL_ARG_FROM, out_used}, {DNNL_ARG_TO, out_plain}, {DNNL_ARG_SCRATCHPAD, scratch}});
+    stream.wait();
+  } catch (const dnnl::error& e) {
+    EF_ERROR(pass_name(pass), ": oneDNN failed (", e.what(), ", status ", static_cast<int>(e.status), ") on input [",
+             a.n, ", ", a.c_in, ", ", a.h, ", ", a.w, "], weight [", a.c_out, ", ", a.c_in / a.groups, ", ", a.kh, ", ",
+             a.kw, "], output ", a.oh, "x", a.ow, ", stride ", a.stride_h, "x", a.stride_w, ", padding ", a.pad_h, "x",
+             a.pad_w, ", dilation ", a.dil_h, "x", a.dil_w, ", groups ", a.groups);
+  }
+}
+
+}  // namespace
+
+// Note [oneDNN convolution dispatch]
+// Measured per pass against the im2col kernels on the convolutions of bench_engine, classify and
+// wgan_gp (forward, and both gradients: wgan_gp's transposed convolutions are input gradients), at
+// 2 threads on the whole batch and at 1 thread on half of it (cpu:2), and on inputs of 1..16
+// channels: oneDNN runs 1.05-6.7x as fast (depthwise and grouped too) except where its AVX-512
+// kernels compute an ungrouped convolution's input channels in blocks of 16, padding the rest:
+// - the input gradient of 1-4 input channels (classify conv1 at 1 thread: 11 GFLOP/s vs our 43;
+//   4 channels: 45 vs 56; 5: a tie; 6: 65 vs 57);
+// - the weight gradient of 4-15 input channels (1-3 take its first-layer kernel, 1.5x ours;
+//   4: 55 vs 105, 8: 106 vs 117, 14: 94 vs 121; 16: 181 vs 127).
+// Those stay on our kernels.
+bool onednn_takes(const ConvArgs& a, ConvPass pass) {
+  if (a.n == 0 || a.c_in == 0 || a.c_out == 0) return false;
+  if (a.groups == 1 && pass == ConvPass::InputGrad && a.c_in <= 4) return false;
+  if (a.groups == 1 && pass == ConvPass::WeightGrad && a.c_in >= 4 && a.c_in < 16) return false;
+  return true;
+}
+
+void onednn_conv2d_forward(const ConvArgs& args, float* y, const float* x, const float* w) {
+  run(args, ConvPass::Forward, x, w, y);
+}
+
+void onednn_conv2d_input_grad(const ConvArgs& args, float* gx, const float* gy, const float* w) {
+  run(args, ConvPass::InputGrad, gy, w, gx);
+}
+
+void onednn_conv2d_weight_grad(const ConvArgs& args, float* gw, const float* x, const float* gy) {
+  run(args, ConvPass::WeightGrad, x, gy, gw);
+}
+
+}  // namespace evenflow::cpu_backend

@@ -1,0 +1,22 @@
+// Internal to the CPU backend: float32 2-D convolution (forward, input gradient, weight gradient)
+// through oneDNN, on our contiguous NCHW data and OIHW weights. cpu_conv.cpp routes a float32 case
+// here when `onednn_takes` says so (Note [oneDNN convolution dispatch]); float64 and builds without
+// oneDNN (EF_ONEDNN == 0) keep the im2col kernels.
+#pragma once
+
+#include "engine/backend.h"
+
+namespace evenflow::cpu_backend {
+
+enum class ConvPass { Forward, InputGrad, WeightGrad };
+
+// Whether oneDNN runs this float32 case faster than the im2col kernels.
+bool onednn_takes(const ConvArgs& args, ConvPass pass);
+
+// The three kernels of Backend for float32 (outputs are overwritten). They run on this thread's
+// OpenMP team (omp_get_max_threads()), and may be called from several threads at once.
+void onednn_conv2d_forward(const ConvArgs& args, float* y, const float* x, const float* w);
+void onednn_conv2d_input_grad(const ConvArgs& args, float* gx, const float* gy, const float* w);
+void onednn_conv2d_weight_grad(const ConvArgs& args, float* gw, const float* x, const float* gy);
+
+}  // namespace evenflow::cpu_backend
