@@ -231,11 +231,18 @@ Tensor clamp(const Tensor& x, double lo, double hi) {
       },
       lo, hi);
 }
+// relu's derivative applied to g in one pass: PyTorch's threshold_backward(g, x, 0), x <= 0 ? 0 : g,
+// so a NaN input passes g. Linear in g (so its own derivative in g is itself); piecewise constant
+// in x, whose derivative is 0.
+static Tensor relu_backward(const Tensor& g, const Tensor& x) {
+  Tensor y = binary_kernel("relu_backward", BinaryOp::ReluGrad, g, x);
+  record("relu_backward", {y}, {g}, {x}, [x](const Grads& gg) { return Grads{relu_backward(gg[0], x)}; });
+  return y;
+}
+
 Tensor relu(const Tensor& x) {
-  return unary_op("relu", UnaryOp::Relu, x, [](const Tensor& in, const Tensor& g, double, double) {
-    // PyTorch's threshold_backward(g, x, 0), x <= 0 ? 0 : g: a NaN input passes g.
-    return zero_where(mask_of(in, UnaryOp::LeScalar), g);
-  });
+  return unary_op("relu", UnaryOp::Relu, x,
+                  [](const Tensor& in, const Tensor& g, double, double) { return relu_backward(g, in); });
 }
 Tensor leaky_relu(const Tensor& x, double slope) {
   return unary_op(

@@ -314,6 +314,23 @@ int64_t pooled_size(const char* op, int64_t in, int64_t k, int64_t s, int64_t p,
 
 }  // namespace
 
+// The backward of gather, index_select and max pooling: scatter_add / index_add onto zeros, written
+// straight into the new zero tensor (the general ops first copy their base: a pass over the whole
+// input gradient). Differentiable in src, like the general ops; idx is contiguous and checked.
+static Tensor scatter_add_into_zeros(const Shape& shape, int64_t d, const Tensor& idx, const Tensor& src) {
+  Tensor y = zeros(shape, detail::options_of(src));
+  if (src.numel() > 0) backend_of(src).scatter_add(y.view(), static_cast<int>(d), idx.view(), src.view());
+  record("scatter_add", {y}, {src}, {}, [idx, d](const Grads& g) { return Grads{gather(g[0], d, idx)}; });
+  return y;
+}
+
+static Tensor index_add_into_zeros(const Shape& shape, int64_t d, const Tensor& idx, const Tensor& src) {
+  Tensor y = zeros(shape, detail::options_of(src));
+  if (src.numel() > 0) backend_of(src).index_add(y.view(), static_cast<int>(d), idx.view(), src.view());
+  record("index_add", {y}, {src}, {}, [idx, d](const Grads& g) { return Grads{index_select(g[0], d, idx)}; });
+  return y;
+}
+
 Tensor max_pool2d(const Tensor& x, const Pool2dOptions& o) {
   detail::check_float("max_pool2d", x);
   EF_CHECK(x.dim() == 4, "max_pool2d: input must be 4-D [N, C, H, W], got ", shape_str(x.shape()));
@@ -341,8 +358,7 @@ Tensor max_pool2d(const Tensor& x, const Pool2dOptions& o) {
   record("max_pool2d", {y}, {x}, {}, [idx, in = x.shape()](const Grads& g) {
     const int64_t n = in[0], c = in[1];
     const Tensor flat_idx = idx.reshape({n, c, -1});
-    const Tensor zero = zeros({n, c, in[2] * in[3]}, detail::options_of(g[0]));
-    return Grads{reshape(scatter_add(zero, 2, flat_idx, reshape(g[0], {n, c, -1})), in)};
+    return Grads{reshape(scatter_add_into_zeros({n, c, in[2] * in[3]}, 2, flat_idx, reshape(g[0], {n, c, -1})), in)};
   });
   return y;
 }
@@ -506,9 +522,8 @@ Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
   const Tensor idx = index.contiguous();
   Tensor y = detail::empty_like_shape(x, index.shape());
   if (y.numel() > 0) backend_of(x).gather(y.view(), x.view(), static_cast<int>(d), idx.view());
-  record("gather", {y}, {x}, {}, [idx, d, in = x.shape()](const Grads& g) {
-    return Grads{scatter_add(zeros(in, detail::options_of(g[0])), d, idx, g[0])};
-  });
+  record("gather", {y}, {x}, {},
+         [idx, d, in = x.shape()](const Grads& g) { return Grads{scatter_add_into_zeros(in, d, idx, g[0])}; });
   return y;
 }
 
@@ -537,9 +552,8 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
   shape[static_cast<size_t>(d)] = index.numel();
   Tensor y = detail::empty_like_shape(x, shape);
   if (y.numel() > 0) backend_of(x).index_select(y.view(), x.view(), static_cast<int>(d), idx.view());
-  record("index_select", {y}, {x}, {}, [idx, d, in = x.shape()](const Grads& g) {
-    return Grads{index_add(zeros(in, detail::options_of(g[0])), d, idx, g[0])};
-  });
+  record("index_select", {y}, {x}, {},
+         [idx, d, in = x.shape()](const Grads& g) { return Grads{index_add_into_zeros(in, d, idx, g[0])}; });
   return y;
 }
 

@@ -115,7 +115,8 @@ EF_HD inline bool isnan_(T x) {
   X(Ge, T(x >= y))                       \
   X(Le, T(x <= y))                       \
   X(Eq, T(x == y))                       \
-  X(Ne, T(x != y))
+  X(Ne, T(x != y))                       \
+  X(ReluGrad, y <= T(0) ? T(0) : x)
 
 #define EF_DECLARE_UNARY_FUNCTOR(name, expr)            \
   struct name {                                         \

@@ -14,10 +14,14 @@ RULES = [  # (category, regex on "symbol (dso)"), tried in order on each frame
     ("memory: page faults", r"exc_page_fault|do_anonymous_page"),
     ("threads: wake-ups and waits", r"futex|schedule\b|finish_task_switch|libgomp|pthread_cond|sched_yield"),
     ("startup: shared libraries' initializers", r"call_init|_dl_start|_dl_relocate|dl_main"),
+    # oneDNN's kernels are generated at run time: perf sees them as [JIT] code, without call stacks.
+    ("oneDNN kernels (convolution, GEMM)", r"\[JIT\]|perf-\d+\.map|libdnnl"),
     ("convolution kernels", r"conv2d_forward|conv2d_input_grad|conv2d_weight_grad|conv_\w+_typed|im2col|col2im"
      r"|packed_gemm|onednn_conv|ConvWork"),
     ("matmul kernels (GEMM)", r"cpu_backend::gemm|gemm_typed|eigen_gemm|gemm_one|dnnl_sgemm|gebp_kernel"),
     ("random numbers", r"random_typed|philox|Philox"),
+    ("max pooling kernel", r"max_pool2d_typed"),
+    ("optimizer kernel (fused Adam)", r"adam_typed"),
     ("elementwise, reduction, indexing kernels", r"cpu_backend::|libm\.so"),
     ("memory: allocation", r"\bmalloc\b|\bfree\b|cfree|_int_malloc|_int_free|operator new|operator delete|"
      r"CachingAllocator|Allocator::|raw_alloc|raw_free"),

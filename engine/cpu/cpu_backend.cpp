@@ -169,10 +169,25 @@ void map_elements(const View& out, const std::array<View, sizeof...(In)>& ins, F
       const auto loop = [&](auto stride) {
         for (int64_t k = 0; k < n; ++k) o[k * stride(0)] = f(std::get<I>(in)[k * stride(I + 1)]...);
       };
-      if (std::all_of(es, es + kOperands, [](int64_t e) { return e == 1; }))
+      if (std::all_of(es, es + kOperands, [](int64_t e) { return e == 1; })) {
         loop([](size_t) { return int64_t{1}; });
-      else
+      } else if (es[0] == 1 && std::all_of(es + 1, es + kOperands, [](int64_t e) { return e == 0 || e == 1; })) {
+        // Inputs broadcast along the row (a bias over an image plane, a scalar): their value is
+        // constant here, so a chunk-sized copy of it lets the unit-stride loop, which vectorizes,
+        // run chunk by chunk (the general-stride loop is several times slower).
+        constexpr int64_t kChunk = 256;
+        std::tuple<std::array<In, kChunk>...> copies;
+        [[maybe_unused]] const int64_t filled = std::min(kChunk, n);
+        ((es[I + 1] == 0 ? void(std::fill_n(std::get<I>(copies).data(), filled, std::get<I>(in)[0])) : void()), ...);
+        for (int64_t c = 0; c < n; c += kChunk) {
+          const int64_t m = std::min(kChunk, n - c);
+          const std::tuple<const In*...> src{(es[I + 1] == 0 ? std::get<I>(copies).data() : std::get<I>(in) + c)...};
+          Out* oc = o + c;
+          for (int64_t k = 0; k < m; ++k) oc[k] = f(std::get<I>(src)[k]...);
+        }
+      } else {
         loop([&es](size_t i) { return es[i]; });
+      }
     });
   }
   (std::index_sequence_for<In...>{});
@@ -523,6 +538,54 @@ void softmax_typed(T* out, const T* x, int64_t rows, int64_t cols, bool log) {
   }
 }
 
+// The common 2x2, stride-2 window without padding or dilation, 8 outputs at a time: the general
+// loop's comparisons become unpredictable branches on real data (GCC does not turn them into
+// selects), which made it ~45 cycles an output; vector selects take a few. Same rule as the general
+// loop: the first element holds the slot, a later one wins when larger or NaN unless NaN holds it.
+template <typename T>
+void max_pool2x2_row(const T* row0, const T* row1, int64_t base, int64_t w, int64_t ow_n, T* out, int64_t* idx) {
+  typedef T Vec __attribute__((vector_size(8 * sizeof(T))));
+  typedef int64_t Idx __attribute__((vector_size(8 * sizeof(int64_t))));
+  const Idx lane = {0, 2, 4, 6, 8, 10, 12, 14};
+  int64_t ow = 0;
+  for (; ow + 8 <= ow_n; ow += 8) {
+    Vec lo0, hi0, lo1, hi1;
+    std::memcpy(&lo0, row0 + 2 * ow, sizeof(Vec));
+    std::memcpy(&hi0, row0 + 2 * ow + 8, sizeof(Vec));
+    std::memcpy(&lo1, row1 + 2 * ow, sizeof(Vec));
+    std::memcpy(&hi1, row1 + 2 * ow + 8, sizeof(Vec));
+    const Vec cand[3] = {__builtin_shufflevector(lo0, hi0, 1, 3, 5, 7, 9, 11, 13, 15),
+                         __builtin_shufflevector(lo1, hi1, 0, 2, 4, 6, 8, 10, 12, 14),
+                         __builtin_shufflevector(lo1, hi1, 1, 3, 5, 7, 9, 11, 13, 15)};
+    const Idx first = lane + (base + 2 * ow);
+    const Idx cand_i[3] = {first + 1, first + w, first + w + 1};
+    Vec best = __builtin_shufflevector(lo0, hi0, 0, 2, 4, 6, 8, 10, 12, 14);
+    Idx best_i = first;
+    for (int k = 0; k < 3; ++k) {
+      const auto take = ((cand[k] > best) | (cand[k] != cand[k])) & (best == best);  // lanes of -1 or 0
+      best = take ? cand[k] : best;
+      best_i = __builtin_convertvector(take, Idx) ? cand_i[k] : best_i;
+    }
+    std::memcpy(out + ow, &best, sizeof(Vec));
+    std::memcpy(idx + ow, &best_i, sizeof(Idx));
+  }
+  for (; ow < ow_n; ++ow) {
+    const int64_t at = base + 2 * ow;
+    T best = row0[2 * ow];
+    int64_t best_i = at;
+    const T cand[3] = {row0[2 * ow + 1], row1[2 * ow], row1[2 * ow + 1]};
+    const int64_t cand_i[3] = {at + 1, at + w, at + w + 1};
+    for (int k = 0; k < 3; ++k) {
+      if ((cand[k] > best || cand[k] != cand[k]) && best == best) {
+        best = cand[k];
+        best_i = cand_i[k];
+      }
+    }
+    out[ow] = best;
+    idx[ow] = best_i;
+  }
+}
+
 template <typename T>
 void max_pool2d_typed(const PoolArgs& a, T* out, int64_t* indices, const T* x) {
   const int64_t planes = a.n * a.c, plane_out = a.oh * a.ow;
@@ -541,11 +604,19 @@ void max_pool2d_typed(const PoolArgs& a, T* out, int64_t* indices, const T* x) {
   for (int64_t ow = 0; ow < a.ow; ++ow)
     cols[static_cast<size_t>(ow)] = window(ow, a.stride_w, a.pad_w, a.dil_w, a.kw, a.w);
   [[maybe_unused]] const int nt = threads_for(planes * plane_out * a.kh * a.kw);
+  const bool two_by_two = a.kh == 2 && a.kw == 2 && a.stride_h == 2 && a.stride_w == 2 && a.pad_h == 0 &&
+                          a.pad_w == 0 && a.dil_h == 1 && a.dil_w == 1;
 #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
   for (int64_t p = 0; p < planes; ++p) {
     const T* xp = x + p * a.h * a.w;
     T* op = out + p * plane_out;
     int64_t* ip = indices + p * plane_out;
+    if (two_by_two) {
+      for (int64_t oh = 0; oh < a.oh; ++oh)
+        max_pool2x2_row(xp + 2 * oh * a.w, xp + (2 * oh + 1) * a.w, 2 * oh * a.w, a.w, a.ow, op + oh * a.ow,
+                        ip + oh * a.ow);
+      continue;
+    }
     for (int64_t oh = 0; oh < a.oh; ++oh) {
       const auto [h0, i0, i1] = rows[static_cast<size_t>(oh)];
       for (int64_t ow = 0; ow < a.ow; ++ow) {

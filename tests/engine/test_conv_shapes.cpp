@@ -4,6 +4,8 @@
 // and conv_transpose2d, values and gradients, against direct loops in float64.
 #include <doctest/doctest.h>
 
+#include <cmath>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -173,4 +175,44 @@ TEST_CASE(
     }
   }
   CHECK(checked > 100);
+}
+
+// Max pooling's 2x2 stride-2 kernel takes 8 outputs at a time plus a scalar tail: values and argmax
+// (seen through the gradient) against the window rule written out here, with NaN, -inf and ties.
+TEST_CASE("max_pool2d 2x2 stride 2: vector blocks and tail follow the window rule") {
+  for (const DType dt : {kFloat32, kFloat64}) {
+    const int64_t n = 2, c = 3, h = 9, w = 37, oh = 4, ow = 18;  // 2 blocks of 8 and a tail of 2
+    manual_seed(5);
+    std::vector<double> v = randn({n, c, h, w}, {.dtype = kFloat64}).to_vector();
+    for (size_t i = 0; i < v.size(); i += 7) v[i] = std::round(v[i]);  // ties
+    for (size_t i = 3; i < v.size(); i += 29) v[i] = -std::numeric_limits<double>::infinity();
+    for (size_t i = 11; i < v.size(); i += 53) v[i] = std::numeric_limits<double>::quiet_NaN();
+    const Tensor x = from_vector(v, {n, c, h, w}, {.dtype = dt}).requires_grad_();
+    const Tensor y = max_pool2d(x, {.kernel = {2, 2}});
+    sum(y).backward();
+    const std::vector<double> got = y.to_vector(), grad = x.grad().to_vector();
+    const std::vector<double> xs = x.detach().to_vector();  // the values as rounded to dt
+    std::vector<double> want_grad(xs.size(), 0.0);
+    bool ok = true;
+    for (int64_t p = 0; p < n * c; ++p) {
+      for (int64_t i = 0; i < oh; ++i) {
+        for (int64_t j = 0; j < ow; ++j) {
+          const int64_t at[4] = {(2 * i) * w + 2 * j, (2 * i) * w + 2 * j + 1, (2 * i + 1) * w + 2 * j,
+                                 (2 * i + 1) * w + 2 * j + 1};
+          int64_t best = at[0];
+          for (int k = 1; k < 4; ++k) {
+            const double cand = xs[static_cast<size_t>(p * h * w + at[k])],
+                         cur = xs[static_cast<size_t>(p * h * w + best)];
+            if ((cand > cur || std::isnan(cand)) && !std::isnan(cur)) best = at[k];
+          }
+          const double want = xs[static_cast<size_t>(p * h * w + best)],
+                       out = got[static_cast<size_t>((p * oh + i) * ow + j)];
+          ok = ok && (want == out || (std::isnan(want) && std::isnan(out)));
+          want_grad[static_cast<size_t>(p * h * w + best)] += 1.0;
+        }
+      }
+    }
+    CHECK_MESSAGE(ok, dtype_name(dt));
+    CHECK_MESSAGE(grad == want_grad, dtype_name(dt));
+  }
 }
