@@ -20,7 +20,7 @@ RULES = [  # (category, regex on "symbol (dso)"), tried in order on each frame
      r"|packed_gemm|onednn_conv|ConvWork"),
     ("matmul kernels (GEMM)", r"cpu_backend::gemm|gemm_typed|eigen_gemm|gemm_one|dnnl_sgemm|gebp_kernel"),
     ("random numbers", r"random_typed|philox|Philox"),
-    ("max pooling kernel", r"max_pool2d_typed"),
+    ("max pooling kernel", r"max_pool"),
     ("optimizer kernel (fused Adam)", r"adam_typed"),
     ("elementwise, reduction, indexing kernels", r"cpu_backend::|libm\.so"),
     ("memory: allocation", r"\bmalloc\b|\bfree\b|cfree|_int_malloc|_int_free|operator new|operator delete|"

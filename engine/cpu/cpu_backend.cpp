@@ -656,6 +656,7 @@ void adam_typed(const AdamArgs& a, int64_t n, T* p, const T* grad, T* m, T* v, T
   const T one_minus_b1 = T(1 - a.beta1), one_minus_b2 = T(1 - a.beta2), eps = T(a.eps);
   const T inv_bc2 = T(a.inv_bias_correction2_sqrt), step = T(a.step);
   const bool decoupled = a.decay != 1, l2 = a.weight_decay != 0;
+  const T tiny = std::numeric_limits<T>::min();  // the smallest normal number
   [[maybe_unused]] const int nt = threads_for(n * 8);
 #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
   for (int64_t i = 0; i < n; ++i) {
@@ -663,8 +664,11 @@ void adam_typed(const AdamArgs& a, int64_t n, T* p, const T* grad, T* m, T* v, T
     if (decoupled) pi = pi * decay;
     T g = grad[i];
     if (l2) g = g + pi * wd;
-    const T mi = m[i] * b1 + g * one_minus_b1;
-    const T vi = v[i] * b2 + (g * g) * one_minus_b2;
+    T mi = m[i] * b1 + g * one_minus_b1;
+    T vi = v[i] * b2 + (g * g) * one_minus_b2;
+    // Note [Adam moments flush to zero]
+    mi = std::abs(mi) < tiny ? T(0) : mi;
+    vi = vi < tiny ? T(0) : vi;
     T second = vi;
     if (v_max) {
       // maximum() propagates NaN.

@@ -769,13 +769,16 @@ __global__ void adam_kernel(int64_t n, AdamArgs a, T* p, const T* grad, T* m, T*
   const T one_minus_b1 = T(1 - a.beta1), one_minus_b2 = T(1 - a.beta2), eps = T(a.eps);
   const T inv_bc2 = T(a.inv_bias_correction2_sqrt), step = T(a.step);
   const bool decoupled = a.decay != 1, l2 = a.weight_decay != 0;  // as the CPU: no 0·inf
+  const T tiny = std::numeric_limits<T>::min();
   for (int64_t i = thread_index(); i < n; i += grid_stride()) {
     T pi = p[i];
     if (decoupled) pi = pi * decay;
     T g = grad[i];
     if (l2) g = g + pi * wd;
-    const T mi = m[i] * b1 + g * one_minus_b1;
-    const T vi = v[i] * b2 + (g * g) * one_minus_b2;
+    T mi = m[i] * b1 + g * one_minus_b1;
+    T vi = v[i] * b2 + (g * g) * one_minus_b2;
+    mi = fabs(mi) < tiny ? T(0) : mi;  // as the CPU (Note [Adam moments flush to zero])
+    vi = vi < tiny ? T(0) : vi;
     T second = vi;
     if (v_max) {
       second = (v_max[i] != v_max[i] || v_max[i] > vi) ? v_max[i] : vi;  // maximum() propagates NaN
