@@ -45,8 +45,8 @@ using MatMap = Eigen::Map<RowMajor<T>, Eigen::Unaligned, Eigen::OuterStride<>>;
 // C = alpha·op(A)·op(B) + beta·C for one row-major matrix. Eigen parallelizes a large product over
 // omp_get_max_threads() threads, and runs it on the calling thread inside a parallel region.
 template <typename T>
-void eigen_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b,
-              int64_t ldb, T beta, T* c, int64_t ldc) {
+void eigen_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda,
+                const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
   MatMap<T> cm(c, m, n, Eigen::OuterStride<>(ldc));
   if (k == 0) {
     if (beta == T(0))
@@ -89,8 +89,8 @@ void gemm_one(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alp
   if constexpr (std::is_same_v<T, float>) {
     if (k > 0 && lda >= std::max<int64_t>(1, trans_a ? m : k) && ldb >= std::max<int64_t>(1, trans_b ? k : n) &&
         ldc >= std::max<int64_t>(1, n)) {
-      const dnnl_status_t status = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, a, lda, b,
-                                              ldb, beta, c, ldc);
+      const dnnl_status_t status =
+          dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
       EF_CHECK(status == dnnl_success, "matmul: oneDNN sgemm failed with status ", static_cast<int>(status), " (m=", m,
                ", n=", n, ", k=", k, ")");
       return;
@@ -500,25 +500,6 @@ void col2im_add(const ConvArgs& a, const ConvGeometry& geo, T* col, int64_t oh0,
   });
 }
 
-// A workspace that grows and is kept: one per calling thread (each device has its own worker
-// thread), so concurrent devices never share it, and steady-state training allocates nothing.
-void* workspace(size_t bytes) {
-  struct Buffer {
-    void* data = nullptr;
-    size_t size = 0;
-    ~Buffer() { std::free(data); }
-  };
-  thread_local Buffer buf;
-  if (buf.size < bytes) {
-    std::free(buf.data);
-    buf.size = 0;
-    buf.data = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
-    EF_CHECK(buf.data != nullptr, "conv2d: out of memory allocating a ", bytes, "-byte workspace");
-    buf.size = bytes;
-  }
-  return buf.data;
-}
-
 // The workspace of one call: `shared` elements, then one slot of `per_thread` elements for each
 // thread that takes samples; and the loop over samples.
 template <typename T>
@@ -532,7 +513,7 @@ struct ConvWork {
       : per_thread((per_thread_elems + 15) / 16 * 16),
         threads(static_cast<int>(std::min<int64_t>(std::max(1, num_threads()), n))) {
     const int64_t shared_rounded = (shared_elems + 15) / 16 * 16;
-    shared = static_cast<T*>(workspace(static_cast<size_t>(shared_rounded + per_thread * threads) * sizeof(T)));
+    shared = static_cast<T*>(thread_workspace(static_cast<size_t>(shared_rounded + per_thread * threads) * sizeof(T)));
     slots = shared + shared_rounded;
   }
   T* slot(int t) const { return slots + t * per_thread; }
@@ -659,6 +640,23 @@ void conv_weight_grad_typed(const ConvArgs& a, T* gw, const T* x, const T* gy) {
 }
 
 }  // namespace
+
+void* thread_workspace(size_t bytes) {
+  struct Buffer {
+    void* data = nullptr;
+    size_t size = 0;
+    ~Buffer() { std::free(data); }
+  };
+  thread_local Buffer buf;
+  if (buf.size < bytes) {
+    std::free(buf.data);
+    buf.size = 0;
+    buf.data = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+    EF_CHECK(buf.data != nullptr, "conv2d: out of memory allocating a ", bytes, "-byte workspace");
+    buf.size = bytes;
+  }
+  return buf.data;
+}
 
 void gemm(const GemmArgs& args) {
   if (args.m <= 0 || args.n <= 0 || args.batch <= 0) return;

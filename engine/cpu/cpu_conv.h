@@ -7,6 +7,11 @@
 
 namespace evenflow::cpu_backend {
 
+// A buffer of at least `bytes` (64-byte aligned) that grows and is kept, one per calling thread:
+// each device has its own worker thread, so concurrent devices never share one, and steady-state
+// training allocates nothing. The im2col kernels and the oneDNN ones use it in turn.
+void* thread_workspace(size_t bytes);
+
 // Batched row-major GEMM as described at GemmArgs (Eigen; beta == 0 ignores C's old contents).
 void gemm(const GemmArgs& args);
 

@@ -13,6 +13,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "engine/cpu/cpu_conv.h"
 #include "engine/cpu/threads.h"
 #include "engine/device.h"
 #include "engine/error.h"
@@ -27,7 +28,8 @@ namespace evenflow::cpu_backend {
 // - Concurrency. Each CPU device is its own thread, and devices convolve at once. Primitives and
 //   the engine may be shared between threads; streams may not (one per thread). oneDNN's own
 //   scratchpad is shared between primitives unless the library was built for concurrent execution
-//   (Debian's is not), so every primitive takes a user scratchpad: this thread's workspace.
+//   (Debian's is not), so every primitive takes a user scratchpad: this thread's workspace
+//   (thread_workspace, shared with the im2col kernels), which also holds the reordered operands.
 // - Layouts. Each primitive is created with format_tag::any, so it picks the layouts its fastest
 //   kernel wants (nChw16c, OIhw16i16o, ... on AVX-512); operands whose layout differs from ours
 //   go through a reorder into or out of the workspace. Primitives on our plain layouts were
@@ -50,24 +52,6 @@ const dnnl::engine& cpu_engine() {
 dnnl::stream& thread_stream() {
   thread_local dnnl::stream stream(cpu_engine());
   return stream;
-}
-
-// A buffer that grows and is kept, one per calling thread: scratchpads and reordered operands.
-std::byte* workspace(size_t bytes) {
-  struct Buffer {
-    void* data = nullptr;
-    size_t size = 0;
-    ~Buffer() { std::free(data); }
-  };
-  thread_local Buffer buf;
-  if (buf.size < bytes) {
-    std::free(buf.data);
-    buf.size = 0;
-    buf.data = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
-    EF_CHECK(buf.data != nullptr, "conv2d: out of memory allocating a ", bytes, "-byte oneDNN workspace");
-    buf.size = bytes;
-  }
-  return static_cast<std::byte*>(buf.data);
 }
 
 size_t round_up(size_t bytes) {
@@ -232,7 +216,7 @@ void run(const ConvArgs& a, ConvPass pass, const void* in0, const void* in1, voi
     const int threads = std::max(1, num_threads());
     set_team_size(threads);
     const Plan& plan = plan_for(a, pass, threads);
-    std::byte* ws = workspace(plan.workspace_bytes);
+    std::byte* ws = static_cast<std::byte*>(thread_workspace(plan.workspace_bytes));
     const dnnl::engine& eng = cpu_engine();
     dnnl::stream& stream = thread_stream();
     // Scratchpads are bytes: one memory serves the convolution and the reorders.
