@@ -89,5 +89,8 @@ void set_generator_state(const Device& d, const GeneratorState& state);
 // device; N CPU devices running concurrently share the machine's cores.
 void set_num_threads(int n);
 int num_threads();
+// The team the CPU kernels called on this thread use: num_threads(), or 1 on a thread that is not a
+// device's worker once a CPU device has one (Note [One OpenMP team per core], device.cpp).
+int kernel_threads();
 
 }  // namespace evenflow

@@ -31,7 +31,7 @@ namespace {
 constexpr int64_t kParallelGrain = 32768;
 
 int threads_for(int64_t work) {
-  return work > kParallelGrain ? std::max(1, num_threads()) : 1;
+  return work > kParallelGrain ? std::max(1, kernel_threads()) : 1;
 }
 
 // Float32 sums and softmax normalizers accumulate in double: tests compare against float64

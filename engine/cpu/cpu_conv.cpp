@@ -106,7 +106,7 @@ void gemm_typed(const GemmArgs& g) {
   const T* b = static_cast<const T*>(g.b);
   T* c = static_cast<T*>(g.c);
   const T alpha = static_cast<T>(g.alpha), beta = static_cast<T>(g.beta);
-  [[maybe_unused]] const int nt = std::max(1, num_threads());
+  [[maybe_unused]] const int nt = std::max(1, kernel_threads());
   const double flops = 2.0 * static_cast<double>(g.m) * static_cast<double>(g.n) * static_cast<double>(g.k);
   // Threads take whole matrices when that splits evenly, when there are many, or when each is too
   // small for Eigen to parallelize well; otherwise Eigen parallelizes each product.
@@ -511,14 +511,14 @@ struct ConvWork {
 
   ConvWork(int64_t n, int64_t shared_elems, int64_t per_thread_elems)
       : per_thread((per_thread_elems + 15) / 16 * 16),
-        threads(static_cast<int>(std::min<int64_t>(std::max(1, num_threads()), n))) {
+        threads(static_cast<int>(std::min<int64_t>(std::max(1, kernel_threads()), n))) {
     const int64_t shared_rounded = (shared_elems + 15) / 16 * 16;
     shared = static_cast<T*>(thread_workspace(static_cast<size_t>(shared_rounded + per_thread * threads) * sizeof(T)));
     slots = shared + shared_rounded;
   }
   T* slot(int t) const { return slots + t * per_thread; }
   // Threads each GEMM may use: all of them when samples run in turn.
-  int gemm_threads() const { return threads > 1 ? 1 : std::max(1, num_threads()); }
+  int gemm_threads() const { return threads > 1 ? 1 : std::max(1, kernel_threads()); }
 
   // Runs sample(s, t) for every sample, in parallel when threads > 1 (thread t takes one
   // contiguous range of samples).

@@ -22,7 +22,7 @@ namespace evenflow::cpu_backend {
 
 // Note [oneDNN convolution]
 // - Threads. oneDNN's OpenMP runtime runs a primitive on omp_get_max_threads() of the calling
-//   thread, which run() sets to num_threads(); a device thread with a team of one runs oneDNN
+//   thread, which run() sets to kernel_threads(); a device thread with a team of one runs oneDNN
 //   serially. Some of its kernels choose their blocking for the team size at creation, so the team
 //   size is part of the cache key.
 // - Concurrency. Each CPU device is its own thread, and devices convolve at once. Primitives and
@@ -213,7 +213,7 @@ const char* pass_name(ConvPass pass) {
 
 void run(const ConvArgs& a, ConvPass pass, const void* in0, const void* in1, void* out) {
   try {
-    const int threads = std::max(1, num_threads());
+    const int threads = std::max(1, kernel_threads());
     set_team_size(threads);
     const Plan& plan = plan_for(a, pass, threads);
     std::byte* ws = static_cast<std::byte*>(thread_workspace(plan.workspace_bytes));

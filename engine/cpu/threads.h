@@ -31,4 +31,12 @@ inline void set_team_size([[maybe_unused]] int n) {
 #endif
 }
 
+// Frees the calling thread's OpenMP thread pool; its next parallel region starts a new one
+// (Note [One OpenMP team per core]).
+inline void release_team() {
+#ifdef _OPENMP
+  omp_pause_resource(omp_pause_soft, omp_get_initial_device());
+#endif
+}
+
 }  // namespace evenflow::cpu_backend

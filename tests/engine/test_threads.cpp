@@ -1,8 +1,10 @@
 // Graphs built and differentiated on several threads at once (run under TSan in CI).
 #include <doctest/doctest.h>
 
+#include <future>
 #include <thread>
 
+#include "engine/context.h"
 #include "engine/ops.h"
 
 using namespace evenflow;
@@ -43,4 +45,17 @@ TEST_CASE("threads: concurrent backward passes accumulate into one shared leaf")
   }
   for (auto& th : threads) th.join();
   CHECK(w.grad().to_vector() == std::vector<double>(4, 2.0 * kThreads * kSteps));
+}
+
+// Note [One OpenMP team per core]: once a CPU device has a worker, only workers run kernels on a
+// team; other threads (the main thread preparing batches) run them on one thread.
+TEST_CASE("once a CPU device has a worker, kernels off the workers run on one thread") {
+  const int saved = num_threads();
+  set_num_threads(2);
+  Worker& worker = context(Device("cpu:1")).worker();
+  CHECK(kernel_threads() == 1);
+  std::promise<int> on_worker;
+  worker.post([&] { on_worker.set_value(kernel_threads()); });
+  CHECK(on_worker.get_future().get() == 2);
+  set_num_threads(saved);
 }
