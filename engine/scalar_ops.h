@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <type_traits>
 
 #ifdef __CUDACC__
@@ -144,6 +145,44 @@ EF_BINARY_OPS(EF_DECLARE_BINARY_FUNCTOR)
 
 #undef EF_DECLARE_UNARY_FUNCTOR
 #undef EF_DECLARE_BINARY_FUNCTOR
+
+// One element of the fused Adam step (AdamArgs, engine/backend.h), written once for both backends.
+// The scalars are rounded to T once per call (adam_scalars); m and v are the moments, v_max the
+// amsgrad maximum or nullptr.
+template <typename T>
+struct AdamScalars {
+  T decay, weight_decay, beta1, beta2, one_minus_beta1, one_minus_beta2, eps, inv_bias_correction2_sqrt, step;
+  bool decoupled, l2;  // tested, so that no 0·inf turns an infinite parameter into NaN
+};
+
+template <typename T, typename Args>
+EF_HD inline AdamScalars<T> adam_scalars(const Args& a) {
+  return {T(a.decay),     T(a.weight_decay), T(a.beta1),         T(a.beta2),
+          T(1 - a.beta1), T(1 - a.beta2),    T(a.eps),           T(a.inv_bias_correction2_sqrt),
+          T(a.step),      a.decay != 1,      a.weight_decay != 0};
+}
+
+template <typename T>
+EF_HD inline void adam_element(const AdamScalars<T>& s, T& p, T grad, T& m, T& v, T* v_max) {
+  const T tiny = std::numeric_limits<T>::min();  // the smallest normal number
+  T pi = p;
+  if (s.decoupled) pi = pi * s.decay;
+  T g = grad;
+  if (s.l2) g = g + pi * s.weight_decay;
+  T mi = m * s.beta1 + g * s.one_minus_beta1;
+  T vi = v * s.beta2 + (g * g) * s.one_minus_beta2;
+  // Note [Adam moments flush to zero]
+  mi = abs_(mi) < tiny ? T(0) : mi;
+  vi = vi < tiny ? T(0) : vi;
+  T second = vi;
+  if (v_max) {
+    second = (*v_max != *v_max || *v_max > vi) ? *v_max : vi;  // maximum() propagates NaN
+    *v_max = second;
+  }
+  p = pi + (mi / (sqrt_(second) * s.inv_bias_correction2_sqrt + s.eps)) * s.step;
+  m = mi;
+  v = vi;
+}
 
 }  // namespace evenflow::scalar
 

@@ -652,34 +652,10 @@ void max_pool2d_typed(const PoolArgs& a, T* out, int64_t* indices, const T* x) {
 
 template <typename T>
 void adam_typed(const AdamArgs& a, int64_t n, T* p, const T* grad, T* m, T* v, T* v_max) {
-  const T decay = T(a.decay), wd = T(a.weight_decay), b1 = T(a.beta1), b2 = T(a.beta2);
-  const T one_minus_b1 = T(1 - a.beta1), one_minus_b2 = T(1 - a.beta2), eps = T(a.eps);
-  const T inv_bc2 = T(a.inv_bias_correction2_sqrt), step = T(a.step);
-  const bool decoupled = a.decay != 1, l2 = a.weight_decay != 0;
-  const T tiny = std::numeric_limits<T>::min();  // the smallest normal number
+  const auto scalars = scalar::adam_scalars<T>(a);
   [[maybe_unused]] const int nt = threads_for(n * 8);
 #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
-    T pi = p[i];
-    if (decoupled) pi = pi * decay;
-    T g = grad[i];
-    if (l2) g = g + pi * wd;
-    T mi = m[i] * b1 + g * one_minus_b1;
-    T vi = v[i] * b2 + (g * g) * one_minus_b2;
-    // Note [Adam moments flush to zero]
-    mi = std::abs(mi) < tiny ? T(0) : mi;
-    vi = vi < tiny ? T(0) : vi;
-    T second = vi;
-    if (v_max) {
-      // maximum() propagates NaN.
-      second = (v_max[i] != v_max[i] || v_max[i] > vi) ? v_max[i] : vi;
-      v_max[i] = second;
-    }
-    const T denom = std::sqrt(second) * inv_bc2 + eps;
-    p[i] = pi + (mi / denom) * step;
-    m[i] = mi;
-    v[i] = vi;
-  }
+  for (int64_t i = 0; i < n; ++i) scalar::adam_element(scalars, p[i], grad[i], m[i], v[i], v_max ? v_max + i : nullptr);
 }
 
 // ------------------------------------------------------------------------------------------------

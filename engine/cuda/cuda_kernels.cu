@@ -764,30 +764,9 @@ void CudaBackend::where(const View& out, const View& cond, const View& x, const 
 
 // The fused Adam step of AdamArgs (see engine/backend.h), one thread per element.
 template <typename T>
-__global__ void adam_kernel(int64_t n, AdamArgs a, T* p, const T* grad, T* m, T* v, T* v_max) {
-  const T decay = T(a.decay), wd = T(a.weight_decay), b1 = T(a.beta1), b2 = T(a.beta2);
-  const T one_minus_b1 = T(1 - a.beta1), one_minus_b2 = T(1 - a.beta2), eps = T(a.eps);
-  const T inv_bc2 = T(a.inv_bias_correction2_sqrt), step = T(a.step);
-  const bool decoupled = a.decay != 1, l2 = a.weight_decay != 0;  // as the CPU: no 0·inf
-  const T tiny = std::numeric_limits<T>::min();
-  for (int64_t i = thread_index(); i < n; i += grid_stride()) {
-    T pi = p[i];
-    if (decoupled) pi = pi * decay;
-    T g = grad[i];
-    if (l2) g = g + pi * wd;
-    T mi = m[i] * b1 + g * one_minus_b1;
-    T vi = v[i] * b2 + (g * g) * one_minus_b2;
-    mi = fabs(mi) < tiny ? T(0) : mi;  // as the CPU (Note [Adam moments flush to zero])
-    vi = vi < tiny ? T(0) : vi;
-    T second = vi;
-    if (v_max) {
-      second = (v_max[i] != v_max[i] || v_max[i] > vi) ? v_max[i] : vi;  // maximum() propagates NaN
-      v_max[i] = second;
-    }
-    p[i] = pi + (mi / (sqrt(second) * inv_bc2 + eps)) * step;
-    m[i] = mi;
-    v[i] = vi;
-  }
+__global__ void adam_kernel(int64_t n, scalar::AdamScalars<T> s, T* p, const T* grad, T* m, T* v, T* v_max) {
+  for (int64_t i = thread_index(); i < n; i += grid_stride())
+    scalar::adam_element(s, p[i], grad[i], m[i], v[i], v_max ? v_max + i : nullptr);
 }
 
 void CudaBackend::adam(const AdamArgs& args, const View& param, const View& grad, const View& exp_avg,
@@ -797,9 +776,9 @@ void CudaBackend::adam(const AdamArgs& args, const View& param, const View& grad
   if (n == 0) return;
   EF_DISPATCH_FLOAT(param.dtype, "adam", [&] {
     adam_kernel<scalar_t><<<grid_for(*this, n), kThreads, 0, stream()>>>(
-        n, args, static_cast<scalar_t*>(param.data), static_cast<const scalar_t*>(grad.data),
-        static_cast<scalar_t*>(exp_avg.data), static_cast<scalar_t*>(exp_avg_sq.data),
-        args.amsgrad ? static_cast<scalar_t*>(max_exp_avg_sq.data) : nullptr);
+        n, scalar::adam_scalars<scalar_t>(args), static_cast<scalar_t*>(param.data),
+        static_cast<const scalar_t*>(grad.data), static_cast<scalar_t*>(exp_avg.data),
+        static_cast<scalar_t*>(exp_avg_sq.data), args.amsgrad ? static_cast<scalar_t*>(max_exp_avg_sq.data) : nullptr);
   });
   EF_CUDA_CHECK_LAUNCH();
 }
