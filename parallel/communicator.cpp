@@ -207,9 +207,14 @@ void LocalCommunicator::all_reduce_in_place(const std::vector<Tensor>& per_rank)
     std::lock_guard<std::mutex> lock(mu_);
     EF_CHECK(aborted_.empty(), "all_reduce_in_place: the communicator was aborted: ", aborted_);
   }
+  // One rank's sum is its own tensor (a one-device model syncs every step, so this is hot). With
+  // more, rank 0's tensor takes the sum, in rank order as ordered_sum adds, and the others copy it:
+  // every rank gets the same bits, with no temporary.
+  if (per_rank.size() == 1) return;
   NoGradGuard no_grad;
-  const Tensor total = ordered_sum(per_rank, devices_[0]);
-  for (const Tensor& t : per_rank) t.copy_(total.to(t.device()));
+  const Tensor& total = per_rank[0];
+  for (size_t r = 1; r < per_rank.size(); ++r) total.add_(per_rank[r].to(total.device()));
+  for (size_t r = 1; r < per_rank.size(); ++r) per_rank[r].copy_(total.to(per_rank[r].device()));
 }
 
 void LocalCommunicator::abort(const std::string& why) {
