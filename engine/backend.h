@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 
 #include "engine/dtype.h"
 #include "engine/scalar_ops.h"
@@ -84,6 +85,32 @@ struct PoolArgs {
   int64_t kh = 1, kw = 1, stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0, dil_h = 1, dil_w = 1;
 };
 
+// A contiguous view of `shape` at `data`.
+inline View contiguous_view(void* data, DType dtype, std::initializer_list<int64_t> shape) {
+  View v;
+  v.data = data;
+  v.dtype = dtype;
+  v.ndim = static_cast<int>(shape.size());
+  int64_t stride = 1;
+  for (int d = v.ndim; d-- > 0;) {
+    v.shape[d] = shape.begin()[d];
+    v.strides[d] = stride;
+    stride *= v.shape[d];
+  }
+  return v;
+}
+
+// A contiguous [C] view broadcast over a [N, C, H, W] view y (stride 0 except along C): a
+// per-channel bias as binary() takes it.
+inline View channel_broadcast(const View& bias, const View& y) {
+  View b = y;
+  b.data = bias.data;
+  b.dtype = bias.dtype;
+  for (int d = 0; d < b.ndim; ++d) b.strides[d] = 0;
+  b.strides[1] = 1;
+  return b;
+}
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -116,8 +143,9 @@ class Backend {
   virtual void gemm(const GemmArgs& args) = 0;
 
   // Convolution kernels; every view is contiguous. conv2d_input_grad and conv2d_weight_grad
-  // overwrite their outputs.
-  virtual void conv2d(const ConvArgs& args, const View& y, const View& x, const View& w) = 0;
+  // overwrite their outputs. conv2d adds `bias` ([c_out]; an empty view when there is none) to every
+  // output channel, inside the convolution where the kernel can, saving a pass over y.
+  virtual void conv2d(const ConvArgs& args, const View& y, const View& x, const View& w, const View& bias) = 0;
   virtual void conv2d_input_grad(const ConvArgs& args, const View& gx, const View& gy, const View& w) = 0;
   virtual void conv2d_weight_grad(const ConvArgs& args, const View& gw, const View& x, const View& gy) = 0;
 
@@ -127,6 +155,9 @@ class Backend {
   // Max pooling over contiguous NCHW; indices (int64) are flat positions within each H*W plane.
   // Padding never wins (it acts as -infinity).
   virtual void max_pool2d(const PoolArgs& args, const View& out, const View& indices, const View& x) = 0;
+  // Its gradient: gx (contiguous NCHW, overwritten) gets each element of gy (contiguous) at the
+  // index max_pool2d wrote for it, summed where windows overlap, zero elsewhere.
+  virtual void max_pool2d_backward(const PoolArgs& args, const View& gx, const View& gy, const View& indices) = 0;
 
   // torch.gather / scatter_add semantics along `dim`; index is int64, contiguous, shaped like out
   // (gather) or src (scatter_add). scatter_add adds into out, which holds its initial values.

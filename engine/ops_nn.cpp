@@ -216,18 +216,22 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const C
   detail::check_float("conv2d", x);
   detail::check_compatible("conv2d", x, weight, "input", "weight");
   const ConvArgs a = conv_args("conv2d", x.shape(), weight.shape(), o);
-  Tensor y = detail::empty_like_shape(x, {a.n, a.c_out, a.oh, a.ow});
-  if (y.numel() > 0) backend_of(x).conv2d(a, y.view(), x.contiguous().view(), weight.contiguous().view());
-  record("conv2d", {y}, {x, weight}, {x, weight}, [x, weight, o](const Grads& g) {
-    return Grads{x.requires_grad() ? conv2d_input_grad(g[0], weight, x.shape(), o) : Tensor(),
-                 weight.requires_grad() ? conv2d_weight_grad(x, g[0], weight.shape(), o) : Tensor()};
-  });
   if (bias.defined()) {
     detail::check_compatible("conv2d", x, bias, "input", "bias");
     EF_CHECK(bias.dim() == 1 && bias.size(0) == a.c_out, "conv2d: bias has shape ", shape_str(bias.shape()),
              ", expected [", a.c_out, "]");
-    y = y + reshape(bias, {1, a.c_out, 1, 1});
   }
+  Tensor y = detail::empty_like_shape(x, {a.n, a.c_out, a.oh, a.ow});
+  // The bias is added by the kernel (one pass over y fewer than a separate add); its gradient is
+  // the output gradient summed over batch and space.
+  if (y.numel() > 0)
+    backend_of(x).conv2d(a, y.view(), x.contiguous().view(), weight.contiguous().view(),
+                         bias.defined() ? bias.contiguous().view() : View{});
+  record("conv2d", {y}, {x, weight, bias}, {x, weight}, [x, weight, bias, o](const Grads& g) {
+    return Grads{x.requires_grad() ? conv2d_input_grad(g[0], weight, x.shape(), o) : Tensor(),
+                 weight.requires_grad() ? conv2d_weight_grad(x, g[0], weight.shape(), o) : Tensor(),
+                 bias.defined() && bias.requires_grad() ? sum(g[0], {0, 2, 3}) : Tensor()};
+  });
   return y;
 }
 
@@ -324,6 +328,18 @@ static Tensor scatter_add_into_zeros(const Shape& shape, int64_t d, const Tensor
   return y;
 }
 
+// The gradient goes to each window's argmax (a scatter_add over the flattened planes, in one kernel
+// that zeroes and scatters a plane at a time); its own derivative gathers with the same indices.
+static Tensor max_pool2d_backward(const Tensor& gy, const Tensor& idx, const PoolArgs& a) {
+  Tensor gx = detail::empty_like_shape(gy, {a.n, a.c, a.h, a.w});
+  if (gx.numel() > 0) backend_of(gy).max_pool2d_backward(a, gx.view(), gy.contiguous().view(), idx.view());
+  record("max_pool2d_backward", {gx}, {gy}, {}, [idx, a](const Grads& g) {
+    const Tensor flat = gather(reshape(g[0], {a.n, a.c, a.h * a.w}), 2, reshape(idx, {a.n, a.c, a.oh * a.ow}));
+    return Grads{reshape(flat, {a.n, a.c, a.oh, a.ow})};
+  });
+  return gx;
+}
+
 static Tensor index_add_into_zeros(const Shape& shape, int64_t d, const Tensor& idx, const Tensor& src) {
   Tensor y = zeros(shape, detail::options_of(src));
   if (src.numel() > 0) backend_of(src).index_add(y.view(), static_cast<int>(d), idx.view(), src.view());
@@ -353,13 +369,7 @@ Tensor max_pool2d(const Tensor& x, const Pool2dOptions& o) {
   Tensor y = detail::empty_like_shape(x, {a.n, a.c, a.oh, a.ow});
   Tensor idx = empty({a.n, a.c, a.oh, a.ow}, {.dtype = kInt64, .device = x.device()});
   if (y.numel() > 0) backend_of(x).max_pool2d(a, y.view(), idx.view(), x.contiguous().view());
-  // The gradient goes to each window's argmax: a scatter_add over the flattened planes, whose own
-  // derivative is a gather with the same indices.
-  record("max_pool2d", {y}, {x}, {}, [idx, in = x.shape()](const Grads& g) {
-    const int64_t n = in[0], c = in[1];
-    const Tensor flat_idx = idx.reshape({n, c, -1});
-    return Grads{reshape(scatter_add_into_zeros({n, c, in[2] * in[3]}, 2, flat_idx, reshape(g[0], {n, c, -1})), in)};
-  });
+  record("max_pool2d", {y}, {x}, {}, [idx, a](const Grads& g) { return Grads{max_pool2d_backward(g[0], idx, a)}; });
   return y;
 }
 

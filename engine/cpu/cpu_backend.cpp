@@ -586,6 +586,31 @@ void max_pool2x2_row(const T* row0, const T* row1, int64_t base, int64_t w, int6
   }
 }
 
+// One plane at a time: zeroed and scattered into while it is in cache, where zeros() and a
+// scatter_add over the whole gradient took two passes over it, and a third over the indices to
+// check them.
+template <typename T>
+void max_pool2d_backward_typed(const PoolArgs& a, T* gx, const T* gy, const int64_t* indices) {
+  const int64_t planes = a.n * a.c, plane_in = a.h * a.w, plane_out = a.oh * a.ow;
+  [[maybe_unused]] const int nt = threads_for(planes * (plane_in + plane_out));
+  bool bad = false;
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static) reduction(|| : bad)
+  for (int64_t p = 0; p < planes; ++p) {
+    T* gxp = gx + p * plane_in;
+    const T* gyp = gy + p * plane_out;
+    const int64_t* ip = indices + p * plane_out;
+    std::fill(gxp, gxp + plane_in, T(0));
+    for (int64_t o = 0; o < plane_out; ++o) {
+      const int64_t i = ip[o];
+      if (static_cast<uint64_t>(i) < static_cast<uint64_t>(plane_in))
+        gxp[i] += gyp[o];
+      else
+        bad = true;
+    }
+  }
+  EF_CHECK(!bad, "max_pool2d backward: an index is outside its ", a.h, "x", a.w, " plane");
+}
+
 template <typename T>
 void max_pool2d_typed(const PoolArgs& a, T* out, int64_t* indices, const T* x) {
   const int64_t planes = a.n * a.c, plane_out = a.oh * a.ow;
@@ -780,8 +805,8 @@ class CpuBackend final : public Backend {
   void reduce(ReduceOp op, const View& out, const View& x) override { reduce_impl(op, out, x); }
 
   void gemm(const GemmArgs& args) override { cpu_backend::gemm(args); }
-  void conv2d(const ConvArgs& args, const View& y, const View& x, const View& w) override {
-    conv2d_forward(args, y, x, w);
+  void conv2d(const ConvArgs& args, const View& y, const View& x, const View& w, const View& bias) override {
+    conv2d_forward(args, y, x, w, bias);
   }
   void conv2d_input_grad(const ConvArgs& args, const View& gx, const View& gy, const View& w) override {
     cpu_backend::conv2d_input_grad(args, gx, gy, w);
@@ -805,6 +830,15 @@ class CpuBackend final : public Backend {
     EF_DISPATCH_FLOAT(x.dtype, "max_pool2d", [&] {
       max_pool2d_typed(args, static_cast<scalar_t*>(out.data), static_cast<int64_t*>(indices.data),
                        static_cast<const scalar_t*>(x.data));
+    });
+  }
+  void max_pool2d_backward(const PoolArgs& args, const View& gx, const View& gy, const View& indices) override {
+    EF_ASSERT(gx.is_contiguous() && gy.is_contiguous() && indices.is_contiguous() && gx.dtype == gy.dtype &&
+                  indices.dtype == DType::Int64,
+              "max_pool2d_backward: expects contiguous views and int64 indices");
+    EF_DISPATCH_FLOAT(gx.dtype, "max_pool2d_backward", [&] {
+      max_pool2d_backward_typed(args, static_cast<scalar_t*>(gx.data), static_cast<const scalar_t*>(gy.data),
+                                static_cast<const int64_t*>(indices.data));
     });
   }
 

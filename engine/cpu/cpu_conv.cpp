@@ -537,7 +537,7 @@ struct ConvWork {
 };
 
 template <typename T>
-void conv_forward_typed(const ConvArgs& a, T* y, const T* x, const T* w) {
+void conv_forward_typed(const ConvArgs& a, T* y, const T* x, const T* w, const T* bias) {
   constexpr TileShape S = TileShape::Wide;
   const ConvGeometry geo(a, Micro<T, S>::NR);
   const int64_t a_elems = packed_a_elems<T, S>(geo.og, geo.kc);
@@ -555,6 +555,11 @@ void conv_forward_typed(const ConvArgs& a, T* y, const T* x, const T* w) {
         packed_gemm<T, S, true>(geo.og, pt, geo.kc, work.shared + g * a_elems, 0, col + g * group_elems,
                                 y + s * geo.y_sample + g * geo.og * geo.p + oh0 * a.ow, geo.p, false,
                                 work.gemm_threads());
+    }
+    if (bias != nullptr) {  // while the sample's output is still in cache
+      T* ys = y + s * geo.y_sample;
+      for (int64_t c = 0; c < a.c_out; ++c)
+        for (int64_t i = 0; i < geo.p; ++i) ys[c * geo.p + i] += bias[c];
     }
   });
 }
@@ -663,17 +668,19 @@ void gemm(const GemmArgs& args) {
   EF_DISPATCH_FLOAT(args.dtype, "matmul", [&] { gemm_typed<scalar_t>(args); });
 }
 
-void conv2d_forward(const ConvArgs& args, const View& y, const View& x, const View& w) {
+void conv2d_forward(const ConvArgs& args, const View& y, const View& x, const View& w, const View& bias) {
   check_conv("conv2d", args, x, w);
   EF_ASSERT(y.is_contiguous() && y.dtype == x.dtype, "conv2d: bad output view");
+  EF_ASSERT(bias.data == nullptr || (bias.is_contiguous() && bias.numel() == args.c_out && bias.dtype == x.dtype),
+            "conv2d: bad bias view");
 #if EF_ONEDNN
   if (x.dtype == DType::Float32 && onednn_takes(args, ConvPass::Forward))
     return onednn_conv2d_forward(args, static_cast<float*>(y.data), static_cast<const float*>(x.data),
-                                 static_cast<const float*>(w.data));
+                                 static_cast<const float*>(w.data), static_cast<const float*>(bias.data));
 #endif
   EF_DISPATCH_FLOAT(x.dtype, "conv2d", [&] {
     conv_forward_typed(args, static_cast<scalar_t*>(y.data), static_cast<const scalar_t*>(x.data),
-                       static_cast<const scalar_t*>(w.data));
+                       static_cast<const scalar_t*>(w.data), static_cast<const scalar_t*>(bias.data));
   });
 }
 

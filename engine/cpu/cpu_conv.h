@@ -16,7 +16,7 @@ void* thread_workspace(size_t bytes);
 void gemm(const GemmArgs& args);
 
 // The three convolution kernels of Backend (every view contiguous; outputs are overwritten).
-void conv2d_forward(const ConvArgs& args, const View& y, const View& x, const View& w);
+void conv2d_forward(const ConvArgs& args, const View& y, const View& x, const View& w, const View& bias);
 void conv2d_input_grad(const ConvArgs& args, const View& gx, const View& gy, const View& w);
 void conv2d_weight_grad(const ConvArgs& args, const View& gw, const View& x, const View& gy);
 

@@ -58,10 +58,10 @@ size_t round_up(size_t bytes) {
   return (bytes + 63) / 64 * 64;
 }
 
-// Every field of ConvArgs, the pass and the team size.
-using Key = std::array<int64_t, 18>;
+// Every field of ConvArgs, the pass, the team size and whether a forward pass adds a bias.
+using Key = std::array<int64_t, 19>;
 
-Key make_key(const ConvArgs& a, ConvPass pass, int threads) {
+Key make_key(const ConvArgs& a, ConvPass pass, int threads, bool bias) {
   return {a.n,
           a.c_in,
           a.h,
@@ -79,7 +79,8 @@ Key make_key(const ConvArgs& a, ConvPass pass, int threads) {
           a.dil_w,
           a.groups,
           static_cast<int64_t>(pass),
-          threads};
+          threads,
+          bias};
 }
 
 struct KeyHash {
@@ -102,6 +103,7 @@ struct Operand {
 struct Plan {
   dnnl::primitive conv;
   Operand in0, in1, out;
+  dnnl::memory::desc bias;     // plain [c_out]; empty without a bias
   dnnl::memory::desc scratch;  // bytes, the largest scratchpad of the convolution and its reorders
   size_t workspace_bytes = 0;  // the scratchpad at offset 0, then the reordered operands
 };
@@ -115,7 +117,7 @@ dnnl::memory::desc any_desc(const Dims& dims) {
   return dnnl::memory::desc(dims, dnnl::memory::data_type::f32, Tag::any);
 }
 
-Plan make_plan(const ConvArgs& a, ConvPass pass) {
+Plan make_plan(const ConvArgs& a, ConvPass pass, bool bias) {
   const Dims src{a.n, a.c_in, a.h, a.w}, dst{a.n, a.c_out, a.oh, a.ow};
   const Dims wei = a.groups == 1 ? Dims{a.c_out, a.c_in, a.kh, a.kw}
                                  : Dims{a.groups, a.c_out / a.groups, a.c_in / a.groups, a.kh, a.kw};
@@ -127,12 +129,15 @@ Plan make_plan(const ConvArgs& a, ConvPass pass) {
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   const dnnl::engine& eng = cpu_engine();
   const auto algo = dnnl::algorithm::convolution_direct;
+  Plan plan;
+  if (bias) plan.bias = dnnl::memory::desc({a.c_out}, dnnl::memory::data_type::f32, Tag::a);
   const dnnl::convolution_forward::primitive_desc fwd(
-      dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, algo, any_desc(src), any_desc(wei),
-                                      any_desc(dst), strides, dilates, pad_l, pad_r),
+      bias ? dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, algo, any_desc(src), any_desc(wei),
+                                             plan.bias, any_desc(dst), strides, dilates, pad_l, pad_r)
+           : dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, algo, any_desc(src), any_desc(wei),
+                                             any_desc(dst), strides, dilates, pad_l, pad_r),
       attr, eng);
 
-  Plan plan;
   dnnl::memory::desc scratch;
   switch (pass) {
     case ConvPass::Forward:
@@ -189,13 +194,13 @@ Plan make_plan(const ConvArgs& a, ConvPass pass) {
 
 // The plans made so far. A plan is never removed, so references to it stay valid, and it is only
 // read after it is made, so threads may run one at once.
-const Plan& plan_for(const ConvArgs& a, ConvPass pass, int threads) {
+const Plan& plan_for(const ConvArgs& a, ConvPass pass, int threads, bool bias) {
   static std::mutex mutex;
   static std::unordered_map<Key, std::unique_ptr<Plan>, KeyHash> plans;
-  const Key key = make_key(a, pass, threads);
+  const Key key = make_key(a, pass, threads, bias);
   const std::lock_guard<std::mutex> lock(mutex);
   std::unique_ptr<Plan>& plan = plans[key];
-  if (!plan) plan = std::make_unique<Plan>(make_plan(a, pass));
+  if (!plan) plan = std::make_unique<Plan>(make_plan(a, pass, bias));
   return *plan;
 }
 
@@ -211,11 +216,12 @@ const char* pass_name(ConvPass pass) {
   return "conv2d";
 }
 
-void run(const ConvArgs& a, ConvPass pass, const void* in0, const void* in1, void* out) {
+// `bias` (forward only) is null or c_out floats.
+void run(const ConvArgs& a, ConvPass pass, const void* in0, const void* in1, void* out, const float* bias = nullptr) {
   try {
     const int threads = std::max(1, kernel_threads());
     set_team_size(threads);
-    const Plan& plan = plan_for(a, pass, threads);
+    const Plan& plan = plan_for(a, pass, threads, bias != nullptr);
     std::byte* ws = static_cast<std::byte*>(thread_workspace(plan.workspace_bytes));
     const dnnl::engine& eng = cpu_engine();
     dnnl::stream& stream = thread_stream();
@@ -231,6 +237,7 @@ void run(const ConvArgs& a, ConvPass pass, const void* in0, const void* in1, voi
     };
     args.emplace(plan.in0.arg, input(plan.in0, in0));
     args.emplace(plan.in1.arg, input(plan.in1, in1));
+    if (bias != nullptr) args.emplace(DNNL_ARG_BIAS, dnnl::memory(plan.bias, eng, const_cast<float*>(bias)));
     const dnnl::memory out_plain(plan.out.plain, eng, out);
     const dnnl::memory out_used = plan.out.reorder ? dnnl::memory(plan.out.used, eng, ws + plan.out.offset) : out_plain;
     args.emplace(plan.out.arg, out_used);
@@ -267,8 +274,8 @@ bool onednn_takes(const ConvArgs& a, ConvPass pass) {
   return true;
 }
 
-void onednn_conv2d_forward(const ConvArgs& args, float* y, const float* x, const float* w) {
-  run(args, ConvPass::Forward, x, w, y);
+void onednn_conv2d_forward(const ConvArgs& args, float* y, const float* x, const float* w, const float* bias) {
+  run(args, ConvPass::Forward, x, w, y, bias);
 }
 
 void onednn_conv2d_input_grad(const ConvArgs& args, float* gx, const float* gy, const float* w) {

@@ -14,8 +14,9 @@ enum class ConvPass { Forward, InputGrad, WeightGrad };
 bool onednn_takes(const ConvArgs& args, ConvPass pass);
 
 // The three kernels of Backend for float32 (outputs are overwritten). They run on this thread's
-// OpenMP team (omp_get_max_threads()), and may be called from several threads at once.
-void onednn_conv2d_forward(const ConvArgs& args, float* y, const float* x, const float* w);
+// OpenMP team (omp_get_max_threads()), and may be called from several threads at once. The forward
+// adds `bias` (c_out floats; null for none) to every output channel.
+void onednn_conv2d_forward(const ConvArgs& args, float* y, const float* x, const float* w, const float* bias);
 void onednn_conv2d_input_grad(const ConvArgs& args, float* gx, const float* gy, const float* w);
 void onednn_conv2d_weight_grad(const ConvArgs& args, float* gw, const float* x, const float* gy);
 

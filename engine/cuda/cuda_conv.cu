@@ -225,8 +225,10 @@ void run_conv(CudaBackend& be, const ConvArgs& a, DType dtype, const View& out, 
 
 }  // namespace
 
-void CudaBackend::conv2d(const ConvArgs& args, const View& y, const View& x, const View& w) {
+void CudaBackend::conv2d(const ConvArgs& args, const View& y, const View& x, const View& w, const View& bias) {
   run_conv<ForwardPass>(*this, args, x.dtype, y, x, w);
+  // In place on the stream, with the elementwise kernel every other bias add uses.
+  if (bias.data != nullptr) binary(BinaryOp::Add, y, y, channel_broadcast(bias, y));
 }
 
 void CudaBackend::conv2d_input_grad(const ConvArgs& args, const View& gx, const View& gy, const View& w) {

@@ -69,7 +69,8 @@ class CudaBackend final : public Backend {
   void random(const View& out, RandomKind kind, double a, double b, uint64_t seed, uint64_t offset) override;
 
   // Convolutions (cuda_conv.cu).
-  void conv2d(const ConvArgs& args, const View& y, const View& x, const View& w) override;
+  void max_pool2d_backward(const PoolArgs& args, const View& gx, const View& gy, const View& indices) override;
+  void conv2d(const ConvArgs& args, const View& y, const View& x, const View& w, const View& bias) override;
   void conv2d_input_grad(const ConvArgs& args, const View& gx, const View& gy, const View& w) override;
   void conv2d_weight_grad(const ConvArgs& args, const View& gw, const View& x, const View& gy) override;
 

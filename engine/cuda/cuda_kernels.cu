@@ -847,6 +847,19 @@ void CudaBackend::max_pool2d(const PoolArgs& args, const View& out, const View& 
   });
 }
 
+// Zeros, then the scatter_add of every plane's gradient at its indices (the kernels the general
+// scatter_add op runs).
+void CudaBackend::max_pool2d_backward(const PoolArgs& args, const View& gx, const View& gy, const View& indices) {
+  EF_ASSERT(gx.is_contiguous() && gy.is_contiguous() && indices.is_contiguous() && gx.dtype == gy.dtype &&
+                indices.dtype == DType::Int64,
+            "max_pool2d_backward: bad operands");
+  fill(gx, 0.0);
+  const int64_t n = args.n, c = args.c;
+  scatter_add(contiguous_view(gx.data, gx.dtype, {n, c, args.h * args.w}), 2,
+              contiguous_view(indices.data, DType::Int64, {n, c, args.oh * args.ow}),
+              contiguous_view(gy.data, gy.dtype, {n, c, args.oh * args.ow}));
+}
+
 void CudaBackend::gather(const View& out, const View& x, int dim, const View& index) {
   activate();
   EF_ASSERT(index.ndim == out.ndim, "gather: index has ", index.ndim, " dims, output ", out.ndim);

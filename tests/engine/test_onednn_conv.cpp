@@ -86,8 +86,9 @@ std::vector<Geometry> geometries() {
   };
 }
 
-enum Pass { kForward, kInputGrad, kWeightGrad };
-const char* const kPassNames[] = {"forward", "input grad", "weight grad"};
+enum Pass { kForward, kForwardBias, kInputGrad, kWeightGrad };
+const char* const kPassNames[] = {"forward", "forward with bias", "input grad", "weight grad"};
+constexpr Pass kPasses[] = {kForward, kForwardBias, kInputGrad, kWeightGrad};
 
 template <typename T>
 View view_of(std::vector<T>& v, int64_t d0, int64_t d1, int64_t d2, int64_t d3) {
@@ -105,10 +106,11 @@ View view_of(std::vector<T>& v, int64_t d0, int64_t d1, int64_t d2, int64_t d3) 
   return out;
 }
 
-// x, w and y of a convolution: one pass reads two of them and writes the third.
+// x, w and y of a convolution: one pass reads two of them and writes the third. The forward with
+// bias also reads b.
 template <typename T>
 struct Operands {
-  std::vector<T> x, w, y;
+  std::vector<T> x, w, y, b;
 };
 
 template <typename T>
@@ -117,6 +119,7 @@ Operands<T> operands(const ConvArgs& a) {
   o.x.resize(static_cast<size_t>(a.n * a.c_in * a.h * a.w));
   o.w.resize(static_cast<size_t>(a.c_out * (a.c_in / a.groups) * a.kh * a.kw));
   o.y.resize(static_cast<size_t>(a.n * a.c_out * a.oh * a.ow));
+  o.b.resize(static_cast<size_t>(a.c_out));
   return o;
 }
 
@@ -125,24 +128,33 @@ template <typename T>
 void backend_pass(const ConvArgs& a, Pass pass, Operands<T>& o) {
   const View x = view_of(o.x, a.n, a.c_in, a.h, a.w), y = view_of(o.y, a.n, a.c_out, a.oh, a.ow);
   const View w = view_of(o.w, a.c_out, a.c_in / a.groups, a.kh, a.kw);
-  if (pass == kForward) cpu_backend::conv2d_forward(a, y, x, w);
+  View b{};
+  if (pass == kForwardBias) {
+    b.data = o.b.data();
+    b.dtype = x.dtype;
+    b.ndim = 1;
+    b.shape[0] = a.c_out;
+    b.strides[0] = 1;
+  }
+  if (pass == kForward || pass == kForwardBias) cpu_backend::conv2d_forward(a, y, x, w, b);
   if (pass == kInputGrad) cpu_backend::conv2d_input_grad(a, x, y, w);
   if (pass == kWeightGrad) cpu_backend::conv2d_weight_grad(a, w, x, y);
 }
 
 #if EF_ONEDNN
 void onednn_pass(const ConvArgs& a, Pass pass, Operands<float>& o) {
-  if (pass == kForward) cpu_backend::onednn_conv2d_forward(a, o.y.data(), o.x.data(), o.w.data());
+  if (pass == kForward) cpu_backend::onednn_conv2d_forward(a, o.y.data(), o.x.data(), o.w.data(), nullptr);
+  if (pass == kForwardBias) cpu_backend::onednn_conv2d_forward(a, o.y.data(), o.x.data(), o.w.data(), o.b.data());
   if (pass == kInputGrad) cpu_backend::onednn_conv2d_input_grad(a, o.x.data(), o.y.data(), o.w.data());
   if (pass == kWeightGrad) cpu_backend::onednn_conv2d_weight_grad(a, o.w.data(), o.x.data(), o.y.data());
 }
 #endif
 
 std::vector<double>& output_of(Operands<double>& o, Pass pass) {
-  return pass == kForward ? o.y : pass == kInputGrad ? o.x : o.w;
+  return pass == kForward || pass == kForwardBias ? o.y : pass == kInputGrad ? o.x : o.w;
 }
 std::vector<float>& output_of(Operands<float>& o, Pass pass) {
-  return pass == kForward ? o.y : pass == kInputGrad ? o.x : o.w;
+  return pass == kForward || pass == kForwardBias ? o.y : pass == kInputGrad ? o.x : o.w;
 }
 
 // The float64 result of one pass, and the magnitude of each output element (the same pass on the
@@ -158,15 +170,16 @@ Reference reference(const ConvArgs& a, Pass pass, uint32_t seed) {
   std::normal_distribution<double> normal;
   Operands<double> o = operands<double>(a);
   // Inputs are drawn in float32 so that both sides multiply the same numbers.
-  for (std::vector<double>* v : {&o.x, &o.w, &o.y})
+  for (std::vector<double>* v : {&o.x, &o.w, &o.y, &o.b})
     for (double& e : *v) e = static_cast<float>(normal(rng));
   Reference r;
   r.inputs = operands<float>(a);
-  for (auto [d, f] : {std::pair{&o.x, &r.inputs.x}, std::pair{&o.w, &r.inputs.w}, std::pair{&o.y, &r.inputs.y}})
+  for (auto [d, f] : {std::pair{&o.x, &r.inputs.x}, std::pair{&o.w, &r.inputs.w}, std::pair{&o.y, &r.inputs.y},
+                      std::pair{&o.b, &r.inputs.b}})
     for (size_t i = 0; i < d->size(); ++i) (*f)[i] = static_cast<float>((*d)[i]);
   backend_pass(a, pass, o);
   r.want = output_of(o, pass);
-  for (std::vector<double>* v : {&o.x, &o.w, &o.y})
+  for (std::vector<double>* v : {&o.x, &o.w, &o.y, &o.b})
     for (double& e : *v) e = std::abs(e);
   backend_pass(a, pass, o);
   r.magnitude = output_of(o, pass);
@@ -206,7 +219,7 @@ TEST_CASE("conv float32 (oneDNN and the float32 dispatch) equals the float64 im2
   uint32_t seed = 1;
   for (const Geometry& g : geometries()) {
     const ConvArgs a = g.args();
-    for (Pass pass : {kForward, kInputGrad, kWeightGrad}) {
+    for (Pass pass : kPasses) {
       const Reference r = reference(a, pass, seed++);
       for (const auto& [kernel, run] : float32_kernels()) {
         CAPTURE(g.name);
@@ -233,7 +246,7 @@ TEST_CASE("conv float32: two threads convolving different shapes at once get the
   uint32_t seed = 100;
   for (size_t t = 0; t < per_thread.size(); ++t)
     for (const Geometry& g : per_thread[t])
-      for (Pass pass : {kForward, kInputGrad, kWeightGrad}) refs[t].push_back(reference(g.args(), pass, seed++));
+      for (Pass pass : kPasses) refs[t].push_back(reference(g.args(), pass, seed++));
 
   const int threads_before = num_threads();
   set_num_threads(1);
@@ -245,7 +258,7 @@ TEST_CASE("conv float32: two threads convolving different shapes at once get the
         for (int round = 0; round < 4; ++round) {
           size_t i = 0;
           for (const Geometry& g : per_thread[t]) {
-            for (Pass pass : {kForward, kInputGrad, kWeightGrad}) {
+            for (Pass pass : kPasses) {
               const Reference& r = refs[t][i++];
               for (const auto& [kernel, run] : float32_kernels()) {
                 Operands<float> o = r.inputs;
@@ -273,8 +286,8 @@ TEST_CASE("conv float32: a case oneDNN refuses is an ef::Error naming the op and
   const ConvArgs a = Geometry{"3x3 groups 2", 1, 2, 5, 5, 3, 3, 3, 1, 1, 0, 0, 1, 1, 2}.args();
   std::vector<float> x(static_cast<size_t>(2 * 5 * 5)), w(static_cast<size_t>(3 * 3 * 3)),
       y(static_cast<size_t>(3 * 3 * 3));
-  const std::string msg =
-      evenflow::testing::error_of([&] { cpu_backend::onednn_conv2d_forward(a, y.data(), x.data(), w.data()); });
+  const std::string msg = evenflow::testing::error_of(
+      [&] { cpu_backend::onednn_conv2d_forward(a, y.data(), x.data(), w.data(), nullptr); });
   CHECK_MESSAGE(msg.find("conv2d: oneDNN failed") != std::string::npos, msg);
   CHECK_MESSAGE(msg.find("groups 2") != std::string::npos, msg);
 }
