@@ -1,6 +1,7 @@
 #include "engine/autograd.h"
 
 #include <condition_variable>
+#include <deque>
 #include <exception>
 #include <unordered_map>
 #include <unordered_set>
@@ -194,6 +195,9 @@ struct GraphTask {
   std::string error;
   std::condition_variable done_cv;
   Worker* waiting_worker = nullptr;
+  // Note [Backward on the calling thread]: nodes queue here instead of on their device's worker.
+  bool on_caller = false;
+  std::deque<Node*> caller_queue;
 };
 
 void schedule(const std::shared_ptr<GraphTask>& task, Node* node);
@@ -297,7 +301,29 @@ void run_node(const std::shared_ptr<GraphTask>& task, Node* node) {
 }
 
 void schedule(const std::shared_ptr<GraphTask>& task, Node* node) {
+  if (task->on_caller) {
+    std::lock_guard<std::mutex> lock(task->mu);
+    task->caller_queue.push_back(node);
+    return;
+  }
   context(node->device()).worker().post([task, node] { run_node(task, node); });
+}
+
+// Note [Backward on the calling thread]
+// A pass runs each node on its device's worker. One exception: a pass whose nodes are all on one
+// CPU device, started by a thread that is not a worker while no CPU device has a worker yet -- a
+// program training on one CPU device without the parallel module, as PyTorch runs it. Its nodes run
+// on the calling thread, in the order the worker would run them. Otherwise this pass would start
+// the device's worker, and from then on the calling thread, which runs the forward passes, would
+// run its kernels on one thread (Note [One OpenMP team per core] in device.cpp): bench_engine's
+// convolutions and matmuls forward ran at half speed after their first backward.
+bool runs_on_caller(const GraphTask& task) {
+  if (Worker::current() != nullptr || cpu_workers_started()) return false;
+  const Device first = task.nodes.front()->device();
+  if (!first.is_cpu()) return false;
+  for (const auto& n : task.nodes)
+    if (n->device() != first) return false;
+  return true;
 }
 
 }  // namespace
@@ -406,11 +432,24 @@ static std::vector<Tensor> run_backward(const std::vector<Tensor>& outputs, cons
   EF_ASSERT(!ready.empty(), api, ": the graph has a cycle");
   Worker* self = Worker::current();
   task->waiting_worker = self;
+  task->on_caller = runs_on_caller(*task);
   task->outstanding = static_cast<int>(ready.size());
   for (Node* n : ready) schedule(task, n);
 
   // Wait. A worker thread keeps running its own queue meanwhile: the pass may need it.
-  if (self != nullptr) {
+  if (task->on_caller) {
+    for (;;) {
+      Node* n = nullptr;
+      {
+        std::lock_guard<std::mutex> lock(task->mu);
+        if (task->caller_queue.empty()) break;
+        n = task->caller_queue.front();
+        task->caller_queue.pop_front();
+      }
+      run_node(task, n);
+    }
+    EF_ASSERT(task->done, api, ": the pass stopped with nodes outstanding");
+  } else if (self != nullptr) {
     self->run_until([&] {
       std::lock_guard<std::mutex> lock(task->mu);
       return task->done;

@@ -221,8 +221,12 @@ Worker& DeviceContext::worker() {
 }
 
 int kernel_threads() {
-  if (g_cpu_workers.load(std::memory_order_relaxed) && Worker::current() == nullptr) return 1;
+  if (cpu_workers_started() && Worker::current() == nullptr) return 1;
   return num_threads();
+}
+
+bool cpu_workers_started() {
+  return g_cpu_workers.load(std::memory_order_relaxed);
 }
 
 void synchronize(const Device& d) {

@@ -92,5 +92,8 @@ int num_threads();
 // The team the CPU kernels called on this thread use: num_threads(), or 1 on a thread that is not a
 // device's worker once a CPU device has one (Note [One OpenMP team per core], device.cpp).
 int kernel_threads();
+// Whether some CPU device has started its worker thread (from then on kernel_threads() is 1 off
+// the workers).
+bool cpu_workers_started();
 
 }  // namespace evenflow

@@ -18,6 +18,9 @@ echo "== tests"
 echo "== engine, data-loader and parallel tests (devices, workers, collectives) under ThreadSanitizer"
 BUILD_DIR=build-tsan BUILD_TYPE=RelWithDebInfo TARGETS="test_engine test_data test_parallel" bash scripts/build.sh \
   -DEF_SANITIZE=thread -DEF_OPENMP=OFF -DEF_CUDA=OFF -DEF_WERROR=ON
+# The thread cases first on their own: in a process where no CPU worker has started yet, backward
+# passes run on their calling threads (Note [Backward on the calling thread]).
+TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" build-tsan/tests/test_engine --test-case='threads:*'
 for suite in test_engine test_data test_parallel; do
   TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" build-tsan/tests/$suite
 done

@@ -1,9 +1,11 @@
 // Graphs built and differentiated on several threads at once (run under TSan in CI).
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <future>
 #include <thread>
 
+#include "engine/autograd.h"
 #include "engine/context.h"
 #include "engine/ops.h"
 
@@ -58,4 +60,34 @@ TEST_CASE("once a CPU device has a worker, kernels off the workers run on one th
   worker.post([&] { on_worker.set_value(kernel_threads()); });
   CHECK(on_worker.get_future().get() == 2);
   set_num_threads(saved);
+}
+
+// Note [Backward on the calling thread] (autograd.cpp). Each CTest case runs in its own process, where
+// no CPU worker exists yet; when the whole binary runs, earlier cases may have started some, and
+// then the pass runs on the worker as before.
+TEST_CASE("threads: a backward pass on one CPU device runs on the calling thread while no CPU device has a worker") {
+  const bool no_workers_yet = !cpu_workers_started();
+  const TensorOptions f64{.dtype = kFloat64};
+  Tensor w = ones({3}, f64).requires_grad_();
+  std::thread::id ran_on;
+  set_post_accumulate_hook(w, [&](const Tensor&) { ran_on = std::this_thread::get_id(); });
+  sum(tanh(w) * 2.0).backward();
+  if (no_workers_yet) {
+    CHECK(ran_on == std::this_thread::get_id());
+    CHECK_FALSE(cpu_workers_started());
+    CHECK(kernel_threads() == num_threads());  // the forward passes keep their team
+  } else {
+    CHECK(ran_on != std::this_thread::get_id());
+  }
+  const double d = 2.0 * (1.0 - std::tanh(1.0) * std::tanh(1.0));
+  CHECK(w.grad().to_vector() == std::vector<double>(3, d));
+
+  // A pass over two devices runs on their workers.
+  Tensor v = ones({3}, f64).requires_grad_();
+  std::thread::id v_ran_on;
+  set_post_accumulate_hook(v, [&](const Tensor&) { v_ran_on = std::this_thread::get_id(); });
+  sum(v.to(cpu(1)) * 3.0).backward();
+  CHECK(v_ran_on != std::this_thread::get_id());
+  CHECK(cpu_workers_started());
+  CHECK(v.grad().to_vector() == std::vector<double>(3, 3.0));
 }
