@@ -107,6 +107,8 @@ class Critic : public nn::Cloneable<Critic> {
       register_module("norm", std::make_shared<nn::LayerNorm>(ef::Shape{2 * width, 7, 7}, nn::LayerNormConfig{}, o));
     } else if (norm == "syncbn") {
       register_module("norm", std::make_shared<par::SyncBatchNorm>(2 * width, nn::BatchNormConfig{}, o));
+    } else {
+      register_module("norm", std::make_shared<nn::Identity>());
     }
     register_module("fc", std::make_shared<nn::Linear>(2 * width * 7 * 7, 1, true, o));
   }
@@ -114,16 +116,9 @@ class Critic : public nn::Cloneable<Critic> {
   Tensor forward(const Tensor& x) override {
     Tensor h = ef::leaky_relu(child("conv1")->forward(x), 0.2);
     h = child("conv2")->forward(h);
-    if (has_norm()) h = child("norm")->forward(h);
+    h = child("norm")->forward(h);
     h = ef::flatten(ef::leaky_relu(h, 0.2), 1);
     return ef::reshape(child("fc")->forward(h), {x.size(0)});
-  }
-
- private:
-  bool has_norm() const {
-    for (const auto& [name, m] : named_children())
-      if (name == "norm") return true;
-    return false;
   }
 };
 

@@ -1,4 +1,5 @@
-// Linear: y = x·Wᵀ + b over the last dim, as torch.nn.Linear (weight [out, in], bias [out]).
+// Linear: y = x·Wᵀ + b over the last dim, as torch.nn.Linear (weight [out, in], bias [out]); and
+// Identity, as torch.nn.Identity.
 #pragma once
 
 #include "layers/module.h"
@@ -20,6 +21,14 @@ class Linear : public Cloneable<Linear> {
 
  private:
   int64_t in_, out_;
+};
+
+// Returns its input, unchanged and differentiable as it is: a placeholder where a model takes a
+// layer or none (a critic's normalization "none"). No parameters.
+class Identity : public Cloneable<Identity> {
+ public:
+  Tensor forward(const Tensor& x) override { return x; }
+  std::string name() const override { return "Identity"; }
 };
 
 }  // namespace evenflow::nn

@@ -104,6 +104,19 @@ TEST_CASE("repr prints the module tree as PyTorch does") {
   CHECK(util::py_float(100.0) == "100.0");
 }
 
+TEST_CASE("Identity returns its input and passes gradients through; it has no state") {
+  Identity id;
+  CHECK(id.repr() == "Identity()");
+  CHECK(id.state_dict().empty());
+  Tensor x = randn({2, 3}, {.dtype = kFloat64}).requires_grad_();
+  const Tensor y = id(x);
+  CHECK(y.data_ptr() == x.data_ptr());
+  sum(y * 3.0).backward();
+  CHECK(x.grad().to_vector() == std::vector<double>(6, 3.0));
+  auto net = std::make_shared<Sequential>(Linear(3, 2), Identity(), Tanh());
+  CHECK(keys(net->state_dict()) == std::vector<std::string>{"0.weight", "0.bias"});
+}
+
 TEST_CASE("load_state_dict copies into the existing storage and keeps parameters' identity") {
   manual_seed(cpu(), 1);
   auto a = small_cnn(f64);
