@@ -198,6 +198,7 @@ struct GraphTask {
   // Note [Backward on the calling thread]: nodes queue here instead of on their device's worker.
   bool on_caller = false;
   std::deque<Node*> caller_queue;
+  std::vector<std::function<void()>> callbacks;  // queue_backward_callback
 };
 
 void schedule(const std::shared_ptr<GraphTask>& task, Node* node);
@@ -327,6 +328,14 @@ bool runs_on_caller(const GraphTask& task) {
 }
 
 }  // namespace
+
+bool queue_backward_callback(std::function<void()> fn) {
+  GraphTask* task = tls_running_task;
+  if (task == nullptr) return false;
+  std::lock_guard<std::mutex> lock(task->mu);
+  task->callbacks.push_back(std::move(fn));
+  return true;
+}
 
 bool backward_pass_failed() {
   GraphTask* task = tls_running_task;
@@ -459,6 +468,7 @@ static std::vector<Tensor> run_backward(const std::vector<Tensor>& outputs, cons
     task->done_cv.wait(lock, [&] { return task->done; });
   }
   if (!task->error.empty()) throw Error(task->error);
+  for (const auto& fn : task->callbacks) fn();  // every node has run: nothing adds to the list now
 
   if (inputs == nullptr) return {};
   for (size_t i = 0; i < inputs->size(); ++i) {

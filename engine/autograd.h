@@ -92,6 +92,12 @@ std::shared_ptr<Node> grad_accumulator(const Tensor& leaf);
 // thread that did it, after the accumulation (an empty hook removes it). An exception from the hook
 // fails the backward pass. grad() never calls it: it does not touch .grad().
 void set_post_accumulate_hook(const Tensor& leaf, std::function<void(const Tensor&)> hook);
+// From inside a backward pass (a node or a hook, on any thread running the pass): runs `fn` on the
+// thread that started the pass, after its last node and before backward() or grad() returns
+// (PyTorch's queue_callback). An exception from it is thrown from backward(). Returns false, and
+// queues nothing, when no pass is running on this thread. The data-parallel gradient sync uses it
+// to have gradients synchronized when backward() returns.
+bool queue_backward_callback(std::function<void()> fn);
 
 struct GradOptions {
   bool create_graph = false;

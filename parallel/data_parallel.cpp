@@ -17,11 +17,15 @@ namespace evenflow::parallel {
 // gradients count as zeros). A gradient arriving for a parameter already synchronized since the
 // last reset would be summed twice, so it is an error (use no_sync for accumulation).
 //
+// The first gradient of a backward pass queues finish() to run when the pass ends
+// (queue_backward_callback), so the gradients are synchronized when backward() returns, as with
+// PyTorch's DDP; an explicit finish() afterwards finds nothing left to do.
+//
 // With NCCL the buckets wait for finish(): a bucket reduce queued on the GPUs while one rank has a
 // collective of its own backward queued (SyncBatchNorm) could order the two differently on two GPUs
 // and deadlock them (Note [NCCL bucket reduce] in nccl_communicator.cu). Overlap there needs each
 // rank to mark its gradients ready on its own stream; until then NCCL groups reduce after backward.
-class GradientSync {
+class GradientSync : public std::enable_shared_from_this<GradientSync> {
  public:
   GradientSync(std::vector<std::vector<Tensor>> params, std::vector<std::string> names,
                std::shared_ptr<Communicator> comm, size_t bucket_bytes)
@@ -54,6 +58,7 @@ class GradientSync {
     Bucket* to_reduce = nullptr;
     {
       std::lock_guard<std::mutex> lock(mu_);
+      if (!finish_queued_) finish_queued_ = queue_backward_callback([self = shared_from_this()] { self->finish(); });
       Bucket& b = buckets_[bucket_of_[param]];
       char& flag = ready_[param][static_cast<size_t>(rank)];
       EF_CHECK(!flag && b.state == Bucket::Waiting, "data parallel: replica ", rank, "'s parameter '", names_[param],
@@ -70,6 +75,7 @@ class GradientSync {
 
   void finish() {
     std::unique_lock<std::mutex> lock(mu_);
+    finish_queued_ = false;
     cv_.wait(lock, [&] {
       for (const Bucket& b : buckets_)
         if (b.state == Bucket::Reducing) return false;
@@ -137,6 +143,7 @@ class GradientSync {
   std::vector<size_t> bucket_of_;
   std::vector<std::vector<char>> ready_;  // [parameter][rank]
   std::atomic<int> no_sync_depth_{0};
+  bool finish_queued_ = false;  // a pass will call finish() when it ends (guarded by mu_)
   std::mutex mu_;
   std::condition_variable cv_;
 };

@@ -93,8 +93,9 @@ class DataParallelModel {
   NoSync no_sync() { return NoSync(*this); }
 
   // Waits for the bucket all-reduces started during backward and reduces the buckets still
-  // incomplete (parameters some replica did not use, idle devices). ReplicatedOptimizer::step
-  // calls it; call it yourself before reading replicas' gradients.
+  // incomplete (parameters some replica did not use, idle devices). backward() calls it when its
+  // pass ends, so gradients are synchronized when it returns (Note [Gradient buckets]); calling
+  // it again does nothing.
   void finish_gradient_sync();
   // Forgets which gradients were synchronized (ReplicatedOptimizer::zero_grad calls it).
   void reset_gradient_sync();

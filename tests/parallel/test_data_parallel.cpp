@@ -58,9 +58,9 @@ void check_close(const Tensor& got, const Tensor& want, const std::string& what)
   CHECK_MESSAGE(diff.empty(), what, ": ", diff);
 }
 
-// Every replica's gradients against the reference module's.
+// Every replica's gradients against the reference module's, as backward() left them: synchronized
+// when it returns (no finish_gradient_sync call).
 void check_grads(DataParallelModel& model, nn::Module& reference) {
-  model.finish_gradient_sync();
   const auto want = reference.named_parameters();
   for (int r = 0; r < model.size(); ++r) {
     const auto got = model.replica(r).named_parameters();
@@ -295,7 +295,6 @@ TEST_CASE("data parallel: a gradient penalty has the exact expected gradient") {
       },
       {2, 2, 1});
   loss.backward();
-  model.finish_gradient_sync();
   const Tensor w = net->tensor("weight").detach();
   const double n = norm(w).item();
   const Tensor expected = w * (2.0 * 3.0 * (n - 1.0) / n);
@@ -328,6 +327,41 @@ TEST_CASE("data parallel: replicas stay bitwise identical and follow the one-dev
   const auto want = reference->named_parameters();
   const auto got = model.module().named_parameters();
   for (size_t i = 0; i < want.size(); ++i) check_close(got[i].second, want[i].second, want[i].first);
+}
+
+TEST_CASE("data parallel: gradients are synchronized when backward returns; finish_gradient_sync adds nothing") {
+  // Two idle devices and a parameter no replica uses: the sync at the end of backward reduces what
+  // the buckets (one parameter each) did not: the idle ranks' zeros. The unused one stays without.
+  manual_seed(cpu(), 31);
+  auto net = std::make_shared<PatternNet>(
+      "tanh(linear(x, w, b))", std::vector<std::pair<std::string, Shape>>{{"w", {2, 3}}, {"b", {2}}, {"unused", {2}}},
+      [](const nn::Module& m, const Tensor& x) { return tanh(linear(x, m.tensor("w"), m.tensor("b"))); });
+  auto reference = net->clone();
+  DataParallelModel model(net, devices("cpu:4"), {.bucket_bytes = 1});
+  DataParallelCriterion criterion(model, [](const Tensor& y, const Tensor&) { return mean(square(y)); });
+  const Tensor x = randn({2, 3}, {.dtype = kFloat64});
+  criterion(model(model.scatter(x)), model.scatter(x)).backward();
+  mean(square(reference->forward(x))).backward();
+  // Every replica against the reference, which has no gradient for "unused" either.
+  const auto want = reference->named_parameters();
+  for (int r = 0; r < 4; ++r) {
+    const auto got = model.replica(r).named_parameters();
+    for (size_t i = 0; i < want.size(); ++i) {
+      CAPTURE(r);
+      CAPTURE(want[i].first);
+      REQUIRE(got[i].second.grad().defined() == want[i].second.grad().defined());
+      if (want[i].second.grad().defined()) check_close(got[i].second.grad(), want[i].second.grad(), want[i].first);
+    }
+  }
+  std::vector<std::vector<double>> before;
+  for (int r = 0; r < 4; ++r)
+    for (const auto& [name, p] : model.replica(r).named_parameters())
+      if (p.grad().defined()) before.push_back(p.grad().to_vector());
+  model.finish_gradient_sync();
+  size_t i = 0;
+  for (int r = 0; r < 4; ++r)
+    for (const auto& [name, p] : model.replica(r).named_parameters())
+      if (p.grad().defined()) CHECK(p.grad().to_vector() == before[i++]);
 }
 
 TEST_CASE("data parallel: no_sync accumulates, and a second unsynchronized backward is an error") {
