@@ -271,14 +271,12 @@ Outcome train(const Args& a, const Setup& s, const std::string& spec, const fs::
       const seg::BatchTotals totals = seg::batch_totals(b.labels);
       const auto logits = model(model.scatter(b.images.to(s.dtype)));
       const auto targets = model.scatter(b.labels);
-      std::vector<int64_t> chunks;
-      for (const ef::Tensor& l : logits) chunks.push_back(l.size(0));
       const ef::Tensor loss = criterion(
           [&](int rank) {
             const auto r = static_cast<size_t>(rank);
             return seg::segmentation_loss(spec, logits[r], targets[r], totals);
           },
-          chunks);
+          logits);
       opt.zero_grad();
       loss.backward();
       opt.step();

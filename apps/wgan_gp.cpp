@@ -130,7 +130,7 @@ Tensor penalty(const Args& a, nn::Module& critic, const Tensor& real, const Tens
   if (a.penalty == "wgan-gp") return ef::losses::wgan_gp_penalty(d, real, fake, {.lambda = a.lambda, .eps = eps});
   if (a.penalty == "dragan")
     return ef::losses::dragan_penalty(d, real, {.lambda = a.lambda, .noise = noise, .real_std = real_std});
-  return ef::losses::r1_penalty(d, real, a.lambda);
+  return ef::losses::r1_penalty(d, real, {.gamma = a.lambda});
 }
 
 // One metrics row a generator step (or an evaluation); NaN where nothing was measured.
@@ -420,8 +420,6 @@ int run(const Args& a) {
         ef::NoGradGuard no_grad;
         fakes = gen(zs);
       }
-      std::vector<int64_t> sizes;
-      for (const Tensor& r : reals) sizes.push_back(r.size(0));
       std::vector<Tensor> distance(reals.size());
       const Tensor loss = criterion(
           [&](int r) {
@@ -431,14 +429,14 @@ int run(const Args& a) {
             return ef::losses::wasserstein_critic_loss(d_real, d_fake) +
                    penalty(a, d, reals[r], fakes[r], epss[r], noises[r], real_std);
           },
-          sizes);
+          reals);
       opt_d.zero_grad();
       loss.backward();
       opt_d.step();
       critic_losses.push_back(loss.detach());
       distances.clear();
-      for (size_t r = 0; r < sizes.size(); ++r)
-        distances.emplace_back(distance[r], static_cast<double>(sizes[r]) / static_cast<double>(n));
+      for (size_t r = 0; r < reals.size(); ++r)
+        distances.emplace_back(distance[r], static_cast<double>(reals[r].size(0)) / static_cast<double>(n));
       images_seen += n;
     }
     {
@@ -446,10 +444,8 @@ int run(const Args& a) {
       const auto zs = gen.scatter(z);
       set_critic_trainable(false);
       const auto fakes = gen(zs);
-      std::vector<int64_t> sizes;
-      for (const Tensor& f : fakes) sizes.push_back(f.size(0));
       const Tensor loss =
-          criterion([&](int r) { return ef::losses::wasserstein_generator_loss(critic.replica(r)(fakes[r])); }, sizes);
+          criterion([&](int r) { return ef::losses::wasserstein_generator_loss(critic.replica(r)(fakes[r])); }, fakes);
       opt_g.zero_grad();
       loss.backward();
       opt_g.step();
@@ -504,7 +500,9 @@ int main(int argc, char** argv) {
   app.add_option("--steps", a.steps, "generator steps in all")->check(CLI::PositiveNumber);
   app.add_option("--batch-size", a.batch_size, "batch size")->check(CLI::PositiveNumber);
   app.add_option("--critic-steps", a.critic_steps, "critic steps per generator step")->check(CLI::PositiveNumber);
-  app.add_option("--lambda", a.lambda, "penalty weight (R1: gamma)")
+  app.add_option("--lambda", a.lambda,
+                 "the penalty's coefficient: lambda of WGAN-GP and DRAGAN, gamma of R1 (which adds gamma/2 times the "
+                 "mean squared gradient norm)")
       ->check(CLI::NonNegativeNumber & ef::apps::finite());
   app.add_option("--lr", a.lr, "Adam learning rate of both networks")->check(CLI::PositiveNumber & ef::apps::finite());
   app.add_option("--beta1", a.beta1, "Adam beta1, in [0, 1)")->check(CLI::Range(0.0, 1.0) & ef::apps::finite());

@@ -265,25 +265,28 @@ Tensor DataParallelCriterion::operator()(const PerDevice<Tensor>& outputs, const
   EF_CHECK(loss_ != nullptr, "DataParallelCriterion: constructed without a loss; pass one, or a per-rank function");
   EF_CHECK(outputs.size() == targets.size(), "DataParallelCriterion: ", outputs.size(), " outputs but ", targets.size(),
            " targets");
-  std::vector<int64_t> sizes;
   for (size_t r = 0; r < outputs.size(); ++r) {
     EF_CHECK(outputs[r].defined() && outputs[r].dim() >= 1, "DataParallelCriterion: output ", r,
              " is undefined or a scalar");
     EF_CHECK(targets[r].defined() && targets[r].device() == outputs[r].device(), "DataParallelCriterion: target ", r,
              " is not on output ", r, "'s device ", outputs[r].device().str());
-    sizes.push_back(outputs[r].size(0));
   }
   return (*this)(
-      [&](int rank) { return loss_(outputs[static_cast<size_t>(rank)], targets[static_cast<size_t>(rank)]); }, sizes);
+      [&](int rank) { return loss_(outputs[static_cast<size_t>(rank)], targets[static_cast<size_t>(rank)]); },
+      outputs);
 }
 
-Tensor DataParallelCriterion::operator()(const RankLoss& fn, const std::vector<int64_t>& chunk_sizes) const {
-  const int k = static_cast<int>(chunk_sizes.size());
+Tensor DataParallelCriterion::operator()(const RankLoss& fn, const PerDevice<Tensor>& chunks) const {
+  const int k = static_cast<int>(chunks.size());
   EF_CHECK(k >= 1 && k <= model_.size(), "DataParallelCriterion: ", k, " chunks for ", model_.size(), " devices");
+  std::vector<int64_t> chunk_sizes;
   int64_t total = 0;
-  for (int64_t n : chunk_sizes) {
-    EF_CHECK(n > 0, "DataParallelCriterion: chunk sizes must be positive, got ", n);
-    total += n;
+  for (int r = 0; r < k; ++r) {
+    const Tensor& c = chunks[static_cast<size_t>(r)];
+    EF_CHECK(c.defined() && c.dim() >= 1 && c.size(0) > 0, "DataParallelCriterion: chunk ", r,
+             " must be a tensor with a non-empty batch dim, got ", c.defined() ? shape_str(c.shape()) : "undefined");
+    chunk_sizes.push_back(c.size(0));
+    total += c.size(0);
   }
   std::vector<Tensor> losses(static_cast<size_t>(k));
   model_.group().run(

@@ -134,10 +134,11 @@ class DataParallelCriterion {
   // loss(outputs[i], targets[i]) on each device, concurrently, then the weighted ReduceAdd on
   // devices[0]. The chunk size n_i is outputs[i].size(0).
   Tensor operator()(const PerDevice<Tensor>& outputs, const PerDevice<Tensor>& targets) const;
-  // Any per-device loss: fn(rank) on ranks 0..chunk_sizes.size()-1, each on its device's worker; it
-  // may run the model's replica(rank) and call grad(..., create_graph=true) there (a gradient
-  // penalty). Weighted by chunk_sizes as above.
-  Tensor operator()(const RankLoss& fn, const std::vector<int64_t>& chunk_sizes) const;
+  // Any per-device loss: fn(rank) on ranks 0..chunks.size()-1, each on its device's worker; it may
+  // run the model's replica(rank) and call grad(..., create_graph=true) there (a gradient penalty).
+  // `chunks` is the batch as model.scatter split it (any of its scattered tensors): chunk i's size
+  // n_i = chunks[i].size(0) weights rank i's loss as above.
+  Tensor operator()(const RankLoss& fn, const PerDevice<Tensor>& chunks) const;
   // The torch DataParallel pattern, for comparison only: outputs and targets gathered on
   // devices[0] and the loss computed there, once, on the whole batch.
   Tensor gathered(const PerDevice<Tensor>& outputs, const PerDevice<Tensor>& targets) const;

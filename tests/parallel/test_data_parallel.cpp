@@ -230,7 +230,7 @@ void check_penalty_step(const std::string& spec) {
     CHECK(sizes == split_sizes(7, model.size()));
 
     const Tensor loss =
-        criterion([&](int r) { return critic_loss(model.replica(r), reals[r], fakes[r], epss[r]); }, sizes);
+        criterion([&](int r) { return critic_loss(model.replica(r), reals[r], fakes[r], epss[r]); }, reals);
     loss.backward();
     const Tensor want = critic_loss(*reference, real, fake, eps);
     want.backward();
@@ -293,13 +293,30 @@ TEST_CASE("data parallel: a gradient penalty has the exact expected gradient") {
         const Tensor g = grad({sum(model.replica(r)(x))}, {x}, {}, {.create_graph = true})[0];
         return mean(square(norm(g, 2.0, {1}) - 1.0)) * 3.0;
       },
-      {2, 2, 1});
+      xs);
   loss.backward();
   const Tensor w = net->tensor("weight").detach();
   const double n = norm(w).item();
   const Tensor expected = w * (2.0 * 3.0 * (n - 1.0) / n);
   check_close(loss, full({}, 3.0 * (n - 1.0) * (n - 1.0), {.dtype = kFloat64}), "penalty");
   for (int r = 0; r < 3; ++r) check_close(model.replica(r).tensor("weight").grad(), expected, "weight gradient");
+}
+
+TEST_CASE("data parallel: the per-rank criterion takes its weights from the chunks and names a bad one") {
+  auto net = std::make_shared<nn::Linear>(4, 1, false, f64);
+  DataParallelModel model(net, devices("cpu:2"));
+  DataParallelCriterion criterion(model);
+  const auto xs = model.scatter(randn({5, 4}, {.dtype = kFloat64}));  // chunks of 3 and 2
+  // Rank r's loss is r + 1: weighted 3/5 and 2/5.
+  const Tensor loss =
+      criterion([&](int r) { return full({}, r + 1.0, {.dtype = kFloat64, .device = xs[r].device()}); }, xs);
+  CHECK(loss.item() == doctest::Approx(1.0 * 3 / 5 + 2.0 * 2 / 5).epsilon(1e-15));
+  const auto constant = [&](int r) { return zeros({}, {.dtype = kFloat64, .device = model.devices()[r]}); };
+  std::string msg = error_of([&] { criterion(constant, {xs[0], Tensor()}); });
+  CHECK_MESSAGE(msg.find("chunk 1 must be a tensor with a non-empty batch dim, got undefined") != std::string::npos,
+                msg);
+  msg = error_of([&] { criterion(constant, {xs[0], xs[1], xs[1]}); });
+  CHECK_MESSAGE(msg.find("3 chunks for 2 devices") != std::string::npos, msg);
 }
 
 TEST_CASE("data parallel: replicas stay bitwise identical and follow the one-device run") {
