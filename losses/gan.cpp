@@ -117,10 +117,10 @@ Tensor dragan_penalty(const Critic& critic, const Tensor& real, const DraganOpti
   return unit_norm_penalty(critic_gradient(loss, critic, leaf_of(x)), o.lambda);
 }
 
-Tensor r1_penalty(const Critic& critic, const Tensor& real, double gamma) {
+Tensor r1_penalty(const Critic& critic, const Tensor& real, const R1Options& o) {
   check_batch("r1_penalty", real);
   const Tensor g = critic_gradient("r1_penalty", critic, leaf_of(real));
-  return mean(sum(square(g), {1})) * (0.5 * gamma);
+  return mean(sum(square(g), {1})) * (0.5 * o.gamma);
 }
 
 }  // namespace evenflow::losses

@@ -116,7 +116,16 @@ using Critic = std::function<Tensor(const Tensor& x)>;
 // Gradient penalties. Each returns a 0-d tensor, a mean over the batch's samples (so chunk-size
 // weighting across devices is exact), built with grad(..., create_graph=true) so that it trains the
 // critic (its gradient is a second derivative). The random draws come from the batch's device's
-// generator unless given.
+// generator unless given. Each scales as its paper defines it, with the paper's name for the
+// coefficient, in its options struct:
+//
+//   penalty           returns                          coefficient (default)   paper
+//   wgan_gp_penalty   λ · mean (|∇D(x̂)|₂ - 1)²          lambda (10)             Gulrajani et al. 2017
+//   dragan_penalty    λ · mean (|∇D(x̂)|₂ - 1)²          lambda (10)             Kodali et al. 2017
+//   r1_penalty        γ/2 · mean |∇D(real)|₂²           gamma (10)              Mescheder et al. 2018
+//
+// So R1 with gamma = 10 weighs its squared norm by 5: the 1/2 is part of R1's definition (and of
+// its reference code), not a difference in how the two are computed.
 struct WganGpOptions {
   double lambda = 10.0;
   Tensor eps = {};  // [N, 1, ...] interpolation weights in [0, 1] (optional; drawn uniform otherwise)
@@ -138,8 +147,11 @@ struct DraganOptions {
 // DRAGAN (Kodali et al.): λ·mean (|∇D(x̂)|₂ - 1)² around perturbed real samples.
 Tensor dragan_penalty(const Critic& critic, const Tensor& real, const DraganOptions& o = {});
 
+struct R1Options {
+  double gamma = 10.0;
+};
 // R1 (Mescheder et al.): γ/2 · mean |∇D(real)|₂², at real detached as a new leaf.
-Tensor r1_penalty(const Critic& critic, const Tensor& real, double gamma = 10.0);
+Tensor r1_penalty(const Critic& critic, const Tensor& real, const R1Options& o = {});
 
 // The reduction of per-element (or per-sample) losses; Mean over zero elements is 0.
 Tensor reduce(const Tensor& losses, Reduction reduction);

@@ -122,7 +122,7 @@ inline Tensor run_case(const Json& c, const Inputs& in, const std::vector<Tensor
     return L::dragan_penalty(mlp_critic(critic), at("real"),
                              {.lambda = o.at("lambda"), .c = o.at("c"), .noise = at("noise")});
   }
-  if (loss == "r1_penalty") return L::r1_penalty(mlp_critic(critic), at("real"), o.at("gamma"));
+  if (loss == "r1_penalty") return L::r1_penalty(mlp_critic(critic), at("real"), {.gamma = o.at("gamma")});
   EF_ERROR("fixture case ", c.at("name").get<std::string>(), ": unknown loss ", loss);
 }
 

@@ -319,8 +319,9 @@ TEST_CASE("gradient penalties: uneven chunks with the same draws give the whole 
   check_penalty_chunked("dragan_penalty", p, [&](int64_t s, int64_t n) {
     return dragan_penalty(critic_of(p), part(real, s, n), {.noise = part(noise, s, n), .real_std = real_std});
   });
-  check_penalty_chunked("r1_penalty", p,
-                        [&](int64_t s, int64_t n) { return r1_penalty(critic_of(p), part(real, s, n), 4.0); });
+  check_penalty_chunked("r1_penalty", p, [&](int64_t s, int64_t n) {
+    return r1_penalty(critic_of(p), part(real, s, n), {.gamma = 4.0});
+  });
   // Without real_std, DRAGAN uses the batch's own (unbiased) std.
   check_close(dragan_penalty(critic_of(p), real, {.noise = noise}),
               dragan_penalty(critic_of(p), real, {.noise = noise, .real_std = real_std}), 1e-14, "dragan std");
