@@ -9,8 +9,8 @@
 #include <functional>
 
 #include "apps/common/program.h"
-#include "engine/ops.h"
-#include "optim/optimizer.h"
+#include "evenflow/engine/ops.h"
+#include "evenflow/optim/optimizer.h"
 
 namespace ef = evenflow;
 

@@ -15,10 +15,10 @@
 #include <vector>
 
 #include "apps/common/program.h"
-#include "engine/allocator.h"
-#include "layers/layers.h"
-#include "optim/optim.h"
-#include "parallel/data_parallel.h"
+#include "evenflow/engine/allocator.h"
+#include "evenflow/layers/layers.h"
+#include "evenflow/optim/optim.h"
+#include "evenflow/parallel/data_parallel.h"
 
 namespace ef = evenflow;
 namespace par = evenflow::parallel;

@@ -20,13 +20,13 @@
 #include "apps/common/plot.h"
 #include "apps/common/progress.h"
 #include "apps/common/run_options.h"
-#include "data/fashion_mnist.h"
-#include "data/loader.h"
-#include "engine/ops.h"
-#include "io/checkpoint.h"
-#include "layers/layers.h"
-#include "optim/optim.h"
-#include "parallel/data_parallel.h"
+#include "evenflow/data/fashion_mnist.h"
+#include "evenflow/data/loader.h"
+#include "evenflow/engine/ops.h"
+#include "evenflow/io/checkpoint.h"
+#include "evenflow/layers/layers.h"
+#include "evenflow/optim/optim.h"
+#include "evenflow/parallel/data_parallel.h"
 
 namespace ef = evenflow;
 namespace nn = evenflow::nn;

@@ -7,7 +7,7 @@
 #include <cstdio>
 
 #include "apps/common/program.h"
-#include "engine/ops.h"
+#include "evenflow/engine/ops.h"
 
 namespace ef = evenflow;
 

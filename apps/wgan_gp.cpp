@@ -33,13 +33,13 @@
 #include "apps/common/plot.h"
 #include "apps/common/progress.h"
 #include "apps/common/run_options.h"
-#include "data/fashion_mnist.h"
-#include "data/loader.h"
-#include "io/checkpoint.h"
-#include "io/file.h"
-#include "losses/losses.h"
-#include "parallel/data_parallel.h"
-#include "parallel/sync_batch_norm.h"
+#include "evenflow/data/fashion_mnist.h"
+#include "evenflow/data/loader.h"
+#include "evenflow/io/checkpoint.h"
+#include "evenflow/io/file.h"
+#include "evenflow/losses/losses.h"
+#include "evenflow/parallel/data_parallel.h"
+#include "evenflow/parallel/sync_batch_norm.h"
 
 namespace ef = evenflow;
 namespace nn = evenflow::nn;

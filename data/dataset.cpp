@@ -1,12 +1,12 @@
 // Dataset's default batching and TensorDataset's row gather. The gather copies rows with memcpy
 // rather than with index_select, which is faster for a batch and also handles int64 labels (the
 // engine's index_select takes float tensors only).
-#include "data/dataset.h"
+#include "evenflow/data/dataset.h"
 
 #include <algorithm>
 #include <cstring>
 
-#include "engine/ops.h"
+#include "evenflow/engine/ops.h"
 
 namespace evenflow::data {
 

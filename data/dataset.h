@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "engine/tensor.h"
+#include "evenflow/engine/tensor.h"
 
 namespace evenflow::data {
 

@@ -1,12 +1,12 @@
 // Loading FashionMNIST from its IDX files: finds the gzip or raw file of each part, checks the
 // two parts agree, and scales the pixels to [0, 1].
-#include "data/fashion_mnist.h"
+#include "evenflow/data/fashion_mnist.h"
 
 #include <filesystem>
 #include <system_error>
 
-#include "data/idx.h"
-#include "engine/ops.h"
+#include "evenflow/data/idx.h"
+#include "evenflow/engine/ops.h"
 
 namespace evenflow::data {
 

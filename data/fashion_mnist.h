@@ -6,7 +6,7 @@
 #include <array>
 #include <string>
 
-#include "data/dataset.h"
+#include "evenflow/data/dataset.h"
 
 namespace evenflow::data {
 

@@ -2,7 +2,7 @@
 // through unchanged. The data is read in chunks that grow with what the file has delivered, so a
 // corrupt header that claims terabytes fails at "the data ends" instead of allocating them.
 // tests/fuzz/fuzz_idx.cpp fuzzes it.
-#include "data/idx.h"
+#include "evenflow/data/idx.h"
 
 #include <zlib.h>
 
@@ -15,7 +15,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "engine/error.h"
+#include "evenflow/engine/error.h"
 
 namespace evenflow::data {
 

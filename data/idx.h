@@ -6,7 +6,7 @@
 #include <optional>
 #include <string>
 
-#include "engine/tensor.h"
+#include "evenflow/engine/tensor.h"
 
 namespace evenflow::data {
 

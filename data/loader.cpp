@@ -1,6 +1,6 @@
 // DataLoader: one Run per epoch holds the epoch's order, the worker threads and the slots they
 // fill (Note [Loader workers]).
-#include "data/loader.h"
+#include "evenflow/data/loader.h"
 
 #include <algorithm>
 #include <condition_variable>
@@ -10,7 +10,7 @@
 #include <thread>
 #include <utility>
 
-#include "engine/error.h"
+#include "evenflow/engine/error.h"
 
 namespace evenflow::data {
 

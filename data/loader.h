@@ -15,10 +15,10 @@
 #include <optional>
 #include <vector>
 
-#include "data/dataset.h"
-#include "data/sampler.h"
-#include "data/transforms.h"
-#include "engine/device.h"
+#include "evenflow/data/dataset.h"
+#include "evenflow/data/sampler.h"
+#include "evenflow/data/transforms.h"
+#include "evenflow/engine/device.h"
 
 namespace evenflow::data {
 

@@ -1,9 +1,9 @@
 // RandomStream: the stream path is folded into a Philox key with SplitMix64's finalizer (Steele
 // et al., 2014), and each draw takes the next Philox counter.
-#include "data/random_stream.h"
+#include "evenflow/data/random_stream.h"
 
-#include "engine/error.h"
-#include "engine/random.h"
+#include "evenflow/engine/error.h"
+#include "evenflow/engine/random.h"
 
 namespace evenflow::data {
 

@@ -1,12 +1,12 @@
 // Sequential, random and sharded index orders (see sampler.h and Note [Shards]).
-#include "data/sampler.h"
+#include "evenflow/data/sampler.h"
 
 #include <algorithm>
 #include <numeric>
 #include <utility>
 
-#include "data/random_stream.h"
-#include "engine/error.h"
+#include "evenflow/data/random_stream.h"
+#include "evenflow/engine/error.h"
 
 namespace evenflow::data {
 

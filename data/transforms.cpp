@@ -1,12 +1,12 @@
 // The batch transforms, written with engine ops on the batch's device. Random choices are drawn
 // per image, one draw (or two, for a crop) per image in batch order, so they depend only on the
 // batch's RandomStream.
-#include "data/transforms.h"
+#include "evenflow/data/transforms.h"
 
 #include <algorithm>
 
-#include "engine/autograd.h"
-#include "engine/ops.h"
+#include "evenflow/engine/autograd.h"
+#include "evenflow/engine/ops.h"
 
 namespace evenflow::data {
 

@@ -6,8 +6,8 @@
 
 #include <vector>
 
-#include "data/dataset.h"
-#include "data/random_stream.h"
+#include "evenflow/data/dataset.h"
+#include "evenflow/data/random_stream.h"
 
 namespace evenflow::data {
 

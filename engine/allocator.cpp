@@ -1,11 +1,11 @@
-#include "engine/allocator.h"
+#include "evenflow/engine/allocator.h"
 
 #include <iomanip>
 #include <sstream>
 
-#include "engine/backend.h"
-#include "engine/context.h"
-#include "engine/error.h"
+#include "evenflow/engine/backend.h"
+#include "evenflow/engine/context.h"
+#include "evenflow/engine/error.h"
 
 namespace evenflow {
 

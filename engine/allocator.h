@@ -10,7 +10,7 @@
 #include <mutex>
 #include <vector>
 
-#include "engine/device.h"
+#include "evenflow/engine/device.h"
 
 namespace evenflow {
 

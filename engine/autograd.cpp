@@ -1,4 +1,4 @@
-#include "engine/autograd.h"
+#include "evenflow/engine/autograd.h"
 
 #include <condition_variable>
 #include <deque>
@@ -6,8 +6,8 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include "engine/context.h"
-#include "engine/ops.h"
+#include "evenflow/engine/context.h"
+#include "evenflow/engine/ops.h"
 
 namespace evenflow {
 

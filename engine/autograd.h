@@ -12,7 +12,7 @@
 #include <optional>
 #include <vector>
 
-#include "engine/tensor.h"
+#include "evenflow/engine/tensor.h"
 
 namespace evenflow {
 

@@ -8,8 +8,8 @@
 #include <cstdint>
 #include <initializer_list>
 
-#include "engine/dtype.h"
-#include "engine/scalar_ops.h"
+#include "evenflow/engine/dtype.h"
+#include "evenflow/engine/scalar_ops.h"
 
 namespace evenflow {
 

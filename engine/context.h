@@ -6,10 +6,10 @@
 #include <memory>
 #include <mutex>
 
-#include "engine/allocator.h"
-#include "engine/backend.h"
-#include "engine/device.h"
-#include "engine/worker.h"
+#include "evenflow/engine/allocator.h"
+#include "evenflow/engine/backend.h"
+#include "evenflow/engine/device.h"
+#include "evenflow/engine/worker.h"
 
 namespace evenflow {
 

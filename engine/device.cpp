@@ -4,9 +4,9 @@
 #include <sstream>
 #include <thread>
 
-#include "engine/context.h"
-#include "engine/cpu/threads.h"
-#include "engine/error.h"
+#include "evenflow/engine/context.h"
+#include "evenflow/engine/cpu/threads.h"
+#include "evenflow/engine/error.h"
 
 namespace evenflow {
 

@@ -2,12 +2,12 @@
 // -Wundef catches a misspelling). Everything else asks a Device's context for its Backend.
 #include <cstring>
 
-#include "engine/context.h"
-#include "engine/cpu/cpu_backend.h"
-#include "engine/error.h"
+#include "evenflow/engine/context.h"
+#include "evenflow/engine/cpu/cpu_backend.h"
+#include "evenflow/engine/error.h"
 
 #if EF_CUDA
-#include "engine/cuda/cuda_backend.h"
+#include "evenflow/engine/cuda/cuda_backend.h"
 #endif
 
 namespace evenflow {

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <string>
 
-#include "engine/error.h"
+#include "evenflow/engine/error.h"
 
 namespace evenflow {
 

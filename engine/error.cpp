@@ -1,4 +1,4 @@
-#include "engine/error.h"
+#include "evenflow/engine/error.h"
 
 namespace evenflow::detail {
 

@@ -1,14 +1,14 @@
 // Elementwise ops, reductions, views and copies: argument checks, a backend kernel, and a node whose
 // backward is written in these same ops. Matrix products, convolution, pooling, softmax, indexing
 // and normalization are in ops_nn.cpp.
-#include "engine/ops.h"
+#include "evenflow/engine/ops.h"
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <numeric>
 
-#include "engine/ops_util.h"
+#include "evenflow/engine/ops_util.h"
 
 namespace evenflow {
 

@@ -9,8 +9,8 @@
 #include <utility>
 #include <vector>
 
-#include "engine/autograd.h"
-#include "engine/tensor.h"
+#include "evenflow/engine/autograd.h"
+#include "evenflow/engine/tensor.h"
 
 namespace evenflow {
 

@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <cmath>
 
-#include "engine/ops.h"
-#include "engine/ops_util.h"
+#include "evenflow/engine/ops.h"
+#include "evenflow/engine/ops_util.h"
 
 namespace evenflow {
 

@@ -4,8 +4,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/context.h"
-#include "engine/ops.h"
+#include "evenflow/engine/context.h"
+#include "evenflow/engine/ops.h"
 
 namespace evenflow::detail {
 

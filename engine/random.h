@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "engine/scalar_ops.h"
+#include "evenflow/engine/scalar_ops.h"
 
 namespace evenflow::random {
 

@@ -1,4 +1,4 @@
-#include "engine/tensor.h"
+#include "evenflow/engine/tensor.h"
 
 #include <algorithm>
 #include <cmath>
@@ -8,9 +8,9 @@
 #include <ostream>
 #include <sstream>
 
-#include "engine/autograd.h"
-#include "engine/context.h"
-#include "engine/ops.h"
+#include "evenflow/engine/autograd.h"
+#include "evenflow/engine/context.h"
+#include "evenflow/engine/ops.h"
 
 namespace evenflow {
 

@@ -14,9 +14,9 @@
 #include <string>
 #include <vector>
 
-#include "engine/backend.h"
-#include "engine/device.h"
-#include "engine/dtype.h"
+#include "evenflow/engine/backend.h"
+#include "evenflow/engine/device.h"
+#include "evenflow/engine/dtype.h"
 
 namespace evenflow {
 

@@ -1,6 +1,6 @@
-#include "engine/worker.h"
+#include "evenflow/engine/worker.h"
 
-#include "engine/error.h"
+#include "evenflow/engine/error.h"
 
 namespace evenflow {
 

@@ -1,10 +1,10 @@
 // Module and training checkpoints (see checkpoint.h, Note [Training checkpoints]).
-#include "io/checkpoint.h"
+#include "evenflow/io/checkpoint.h"
 
 #include <set>
 #include <utility>
 
-#include "engine/error.h"
+#include "evenflow/engine/error.h"
 
 namespace evenflow::io {
 

@@ -23,10 +23,10 @@
 #include <string>
 #include <vector>
 
-#include "engine/device.h"
-#include "io/safetensors.h"
-#include "layers/module.h"
-#include "optim/optimizer.h"
+#include "evenflow/engine/device.h"
+#include "evenflow/io/safetensors.h"
+#include "evenflow/layers/module.h"
+#include "evenflow/optim/optimizer.h"
 
 namespace evenflow::io {
 

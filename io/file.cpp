@@ -1,6 +1,6 @@
 // Reading byte ranges and atomic writes (Note [Atomic writes] in file.h), with the POSIX calls the
 // standard library lacks: pread, fsync of a file and of a directory.
-#include "io/file.h"
+#include "evenflow/io/file.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -11,7 +11,7 @@
 #include <cstring>
 #include <filesystem>
 
-#include "engine/error.h"
+#include "evenflow/engine/error.h"
 
 namespace evenflow::io {
 

@@ -2,7 +2,7 @@
 // file: the header length, the JSON (its nesting before it is parsed), every entry's dtype, shape
 // and offsets, and the coverage of the data buffer are checked before a byte of tensor data is
 // read, and each failure names the file and the key or offset concerned.
-#include "io/safetensors.h"
+#include "evenflow/io/safetensors.h"
 
 #include <algorithm>
 #include <array>
@@ -14,9 +14,9 @@
 #include <optional>
 #include <set>
 
-#include "engine/autograd.h"
-#include "engine/ops.h"
-#include "io/file.h"
+#include "evenflow/engine/autograd.h"
+#include "evenflow/engine/ops.h"
+#include "evenflow/io/file.h"
 
 namespace evenflow::io {
 

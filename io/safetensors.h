@@ -14,8 +14,8 @@
 #include <utility>
 #include <vector>
 
-#include "engine/device.h"
-#include "engine/tensor.h"
+#include "evenflow/engine/device.h"
+#include "evenflow/engine/tensor.h"
 
 namespace evenflow::io {
 

@@ -1,5 +1,5 @@
 // Elementwise activations (see activation.h).
-#include "layers/activation.h"
+#include "evenflow/layers/activation.h"
 
 namespace evenflow::nn {
 

@@ -2,7 +2,7 @@
 // engine op of the same name; the module adds the configuration and PyTorch's printing.
 #pragma once
 
-#include "layers/module.h"
+#include "evenflow/layers/module.h"
 
 namespace evenflow::nn {
 

@@ -1,8 +1,8 @@
 // Conv2d and ConvTranspose2d (see conv.h): argument checks, PyTorch's initialisation, then the
 // engine's conv2d / conv_transpose2d.
-#include "layers/conv.h"
+#include "evenflow/layers/conv.h"
 
-#include "layers/init.h"
+#include "evenflow/layers/init.h"
 
 namespace evenflow::nn {
 

@@ -2,7 +2,7 @@
 // [in, out/groups, kh, kw] respectively, bias [out], zero padding.
 #pragma once
 
-#include "layers/module.h"
+#include "evenflow/layers/module.h"
 
 namespace evenflow::nn {
 

@@ -1,5 +1,5 @@
 // Dropout (see dropout.h).
-#include "layers/dropout.h"
+#include "evenflow/layers/dropout.h"
 
 namespace evenflow::nn {
 

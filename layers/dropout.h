@@ -1,7 +1,7 @@
 // Dropout, as torch.nn.Dropout.
 #pragma once
 
-#include "layers/module.h"
+#include "evenflow/layers/module.h"
 
 namespace evenflow::nn {
 

@@ -1,5 +1,5 @@
 // Flatten (see flatten.h).
-#include "layers/flatten.h"
+#include "evenflow/layers/flatten.h"
 
 #include <algorithm>
 

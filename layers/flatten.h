@@ -1,7 +1,7 @@
 // Flatten, as torch.nn.Flatten.
 #pragma once
 
-#include "layers/module.h"
+#include "evenflow/layers/module.h"
 
 namespace evenflow::nn {
 

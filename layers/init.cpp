@@ -1,9 +1,9 @@
 // Parameter initialisation (see init.h).
-#include "layers/init.h"
+#include "evenflow/layers/init.h"
 
 #include <cmath>
 
-#include "engine/autograd.h"
+#include "evenflow/engine/autograd.h"
 
 namespace evenflow::nn::init {
 

@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "engine/tensor.h"
+#include "evenflow/engine/tensor.h"
 
 namespace evenflow::nn::init {
 

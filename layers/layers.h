@@ -1,13 +1,13 @@
 // Every layer in one include: Module and its subclasses.
 #pragma once
 
-#include "layers/activation.h"
-#include "layers/conv.h"
-#include "layers/dropout.h"
-#include "layers/flatten.h"
-#include "layers/init.h"
-#include "layers/linear.h"
-#include "layers/module.h"
-#include "layers/normalization.h"
-#include "layers/pooling.h"
-#include "layers/sequential.h"
+#include "evenflow/layers/activation.h"
+#include "evenflow/layers/conv.h"
+#include "evenflow/layers/dropout.h"
+#include "evenflow/layers/flatten.h"
+#include "evenflow/layers/init.h"
+#include "evenflow/layers/linear.h"
+#include "evenflow/layers/module.h"
+#include "evenflow/layers/normalization.h"
+#include "evenflow/layers/pooling.h"
+#include "evenflow/layers/sequential.h"

@@ -1,7 +1,7 @@
 // Linear (see linear.h). Initialised as PyTorch: weight and bias uniform(±1/√in_features).
-#include "layers/linear.h"
+#include "evenflow/layers/linear.h"
 
-#include "layers/init.h"
+#include "evenflow/layers/init.h"
 
 namespace evenflow::nn {
 

@@ -2,7 +2,7 @@
 // Identity, as torch.nn.Identity.
 #pragma once
 
-#include "layers/module.h"
+#include "evenflow/layers/module.h"
 
 namespace evenflow::nn {
 

@@ -1,6 +1,6 @@
 // Module: recursive names, state dicts, placement and deep copies, written once for every layer
 // (Note [Tensors live in the base] in module.h).
-#include "layers/module.h"
+#include "evenflow/layers/module.h"
 
 #include <charconv>
 #include <cmath>

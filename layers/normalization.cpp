@@ -1,6 +1,6 @@
 // Normalization layers (see normalization.h): argument checks, PyTorch's running-statistics
 // bookkeeping for BatchNorm, and group_norm as a composite of engine ops.
-#include "layers/normalization.h"
+#include "evenflow/layers/normalization.h"
 
 namespace evenflow::nn {
 

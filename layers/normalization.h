@@ -5,7 +5,7 @@
 
 #include <optional>
 
-#include "layers/module.h"
+#include "evenflow/layers/module.h"
 
 namespace evenflow::nn {
 

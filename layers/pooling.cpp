@@ -1,5 +1,5 @@
 // Pooling and resampling layers (see pooling.h): argument checks, then the engine ops.
-#include "layers/pooling.h"
+#include "evenflow/layers/pooling.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,5 +1,5 @@
 // Sequential (see sequential.h).
-#include "layers/sequential.h"
+#include "evenflow/layers/sequential.h"
 
 namespace evenflow::nn {
 

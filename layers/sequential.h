@@ -7,7 +7,7 @@
 #include <memory>
 #include <type_traits>
 
-#include "layers/module.h"
+#include "evenflow/layers/module.h"
 
 namespace evenflow::nn {
 

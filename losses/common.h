@@ -12,7 +12,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "losses/losses.h"
+#include "evenflow/losses/losses.h"
 
 namespace evenflow::losses::detail {
 

@@ -5,7 +5,7 @@
 #include <cmath>
 #include <string>
 
-#include "losses/common.h"
+#include "evenflow/losses/common.h"
 
 namespace evenflow::losses {
 

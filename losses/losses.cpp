@@ -3,7 +3,7 @@
 // segmentation.cpp, the Wasserstein losses and gradient penalties in gan.cpp.
 #include <string>
 
-#include "losses/common.h"
+#include "evenflow/losses/common.h"
 
 namespace evenflow::losses {
 

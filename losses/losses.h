@@ -17,7 +17,7 @@
 #include <functional>
 #include <optional>
 
-#include "engine/ops.h"
+#include "evenflow/engine/ops.h"
 
 namespace evenflow::losses {
 

@@ -7,7 +7,7 @@
 #include <cmath>
 #include <vector>
 
-#include "losses/common.h"
+#include "evenflow/losses/common.h"
 
 namespace evenflow::losses {
 

@@ -1,10 +1,10 @@
 // Gradient clipping (see clip_grad.h), as PyTorch 1.13's clip_grad_norm_: the total is the norm of
 // the per-gradient norms, the coefficient max_norm / (total + 1e-6) is applied when below 1.
-#include "optim/clip_grad.h"
+#include "evenflow/optim/clip_grad.h"
 
 #include <cmath>
 
-#include "engine/ops.h"
+#include "evenflow/engine/ops.h"
 
 namespace evenflow::optim {
 

@@ -3,7 +3,7 @@
 
 #include <vector>
 
-#include "engine/tensor.h"
+#include "evenflow/engine/tensor.h"
 
 namespace evenflow::optim {
 

@@ -1,5 +1,5 @@
 // Learning-rate schedules (see lr_scheduler.h): PyTorch's closed forms (_get_closed_form_lr).
-#include "optim/lr_scheduler.h"
+#include "evenflow/optim/lr_scheduler.h"
 
 #include <algorithm>
 #include <cmath>

@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <functional>
 
-#include "optim/optimizer.h"
+#include "evenflow/optim/optimizer.h"
 
 namespace evenflow::optim {
 

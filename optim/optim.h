@@ -1,6 +1,6 @@
 // Optimizers, learning-rate schedules and gradient clipping in one include.
 #pragma once
 
-#include "optim/clip_grad.h"
-#include "optim/lr_scheduler.h"
-#include "optim/optimizer.h"
+#include "evenflow/optim/clip_grad.h"
+#include "evenflow/optim/lr_scheduler.h"
+#include "evenflow/optim/optimizer.h"

@@ -1,7 +1,7 @@
 // Optimizer base (parameters, per-parameter state, export and import), SGD, Adam and AdamW (see
 // optimizer.h). Update rules follow torch/optim/{sgd,adam,adamw}.py (PyTorch 1.13,
 // single-tensor path), step for step, so that runs match PyTorch's to rounding.
-#include "optim/optimizer.h"
+#include "evenflow/optim/optimizer.h"
 
 #include <algorithm>
 

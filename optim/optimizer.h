@@ -17,7 +17,7 @@
 #include <utility>
 #include <vector>
 
-#include "layers/module.h"
+#include "evenflow/layers/module.h"
 
 namespace evenflow::optim {
 

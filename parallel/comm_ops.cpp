@@ -1,4 +1,4 @@
-#include "parallel/comm_ops.h"
+#include "evenflow/parallel/comm_ops.h"
 
 namespace evenflow::parallel {
 

@@ -11,8 +11,8 @@
 #include <memory>
 #include <vector>
 
-#include "engine/ops.h"
-#include "parallel/communicator.h"
+#include "evenflow/engine/ops.h"
+#include "evenflow/parallel/communicator.h"
 
 namespace evenflow::parallel {
 

@@ -1,11 +1,11 @@
-#include "parallel/communicator.h"
+#include "evenflow/parallel/communicator.h"
 
 #include <set>
 
-#include "engine/autograd.h"
-#include "engine/ops.h"
+#include "evenflow/engine/autograd.h"
+#include "evenflow/engine/ops.h"
 #if EF_NCCL
-#include "parallel/nccl_communicator.h"
+#include "evenflow/parallel/nccl_communicator.h"
 #endif
 
 namespace evenflow::parallel {

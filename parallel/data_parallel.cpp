@@ -1,4 +1,4 @@
-#include "parallel/data_parallel.h"
+#include "evenflow/parallel/data_parallel.h"
 
 #include <condition_variable>
 #include <mutex>
@@ -272,8 +272,7 @@ Tensor DataParallelCriterion::operator()(const PerDevice<Tensor>& outputs, const
              " is not on output ", r, "'s device ", outputs[r].device().str());
   }
   return (*this)(
-      [&](int rank) { return loss_(outputs[static_cast<size_t>(rank)], targets[static_cast<size_t>(rank)]); },
-      outputs);
+      [&](int rank) { return loss_(outputs[static_cast<size_t>(rank)], targets[static_cast<size_t>(rank)]); }, outputs);
 }
 
 Tensor DataParallelCriterion::operator()(const RankLoss& fn, const PerDevice<Tensor>& chunks) const {

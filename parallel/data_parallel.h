@@ -32,10 +32,10 @@
 #include <string>
 #include <vector>
 
-#include "layers/module.h"
-#include "optim/optimizer.h"
-#include "parallel/comm_ops.h"
-#include "parallel/device_group.h"
+#include "evenflow/layers/module.h"
+#include "evenflow/optim/optimizer.h"
+#include "evenflow/parallel/comm_ops.h"
+#include "evenflow/parallel/device_group.h"
 
 namespace evenflow::parallel {
 

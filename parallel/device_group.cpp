@@ -1,12 +1,12 @@
-#include "parallel/device_group.h"
+#include "evenflow/parallel/device_group.h"
 
 #include <algorithm>
 #include <condition_variable>
 #include <sstream>
 #include <thread>
 
-#include "engine/autograd.h"
-#include "engine/context.h"
+#include "evenflow/engine/autograd.h"
+#include "evenflow/engine/context.h"
 
 namespace evenflow::parallel {
 

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "parallel/communicator.h"
+#include "evenflow/parallel/communicator.h"
 
 namespace evenflow::parallel {
 

@@ -15,9 +15,9 @@
 #include <thread>
 #include <vector>
 
-#include "engine/context.h"
-#include "engine/cuda/cuda_internal.h"
-#include "parallel/nccl_communicator.h"
+#include "evenflow/engine/context.h"
+#include "evenflow/engine/cuda/cuda_internal.h"
+#include "evenflow/parallel/nccl_communicator.h"
 
 // Like CUDA_CHECK (engine/cuda/cuda_check.h), for NCCL calls.
 #define NCCL_CHECK(stmt)                                                                                         \

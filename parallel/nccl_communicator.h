@@ -6,7 +6,7 @@
 #include <memory>
 #include <vector>
 
-#include "parallel/communicator.h"
+#include "evenflow/parallel/communicator.h"
 
 namespace evenflow::parallel {
 

@@ -1,7 +1,7 @@
-#include "parallel/sync_batch_norm.h"
+#include "evenflow/parallel/sync_batch_norm.h"
 
-#include "parallel/comm_ops.h"
-#include "parallel/device_group.h"
+#include "evenflow/parallel/comm_ops.h"
+#include "evenflow/parallel/device_group.h"
 
 namespace evenflow::parallel {
 

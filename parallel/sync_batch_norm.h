@@ -11,7 +11,7 @@
 
 #include <memory>
 
-#include "layers/normalization.h"
+#include "evenflow/layers/normalization.h"
 
 namespace evenflow::parallel {
 

@@ -27,7 +27,7 @@ echo "== build (clang, libFuzzer, AddressSanitizer + UBSan) in $build_dir"
 # -O1 without NDEBUG: fast enough to fuzz, and the assertions of nlohmann/json and Eigen stay on;
 # line tables are enough for the stack traces of findings and compile much faster than -g.
 # OpenMP off (the readers do not use it, and clang's would need libomp-dev); no test suites.
-cmake -S . -B "$build_dir" -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=Debug \
+cmake -S . -B "$build_dir" -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=Debug -DEF_SHARED=OFF \
   -DCMAKE_CXX_FLAGS_DEBUG="-O1 -gline-tables-only" -DEF_FUZZ=ON -DEF_SANITIZE=address -DEF_CUDA=OFF -DEF_OPENMP=OFF \
   -DBUILD_TESTING=OFF >/dev/null
 build_targets=()

@@ -4,7 +4,7 @@
 
 #include <memory>
 
-#include "layers/layers.h"
+#include "evenflow/layers/layers.h"
 
 namespace evenflow::apps {
 

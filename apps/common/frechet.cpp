@@ -11,7 +11,7 @@
 #endif
 #include <Eigen/Dense>
 
-#include "engine/error.h"
+#include "evenflow/engine/error.h"
 
 namespace evenflow::apps {
 

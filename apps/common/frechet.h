@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "engine/tensor.h"
+#include "evenflow/engine/tensor.h"
 
 namespace evenflow::apps {
 

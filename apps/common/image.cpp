@@ -6,9 +6,9 @@
 #include <cmath>
 #include <csetjmp>
 
-#include "engine/error.h"
-#include "engine/ops.h"
-#include "io/file.h"
+#include "evenflow/engine/error.h"
+#include "evenflow/engine/ops.h"
+#include "evenflow/io/file.h"
 
 namespace evenflow::apps {
 

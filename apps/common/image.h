@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/tensor.h"
+#include "evenflow/engine/tensor.h"
 
 namespace evenflow::apps {
 

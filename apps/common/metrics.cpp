@@ -6,8 +6,8 @@
 #include <cstdio>
 #include <fstream>
 
-#include "engine/error.h"
-#include "io/file.h"
+#include "evenflow/engine/error.h"
+#include "evenflow/io/file.h"
 
 namespace evenflow::apps {
 

@@ -6,8 +6,8 @@
 #include <cmath>
 #include <cstdio>
 
-#include "engine/error.h"
-#include "io/file.h"
+#include "evenflow/engine/error.h"
+#include "evenflow/io/file.h"
 
 namespace evenflow::apps {
 

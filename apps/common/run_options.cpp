@@ -5,7 +5,7 @@
 #include <cstdio>
 #include <system_error>
 
-#include "io/file.h"
+#include "evenflow/io/file.h"
 
 namespace evenflow::apps {
 

@@ -18,8 +18,8 @@
 #include <vector>
 
 #include "apps/common/program.h"
-#include "data/fashion_mnist.h"
-#include "engine/error.h"
+#include "evenflow/data/fashion_mnist.h"
+#include "evenflow/engine/error.h"
 
 namespace evenflow::apps {
 

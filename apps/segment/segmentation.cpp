@@ -3,9 +3,9 @@
 
 #include <algorithm>
 
-#include "data/random_stream.h"
-#include "engine/error.h"
-#include "losses/losses.h"
+#include "evenflow/data/random_stream.h"
+#include "evenflow/engine/error.h"
+#include "evenflow/losses/losses.h"
 
 namespace evenflow::segment {
 

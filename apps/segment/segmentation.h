@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "apps/common/image.h"
-#include "data/dataset.h"
-#include "layers/layers.h"
+#include "evenflow/data/dataset.h"
+#include "evenflow/layers/layers.h"
 
 namespace evenflow::segment {
 

@@ -8,9 +8,9 @@
 
 #include "apps/common/fashion_cnn.h"
 #include "apps/common/program.h"
-#include "data/fashion_mnist.h"
-#include "io/checkpoint.h"
-#include "optim/optim.h"
+#include "evenflow/data/fashion_mnist.h"
+#include "evenflow/io/checkpoint.h"
+#include "evenflow/optim/optim.h"
 
 namespace ef = evenflow;
 

@@ -2,10 +2,10 @@
 // and random numbers as OpenMP loops over strided views. Every kernel that walks views goes through
 // one strided-iteration helper (Note [Strided iteration]); the scalar math comes from scalar_ops.h,
 // shared with the CUDA backend. GEMM and convolution need Eigen and live in cpu_conv.cpp.
-#include "engine/cpu/cpu_backend.h"
+#include "evenflow/engine/cpu/cpu_backend.h"
 
 #include <unistd.h>
-#include "engine/cpu/threads.h"
+#include "evenflow/engine/cpu/threads.h"
 
 #include <algorithm>
 #include <array>
@@ -18,10 +18,10 @@
 #include <utility>
 #include <vector>
 
-#include "engine/cpu/cpu_conv.h"
-#include "engine/device.h"
-#include "engine/error.h"
-#include "engine/random.h"
+#include "evenflow/engine/cpu/cpu_conv.h"
+#include "evenflow/engine/device.h"
+#include "evenflow/engine/error.h"
+#include "evenflow/engine/random.h"
 
 namespace evenflow::cpu_backend {
 namespace {

@@ -3,7 +3,7 @@
 
 #include <memory>
 
-#include "engine/backend.h"
+#include "evenflow/engine/backend.h"
 
 namespace evenflow::cpu_backend {
 std::unique_ptr<Backend> make_backend();

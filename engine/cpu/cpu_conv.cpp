@@ -2,10 +2,10 @@
 // gradient, weight gradient) as im2col / col2im around a packed, register-blocked GEMM of its own
 // (Note [Packed GEMM for convolution]). This is the one file of the CPU backend that includes
 // Eigen, whose GEMM templates dominate build time.
-#include "engine/cpu/cpu_conv.h"
+#include "evenflow/engine/cpu/cpu_conv.h"
 
-#include "engine/cpu/onednn_conv.h"
-#include "engine/cpu/threads.h"
+#include "evenflow/engine/cpu/onednn_conv.h"
+#include "evenflow/engine/cpu/threads.h"
 
 // GCC 12 reports false (maybe-)uninitialized uses inside its own AVX-512 intrinsics (the
 // _mm512_undefined_ps() idiom) when it inlines Eigen's packing code with -march=native.
@@ -29,8 +29,8 @@
 #include <oneapi/dnnl/dnnl.h>
 #endif
 
-#include "engine/device.h"
-#include "engine/error.h"
+#include "evenflow/engine/device.h"
+#include "evenflow/engine/error.h"
 
 namespace evenflow::cpu_backend {
 namespace {

@@ -3,7 +3,7 @@
 // kernels here; the convolutions are im2col/col2im around the same GEMM.
 #pragma once
 
-#include "engine/backend.h"
+#include "evenflow/engine/backend.h"
 
 namespace evenflow::cpu_backend {
 

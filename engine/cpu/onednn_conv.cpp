@@ -1,7 +1,7 @@
 // float32 convolution through oneDNN (Note [oneDNN convolution]): one primitive per geometry, pass
 // and team size, created once and kept, with the reorders between our plain NCHW / OIHW layout and
 // the blocked layouts the primitive runs on.
-#include "engine/cpu/onednn_conv.h"
+#include "evenflow/engine/cpu/onednn_conv.h"
 
 #include <oneapi/dnnl/dnnl.hpp>
 
@@ -13,10 +13,10 @@
 #include <mutex>
 #include <unordered_map>
 
-#include "engine/cpu/cpu_conv.h"
-#include "engine/cpu/threads.h"
-#include "engine/device.h"
-#include "engine/error.h"
+#include "evenflow/engine/cpu/cpu_conv.h"
+#include "evenflow/engine/cpu/threads.h"
+#include "evenflow/engine/device.h"
+#include "evenflow/engine/error.h"
 
 namespace evenflow::cpu_backend {
 

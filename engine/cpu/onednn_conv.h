@@ -4,7 +4,7 @@
 // oneDNN (EF_ONEDNN == 0) keep the im2col kernels.
 #pragma once
 
-#include "engine/backend.h"
+#include "evenflow/engine/backend.h"
 
 namespace evenflow::cpu_backend {
 

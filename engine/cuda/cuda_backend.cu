@@ -7,8 +7,8 @@
 #include <set>
 #include <utility>
 
-#include "engine/cuda/cuda_backend.h"
-#include "engine/cuda/cuda_internal.h"
+#include "evenflow/engine/cuda/cuda_backend.h"
+#include "evenflow/engine/cuda/cuda_internal.h"
 
 namespace evenflow::cuda_backend {
 

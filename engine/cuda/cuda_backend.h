@@ -7,7 +7,7 @@
 #include <memory>
 #include <string>
 
-#include "engine/backend.h"
+#include "evenflow/engine/backend.h"
 
 namespace evenflow::cuda_backend {
 

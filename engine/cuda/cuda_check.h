@@ -12,7 +12,7 @@
 
 #include <cstdio>
 
-#include "engine/error.h"
+#include "evenflow/engine/error.h"
 
 namespace evenflow::cuda_backend::detail {
 

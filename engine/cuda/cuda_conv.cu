@@ -6,8 +6,8 @@
 #include <climits>
 #include <vector>
 
-#include "engine/cuda/cuda_internal.h"
-#include "engine/device.h"
+#include "evenflow/engine/cuda/cuda_internal.h"
+#include "evenflow/engine/device.h"
 
 namespace evenflow::cuda_backend {
 namespace {

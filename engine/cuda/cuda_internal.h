@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/backend.h"
-#include "engine/cuda/cuda_check.h"
+#include "evenflow/engine/backend.h"
+#include "evenflow/engine/cuda/cuda_check.h"
 
 namespace evenflow::cuda_backend {
 

@@ -10,9 +10,9 @@
 #include <type_traits>
 #include <utility>
 
-#include "engine/cuda/cuda_internal.h"
-#include "engine/device.h"
-#include "engine/random.h"
+#include "evenflow/engine/cuda/cuda_internal.h"
+#include "evenflow/engine/device.h"
+#include "evenflow/engine/random.h"
 
 namespace evenflow::cuda_backend {
 namespace {

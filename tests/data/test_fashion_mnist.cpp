@@ -7,9 +7,9 @@
 #include <chrono>
 #include <filesystem>
 
-#include "data/fashion_mnist.h"
-#include "data/loader.h"
-#include "engine/ops.h"
+#include "evenflow/data/fashion_mnist.h"
+#include "evenflow/data/loader.h"
+#include "evenflow/engine/ops.h"
 #include "tests/io/test_files.h"
 #include "tests/testing/helpers.h"
 

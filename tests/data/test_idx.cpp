@@ -6,7 +6,7 @@
 
 #include <limits>
 
-#include "data/idx.h"
+#include "evenflow/data/idx.h"
 #include "tests/io/test_files.h"
 #include "tests/testing/helpers.h"
 

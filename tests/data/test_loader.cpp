@@ -9,8 +9,8 @@
 #include <chrono>
 #include <thread>
 
-#include "data/loader.h"
-#include "engine/ops.h"
+#include "evenflow/data/loader.h"
+#include "evenflow/engine/ops.h"
 #include "tests/testing/helpers.h"
 
 using namespace evenflow;

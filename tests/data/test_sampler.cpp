@@ -7,8 +7,8 @@
 #include <numeric>
 #include <set>
 
-#include "data/random_stream.h"
-#include "data/sampler.h"
+#include "evenflow/data/random_stream.h"
+#include "evenflow/data/sampler.h"
 #include "tests/testing/helpers.h"
 
 using namespace evenflow;

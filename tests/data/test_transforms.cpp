@@ -3,8 +3,8 @@
 // and full-size crops are identities.
 #include <doctest/doctest.h>
 
-#include "data/transforms.h"
-#include "engine/ops.h"
+#include "evenflow/data/transforms.h"
+#include "evenflow/engine/ops.h"
 #include "tests/testing/helpers.h"
 
 using namespace evenflow;

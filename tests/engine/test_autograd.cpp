@@ -5,8 +5,8 @@
 #include <functional>
 #include <future>
 
-#include "engine/context.h"
-#include "engine/ops.h"
+#include "evenflow/engine/context.h"
+#include "evenflow/engine/ops.h"
 #include "tests/testing/gradcheck.h"
 #include "tests/testing/helpers.h"
 

@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/backend.h"
-#include "engine/cpu/cpu_conv.h"
+#include "evenflow/engine/backend.h"
+#include "evenflow/engine/cpu/cpu_conv.h"
 #include "tests/testing/gradcheck.h"
 #include "tests/testing/helpers.h"
 

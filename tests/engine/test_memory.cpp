@@ -2,8 +2,8 @@
 // raises (with the device's statistics in it).
 #include <doctest/doctest.h>
 
-#include "engine/allocator.h"
-#include "engine/ops.h"
+#include "evenflow/engine/allocator.h"
+#include "evenflow/engine/ops.h"
 
 using namespace evenflow;
 

@@ -18,12 +18,12 @@
 #include <utility>
 #include <vector>
 
-#include "engine/backend.h"
-#include "engine/cpu/cpu_conv.h"
-#include "engine/device.h"
+#include "evenflow/engine/backend.h"
+#include "evenflow/engine/cpu/cpu_conv.h"
+#include "evenflow/engine/device.h"
 #include "tests/testing/helpers.h"
 #if EF_ONEDNN
-#include "engine/cpu/onednn_conv.h"
+#include "evenflow/engine/cpu/onednn_conv.h"
 #endif
 
 using namespace evenflow;

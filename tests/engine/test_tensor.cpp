@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/context.h"
-#include "engine/ops.h"
+#include "evenflow/engine/context.h"
+#include "evenflow/engine/ops.h"
 #include "tests/testing/helpers.h"
 
 using namespace evenflow;

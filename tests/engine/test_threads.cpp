@@ -5,9 +5,9 @@
 #include <future>
 #include <thread>
 
-#include "engine/autograd.h"
-#include "engine/context.h"
-#include "engine/ops.h"
+#include "evenflow/engine/autograd.h"
+#include "evenflow/engine/context.h"
+#include "evenflow/engine/ops.h"
 
 using namespace evenflow;
 

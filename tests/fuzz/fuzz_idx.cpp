@@ -13,7 +13,7 @@
 #include <optional>
 #include <string>
 
-#include "data/idx.h"
+#include "evenflow/data/idx.h"
 
 namespace {
 

@@ -8,7 +8,7 @@
 #include <string>
 #include <string_view>
 
-#include "io/safetensors.h"
+#include "evenflow/io/safetensors.h"
 
 namespace {
 

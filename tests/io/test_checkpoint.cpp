@@ -12,11 +12,11 @@
 #include <filesystem>
 #include <memory>
 
-#include "engine/ops.h"
-#include "io/checkpoint.h"
-#include "io/file.h"
-#include "layers/layers.h"
-#include "optim/optim.h"
+#include "evenflow/engine/ops.h"
+#include "evenflow/io/checkpoint.h"
+#include "evenflow/io/file.h"
+#include "evenflow/layers/layers.h"
+#include "evenflow/optim/optim.h"
 #include "tests/io/test_files.h"
 #include "tests/testing/helpers.h"
 

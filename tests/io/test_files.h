@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/error.h"
+#include "evenflow/engine/error.h"
 
 namespace evenflow::testing {
 

@@ -13,8 +13,8 @@
 #include <filesystem>
 #include <limits>
 
-#include "engine/ops.h"
-#include "io/safetensors.h"
+#include "evenflow/engine/ops.h"
+#include "evenflow/io/safetensors.h"
 #include "tests/io/test_files.h"
 #include "tests/testing/helpers.h"
 

@@ -7,7 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "layers/module.h"
+#include "evenflow/layers/module.h"
 
 namespace evenflow::testing {
 

@@ -7,7 +7,7 @@
 #include <memory>
 #include <string>
 
-#include "layers/layers.h"
+#include "evenflow/layers/layers.h"
 
 namespace evenflow::testing {
 

@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "layers/layers.h"
+#include "evenflow/layers/layers.h"
 #include "tests/layers/fixture.h"
 #include "tests/testing/gradcheck.h"
 #include "tests/testing/helpers.h"

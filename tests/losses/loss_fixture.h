@@ -11,7 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "losses/losses.h"
+#include "evenflow/losses/losses.h"
 
 namespace evenflow::testing {
 

@@ -9,7 +9,7 @@
 #include <functional>
 #include <random>
 
-#include "losses/losses.h"
+#include "evenflow/losses/losses.h"
 #include "tests/testing/gradcheck.h"
 #include "tests/testing/helpers.h"
 

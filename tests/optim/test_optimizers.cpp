@@ -7,8 +7,8 @@
 #include <cmath>
 #include <limits>
 
-#include "layers/layers.h"
-#include "optim/optim.h"
+#include "evenflow/layers/layers.h"
+#include "evenflow/optim/optim.h"
 #include "tests/layers/fixture.h"
 #include "tests/testing/gradcheck.h"
 #include "tests/testing/helpers.h"

@@ -3,7 +3,7 @@
 // their state for checkpoints and their argument errors.
 #include <doctest/doctest.h>
 
-#include "optim/optim.h"
+#include "evenflow/optim/optim.h"
 #include "tests/layers/fixture.h"
 #include "tests/testing/helpers.h"
 

@@ -3,8 +3,8 @@
 
 #include <chrono>
 
-#include "parallel/comm_ops.h"
-#include "parallel/device_group.h"
+#include "evenflow/parallel/comm_ops.h"
+#include "evenflow/parallel/device_group.h"
 #include "tests/testing/gradcheck.h"
 #include "tests/testing/helpers.h"
 

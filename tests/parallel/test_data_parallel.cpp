@@ -7,10 +7,10 @@
 
 #include <functional>
 
-#include "layers/layers.h"
-#include "optim/optim.h"
-#include "parallel/data_parallel.h"
-#include "parallel/sync_batch_norm.h"
+#include "evenflow/layers/layers.h"
+#include "evenflow/optim/optim.h"
+#include "evenflow/parallel/data_parallel.h"
+#include "evenflow/parallel/sync_batch_norm.h"
 #include "tests/testing/gradcheck.h"
 #include "tests/testing/helpers.h"
 

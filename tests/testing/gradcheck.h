@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/ops.h"
+#include "evenflow/engine/ops.h"
 
 namespace evenflow::testing {
 

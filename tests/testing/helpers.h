@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-#include "engine/ops.h"
+#include "evenflow/engine/ops.h"
 
 namespace evenflow::testing {
 

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "io/safetensors.h"
+#include "evenflow/io/safetensors.h"
 #include "tests/train/app_runner.h"
 
 using evenflow::testing::first_line;

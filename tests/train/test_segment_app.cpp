@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "apps/segment/segmentation.h"
-#include "engine/ops.h"
-#include "io/safetensors.h"
-#include "parallel/data_parallel.h"
+#include "evenflow/engine/ops.h"
+#include "evenflow/io/safetensors.h"
+#include "evenflow/parallel/data_parallel.h"
 #include "tests/io/test_files.h"
 #include "tests/train/app_runner.h"
 

@@ -8,7 +8,7 @@
 #include <sstream>
 
 #include "apps/common/fashion_cnn.h"
-#include "io/checkpoint.h"
+#include "evenflow/io/checkpoint.h"
 #include "tests/train/app_runner.h"
 
 using namespace evenflow::testing;

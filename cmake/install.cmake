@@ -1,0 +1,47 @@
+# `cmake --install`: the libraries, the public headers under <prefix>/include/evenflow, the package
+# config for find_package(evenflow) with targets evenflow::evenflow and evenflow::<component>, and
+# evenflow.pc for pkg-config. Included by the root CMakeLists.txt once the library targets exist.
+include(CMakePackageConfigHelpers)
+set(EF_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/evenflow)
+
+set(ef_installed_targets ef_evenflow)
+foreach(component IN LISTS EF_COMPONENTS)
+  list(APPEND ef_installed_targets ef_${component})
+  # The source folders are the installed ones (include/evenflow/<component> links to them in the
+  # tree); the CUDA backend's internals need nvcc and stay behind.
+  install(DIRECTORY ${PROJECT_SOURCE_DIR}/${component}/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/evenflow/${component}
+          FILES_MATCHING PATTERN "*.h" PATTERN "cuda" EXCLUDE)
+endforeach()
+install(FILES ${PROJECT_SOURCE_DIR}/include/evenflow/evenflow.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/evenflow)
+install(TARGETS ${ef_installed_targets} EXPORT evenflowTargets
+        ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
+        LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
+        RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+install(EXPORT evenflowTargets NAMESPACE evenflow:: DESTINATION ${EF_CMAKE_DIR})
+
+# Static archives carry their private dependencies to the consumer's link: the config finds them.
+# Shared libraries keep them to themselves.
+set(EF_FIND_DEPENDENCIES "find_dependency(Threads)")
+if(NOT EF_SHARED)
+  string(APPEND EF_FIND_DEPENDENCIES "\nfind_dependency(Eigen3 3.4 NO_MODULE)\nfind_dependency(ZLIB)"
+         "\nfind_dependency(nlohmann_json)")
+  if(EF_OPENMP)
+    string(APPEND EF_FIND_DEPENDENCIES "\nfind_dependency(OpenMP COMPONENTS CXX)")
+  endif()
+  if(EF_HAS_CUDA)
+    string(APPEND EF_FIND_DEPENDENCIES "\nfind_dependency(CUDAToolkit)")
+  endif()
+endif()
+configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/evenflowConfig.cmake.in
+                              ${PROJECT_BINARY_DIR}/evenflowConfig.cmake INSTALL_DESTINATION ${EF_CMAKE_DIR})
+write_basic_package_version_file(${PROJECT_BINARY_DIR}/evenflowConfigVersion.cmake COMPATIBILITY SameMajorVersion)
+install(FILES ${PROJECT_BINARY_DIR}/evenflowConfig.cmake ${PROJECT_BINARY_DIR}/evenflowConfigVersion.cmake
+        DESTINATION ${EF_CMAKE_DIR})
+
+# pkg-config: the libraries in link order (each after those that use it).
+set(EF_PC_LIBS "")
+foreach(component parallel losses io data optim layers engine)
+  string(APPEND EF_PC_LIBS " -levenflow_${component}")
+endforeach()
+configure_file(${PROJECT_SOURCE_DIR}/cmake/evenflow.pc.in ${PROJECT_BINARY_DIR}/evenflow.pc @ONLY)
+install(FILES ${PROJECT_BINARY_DIR}/evenflow.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
