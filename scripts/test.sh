@@ -15,6 +15,9 @@ BUILD_DIR=build bash scripts/build.sh -DEF_WERROR=ON
 echo "== tests"
 (cd build && ctest --output-on-failure --timeout 900 -j "$(nproc)")
 
+echo "== install (shared libraries) and the example project built against it with find_package"
+bash scripts/test_install.sh
+
 echo "== engine, data-loader and parallel tests (devices, workers, collectives) under ThreadSanitizer"
 BUILD_DIR=build-tsan BUILD_TYPE=RelWithDebInfo TARGETS="test_engine test_data test_parallel" bash scripts/build.sh \
   -DEF_SANITIZE=thread -DEF_OPENMP=OFF -DEF_CUDA=OFF -DEF_WERROR=ON
