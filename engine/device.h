@@ -95,5 +95,9 @@ int kernel_threads();
 // Whether some CPU device has started its worker thread (from then on kernel_threads() is 1 off
 // the workers).
 bool cpu_workers_started();
+// Which copy of the CPU kernels this build runs: "native" (built with -march=native for the
+// building machine), or in a portable build (EF_NATIVE=OFF) the widest this CPU supports:
+// "avx512", "avx2" or "baseline" (Note [CPU kernels per instruction set], engine/CMakeLists.txt).
+const char* cpu_kernels_isa();
 
 }  // namespace evenflow

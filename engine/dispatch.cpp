@@ -1,9 +1,11 @@
 // The one place that knows whether the CUDA backend was built (EF_CUDA is always 0 or 1, so
 // -Wundef catches a misspelling). Everything else asks a Device's context for its Backend.
 #include <cstring>
+#include <string>
 
 #include "evenflow/engine/context.h"
 #include "evenflow/engine/cpu/cpu_backend.h"
+#include "evenflow/engine/device.h"
 #include "evenflow/engine/error.h"
 
 #if EF_CUDA
@@ -12,9 +14,46 @@
 
 namespace evenflow {
 
+// Note [CPU kernels per instruction set] (engine/CMakeLists.txt): a portable build holds three
+// copies of the CPU kernels; the widest one this CPU runs is taken.
+#if EF_CPU_DISPATCH
+namespace cpu_backend::baseline {
+std::unique_ptr<Backend> make_backend();
+}
+namespace cpu_backend::avx2 {
+std::unique_ptr<Backend> make_backend();
+}
+namespace cpu_backend::avx512 {
+std::unique_ptr<Backend> make_backend();
+}
+
+const char* cpu_kernels_isa() {
+  __builtin_cpu_init();
+  // x86-64-v4 and x86-64-v3, as GCC's -march levels define them.
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512cd") &&
+      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl"))
+    return "avx512";
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("bmi2") &&
+      __builtin_cpu_supports("f16c") && __builtin_cpu_supports("movbe"))
+    return "avx2";
+  return "baseline";
+}
+
+std::unique_ptr<Backend> make_cpu_backend() {
+  static const std::string isa = cpu_kernels_isa();
+  if (isa == "avx512") return cpu_backend::avx512::make_backend();
+  if (isa == "avx2") return cpu_backend::avx2::make_backend();
+  return cpu_backend::baseline::make_backend();
+}
+#else
+const char* cpu_kernels_isa() {
+  return "native";
+}
+
 std::unique_ptr<Backend> make_cpu_backend() {
   return cpu_backend::make_backend();
 }
+#endif
 
 #if EF_CUDA
 std::unique_ptr<Backend> make_cuda_backend(int logical_index, int physical_id) {

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# evenflow as another project uses it: configures and builds the libraries the way an install does
-# (shared, the default; the CUDA backend too where the toolkit is), installs them into a fresh
-# prefix, builds examples/wgan_gp_critic against that install with find_package(evenflow) and runs
-# it (two CPU devices), checks that the program links only evenflow's libraries (not CUDA's, cuDNN's,
-# NCCL's or oneDNN's), and compiles and runs a one-file program with pkg-config's flags.
+# evenflow as another project uses it: configures and builds the libraries the way README's install
+# does (shared, the default; portable: EF_NATIVE=OFF, the CPU kernels chosen at run time; the CUDA
+# backend too where the toolkit is), installs them into a fresh prefix, builds
+# examples/wgan_gp_critic against that install with find_package(evenflow) and runs it (two CPU
+# devices), checks that the program links only evenflow's libraries (not CUDA's, cuDNN's, NCCL's or
+# oneDNN's), and compiles and runs a one-file program with pkg-config's flags, which also checks
+# that the copy of the CPU kernels in use is the widest this CPU runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${BUILD_DIR:-build-install}
@@ -11,8 +13,8 @@ prefix=$(mktemp -d /tmp/evenflow-prefix.XXXXXX)
 work=$(mktemp -d /tmp/evenflow-consumer.XXXXXX)
 trap 'rm -rf "$prefix" "$work"' EXIT
 
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF -DCMAKE_INSTALL_PREFIX="$prefix" \
-  "$@" >/dev/null
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF -DEF_NATIVE=OFF \
+  -DCMAKE_INSTALL_PREFIX="$prefix" "$@" >/dev/null
 libs=()
 for c in engine io data layers optim losses parallel; do libs+=(--target "ef_$c"); done
 cmake --build "$build" --parallel "${JOBS:-$(nproc)}" "${libs[@]}"
@@ -36,11 +38,22 @@ done
 echo "== a program built with pkg-config's flags"
 cat > "$work/sum.cpp" <<'CPP'
 #include <evenflow/evenflow.h>
-int main() { return evenflow::sum(evenflow::ones({3})).item() == 3.0 ? 0 : 1; }
+#include <cstdio>
+int main() {
+  std::printf("%s\n", evenflow::cpu_kernels_isa());
+  return evenflow::sum(evenflow::ones({3})).item() == 3.0 ? 0 : 1;
+}
 CPP
 export PKG_CONFIG_PATH="$prefix/lib/pkgconfig"
 # shellcheck disable=SC2046
 c++ $(pkg-config --cflags evenflow) "$work/sum.cpp" -o "$work/sum" $(pkg-config --libs evenflow) \
   -Wl,-rpath,"$(pkg-config --variable=libdir evenflow)"
-"$work/sum"
+isa=$("$work/sum")
+flags=" $(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2) "
+has() { for f in "$@"; do [[ "$flags" == *" $f "* ]] || return 1; done; }
+if has avx512f avx512bw avx512cd avx512dq avx512vl; then want=avx512
+elif has avx2 fma bmi2 f16c movbe; then want=avx2
+else want=baseline; fi
+echo "CPU kernels in use: $isa (this CPU: $want)"
+[[ "$isa" == "$want" ]] || { echo "FAIL: the portable library runs the $isa kernels on a CPU that runs $want" >&2; exit 1; }
 echo "install check: ok"

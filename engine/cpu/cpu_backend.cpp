@@ -24,6 +24,7 @@
 #include "evenflow/engine/random.h"
 
 namespace evenflow::cpu_backend {
+inline namespace EF_CPU_ISA {
 namespace {
 
 // Loops over fewer elements than this run on the calling thread: waking an OpenMP team costs
@@ -903,4 +904,5 @@ std::unique_ptr<Backend> make_backend() {
   return std::make_unique<CpuBackend>();
 }
 
+}  // namespace EF_CPU_ISA
 }  // namespace evenflow::cpu_backend

@@ -33,6 +33,7 @@
 #include "evenflow/engine/error.h"
 
 namespace evenflow::cpu_backend {
+inline namespace EF_CPU_ISA {
 namespace {
 
 template <typename T>
@@ -712,4 +713,5 @@ void conv2d_weight_grad(const ConvArgs& args, const View& gw, const View& x, con
   });
 }
 
+}  // namespace EF_CPU_ISA
 }  // namespace evenflow::cpu_backend

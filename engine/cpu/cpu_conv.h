@@ -4,8 +4,10 @@
 #pragma once
 
 #include "evenflow/engine/backend.h"
+#include "evenflow/engine/cpu/isa.h"
 
 namespace evenflow::cpu_backend {
+inline namespace EF_CPU_ISA {
 
 // A buffer of at least `bytes` (64-byte aligned) that grows and is kept, one per calling thread:
 // each device has its own worker thread, so concurrent devices never share one, and steady-state
@@ -20,4 +22,5 @@ void conv2d_forward(const ConvArgs& args, const View& y, const View& x, const Vi
 void conv2d_input_grad(const ConvArgs& args, const View& gx, const View& gy, const View& w);
 void conv2d_weight_grad(const ConvArgs& args, const View& gw, const View& x, const View& gy);
 
+}  // namespace EF_CPU_ISA
 }  // namespace evenflow::cpu_backend

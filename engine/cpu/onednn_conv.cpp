@@ -19,6 +19,7 @@
 #include "evenflow/engine/error.h"
 
 namespace evenflow::cpu_backend {
+inline namespace EF_CPU_ISA {
 
 // Note [oneDNN convolution]
 // - Threads. oneDNN's OpenMP runtime runs a primitive on omp_get_max_threads() of the calling
@@ -286,4 +287,5 @@ void onednn_conv2d_weight_grad(const ConvArgs& args, float* gw, const float* x, 
   run(args, ConvPass::WeightGrad, x, gy, gw);
 }
 
+}  // namespace EF_CPU_ISA
 }  // namespace evenflow::cpu_backend

@@ -5,8 +5,10 @@
 #pragma once
 
 #include "evenflow/engine/backend.h"
+#include "evenflow/engine/cpu/isa.h"
 
 namespace evenflow::cpu_backend {
+inline namespace EF_CPU_ISA {
 
 enum class ConvPass { Forward, InputGrad, WeightGrad };
 
@@ -20,4 +22,5 @@ void onednn_conv2d_forward(const ConvArgs& args, float* y, const float* x, const
 void onednn_conv2d_input_grad(const ConvArgs& args, float* gx, const float* gy, const float* w);
 void onednn_conv2d_weight_grad(const ConvArgs& args, float* gw, const float* x, const float* gy);
 
+}  // namespace EF_CPU_ISA
 }  // namespace evenflow::cpu_backend
