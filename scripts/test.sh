@@ -15,7 +15,7 @@ BUILD_DIR=build bash scripts/build.sh -DEF_WERROR=ON
 echo "== tests"
 (cd build && ctest --output-on-failure --timeout 900 -j "$(nproc)")
 
-echo "== install (shared libraries) and the example project built against it with find_package"
+echo "== installs (with CUDA, CPU-only) and the example project built against each with find_package"
 bash scripts/test_install.sh
 
 echo "== engine, data-loader and parallel tests (devices, workers, collectives) under ThreadSanitizer"
