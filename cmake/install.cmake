@@ -23,8 +23,7 @@ install(EXPORT evenflowTargets NAMESPACE evenflow:: DESTINATION ${EF_CMAKE_DIR})
 # Shared libraries keep them to themselves.
 set(EF_FIND_DEPENDENCIES "find_dependency(Threads)")
 if(NOT EF_SHARED)
-  string(APPEND EF_FIND_DEPENDENCIES "\nfind_dependency(Eigen3 3.4 NO_MODULE)\nfind_dependency(ZLIB)"
-         "\nfind_dependency(nlohmann_json)")
+  string(APPEND EF_FIND_DEPENDENCIES "\nfind_dependency(ZLIB)\nfind_dependency(nlohmann_json)")
   if(EF_OPENMP)
     string(APPEND EF_FIND_DEPENDENCIES "\nfind_dependency(OpenMP COMPONENTS CXX)")
   endif()

@@ -1,7 +1,6 @@
 // The one place that knows whether the CUDA backend was built (EF_CUDA is always 0 or 1, so
 // -Wundef catches a misspelling). Everything else asks a Device's context for its Backend.
 #include <cstring>
-#include <string>
 
 #include "evenflow/engine/context.h"
 #include "evenflow/engine/cpu/cpu_backend.h"
@@ -27,23 +26,37 @@ namespace cpu_backend::avx512 {
 std::unique_ptr<Backend> make_backend();
 }
 
+namespace {
+
+struct CpuKernels {
+  const char* isa;
+  std::unique_ptr<Backend> (*make_backend)();
+};
+
+// The copy this CPU runs, found once.
+const CpuKernels& cpu_kernels() {
+  static const CpuKernels chosen = [] {
+    __builtin_cpu_init();
+    // x86-64-v4 and x86-64-v3, as GCC's -march levels define them.
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512cd") &&
+        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl"))
+      return CpuKernels{"avx512", cpu_backend::avx512::make_backend};
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("bmi2") &&
+        __builtin_cpu_supports("f16c") && __builtin_cpu_supports("movbe"))
+      return CpuKernels{"avx2", cpu_backend::avx2::make_backend};
+    return CpuKernels{"baseline", cpu_backend::baseline::make_backend};
+  }();
+  return chosen;
+}
+
+}  // namespace
+
 const char* cpu_kernels_isa() {
-  __builtin_cpu_init();
-  // x86-64-v4 and x86-64-v3, as GCC's -march levels define them.
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512cd") &&
-      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl"))
-    return "avx512";
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("bmi2") &&
-      __builtin_cpu_supports("f16c") && __builtin_cpu_supports("movbe"))
-    return "avx2";
-  return "baseline";
+  return cpu_kernels().isa;
 }
 
 std::unique_ptr<Backend> make_cpu_backend() {
-  static const std::string isa = cpu_kernels_isa();
-  if (isa == "avx512") return cpu_backend::avx512::make_backend();
-  if (isa == "avx2") return cpu_backend::avx2::make_backend();
-  return cpu_backend::baseline::make_backend();
+  return cpu_kernels().make_backend();
 }
 #else
 const char* cpu_kernels_isa() {

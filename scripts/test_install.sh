@@ -67,9 +67,9 @@ int main() {
   return evenflow::sum(evenflow::ones({3})).item() == 3.0 ? 0 : 1;
 }
 CPP
+  local pc=(env PKG_CONFIG_PATH="$prefix/lib/pkgconfig" pkg-config)
   # shellcheck disable=SC2046
-  PKG_CONFIG_PATH="$prefix/lib/pkgconfig" c++ $(PKG_CONFIG_PATH="$prefix/lib/pkgconfig" pkg-config --cflags evenflow) \
-    "$work/$name/sum.cpp" -o "$work/$name/sum" $(PKG_CONFIG_PATH="$prefix/lib/pkgconfig" pkg-config --libs evenflow) \
+  c++ $("${pc[@]}" --cflags evenflow) "$work/$name/sum.cpp" -o "$work/$name/sum" $("${pc[@]}" --libs evenflow) \
     -Wl,-rpath,"$prefix/lib"
   local isa
   isa=$("$work/$name/sum")
