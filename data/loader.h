@@ -1,12 +1,13 @@
-// DataLoader: batches of a Dataset in a sampler's order, made by worker threads ahead of the
-// consumer (Note [Loader workers] in loader.cpp), transformed, and copied to a target device.
-// The batches and their order are a function of (seed, epoch) only: the number of workers and
-// their timing change how fast batches come, never which.
-//
-//   DataLoader loader(std::make_shared<FashionMNIST>(Split::Train),
-//                     {.batch_size = 64, .shuffle = true, .seed = 1, .num_workers = 2});
-//   for (int64_t e = 0; e < epochs; ++e)
-//     for (Batch& b : loader.epoch(e)) train_step(b.images, b.labels);
+/// @file
+/// DataLoader: batches of a Dataset in a sampler's order, made by worker threads ahead of the
+/// consumer (Note [Loader workers] in loader.cpp), transformed, and copied to a target device.
+/// The batches and their order are a function of (seed, epoch) only: the number of workers and
+/// their timing change how fast batches come, never which.
+///
+///   DataLoader loader(std::make_shared<FashionMNIST>(Split::Train),
+///                     {.batch_size = 64, .shuffle = true, .seed = 1, .num_workers = 2});
+///   for (int64_t e = 0; e < epochs; ++e)
+///     for (Batch& b : loader.epoch(e)) train_step(b.images, b.labels);
 #pragma once
 
 #include <cstdint>
@@ -24,39 +25,39 @@ namespace evenflow::data {
 
 struct DataLoaderOptions {
   int64_t batch_size = 1;
-  bool shuffle = false;         // RandomSampler(seed) instead of SequentialSampler
-  uint64_t seed = 0;            // the shuffle and the transforms' random numbers
-  bool drop_last = false;       // drop a last batch smaller than batch_size
-  int num_workers = 0;          // 0: batches are made on the consumer's thread, when asked for
-  int prefetch_per_worker = 2;  // batches made ahead of the consumer: num_workers · prefetch_per_worker
-  std::optional<Device> device = std::nullopt;                    // copy batches there (.to) on the worker
-  std::shared_ptr<const Sampler> sampler = nullptr;               // overrides shuffle, e.g. a ShardSampler
-  std::vector<std::shared_ptr<const Transform>> transforms = {};  // applied in order to each batch
+  bool shuffle = false;         ///< RandomSampler(seed) instead of SequentialSampler
+  uint64_t seed = 0;            ///< the shuffle and the transforms' random numbers
+  bool drop_last = false;       ///< drop a last batch smaller than batch_size
+  int num_workers = 0;          ///< 0: batches are made on the consumer's thread, when asked for
+  int prefetch_per_worker = 2;  ///< batches made ahead of the consumer: num_workers · prefetch_per_worker
+  std::optional<Device> device = std::nullopt;                    ///< copy batches there (.to) on the worker
+  std::shared_ptr<const Sampler> sampler = nullptr;               ///< overrides shuffle, e.g. a ShardSampler
+  std::vector<std::shared_ptr<const Transform>> transforms = {};  ///< applied in order to each batch
 };
 
 class DataLoader {
  public:
   DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions options);
-  ~DataLoader();  // stops and joins the workers, mid-epoch included
+  ~DataLoader();  ///< stops and joins the workers, mid-epoch included
   DataLoader(const DataLoader&) = delete;
   DataLoader& operator=(const DataLoader&) = delete;
 
-  // Sets the epoch the next iteration runs (each iteration then advances it by one; a new loader
-  // starts at 0). Returns *this, so `for (Batch& b : loader.epoch(e))` reads naturally.
+  /// Sets the epoch the next iteration runs (each iteration then advances it by one; a new loader
+  /// starts at 0). Returns *this, so `for (Batch& b : loader.epoch(e))` reads naturally.
   DataLoader& epoch(int64_t e);
   int64_t next_epoch() const { return next_epoch_; }
   int64_t num_batches() const;
   const DataLoaderOptions& options() const { return options_; }
 
   class Iterator;
-  // Starts the next epoch (stopping one in progress: one iteration at a time) and waits for its
-  // first batch. An exception from the dataset or a transform, on any worker, reaches the consumer
-  // as an ef::Error naming the batch when the consumer gets to that batch.
+  /// Starts the next epoch (stopping one in progress: one iteration at a time) and waits for its
+  /// first batch. An exception from the dataset or a transform, on any worker, reaches the consumer
+  /// as an ef::Error naming the batch when the consumer gets to that batch.
   Iterator begin();
   std::default_sentinel_t end() const { return {}; }
 
  private:
-  struct Run;  // one epoch: its batches, workers and queue (loader.cpp)
+  struct Run;  ///< one epoch: its batches, workers and queue (loader.cpp)
 
   std::shared_ptr<const Dataset> dataset_;
   DataLoaderOptions options_;
@@ -77,7 +78,7 @@ class DataLoader::Iterator {
   explicit Iterator(Run* run) : run_(run) {}
   Batch& operator*() const;
   Batch* operator->() const { return &**this; }
-  Iterator& operator++();  // blocks until the next batch is ready
+  Iterator& operator++();  ///< blocks until the next batch is ready
   void operator++(int) { ++*this; }
   bool operator==(std::default_sentinel_t) const;
 

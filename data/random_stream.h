@@ -1,8 +1,9 @@
-// Random numbers for the data pipeline that do not depend on thread timing: a RandomStream is a
-// pure function of a seed and a stream path (e.g. {epoch} for a sampler, {epoch, batch} for the
-// transforms of one batch), drawn with Philox4x32-10 (engine/random.h) keyed by a hash of both.
-// Whichever worker thread runs batch k of epoch e, it draws the same numbers; and, unlike
-// std::shuffle or std::uniform_int_distribution, the results are the same with every compiler.
+/// @file
+/// Random numbers for the data pipeline that do not depend on thread timing: a RandomStream is a
+/// pure function of a seed and a stream path (e.g. {epoch} for a sampler, {epoch, batch} for the
+/// transforms of one batch), drawn with Philox4x32-10 (engine/random.h) keyed by a hash of both.
+/// Whichever worker thread runs batch k of epoch e, it draws the same numbers; and, unlike
+/// std::shuffle or std::uniform_int_distribution, the results are the same with every compiler.
 #pragma once
 
 #include <cstdint>
@@ -15,8 +16,8 @@ class RandomStream {
   RandomStream(uint64_t seed, std::initializer_list<uint64_t> stream);
 
   uint64_t next_u64();
-  double uniform();          // in [0, 1)
-  int64_t below(int64_t n);  // in [0, n), n > 0; the bias of the modulo is below n / 2^64
+  double uniform();          ///< in [0, 1)
+  int64_t below(int64_t n);  ///< in [0, n), n > 0; the bias of the modulo is below n / 2^64
 
  private:
   uint64_t key_ = 0;

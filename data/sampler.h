@@ -1,6 +1,7 @@
-// Samplers: the order in which a DataLoader visits a dataset, one list of indices per epoch.
-// Orders are pure functions of (seed, epoch), so a run is reproducible and every data-parallel
-// shard computes the same permutation before taking its part of it (ShardSampler).
+/// @file
+/// Samplers: the order in which a DataLoader visits a dataset, one list of indices per epoch.
+/// Orders are pure functions of (seed, epoch), so a run is reproducible and every data-parallel
+/// shard computes the same permutation before taking its part of it (ShardSampler).
 #pragma once
 
 #include <cstdint>
@@ -12,13 +13,13 @@ namespace evenflow::data {
 class Sampler {
  public:
   virtual ~Sampler() = default;
-  // Indices per epoch.
+  /// Indices per epoch.
   virtual int64_t size() const = 0;
-  // The indices of epoch `epoch`, in the order to visit them.
+  /// The indices of epoch `epoch`, in the order to visit them.
   virtual std::vector<int64_t> indices(int64_t epoch) const = 0;
 };
 
-// 0, 1, ..., n-1 every epoch.
+/// 0, 1, ..., n-1 every epoch.
 class SequentialSampler final : public Sampler {
  public:
   explicit SequentialSampler(int64_t n);
@@ -29,8 +30,8 @@ class SequentialSampler final : public Sampler {
   int64_t n_ = 0;
 };
 
-// A permutation of 0..n-1 drawn for each epoch: Fisher-Yates with RandomStream(seed, {epoch}),
-// the same on every machine and compiler for the same (seed, epoch).
+/// A permutation of 0..n-1 drawn for each epoch: Fisher-Yates with RandomStream(seed, {epoch}),
+/// the same on every machine and compiler for the same (seed, epoch).
 class RandomSampler final : public Sampler {
  public:
   RandomSampler(int64_t n, uint64_t seed);
@@ -42,17 +43,17 @@ class RandomSampler final : public Sampler {
   uint64_t seed_ = 0;
 };
 
-// Note [Shards]
-// ShardSampler takes shard `shard` of `num_shards` of another sampler's indices, for data-parallel
-// training where each replica reads its own part. All shards use the same base sampler (same seed),
-// so for every epoch they split the same order; with the Uneven or Drop remainder they are disjoint,
-// and together they cover it (Uneven) or all but the last n % num_shards indices (Drop).
-//   layout Contiguous: shard s takes one block of consecutive positions, in shard order;
-//   layout Strided:    shard s takes positions s, s + num_shards, s + 2·num_shards, ...
-//   remainder Uneven:  n % num_shards shards (the first ones) get one index more than the others;
-//   remainder Pad:     the order is extended cyclically from its start to a multiple of num_shards,
-//                      so every shard has ceil(n / num_shards) (PyTorch's DistributedSampler);
-//   remainder Drop:    the last n % num_shards positions are dropped, every shard has floor(n / num_shards).
+/// Note [Shards]
+/// ShardSampler takes shard `shard` of `num_shards` of another sampler's indices, for data-parallel
+/// training where each replica reads its own part. All shards use the same base sampler (same seed),
+/// so for every epoch they split the same order; with the Uneven or Drop remainder they are disjoint,
+/// and together they cover it (Uneven) or all but the last n % num_shards indices (Drop).
+///   layout Contiguous: shard s takes one block of consecutive positions, in shard order;
+///   layout Strided:    shard s takes positions s, s + num_shards, s + 2·num_shards, ...
+///   remainder Uneven:  n % num_shards shards (the first ones) get one index more than the others;
+///   remainder Pad:     the order is extended cyclically from its start to a multiple of num_shards,
+///                      so every shard has ceil(n / num_shards) (PyTorch's DistributedSampler);
+///   remainder Drop:    the last n % num_shards positions are dropped, every shard has floor(n / num_shards).
 enum class ShardLayout : uint8_t { Contiguous, Strided };
 enum class ShardRemainder : uint8_t { Uneven, Pad, Drop };
 
@@ -68,7 +69,7 @@ class ShardSampler final : public Sampler {
   std::vector<int64_t> indices(int64_t epoch) const override;
 
  private:
-  int64_t total() const;  // positions after padding or dropping, a multiple of num_shards_ unless Uneven
+  int64_t total() const;  ///< positions after padding or dropping, a multiple of num_shards_ unless Uneven
 
   std::shared_ptr<const Sampler> base_;
   int64_t num_shards_ = 1;

@@ -1,7 +1,8 @@
-// Batch transforms for images [N, C, H, W] (float32 or float64): normalization, padding and
-// the usual augmentations. A DataLoader applies them, in order, to each batch on the worker
-// that made it, with a RandomStream named by (seed, epoch, batch), so the augmented batches are
-// the same whatever the number of workers and their timing.
+/// @file
+/// Batch transforms for images [N, C, H, W] (float32 or float64): normalization, padding and
+/// the usual augmentations. A DataLoader applies them, in order, to each batch on the worker
+/// that made it, with a RandomStream named by (seed, epoch, batch), so the augmented batches are
+/// the same whatever the number of workers and their timing.
 #pragma once
 
 #include <vector>
@@ -14,11 +15,11 @@ namespace evenflow::data {
 class Transform {
  public:
   virtual ~Transform() = default;
-  // Transforms a batch, drawing any random numbers it needs from `rng`.
+  /// Transforms a batch, drawing any random numbers it needs from `rng`.
   virtual Batch operator()(Batch batch, RandomStream& rng) const = 0;
 };
 
-// (x - mean[c]) / std[c] per channel; one value applies to every channel.
+/// (x - mean[c]) / std[c] per channel; one value applies to every channel.
 class Normalize final : public Transform {
  public:
   Normalize(std::vector<double> mean, std::vector<double> std);
@@ -28,7 +29,7 @@ class Normalize final : public Transform {
   std::vector<double> mean_, std_;
 };
 
-// Pads height and width by `padding` on each side with `value`.
+/// Pads height and width by `padding` on each side with `value`.
 class Pad final : public Transform {
  public:
   explicit Pad(int64_t padding, double value = 0.0);
@@ -39,7 +40,7 @@ class Pad final : public Transform {
   double value_ = 0.0;
 };
 
-// Pads by `padding` (zeros), then cuts a size x size window at a random position per image.
+/// Pads by `padding` (zeros), then cuts a size x size window at a random position per image.
 class RandomCrop final : public Transform {
  public:
   explicit RandomCrop(int64_t size, int64_t padding = 0);
@@ -50,7 +51,7 @@ class RandomCrop final : public Transform {
   int64_t padding_ = 0;
 };
 
-// Mirrors each image left-right with probability p.
+/// Mirrors each image left-right with probability p.
 class RandomHorizontalFlip final : public Transform {
  public:
   explicit RandomHorizontalFlip(double p = 0.5);

@@ -1,7 +1,8 @@
-// Per-device caching allocator. Freed blocks are kept in size-class bins and reused, so a training
-// step allocates from the device only on its first iteration (on CUDA, plain cudaMalloc blocks,
-// never managed memory). Every allocator counts the bytes in use and reserved, with peaks that can
-// be reset: this is how memory balance across devices is measured, on CPU and GPU alike.
+/// @file
+/// Per-device caching allocator. Freed blocks are kept in size-class bins and reused, so a training
+/// step allocates from the device only on its first iteration (on CUDA, plain cudaMalloc blocks,
+/// never managed memory). Every allocator counts the bytes in use and reserved, with peaks that can
+/// be reset: this is how memory balance across devices is measured, on CPU and GPU alike.
 #pragma once
 
 #include <cstddef>
@@ -17,14 +18,14 @@ namespace evenflow {
 class Backend;
 
 struct MemoryStats {
-  size_t allocated = 0;       // bytes in blocks handed out now
-  size_t peak_allocated = 0;  // highest `allocated` since the last reset_peak_memory
-  size_t reserved = 0;        // allocated + cached, as obtained from the device
+  size_t allocated = 0;       ///< bytes in blocks handed out now
+  size_t peak_allocated = 0;  ///< highest `allocated` since the last reset_peak_memory
+  size_t reserved = 0;        ///< allocated + cached, as obtained from the device
   size_t peak_reserved = 0;
-  size_t limit = 0;         // reserved may not exceed this (0: no limit)
-  uint64_t num_allocs = 0;  // allocate() calls
+  size_t limit = 0;         ///< reserved may not exceed this (0: no limit)
+  uint64_t num_allocs = 0;  ///< allocate() calls
   uint64_t num_cache_hits = 0;
-  uint64_t num_device_allocs = 0;  // blocks obtained from the device
+  uint64_t num_device_allocs = 0;  ///< blocks obtained from the device
 };
 
 class CachingAllocator {
@@ -34,12 +35,12 @@ class CachingAllocator {
   CachingAllocator(const CachingAllocator&) = delete;
   CachingAllocator& operator=(const CachingAllocator&) = delete;
 
-  // The largest request: tensors address their bytes with int64 offsets.
+  /// The largest request: tensors address their bytes with int64 offsets.
   static constexpr size_t kMaxBytes = static_cast<size_t>(INT64_MAX);
 
-  // Returns a block of at least nbytes (its size in *block_bytes). Throws ef::Error when nbytes
-  // exceeds kMaxBytes and, with the device's statistics, when the device has no memory left or the
-  // limit would be exceeded.
+  /// Returns a block of at least nbytes (its size in *block_bytes). Throws ef::Error when nbytes
+  /// exceeds kMaxBytes and, with the device's statistics, when the device has no memory left or the
+  /// limit would be exceeded.
   void* allocate(size_t nbytes, size_t* block_bytes);
   void release(void* ptr, size_t block_bytes);
 
@@ -48,7 +49,7 @@ class CachingAllocator {
   void empty_cache();
   void set_limit(size_t bytes);
 
-  // The size class of a request of at most kMaxBytes.
+  /// The size class of a request of at most kMaxBytes.
   static size_t round_size(size_t nbytes);
 
  private:
@@ -61,12 +62,12 @@ class CachingAllocator {
   MemoryStats stats_;
 };
 
-// Statistics of a device's allocator (see MemoryStats).
+/// Statistics of a device's allocator (see MemoryStats).
 MemoryStats memory_stats(const Device& d);
 void reset_peak_memory(const Device& d);
-// Returns cached blocks to the device.
+/// Returns cached blocks to the device.
 void empty_cache(const Device& d);
-// Caps a device's reserved bytes (0 removes the cap): for tests and for sharing a GPU.
+/// Caps a device's reserved bytes (0 removes the cap): for tests and for sharing a GPU.
 void set_memory_limit(const Device& d, size_t bytes);
 
 }  // namespace evenflow

@@ -1,4 +1,5 @@
-// Element types. Float32 and Float64 carry gradients; Int64 holds indices (argmax, gather).
+/// @file
+/// Element types. Float32 and Float64 carry gradients; Int64 holds indices (argmax, gather).
 #pragma once
 
 #include <cstddef>

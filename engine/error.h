@@ -1,6 +1,7 @@
-// Errors. `EF_CHECK` reports a caller's mistake as `ef::Error` with a message naming what was
-// wrong and the values involved; `EF_ASSERT` guards our own invariants and says "internal error".
-// Library code never calls exit() or abort(): every failure becomes an exception the caller sees.
+/// @file
+/// Errors. `EF_CHECK` reports a caller's mistake as `ef::Error` with a message naming what was
+/// wrong and the values involved; `EF_ASSERT` guards our own invariants and says "internal error".
+/// Library code never calls exit() or abort(): every failure becomes an exception the caller sees.
 #pragma once
 
 #include <sstream>

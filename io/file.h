@@ -1,6 +1,7 @@
-// Files for io/: reading byte ranges of a file, and writing a file atomically (Note [Atomic
-// writes]) so that a crash or a failure in the middle of a save leaves the previous file intact.
-// Every error is an ef::Error naming the path and, where the system reported one, the errno text.
+/// @file
+/// Files for io/: reading byte ranges of a file, and writing a file atomically (Note [Atomic
+/// writes]) so that a crash or a failure in the middle of a save leaves the previous file intact.
+/// Every error is an ef::Error naming the path and, where the system reported one, the errno text.
 #pragma once
 
 #include <cstddef>
@@ -11,7 +12,7 @@
 
 namespace evenflow::io {
 
-// A file opened for reading by byte ranges.
+/// A file opened for reading by byte ranges.
 class InputFile {
  public:
   explicit InputFile(std::string path);
@@ -21,7 +22,7 @@ class InputFile {
 
   const std::string& path() const { return path_; }
   uint64_t size() const { return size_; }
-  // Reads exactly n bytes starting at byte `offset`; throws if the file ends first.
+  /// Reads exactly n bytes starting at byte `offset`; throws if the file ends first.
   void read_at(uint64_t offset, void* dst, size_t n) const;
 
  private:
@@ -30,7 +31,7 @@ class InputFile {
   uint64_t size_ = 0;
 };
 
-// The sequential writer write_file_atomically hands to its callback.
+/// The sequential writer write_file_atomically hands to its callback.
 class OutputFile {
  public:
   explicit OutputFile(std::FILE* file) : file_(file) {}
@@ -41,19 +42,19 @@ class OutputFile {
   uint64_t written_ = 0;
 };
 
-// Note [Atomic writes]
-// The callback writes the contents into `<path>.tmp.<pid>` in the target's directory (same
-// filesystem, so the rename below is atomic). Then: fflush and fsync the file, rename it over
-// `path`, fsync the directory so the rename itself is durable. If anything fails (the callback
-// throws, a write, flush, sync or the rename fails) the temporary file is removed, `path` is left
-// as it was, and an ef::Error names `path` and the reason. Readers therefore see either the old
-// file or the complete new one, never a partial file, even if the process dies mid-save. (Two
-// saves to one path at the same time from one process would share the temporary file: don't.)
+/// Note [Atomic writes]
+/// The callback writes the contents into `<path>.tmp.<pid>` in the target's directory (same
+/// filesystem, so the rename below is atomic). Then: fflush and fsync the file, rename it over
+/// `path`, fsync the directory so the rename itself is durable. If anything fails (the callback
+/// throws, a write, flush, sync or the rename fails) the temporary file is removed, `path` is left
+/// as it was, and an ef::Error names `path` and the reason. Readers therefore see either the old
+/// file or the complete new one, never a partial file, even if the process dies mid-save. (Two
+/// saves to one path at the same time from one process would share the temporary file: don't.)
 void write_file_atomically(const std::string& path, const std::function<void(OutputFile&)>& fill);
 
-// Removes the temporaries `<name>.tmp.<pid>` in `dir` (not below it) that a process killed in the
-// middle of write_file_atomically left behind: those whose process no longer runs. Returns how many
-// it removed. A missing `dir` has none.
+/// Removes the temporaries `<name>.tmp.<pid>` in `dir` (not below it) that a process killed in the
+/// middle of write_file_atomically left behind: those whose process no longer runs. Returns how many
+/// it removed. A missing `dir` has none.
 int remove_stale_temporaries(const std::string& dir);
 
 }  // namespace evenflow::io

@@ -1,5 +1,6 @@
-// Elementwise activations, as torch.nn: ReLU, LeakyReLU, ELU, Sigmoid, Tanh, Softplus. Each is the
-// engine op of the same name; the module adds the configuration and PyTorch's printing.
+/// @file
+/// Elementwise activations, as torch.nn: ReLU, LeakyReLU, ELU, Sigmoid, Tanh, Softplus. Each is the
+/// engine op of the same name; the module adds the configuration and PyTorch's printing.
 #pragma once
 
 #include "evenflow/layers/module.h"
@@ -48,7 +49,7 @@ class Tanh : public Cloneable<Tanh> {
   std::string name() const override { return "Tanh"; }
 };
 
-// log(1 + exp(β·x)) / β, linear where β·x > threshold.
+/// log(1 + exp(β·x)) / β, linear where β·x > threshold.
 class Softplus : public Cloneable<Softplus> {
  public:
   explicit Softplus(double beta = 1.0, double threshold = 20.0);

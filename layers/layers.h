@@ -1,4 +1,5 @@
-// Every layer in one include: Module and its subclasses.
+/// @file
+/// Every layer in one include: Module and its subclasses.
 #pragma once
 
 #include "evenflow/layers/activation.h"

@@ -1,5 +1,6 @@
-// Linear: y = x·Wᵀ + b over the last dim, as torch.nn.Linear (weight [out, in], bias [out]); and
-// Identity, as torch.nn.Identity.
+/// @file
+/// Linear: y = x·Wᵀ + b over the last dim, as torch.nn.Linear (weight [out, in], bias [out]); and
+/// Identity, as torch.nn.Identity.
 #pragma once
 
 #include "evenflow/layers/module.h"
@@ -23,8 +24,8 @@ class Linear : public Cloneable<Linear> {
   int64_t in_, out_;
 };
 
-// Returns its input, unchanged and differentiable as it is: a placeholder where a model takes a
-// layer or none (a critic's normalization "none"). No parameters.
+/// Returns its input, unchanged and differentiable as it is: a placeholder where a model takes a
+/// layer or none (a critic's normalization "none"). No parameters.
 class Identity : public Cloneable<Identity> {
  public:
   Tensor forward(const Tensor& x) override { return x; }

@@ -1,17 +1,18 @@
-// Module: the base of every layer. It owns a module's tensors and children, so that moving,
-// copying, saving and loading a model is written once here and never in a layer.
-//
-// Note [Tensors live in the base]
-// Parameters and buffers are stored in this class, in insertion-ordered (name, Tensor) vectors, and
-// child modules in an ordered (name, module) vector. A layer holds only its configuration and
-// reads its tensors by name (param("weight")). `to(device)`, `clone()` and `assign()` replace
-// tensors in one place and every layer sees the new ones; `load_state_dict` copies values into
-// the existing storage instead, so optimizers holding the parameters keep seeing them. Names and
-// order follow PyTorch ("features.3.running_mean"; per module its parameters, then its buffers,
-// then its children), so state dicts are interchangeable with PyTorch's. Copying a layer object
-// (`Linear b = a`) copies handles, so both share tensors and children, as Python references do;
-// clone() is the deep copy. A subclass reaches its children by name too (child("head")), never
-// through its own shared_ptr members, which clone() would leave pointing at the original.
+/// @file
+/// Module: the base of every layer. It owns a module's tensors and children, so that moving,
+/// copying, saving and loading a model is written once here and never in a layer.
+///
+/// Note [Tensors live in the base]
+/// Parameters and buffers are stored in this class, in insertion-ordered (name, Tensor) vectors, and
+/// child modules in an ordered (name, module) vector. A layer holds only its configuration and
+/// reads its tensors by name (param("weight")). `to(device)`, `clone()` and `assign()` replace
+/// tensors in one place and every layer sees the new ones; `load_state_dict` copies values into
+/// the existing storage instead, so optimizers holding the parameters keep seeing them. Names and
+/// order follow PyTorch ("features.3.running_mean"; per module its parameters, then its buffers,
+/// then its children), so state dicts are interchangeable with PyTorch's. Copying a layer object
+/// (`Linear b = a`) copies handles, so both share tensors and children, as Python references do;
+/// clone() is the deep copy. A subclass reaches its children by name too (child("head")), never
+/// through its own shared_ptr members, which clone() would leave pointing at the original.
 #pragma once
 
 #include <cstdint>
@@ -25,27 +26,27 @@
 
 namespace evenflow::nn {
 
-// Ordered (name, tensor) pairs: a state dict, a module's parameters, an optimizer's state.
+/// Ordered (name, tensor) pairs: a state dict, a module's parameters, an optimizer's state.
 using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
 
-// Where and in which type a layer creates its tensors.
+/// Where and in which type a layer creates its tensors.
 struct ModuleOptions {
   DType dtype = kFloat32;
   Device device = Device();
   TensorOptions tensor_options() const { return {.dtype = dtype, .device = device}; }
 };
 
-// A pair of sizes (kernel, stride, padding, ...): `3` means {3, 3}. It remembers whether it was
-// given as one number, because PyTorch prints pooling arguments as they were given.
+/// A pair of sizes (kernel, stride, padding, ...): `3` means {3, 3}. It remembers whether it was
+/// given as one number, because PyTorch prints pooling arguments as they were given.
 struct Size2 {
   int64_t h = 0, w = 0;
-  bool single = false;  // given as one number
+  bool single = false;  ///< given as one number
   Size2() = default;
   Size2(int64_t both) : h(both), w(both), single(true) {}  // NOLINT(google-explicit-constructor): `.stride = 2`
   Size2(int64_t h_, int64_t w_) : h(h_), w(w_) {}
   std::pair<int64_t, int64_t> pair() const { return {h, w}; }
-  std::string str() const;        // "3" when given as one number, else "(3, 3)"
-  std::string tuple_str() const;  // "(3, 3)"
+  std::string str() const;        ///< "3" when given as one number, else "(3, 3)"
+  std::string tuple_str() const;  ///< "(3, 3)"
   bool operator==(const Size2& o) const { return h == o.h && w == o.w; }
 };
 
@@ -54,78 +55,78 @@ class Module {
   virtual ~Module() = default;
   Module& operator=(const Module&) = delete;
 
-  // --- Running ----------------------------------------------------------------------------------
+  /// --- Running ----------------------------------------------------------------------------------
   virtual Tensor forward(const Tensor& x) = 0;
   Tensor operator()(const Tensor& x) { return forward(x); }
 
-  // --- Description --------------------------------------------------------------------------------
-  virtual std::string name() const = 0;                  // the class name, "Conv2d"
+  /// --- Description --------------------------------------------------------------------------------
+  virtual std::string name() const = 0;                  ///< the class name, "Conv2d"
   virtual std::string extra_repr() const { return ""; }  // the arguments, "1, 8, kernel_size=(3, 3)"
-  std::string repr() const;                              // the module tree, as PyTorch prints it
+  std::string repr() const;                              ///< the module tree, as PyTorch prints it
 
-  // --- Tensors and children (recursive, PyTorch's names and order) --------------------------------
+  /// --- Tensors and children (recursive, PyTorch's names and order) --------------------------------
   NamedTensors named_parameters() const;
   NamedTensors named_buffers() const;
   std::vector<Tensor> parameters() const;
   std::vector<Tensor> buffers() const;
   const std::vector<std::pair<std::string, std::shared_ptr<Module>>>& named_children() const { return children_; }
-  // This module ("") and every descendant, pre-order, with dotted names.
+  /// This module ("") and every descendant, pre-order, with dotted names.
   std::vector<std::pair<std::string, Module*>> named_modules();
-  // The child called `name` (a direct child; dotted names reach deeper), or ef::Error.
+  /// The child called `name` (a direct child; dotted names reach deeper), or ef::Error.
   std::shared_ptr<Module> child(const std::string& name) const;
-  // Puts `module` in the place of the existing child `name` (dotted: a descendant).
+  /// Puts `module` in the place of the existing child `name` (dotted: a descendant).
   void replace_child(const std::string& name, std::shared_ptr<Module> module);
-  // The parameter or buffer with this dotted name, or ef::Error.
+  /// The parameter or buffer with this dotted name, or ef::Error.
   Tensor tensor(const std::string& name) const;
-  // Rebinds the parameter or buffer `name` (dotted) to `value` without copying: the module uses that
-  // tensor from now on, even a non-leaf one (a functional call: gradients flow to what made it).
-  // Shape and dtype must match.
+  /// Rebinds the parameter or buffer `name` (dotted) to `value` without copying: the module uses that
+  /// tensor from now on, even a non-leaf one (a functional call: gradients flow to what made it).
+  /// Shape and dtype must match.
   void assign(const std::string& name, const Tensor& value);
   int64_t num_parameters() const;
 
-  // --- State dict -----------------------------------------------------------------------------------
-  // Parameters and buffers, detached, sharing storage with the module.
+  /// --- State dict -----------------------------------------------------------------------------------
+  /// Parameters and buffers, detached, sharing storage with the module.
   NamedTensors state_dict() const;
-  // Copies the values of `sd` into the module's tensors (their storage, under NoGradGuard), moving
-  // them to each tensor's device. Every key is checked before anything is copied: a missing or
-  // unexpected key (when strict), or a wrong shape or dtype, raises ef::Error naming the key.
+  /// Copies the values of `sd` into the module's tensors (their storage, under NoGradGuard), moving
+  /// them to each tensor's device. Every key is checked before anything is copied: a missing or
+  /// unexpected key (when strict), or a wrong shape or dtype, raises ef::Error naming the key.
   void load_state_dict(const NamedTensors& sd, bool strict = true);
 
-  // --- Mode, placement, copies ----------------------------------------------------------------------
-  Module& train(bool on = true);  // this module and its descendants
+  /// --- Mode, placement, copies ----------------------------------------------------------------------
+  Module& train(bool on = true);  ///< this module and its descendants
   Module& eval() { return train(false); }
   bool is_training() const { return training_; }
-  // Moves every parameter and buffer (and gradient); parameters stay leaves that require grad.
+  /// Moves every parameter and buffer (and gradient); parameters stay leaves that require grad.
   Module& to(const Device& device);
-  // Converts floating-point parameters and buffers (integer buffers such as num_batches_tracked stay).
+  /// Converts floating-point parameters and buffers (integer buffers such as num_batches_tracked stay).
   Module& to(DType dtype);
-  // A deep copy: same configuration and values, new storage, no gradients.
+  /// A deep copy: same configuration and values, new storage, no gradients.
   std::shared_ptr<Module> clone() const;
-  // Clears every parameter's gradient (set_to_none) or zeroes it in place.
+  /// Clears every parameter's gradient (set_to_none) or zeroes it in place.
   void zero_grad(bool set_to_none = true);
 
  protected:
   Module() = default;
-  Module(const Module&) = default;  // shallow; clone() deep-copies after clone_impl()
+  Module(const Module&) = default;  ///< shallow; clone() deep-copies after clone_impl()
 
-  // A copy of the most-derived object sharing tensors and children (see Cloneable).
+  /// A copy of the most-derived object sharing tensors and children (see Cloneable).
   virtual std::shared_ptr<Module> clone_impl() const = 0;
 
-  // Registration, in the order PyTorch registers (it decides the state dict's order).
-  void register_parameter(const std::string& name, Tensor value);  // made a leaf that requires grad
+  /// Registration, in the order PyTorch registers (it decides the state dict's order).
+  void register_parameter(const std::string& name, Tensor value);  ///< made a leaf that requires grad
   void register_buffer(const std::string& name, Tensor value);
   void register_module(const std::string& name, std::shared_ptr<Module> module);
 
-  // A layer's own tensors by name: param/buffer raise an internal error when absent;
-  // optional_param returns an undefined tensor (a layer built without bias).
+  /// A layer's own tensors by name: param/buffer raise an internal error when absent;
+  /// optional_param returns an undefined tensor (a layer built without bias).
   const Tensor& param(const std::string& name) const;
   const Tensor& buffer(const std::string& name) const;
   Tensor optional_param(const std::string& name) const;
-  // Raises ef::Error naming the layer when x's dtype or device differs from its parameters'.
+  /// Raises ef::Error naming the layer when x's dtype or device differs from its parameters'.
   void check_input_matches_params(const Tensor& x) const;
 
  private:
-  // Calls f(dotted name, module) on m and its descendants, pre-order (M: Module or const Module).
+  /// Calls f(dotted name, module) on m and its descendants, pre-order (M: Module or const Module).
   template <typename M, typename F>
   static void visit(M& m, const std::string& prefix, F&& f);
   template <typename M>
@@ -142,8 +143,8 @@ class Module {
 
 std::ostream& operator<<(std::ostream& os, const Module& m);
 
-// Implements clone_impl() for a layer by copy-constructing it: `class Linear : public Cloneable<Linear>`.
-// Base is Module or a shared layer base (BatchNorm2d : Cloneable<BatchNorm2d, BatchNorm>).
+/// Implements clone_impl() for a layer by copy-constructing it: `class Linear : public Cloneable<Linear>`.
+/// Base is Module or a shared layer base (BatchNorm2d : Cloneable<BatchNorm2d, BatchNorm>).
 template <typename Derived, typename Base = Module>
 class Cloneable : public Base {
  protected:
@@ -154,25 +155,25 @@ class Cloneable : public Base {
   }
 };
 
-// A clone of `m` with its static type: `std::shared_ptr<Linear> copy = nn::clone(linear)`.
+/// A clone of `m` with its static type: `std::shared_ptr<Linear> copy = nn::clone(linear)`.
 template <typename M>
 std::shared_ptr<M> clone(const M& m) {
   return std::static_pointer_cast<M>(m.clone());
 }
 
 namespace util {
-// Python's repr of a float ("1e-05", "0.1", "2.0") and of a tuple of ints ("(5,)", "(3, 4)"), so
-// that a module prints as it does in PyTorch.
+/// Python's repr of a float ("1e-05", "0.1", "2.0") and of a tuple of ints ("(5,)", "(3, 4)"), so
+/// that a module prints as it does in PyTorch.
 std::string py_float(double v);
 std::string py_tuple(const Shape& s);
 inline const char* py_bool(bool b) {
   return b ? "True" : "False";
 }
-// Throws ef::Error "<layer>: <what> must be positive, got <value>" etc. (shared argument checks).
+/// Throws ef::Error "<layer>: <what> must be positive, got <value>" etc. (shared argument checks).
 void check_positive(const char* layer, const char* what, int64_t value);
 void check_positive(const char* layer, const char* what, const Size2& value);
 void check_non_negative(const char* layer, const char* what, const Size2& value);
-// Throws ef::Error when x is undefined or has fewer than min_dim or more than max_dim dims (-1: no limit).
+/// Throws ef::Error when x is undefined or has fewer than min_dim or more than max_dim dims (-1: no limit).
 void check_input_dims(const char* layer, const Tensor& x, int64_t min_dim, int64_t max_dim = -1);
 }  // namespace util
 

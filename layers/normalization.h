@@ -1,6 +1,7 @@
-// Normalization layers, as torch.nn: BatchNorm1d / BatchNorm2d (batch statistics in training,
-// running statistics in eval), LayerNorm and GroupNorm. All are built from engine ops (the
-// engine's batch_norm and layer_norm are composites), so they are differentiable twice.
+/// @file
+/// Normalization layers, as torch.nn: BatchNorm1d / BatchNorm2d (batch statistics in training,
+/// running statistics in eval), LayerNorm and GroupNorm. All are built from engine ops (the
+/// engine's batch_norm and layer_norm are composites), so they are differentiable twice.
 #pragma once
 
 #include <optional>
@@ -9,22 +10,22 @@
 
 namespace evenflow::nn {
 
-// GroupNorm's computation: x [N, C, ...] normalized over each group of C / num_groups channels and
-// the spatial dims (biased variance), then scaled and shifted per channel by weight / bias [C]
-// (both optional). A composite of reshape, mean and var, so twice differentiable.
+/// GroupNorm's computation: x [N, C, ...] normalized over each group of C / num_groups channels and
+/// the spatial dims (biased variance), then scaled and shifted per channel by weight / bias [C]
+/// (both optional). A composite of reshape, mean and var, so twice differentiable.
 Tensor group_norm(const Tensor& x, int64_t num_groups, const Tensor& weight = Tensor(), const Tensor& bias = Tensor(),
                   double eps = 1e-5);
 
 struct BatchNormConfig {
   double eps = 1e-5;
-  // Weight of the new batch in the running statistics; nullopt: a cumulative average
-  // (1 / num_batches_tracked), as momentum=None in PyTorch.
+  /// Weight of the new batch in the running statistics; nullopt: a cumulative average
+  /// (1 / num_batches_tracked), as momentum=None in PyTorch.
   std::optional<double> momentum = 0.1;
-  bool affine = true;               // learnable weight (1) and bias (0)
-  bool track_running_stats = true;  // buffers running_mean (0), running_var (1), num_batches_tracked (int64 0)
+  bool affine = true;               ///< learnable weight (1) and bias (0)
+  bool track_running_stats = true;  ///< buffers running_mean (0), running_var (1), num_batches_tracked (int64 0)
 };
 
-// What BatchNorm1d and BatchNorm2d share; they differ in the input dims they accept.
+/// What BatchNorm1d and BatchNorm2d share; they differ in the input dims they accept.
 class BatchNorm : public Module {
  public:
   Tensor forward(const Tensor& x) override;
@@ -45,14 +46,14 @@ class BatchNorm : public Module {
   BatchNormConfig config_;
 };
 
-// Input [N, C] or [N, C, L].
+/// Input [N, C] or [N, C, L].
 class BatchNorm1d : public Cloneable<BatchNorm1d, BatchNorm> {
  public:
   explicit BatchNorm1d(int64_t num_features, const BatchNormConfig& c = {}, const ModuleOptions& o = {})
       : Cloneable("BatchNorm1d", 2, 3, num_features, c, o) {}
 };
 
-// Input [N, C, H, W].
+/// Input [N, C, H, W].
 class BatchNorm2d : public Cloneable<BatchNorm2d, BatchNorm> {
  public:
   explicit BatchNorm2d(int64_t num_features, const BatchNormConfig& c = {}, const ModuleOptions& o = {})
@@ -61,10 +62,10 @@ class BatchNorm2d : public Cloneable<BatchNorm2d, BatchNorm> {
 
 struct LayerNormConfig {
   double eps = 1e-5;
-  bool elementwise_affine = true;  // learnable weight (1) and bias (0) of normalized_shape
+  bool elementwise_affine = true;  ///< learnable weight (1) and bias (0) of normalized_shape
 };
 
-// Normalizes over the last normalized_shape.size() dims.
+/// Normalizes over the last normalized_shape.size() dims.
 class LayerNorm : public Cloneable<LayerNorm> {
  public:
   explicit LayerNorm(Shape normalized_shape, const LayerNormConfig& c = {}, const ModuleOptions& o = {});
@@ -83,14 +84,14 @@ class LayerNorm : public Cloneable<LayerNorm> {
 
 struct GroupNormConfig {
   double eps = 1e-5;
-  bool affine = true;  // learnable weight (1) and bias (0) per channel
+  bool affine = true;  ///< learnable weight (1) and bias (0) per channel
 };
 
 class GroupNorm : public Cloneable<GroupNorm> {
  public:
   GroupNorm(int64_t num_groups, int64_t num_channels, const GroupNormConfig& c = {}, const ModuleOptions& o = {});
 
-  Tensor forward(const Tensor& x) override;  // x [N, C, ...]
+  Tensor forward(const Tensor& x) override;  ///< x [N, C, ...]
   std::string name() const override { return "GroupNorm"; }
   std::string extra_repr() const override;
 

@@ -1,5 +1,6 @@
-// Sequential: a chain of modules, as torch.nn.Sequential. Children are named "0", "1", ... so a
-// state dict reads "3.weight" exactly as PyTorch's.
+/// @file
+/// Sequential: a chain of modules, as torch.nn.Sequential. Children are named "0", "1", ... so a
+/// state dict reads "3.weight" exactly as PyTorch's.
 #pragma once
 
 #include <concepts>
@@ -15,21 +16,21 @@ class Sequential : public Cloneable<Sequential> {
  public:
   Sequential() = default;
   Sequential(std::initializer_list<std::shared_ptr<Module>> modules);
-  // Sequential(Conv2d(1, 8, 3), ReLU(), Flatten()): modules by value (moved into shared
-  // ownership) or as shared_ptr.
+  /// Sequential(Conv2d(1, 8, 3), ReLU(), Flatten()): modules by value (moved into shared
+  /// ownership) or as shared_ptr.
   template <typename... Ms>
   requires(sizeof...(Ms) > 0 && !(sizeof...(Ms) == 1 && (std::same_as<std::remove_cvref_t<Ms>, Sequential> &&
                                                          ...))) explicit Sequential(Ms&&... modules) {
     (push_back(std::forward<Ms>(modules)), ...);
   }
 
-  // Appends a module named after its position.
+  /// Appends a module named after its position.
   void push_back(std::shared_ptr<Module> module);
   template <typename M>
   requires std::derived_from<std::remove_cvref_t<M>, Module>
   void push_back(M&& module) { push_back(std::make_shared<std::remove_cvref_t<M>>(std::forward<M>(module))); }
 
-  Tensor forward(const Tensor& x) override;  // each module's output is the next one's input
+  Tensor forward(const Tensor& x) override;  ///< each module's output is the next one's input
   std::string name() const override { return "Sequential"; }
 
   size_t size() const { return named_children().size(); }

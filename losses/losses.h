@@ -1,16 +1,17 @@
-// Losses, built from engine ops only, so every one is differentiable to any order (a gradient
-// penalty differentiates through them) and runs on any device, inside DataParallelCriterion too.
-// Semantics follow torch.nn.functional where a PyTorch counterpart exists; differences are stated.
-//
-// Note [Losses across devices]
-// DataParallelCriterion weights each device's loss by its chunk size, which is exact for losses that
-// are means over samples (or images). A pixel mean with ignore_index is a mean over the *valid*
-// pixels of the whole batch: compute each device's Reduction::Sum with ChunkWeighting::None and
-// divide by the batch's valid weight (valid_weight(), computed once on the whole target), and N
-// devices give exactly the one-device loss. focal_loss's mean is over valid elements unweighted by
-// alpha: divide its Sum by valid_weight(target, ignore_index). Dice, Lovász-softmax and OHEM are
-// per-image losses averaged over images for the same reason. The gradient penalties are means over
-// samples given the same random draws (eps, noise; and DRAGAN's real_std, a whole-batch statistic).
+/// @file
+/// Losses, built from engine ops only, so every one is differentiable to any order (a gradient
+/// penalty differentiates through them) and runs on any device, inside DataParallelCriterion too.
+/// Semantics follow torch.nn.functional where a PyTorch counterpart exists; differences are stated.
+///
+/// Note [Losses across devices]
+/// DataParallelCriterion weights each device's loss by its chunk size, which is exact for losses that
+/// are means over samples (or images). A pixel mean with ignore_index is a mean over the *valid*
+/// pixels of the whole batch: compute each device's Reduction::Sum with ChunkWeighting::None and
+/// divide by the batch's valid weight (valid_weight(), computed once on the whole target), and N
+/// devices give exactly the one-device loss. focal_loss's mean is over valid elements unweighted by
+/// alpha: divide its Sum by valid_weight(target, ignore_index). Dice, Lovász-softmax and OHEM are
+/// per-image losses averaged over images for the same reason. The gradient penalties are means over
+/// samples given the same random draws (eps, noise; and DRAGAN's real_std, a whole-batch statistic).
 #pragma once
 
 #include <cstdint>
@@ -29,131 +30,131 @@ inline constexpr int64_t kNoIgnore = INT64_MIN;
 // [N, d1, ...] with values in [0, C) or ignore_index) ------------------------------------------------
 
 struct CrossEntropyOptions {
-  int64_t ignore_index = -100;   // targets equal to it contribute nothing (kNoIgnore: none ignored)
-  Tensor weight = {};            // class weights [C] (optional)
-  double label_smoothing = 0.0;  // in [0, 1]: target (1-ε)·one_hot + ε/C, as torch
+  int64_t ignore_index = -100;   ///< targets equal to it contribute nothing (kNoIgnore: none ignored)
+  Tensor weight = {};            ///< class weights [C] (optional)
+  double label_smoothing = 0.0;  ///< in [0, 1]: target (1-ε)·one_hot + ε/C, as torch
   Reduction reduction = Reduction::Mean;
 };
-// torch.nn.functional.cross_entropy. Mean divides by Σ weight[target] over non-ignored elements, as
-// torch; when every element is ignored the mean is 0 with zero gradient (torch gives NaN).
-// Reduction::None returns the per-element losses, shaped like target (0 where ignored).
+/// torch.nn.functional.cross_entropy. Mean divides by Σ weight[target] over non-ignored elements, as
+/// torch; when every element is ignored the mean is 0 with zero gradient (torch gives NaN).
+/// Reduction::None returns the per-element losses, shaped like target (0 where ignored).
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, const CrossEntropyOptions& o = {});
 
-// torch.nn.functional.nll_loss on log-probabilities, same conventions (label_smoothing unused).
+/// torch.nn.functional.nll_loss on log-probabilities, same conventions (label_smoothing unused).
 Tensor nll_loss(const Tensor& log_probs, const Tensor& target, const CrossEntropyOptions& o = {});
 
-// Σ weight[target] over non-ignored elements: the divisor of cross_entropy's mean (Note [Losses
-// across devices]). A 0-d float64 tensor on target's device.
+/// Σ weight[target] over non-ignored elements: the divisor of cross_entropy's mean (Note [Losses
+/// across devices]). A 0-d float64 tensor on target's device.
 Tensor valid_weight(const Tensor& target, int64_t ignore_index = -100, const Tensor& weight = {});
 
 struct FocalOptions {
   double gamma = 2.0;
-  Tensor alpha = {};  // per-class weights [C] (optional)
+  Tensor alpha = {};  ///< per-class weights [C] (optional)
   int64_t ignore_index = -100;
-  Reduction reduction = Reduction::Mean;  // mean over non-ignored elements (0 if none)
+  Reduction reduction = Reduction::Mean;  ///< mean over non-ignored elements (0 if none)
 };
-// Multi-class focal loss (Lin et al.): -α_t (1 - p_t)^γ log p_t with p_t = softmax(logits)[target].
+/// Multi-class focal loss (Lin et al.): -α_t (1 - p_t)^γ log p_t with p_t = softmax(logits)[target].
 Tensor focal_loss(const Tensor& logits, const Tensor& target, const FocalOptions& o = {});
 
 struct DiceOptions {
   double smooth = 1.0;
-  int64_t ignore_index = -100;            // ignored pixels count neither in predictions nor targets
-  Reduction reduction = Reduction::Mean;  // over images; None: one value per image [N]
+  int64_t ignore_index = -100;            ///< ignored pixels count neither in predictions nor targets
+  Reduction reduction = Reduction::Mean;  ///< over images; None: one value per image [N]
 };
-// Soft multi-class Dice loss per image: 1 - mean over classes c of
-// (2 Σ p_c·t_c + smooth) / (Σ p_c + Σ t_c + smooth), p = softmax(logits) over C, t = one-hot target,
-// sums over the image's non-ignored pixels. Needs spatial dims (logits [N, C, d1, ...]). An image
-// with no valid pixel gives 0.
+/// Soft multi-class Dice loss per image: 1 - mean over classes c of
+/// (2 Σ p_c·t_c + smooth) / (Σ p_c + Σ t_c + smooth), p = softmax(logits) over C, t = one-hot target,
+/// sums over the image's non-ignored pixels. Needs spatial dims (logits [N, C, d1, ...]). An image
+/// with no valid pixel gives 0.
 Tensor dice_loss(const Tensor& logits, const Tensor& target, const DiceOptions& o = {});
 
 struct LovaszOptions {
   int64_t ignore_index = -100;
-  bool only_present = true;               // average over classes present in the image's target (as the paper's code)
-  Reduction reduction = Reduction::Mean;  // over images; None: one value per image [N]
+  bool only_present = true;               ///< average over classes present in the image's target (as the paper's code)
+  Reduction reduction = Reduction::Mean;  ///< over images; None: one value per image [N]
 };
-// Lovász-softmax (Berman et al.), per image: for each class, the Lovász extension of the Jaccard
-// loss applied to the sorted errors |t_c - p_c| of the image's non-ignored pixels. The sort gives a
-// permutation (not differentiated), the rest is engine ops. An image with no valid pixel gives 0.
+/// Lovász-softmax (Berman et al.), per image: for each class, the Lovász extension of the Jaccard
+/// loss applied to the sorted errors |t_c - p_c| of the image's non-ignored pixels. The sort gives a
+/// permutation (not differentiated), the rest is engine ops. An image with no valid pixel gives 0.
 Tensor lovasz_softmax(const Tensor& logits, const Tensor& target, const LovaszOptions& o = {});
 
 struct OhemOptions {
-  double threshold = 0.7;  // keep pixels whose target probability is at most this...
-  int64_t min_kept = 256;  // ...raised to keep at least this many (the hardest) per image, when available
+  double threshold = 0.7;  ///< keep pixels whose target probability is at most this...
+  int64_t min_kept = 256;  ///< ...raised to keep at least this many (the hardest) per image, when available
   int64_t ignore_index = -100;
-  Reduction reduction = Reduction::Mean;  // over images; None: one value per image [N]
+  Reduction reduction = Reduction::Mean;  ///< over images; None: one value per image [N]
 };
-// Online hard example mining cross-entropy (OhemCrossEntropy2d of PSPNet/OCNet, per image): the
-// mean cross-entropy of the kept pixels. The selection is made on the host and not differentiated:
-// with q the target probability at the image's V valid pixels, all are kept if V ≤ min_kept, else
-// those with q ≤ max(threshold, the min_kept-th smallest q). An image with no kept pixel gives 0.
+/// Online hard example mining cross-entropy (OhemCrossEntropy2d of PSPNet/OCNet, per image): the
+/// mean cross-entropy of the kept pixels. The selection is made on the host and not differentiated:
+/// with q the target probability at the image's V valid pixels, all are kept if V ≤ min_kept, else
+/// those with q ≤ max(threshold, the min_kept-th smallest q). An image with no kept pixel gives 0.
 Tensor ohem_cross_entropy(const Tensor& logits, const Tensor& target, const OhemOptions& o = {});
 
 // --- Regression / binary -------------------------------------------------------------------------------
 
 Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction = Reduction::Mean);
 Tensor l1_loss(const Tensor& input, const Tensor& target, Reduction reduction = Reduction::Mean);
-// torch.nn.functional.smooth_l1_loss: 0.5 d²/β where |d| < β, else |d| - 0.5 β.
+/// torch.nn.functional.smooth_l1_loss: 0.5 d²/β where |d| < β, else |d| - 0.5 β.
 Tensor smooth_l1_loss(const Tensor& input, const Tensor& target, double beta = 1.0,
                       Reduction reduction = Reduction::Mean);
 
 struct BceOptions {
-  Tensor weight = {};      // broadcast to the input (optional)
-  Tensor pos_weight = {};  // weight of positive examples, broadcast along the last dim (optional)
+  Tensor weight = {};      ///< broadcast to the input (optional)
+  Tensor pos_weight = {};  ///< weight of positive examples, broadcast along the last dim (optional)
   Reduction reduction = Reduction::Mean;
 };
-// torch.nn.functional.binary_cross_entropy_with_logits, computed stably (log-sum-exp form).
+/// torch.nn.functional.binary_cross_entropy_with_logits, computed stably (log-sum-exp form).
 Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& target, const BceOptions& o = {});
 
 // --- GANs ------------------------------------------------------------------------------------------------
 
-// Wasserstein critic loss mean D(fake) - mean D(real), and generator loss -mean D(fake).
+/// Wasserstein critic loss mean D(fake) - mean D(real), and generator loss -mean D(fake).
 Tensor wasserstein_critic_loss(const Tensor& d_real, const Tensor& d_fake);
 Tensor wasserstein_generator_loss(const Tensor& d_fake);
 
-// A critic as a function of a batch: its output [N] or [N, 1].
+/// A critic as a function of a batch: its output [N] or [N, 1].
 using Critic = std::function<Tensor(const Tensor& x)>;
 
-// Gradient penalties. Each returns a 0-d tensor, a mean over the batch's samples (so chunk-size
-// weighting across devices is exact), built with grad(..., create_graph=true) so that it trains the
-// critic (its gradient is a second derivative). The random draws come from the batch's device's
-// generator unless given. Each scales as its paper defines it, with the paper's name for the
-// coefficient, in its options struct:
-//
-//   penalty           returns                          coefficient (default)   paper
-//   wgan_gp_penalty   λ · mean (|∇D(x̂)|₂ - 1)²          lambda (10)             Gulrajani et al. 2017
-//   dragan_penalty    λ · mean (|∇D(x̂)|₂ - 1)²          lambda (10)             Kodali et al. 2017
-//   r1_penalty        γ/2 · mean |∇D(real)|₂²           gamma (10)              Mescheder et al. 2018
-//
-// So R1 with gamma = 10 weighs its squared norm by 5: the 1/2 is part of R1's definition (and of
-// its reference code), not a difference in how the two are computed.
+/// Gradient penalties. Each returns a 0-d tensor, a mean over the batch's samples (so chunk-size
+/// weighting across devices is exact), built with grad(..., create_graph=true) so that it trains the
+/// critic (its gradient is a second derivative). The random draws come from the batch's device's
+/// generator unless given. Each scales as its paper defines it, with the paper's name for the
+/// coefficient, in its options struct:
+///
+///   penalty           returns                          coefficient (default)   paper
+///   wgan_gp_penalty   λ · mean (|∇D(x̂)|₂ - 1)²          lambda (10)             Gulrajani et al. 2017
+///   dragan_penalty    λ · mean (|∇D(x̂)|₂ - 1)²          lambda (10)             Kodali et al. 2017
+///   r1_penalty        γ/2 · mean |∇D(real)|₂²           gamma (10)              Mescheder et al. 2018
+///
+/// So R1 with gamma = 10 weighs its squared norm by 5: the 1/2 is part of R1's definition (and of
+/// its reference code), not a difference in how the two are computed.
 struct WganGpOptions {
   double lambda = 10.0;
-  Tensor eps = {};  // [N, 1, ...] interpolation weights in [0, 1] (optional; drawn uniform otherwise)
+  Tensor eps = {};  ///< [N, 1, ...] interpolation weights in [0, 1] (optional; drawn uniform otherwise)
 };
-// WGAN-GP (Gulrajani et al.): λ·mean (|∇D(x̂)|₂ - 1)², x̂ = eps·real + (1-eps)·fake. x̂ is a new
-// leaf (no gradient reaches real or fake, as in the paper's code). Where ∇D(x̂) = 0 the norm takes
-// the subgradient 0, as torch's norm does.
+/// WGAN-GP (Gulrajani et al.): λ·mean (|∇D(x̂)|₂ - 1)², x̂ = eps·real + (1-eps)·fake. x̂ is a new
+/// leaf (no gradient reaches real or fake, as in the paper's code). Where ∇D(x̂) = 0 the norm takes
+/// the subgradient 0, as torch's norm does.
 Tensor wgan_gp_penalty(const Critic& critic, const Tensor& real, const Tensor& fake, const WganGpOptions& o = {});
 
 struct DraganOptions {
   double lambda = 10.0;
-  double c = 0.5;     // perturbation scale: x̂ = real + c·std(real)·u, u ~ U(0, 1) per element
-  Tensor noise = {};  // u (optional; drawn otherwise)
-  // std(real) of the whole batch (optional; otherwise the unbiased std of all elements of `real`,
-  // as torch's real.std()). std is not a mean over samples: pass the whole batch's std when `real`
-  // is one device's chunk, so that every chunk is perturbed as the whole batch would be.
+  double c = 0.5;     ///< perturbation scale: x̂ = real + c·std(real)·u, u ~ U(0, 1) per element
+  Tensor noise = {};  ///< u (optional; drawn otherwise)
+  /// std(real) of the whole batch (optional; otherwise the unbiased std of all elements of `real`,
+  /// as torch's real.std()). std is not a mean over samples: pass the whole batch's std when `real`
+  /// is one device's chunk, so that every chunk is perturbed as the whole batch would be.
   std::optional<double> real_std = std::nullopt;
 };
-// DRAGAN (Kodali et al.): λ·mean (|∇D(x̂)|₂ - 1)² around perturbed real samples.
+/// DRAGAN (Kodali et al.): λ·mean (|∇D(x̂)|₂ - 1)² around perturbed real samples.
 Tensor dragan_penalty(const Critic& critic, const Tensor& real, const DraganOptions& o = {});
 
 struct R1Options {
   double gamma = 10.0;
 };
-// R1 (Mescheder et al.): γ/2 · mean |∇D(real)|₂², at real detached as a new leaf.
+/// R1 (Mescheder et al.): γ/2 · mean |∇D(real)|₂², at real detached as a new leaf.
 Tensor r1_penalty(const Critic& critic, const Tensor& real, const R1Options& o = {});
 
-// The reduction of per-element (or per-sample) losses; Mean over zero elements is 0.
+/// The reduction of per-element (or per-sample) losses; Mean over zero elements is 0.
 Tensor reduce(const Tensor& losses, Reduction reduction);
 
 }  // namespace evenflow::losses

@@ -1,4 +1,5 @@
-// Optimizers, learning-rate schedules and gradient clipping in one include.
+/// @file
+/// Optimizers, learning-rate schedules and gradient clipping in one include.
 #pragma once
 
 #include "evenflow/optim/clip_grad.h"

@@ -1,13 +1,14 @@
-// Optimizers, as torch.optim: a base that holds the parameters and their per-parameter state, and
-// SGD, Adam and AdamW with PyTorch's exact update rules. Parameters are updated in place under
-// NoGradGuard, so they keep their identity (modules and other holders see the new values).
-//
-// Note [Optimizer state]
-// Each parameter i has a step count (the number of updates it received: a parameter without a
-// gradient at some step is skipped, as in PyTorch) and named state tensors on its device, created
-// at its first update. state() exports them as "state.<i>.step" (int64 0-d, on the CPU) and
-// "state.<i>.<name>" ("state.3.exp_avg"), plus "lr" (float64 0-d), so that a checkpoint can hold
-// them next to the model's state dict and load_state() resumes the run exactly.
+/// @file
+/// Optimizers, as torch.optim: a base that holds the parameters and their per-parameter state, and
+/// SGD, Adam and AdamW with PyTorch's exact update rules. Parameters are updated in place under
+/// NoGradGuard, so they keep their identity (modules and other holders see the new values).
+///
+/// Note [Optimizer state]
+/// Each parameter i has a step count (the number of updates it received: a parameter without a
+/// gradient at some step is skipped, as in PyTorch) and named state tensors on its device, created
+/// at its first update. state() exports them as "state.<i>.step" (int64 0-d, on the CPU) and
+/// "state.<i>.<name>" ("state.3.exp_avg"), plus "lr" (float64 0-d), so that a checkpoint can hold
+/// them next to the model's state dict and load_state() resumes the run exactly.
 #pragma once
 
 #include <cstdint>
@@ -29,31 +30,31 @@ class Optimizer {
   Optimizer(const Optimizer&) = delete;
   Optimizer& operator=(const Optimizer&) = delete;
 
-  // One update of every parameter that has a gradient.
+  /// One update of every parameter that has a gradient.
   void step();
-  // Clears the parameters' gradients (set_to_none) or zeroes them in place.
+  /// Clears the parameters' gradients (set_to_none) or zeroes them in place.
   void zero_grad(bool set_to_none = true);
 
   const std::vector<Tensor>& params() const { return params_; }
   double lr() const { return lr_; }
-  void set_lr(double lr);  // schedules call this
+  void set_lr(double lr);  ///< schedules call this
 
-  // Note [Optimizer state]
+  /// Note [Optimizer state]
   NamedTensors state() const;
-  // Replaces the state by an exported one (checked against the parameters first).
+  /// Replaces the state by an exported one (checked against the parameters first).
   void load_state(const NamedTensors& state);
 
  protected:
   Optimizer(const char* name, std::vector<Tensor> params, double lr);
 
-  // Updates parameter i (detached) from its gradient g (detached); step is its update count,
-  // already incremented (1 on the first update). Runs under NoGradGuard.
+  /// Updates parameter i (detached) from its gradient g (detached); step is its update count,
+  /// already incremented (1 on the first update). Runs under NoGradGuard.
   virtual void update(size_t i, const Tensor& p, const Tensor& g, int64_t step) = 0;
-  // The names of the state tensors this optimizer, as configured, keeps for every parameter it has
-  // updated (load_state requires each of them beside a step count).
+  /// The names of the state tensors this optimizer, as configured, keeps for every parameter it has
+  /// updated (load_state requires each of them beside a step count).
   virtual std::vector<std::string> state_names() const = 0;
 
-  // Parameter i's state tensor `name` (a handle: update it in place), made by init() on first use.
+  /// Parameter i's state tensor `name` (a handle: update it in place), made by init() on first use.
   Tensor state_tensor(size_t i, const std::string& name, const std::function<Tensor()>& init);
 
   const char* name_;
@@ -77,8 +78,8 @@ struct SGDOptions {
   bool nesterov = false;
 };
 
-// d = g + weight_decay·p; with momentum: b = d at the first step, then b = momentum·b + (1-dampening)·d,
-// and d = d + momentum·b (nesterov) or d = b; p -= lr·d. State: "momentum_buffer".
+/// d = g + weight_decay·p; with momentum: b = d at the first step, then b = momentum·b + (1-dampening)·d,
+/// and d = d + momentum·b (nesterov) or d = b; p -= lr·d. State: "momentum_buffer".
 class SGD : public Optimizer {
  public:
   SGD(std::vector<Tensor> params, const SGDOptions& o = {});
@@ -98,14 +99,14 @@ struct AdamOptions {
   double lr = 1e-3;
   std::pair<double, double> betas{0.9, 0.999};
   double eps = 1e-8;
-  // Adam: an L2 term added to the gradient (default 0); AdamW: decoupled decay (default 1e-2).
+  /// Adam: an L2 term added to the gradient (default 0); AdamW: decoupled decay (default 1e-2).
   std::optional<double> weight_decay = std::nullopt;
   bool amsgrad = false;
 };
 
-// Adam: g += weight_decay·p; m = β1·m + (1-β1)·g; v = β2·v + (1-β2)·g²;
-// p -= lr/(1-β1^t) · m / (√v/√(1-β2^t) + eps) (amsgrad: v replaced by its running maximum).
-// State: "exp_avg", "exp_avg_sq", "max_exp_avg_sq" (amsgrad).
+/// Adam: g += weight_decay·p; m = β1·m + (1-β1)·g; v = β2·v + (1-β2)·g²;
+/// p -= lr/(1-β1^t) · m / (√v/√(1-β2^t) + eps) (amsgrad: v replaced by its running maximum).
+/// State: "exp_avg", "exp_avg_sq", "max_exp_avg_sq" (amsgrad).
 class Adam : public Optimizer {
  public:
   Adam(std::vector<Tensor> params, const AdamOptions& o = {});
@@ -122,7 +123,7 @@ class Adam : public Optimizer {
   bool decoupled_;
 };
 
-// AdamW: p *= 1 - lr·weight_decay, then Adam's update without weight decay in the gradient.
+/// AdamW: p *= 1 - lr·weight_decay, then Adam's update without weight decay in the gradient.
 class AdamW : public Adam {
  public:
   AdamW(std::vector<Tensor> params, const AdamOptions& o = {});

@@ -1,20 +1,21 @@
-// Communicators: collectives over the devices of a group, one rank per device.
-//
-// Note [Collectives]
-// A collective is called by every rank, each from its own thread (its device's worker), in the same
-// order on every rank, as with NCCL. Each call names what it is (`tag`: the op, shape and dtype);
-// ranks that disagree are a bug in the caller and get an ef::Error naming both calls instead of
-// garbage or a hang. A call waits at most timeout() for the other ranks; past it, or when another
-// rank fails, the communicator is aborted: every waiting and later call throws ef::Error saying why,
-// until reset(). DeviceGroup::run aborts its communicators when a task throws, and resets aborted
-// ones before it starts tasks again, so a failed step (forward or backward) leaves the group usable.
-//
-// Results are bitwise identical on every rank (sums are taken in rank order, once), which is what
-// keeps replicas identical without re-broadcasting weights.
-//
-// LocalCommunicator serves CPU devices and several logical devices on one GPU: ranks meet in host
-// memory and the last one to arrive computes every rank's result. NcclCommunicator
-// (nccl_communicator.h) serves distinct GPUs. make_communicator picks one.
+/// @file
+/// Communicators: collectives over the devices of a group, one rank per device.
+///
+/// Note [Collectives]
+/// A collective is called by every rank, each from its own thread (its device's worker), in the same
+/// order on every rank, as with NCCL. Each call names what it is (`tag`: the op, shape and dtype);
+/// ranks that disagree are a bug in the caller and get an ef::Error naming both calls instead of
+/// garbage or a hang. A call waits at most timeout() for the other ranks; past it, or when another
+/// rank fails, the communicator is aborted: every waiting and later call throws ef::Error saying why,
+/// until reset(). DeviceGroup::run aborts its communicators when a task throws, and resets aborted
+/// ones before it starts tasks again, so a failed step (forward or backward) leaves the group usable.
+///
+/// Results are bitwise identical on every rank (sums are taken in rank order, once), which is what
+/// keeps replicas identical without re-broadcasting weights.
+///
+/// LocalCommunicator serves CPU devices and several logical devices on one GPU: ranks meet in host
+/// memory and the last one to arrive computes every rank's result. NcclCommunicator
+/// (nccl_communicator.h) serves distinct GPUs. make_communicator picks one.
 #pragma once
 
 #include <chrono>
@@ -30,7 +31,7 @@
 
 namespace evenflow::parallel {
 
-// ef::Error, starting with `who`, unless `devices` is a non-empty list of existing devices, each once.
+/// ef::Error, starting with `who`, unless `devices` is a non-empty list of existing devices, each once.
 void check_distinct_devices(const char* who, const std::vector<Device>& devices);
 
 inline constexpr std::chrono::milliseconds kDefaultCollectiveTimeout{std::chrono::minutes(5)};
@@ -45,39 +46,39 @@ class Communicator {
   const std::vector<Device>& devices() const { return devices_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
   void set_timeout(std::chrono::milliseconds t) { timeout_ = t; }
-  // "local" or "nccl".
+  /// "local" or "nccl".
   virtual const char* kind() const = 0;
 
-  // Per-rank collectives (Note [Collectives]). `x` is on the rank's device; results are too. None
-  // records autograd nodes: comm_ops.h wraps them in differentiable ops.
-  // Sum over ranks.
+  /// Per-rank collectives (Note [Collectives]). `x` is on the rank's device; results are too. None
+  /// records autograd nodes: comm_ops.h wraps them in differentiable ops.
+  /// Sum over ranks.
   virtual Tensor all_reduce(int rank, const Tensor& x) = 0;
-  // The root's x on every rank (every rank passes a tensor of the same shape; non-roots' values
-  // are ignored).
+  /// The root's x on every rank (every rank passes a tensor of the same shape; non-roots' values
+  /// are ignored).
   virtual Tensor broadcast(int rank, const Tensor& x, int root) = 0;
-  // Sum over ranks on the root; other ranks get an undefined tensor.
+  /// Sum over ranks on the root; other ranks get an undefined tensor.
   virtual Tensor reduce(int rank, const Tensor& x, int root) = 0;
-  // The ranks' tensors (equal shapes) concatenated along dim 0, in rank order.
+  /// The ranks' tensors (equal shapes) concatenated along dim 0, in rank order.
   virtual Tensor all_gather(int rank, const Tensor& x) = 0;
-  // Sum over ranks, then rank r's r-th slice of dim 0 (size divisible by the number of ranks).
+  /// Sum over ranks, then rank r's r-th slice of dim 0 (size divisible by the number of ranks).
   virtual Tensor reduce_scatter(int rank, const Tensor& x) = 0;
 
-  // From one thread: replaces every rank's tensor in `per_rank` (one per rank, defined, contiguous,
-  // equal shapes, on the ranks' devices) by the sum over ranks, in place. Gradient buckets use it
-  // from whichever thread finishes a bucket last, so no rank waits for another.
+  /// From one thread: replaces every rank's tensor in `per_rank` (one per rank, defined, contiguous,
+  /// equal shapes, on the ranks' devices) by the sum over ranks, in place. Gradient buckets use it
+  /// from whichever thread finishes a bucket last, so no rank waits for another.
   virtual void all_reduce_in_place(const std::vector<Tensor>& per_rank) = 0;
 
-  // Makes every waiting and later call throw ef::Error with `why`, until reset().
+  /// Makes every waiting and later call throw ef::Error with `why`, until reset().
   virtual void abort(const std::string& why) = 0;
-  // After an abort (all calls having returned): usable again, sequence numbers restarted.
+  /// After an abort (all calls having returned): usable again, sequence numbers restarted.
   virtual void reset() = 0;
-  // Whether abort() was called (or a call failed) since the last reset().
+  /// Whether abort() was called (or a call failed) since the last reset().
   virtual bool aborted() const = 0;
 
  protected:
   explicit Communicator(std::vector<Device> devices);
   void check_rank(const char* op, int rank, const Tensor& x) const;
-  // The argument checks of all_reduce_in_place (every implementation has the same contract).
+  /// The argument checks of all_reduce_in_place (every implementation has the same contract).
   void check_in_place(const std::vector<Tensor>& per_rank) const;
 
   std::vector<Device> devices_;
@@ -100,7 +101,7 @@ class LocalCommunicator final : public Communicator {
   bool aborted() const override;
 
  private:
-  // One collective in progress: the ranks' inputs and tags, then their results.
+  /// One collective in progress: the ranks' inputs and tags, then their results.
   struct Round {
     std::vector<Tensor> inputs;
     std::vector<std::string> tags;
@@ -116,11 +117,11 @@ class LocalCommunicator final : public Communicator {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::map<uint64_t, Round> rounds_;
-  std::vector<uint64_t> next_sequence_;  // per rank
-  std::string aborted_;                  // why, when aborted
+  std::vector<uint64_t> next_sequence_;  ///< per rank
+  std::string aborted_;                  ///< why, when aborted
 };
 
-// NCCL for distinct GPUs, otherwise local. Throws ef::Error for an empty or mixed device list.
+/// NCCL for distinct GPUs, otherwise local. Throws ef::Error for an empty or mixed device list.
 std::shared_ptr<Communicator> make_communicator(const std::vector<Device>& devices);
 
 }  // namespace evenflow::parallel

@@ -1,29 +1,30 @@
-// Data parallelism in one process: persistent replicas of a module, one per device, each running
-// its forward pass and its own loss on its device's worker thread; only losses and gradients cross
-// devices, through differentiable comm ops (comm_ops.h).
-//
-// Note [Data-parallel step]
-//   DataParallelModel model(make_net(), parallel::devices("cpu:4"));
-//   ReplicatedOptimizer<optim::Adam> opt(model, optim::AdamOptions{.lr = 1e-3});
-//   DataParallelCriterion criterion(model, cross_entropy);
-//   auto x = model.scatter(images);                  // chunks 3, 3, 2, 2 for a batch of 10
-//   auto y = model.scatter(labels);
-//   Tensor loss = criterion(model(x), y);            // chunk-weighted sum on device 0 = whole-batch loss
-//   opt.zero_grad();
-//   loss.backward();                                 // every device at once; gradient buckets
-//                                                    // all-reduced as soon as they are complete
-//   opt.step();                                      // waits for the buckets; every replica steps
-//
-// Exactness. A criterion's per-device loss is a mean over its chunk; weighting device i's loss by
-// n_i / n makes the sum the whole batch's mean, so its gradients, summed over replicas (the bucket
-// all-reduce is a sum, in rank order, identical on every replica), are the whole batch's. Every
-// replica then applies the same update to the same values with its own optimizer state, so replicas
-// stay bitwise identical without re-broadcasting weights (check_replicas() verifies it).
-//
-// Buffers (batch-norm running statistics) follow DistributedDataParallel's rule: in training mode,
-// every forward starts by copying replica 0's buffers to the others, so after a step the buffers
-// are those replica 0 computed from its chunk. SyncBatchNorm computes statistics over all devices,
-// so its buffers are the whole batch's and equal everywhere.
+/// @file
+/// Data parallelism in one process: persistent replicas of a module, one per device, each running
+/// its forward pass and its own loss on its device's worker thread; only losses and gradients cross
+/// devices, through differentiable comm ops (comm_ops.h).
+///
+/// Note [Data-parallel step]
+///   DataParallelModel model(make_net(), parallel::devices("cpu:4"));
+///   ReplicatedOptimizer<optim::Adam> opt(model, optim::AdamOptions{.lr = 1e-3});
+///   DataParallelCriterion criterion(model, cross_entropy);
+///   auto x = model.scatter(images);                  // chunks 3, 3, 2, 2 for a batch of 10
+///   auto y = model.scatter(labels);
+///   Tensor loss = criterion(model(x), y);            // chunk-weighted sum on device 0 = whole-batch loss
+///   opt.zero_grad();
+///   loss.backward();                                 // every device at once; gradient buckets
+///                                                    // all-reduced as soon as they are complete
+///   opt.step();                                      // waits for the buckets; every replica steps
+///
+/// Exactness. A criterion's per-device loss is a mean over its chunk; weighting device i's loss by
+/// n_i / n makes the sum the whole batch's mean, so its gradients, summed over replicas (the bucket
+/// all-reduce is a sum, in rank order, identical on every replica), are the whole batch's. Every
+/// replica then applies the same update to the same values with its own optimizer state, so replicas
+/// stay bitwise identical without re-broadcasting weights (check_replicas() verifies it).
+///
+/// Buffers (batch-norm running statistics) follow DistributedDataParallel's rule: in training mode,
+/// every forward starts by copying replica 0's buffers to the others, so after a step the buffers
+/// are those replica 0 computed from its chunk. SyncBatchNorm computes statistics over all devices,
+/// so its buffers are the whole batch's and equal everywhere.
 #pragma once
 
 #include <atomic>
@@ -42,17 +43,17 @@ namespace evenflow::parallel {
 class GradientSync;
 
 struct DataParallelOptions {
-  // Gradients are all-reduced in buckets of about this many bytes, in reverse registration order
-  // (roughly the order backward produces them).
+  /// Gradients are all-reduced in buckets of about this many bytes, in reverse registration order
+  /// (roughly the order backward produces them).
   size_t bucket_bytes = size_t{25} << 20;
-  // Timeout of every collective of the group (Note [Collectives]).
+  /// Timeout of every collective of the group (Note [Collectives]).
   std::chrono::milliseconds collective_timeout = kDefaultCollectiveTimeout;
 };
 
 class DataParallelModel {
  public:
-  // Moves `module` to devices[0] (it is replica 0: save it, it has PyTorch's names) and clones it
-  // onto the other devices, once.
+  /// Moves `module` to devices[0] (it is replica 0: save it, it has PyTorch's names) and clones it
+  /// onto the other devices, once.
   DataParallelModel(std::shared_ptr<nn::Module> module, std::vector<Device> devices,
                     const DataParallelOptions& options = {});
   ~DataParallelModel();
@@ -65,21 +66,21 @@ class DataParallelModel {
   nn::Module& module() { return *replicas_[0]; }
   nn::Module& replica(int rank) { return *replicas_.at(static_cast<size_t>(rank)); }
 
-  // A batch split along dim 0 over the devices (split_sizes), differentiably (comm_ops scatter).
+  /// A batch split along dim 0 over the devices (split_sizes), differentiably (comm_ops scatter).
   PerDevice<Tensor> scatter(const Tensor& batch) const;
-  // Each active device's replica on its input, concurrently; outputs stay on their devices.
+  /// Each active device's replica on its input, concurrently; outputs stay on their devices.
   PerDevice<Tensor> forward(const PerDevice<Tensor>& inputs);
   PerDevice<Tensor> operator()(const PerDevice<Tensor>& inputs) { return forward(inputs); }
-  // Any per-device computation: fn(replica, rank) on ranks 0..active-1, concurrently, each on its
-  // device's worker; results stay on their devices.
+  /// Any per-device computation: fn(replica, rank) on ranks 0..active-1, concurrently, each on its
+  /// device's worker; results stay on their devices.
   PerDevice<Tensor> map(int active, const std::function<Tensor(nn::Module& replica, int rank)>& fn);
 
-  // Training or evaluation mode, on every replica.
+  /// Training or evaluation mode, on every replica.
   void train(bool on = true);
   void eval() { train(false); }
 
-  // While the returned guard lives, backward() accumulates gradients without all-reducing them
-  // (gradient accumulation); the first backward after it ends synchronizes the sum.
+  /// While the returned guard lives, backward() accumulates gradients without all-reducing them
+  /// (gradient accumulation); the first backward after it ends synchronizes the sum.
   class NoSync {
    public:
     explicit NoSync(DataParallelModel& m);
@@ -92,20 +93,20 @@ class DataParallelModel {
   };
   NoSync no_sync() { return NoSync(*this); }
 
-  // Waits for the bucket all-reduces started during backward and reduces the buckets still
-  // incomplete (parameters some replica did not use, idle devices). backward() calls it when its
-  // pass ends, so gradients are synchronized when it returns (Note [Gradient buckets]); calling
-  // it again does nothing.
+  /// Waits for the bucket all-reduces started during backward and reduces the buckets still
+  /// incomplete (parameters some replica did not use, idle devices). backward() calls it when its
+  /// pass ends, so gradients are synchronized when it returns (Note [Gradient buckets]); calling
+  /// it again does nothing.
   void finish_gradient_sync();
-  // Forgets which gradients were synchronized (ReplicatedOptimizer::zero_grad calls it).
+  /// Forgets which gradients were synchronized (ReplicatedOptimizer::zero_grad calls it).
   void reset_gradient_sync();
 
-  // Copies replica 0's parameters and buffers into the other replicas (after loading a checkpoint
-  // into module(); training keeps replicas identical by itself).
+  /// Copies replica 0's parameters and buffers into the other replicas (after loading a checkpoint
+  /// into module(); training keeps replicas identical by itself).
   void copy_primary_to_replicas();
 
-  // ef::Error naming the first parameter or buffer (and device) where a replica differs from
-  // replica 0, with the largest difference.
+  /// ef::Error naming the first parameter or buffer (and device) where a replica differs from
+  /// replica 0, with the largest difference.
   void check_replicas() const;
 
  private:
@@ -114,10 +115,10 @@ class DataParallelModel {
   std::shared_ptr<GradientSync> sync_;
 };
 
-// How per-device losses are combined into one scalar on devices[0].
+/// How per-device losses are combined into one scalar on devices[0].
 enum class ChunkWeighting {
-  BySize,  // device i's loss times n_i / n: per-chunk means give the whole batch's mean (default)
-  None,    // plain sum: per-chunk sums give the whole batch's sum
+  BySize,  ///< device i's loss times n_i / n: per-chunk means give the whole batch's mean (default)
+  None,    ///< plain sum: per-chunk sums give the whole batch's sum
 };
 
 class DataParallelCriterion {
@@ -125,22 +126,22 @@ class DataParallelCriterion {
   using Loss = std::function<Tensor(const Tensor& output, const Tensor& target)>;
   using RankLoss = std::function<Tensor(int rank)>;
 
-  // Runs on `model`'s devices (and its group, so SyncBatchNorm layers called inside a loss
-  // synchronize across the devices too). `loss` serves the (outputs, targets) forms; the per-rank
-  // form needs none.
+  /// Runs on `model`'s devices (and its group, so SyncBatchNorm layers called inside a loss
+  /// synchronize across the devices too). `loss` serves the (outputs, targets) forms; the per-rank
+  /// form needs none.
   explicit DataParallelCriterion(DataParallelModel& model, Loss loss = nullptr,
                                  ChunkWeighting weighting = ChunkWeighting::BySize);
 
-  // loss(outputs[i], targets[i]) on each device, concurrently, then the weighted ReduceAdd on
-  // devices[0]. The chunk size n_i is outputs[i].size(0).
+  /// loss(outputs[i], targets[i]) on each device, concurrently, then the weighted ReduceAdd on
+  /// devices[0]. The chunk size n_i is outputs[i].size(0).
   Tensor operator()(const PerDevice<Tensor>& outputs, const PerDevice<Tensor>& targets) const;
-  // Any per-device loss: fn(rank) on ranks 0..chunks.size()-1, each on its device's worker; it may
-  // run the model's replica(rank) and call grad(..., create_graph=true) there (a gradient penalty).
-  // `chunks` is the batch as model.scatter split it (any of its scattered tensors): chunk i's size
-  // n_i = chunks[i].size(0) weights rank i's loss as above.
+  /// Any per-device loss: fn(rank) on ranks 0..chunks.size()-1, each on its device's worker; it may
+  /// run the model's replica(rank) and call grad(..., create_graph=true) there (a gradient penalty).
+  /// `chunks` is the batch as model.scatter split it (any of its scattered tensors): chunk i's size
+  /// n_i = chunks[i].size(0) weights rank i's loss as above.
   Tensor operator()(const RankLoss& fn, const PerDevice<Tensor>& chunks) const;
-  // The torch DataParallel pattern, for comparison only: outputs and targets gathered on
-  // devices[0] and the loss computed there, once, on the whole batch.
+  /// The torch DataParallel pattern, for comparison only: outputs and targets gathered on
+  /// devices[0] and the loss computed there, once, on the whole batch.
   Tensor gathered(const PerDevice<Tensor>& outputs, const PerDevice<Tensor>& targets) const;
 
  private:
@@ -149,9 +150,9 @@ class DataParallelCriterion {
   ChunkWeighting weighting_;
 };
 
-// One optimizer per replica, each on its own device with its own state, stepping concurrently on
-// the devices' workers after the gradient sync. Configure replica 0's optimizer (a schedule sets
-// its learning rate); step() gives the others the same learning rate.
+/// One optimizer per replica, each on its own device with its own state, stepping concurrently on
+/// the devices' workers after the gradient sync. Configure replica 0's optimizer (a schedule sets
+/// its learning rate); step() gives the others the same learning rate.
 template <typename Opt>
 class ReplicatedOptimizer {
  public:
@@ -164,7 +165,7 @@ class ReplicatedOptimizer {
   Opt& replica(int rank) { return *replicas_.at(static_cast<size_t>(rank)); }
   Opt& primary() { return *replicas_[0]; }
 
-  // Every replica's state from one exported state (Note [Optimizer state]).
+  /// Every replica's state from one exported state (Note [Optimizer state]).
   void load_state(const nn::NamedTensors& state) {
     for (auto& o : replicas_) o->load_state(state);
   }

@@ -1,6 +1,7 @@
-// A device group: the devices a data-parallel program runs on, one rank per device, each rank's
-// work running on its device's persistent worker thread (the one the autograd engine uses, so a
-// backward pass started inside a task runs there too).
+/// @file
+/// A device group: the devices a data-parallel program runs on, one rank per device, each rank's
+/// work running on its device's persistent worker thread (the one the autograd engine uses, so a
+/// backward pass started inside a task runs there too).
 #pragma once
 
 #include <functional>
@@ -12,27 +13,27 @@
 
 namespace evenflow::parallel {
 
-// Element i belongs to device i of a group. A batch smaller than the group fills only the first
-// size() devices: the others are idle for that step and get nothing, not an empty tensor.
+/// Element i belongs to device i of a group. A batch smaller than the group fills only the first
+/// size() devices: the others are idle for that step and get nothing, not an empty tensor.
 template <typename T>
 using PerDevice = std::vector<T>;
 
-// Devices from a spec: "cpu" (cpu:0), "cpu:N" (N CPU devices cpu:0..cpu:N-1), "cuda" (every CUDA
-// logical device), "cuda:0,2" (those). Throws ef::Error naming what is wrong (an unknown kind, no
-// GPU, a device that does not exist).
+/// Devices from a spec: "cpu" (cpu:0), "cpu:N" (N CPU devices cpu:0..cpu:N-1), "cuda" (every CUDA
+/// logical device), "cuda:0,2" (those). Throws ef::Error naming what is wrong (an unknown kind, no
+/// GPU, a device that does not exist).
 std::vector<Device> devices(const std::string& spec);
 
-// Intra-op threads for each CPU device when these devices run at once: the machine's hardware
-// threads shared evenly among the CPU devices (at least 1), so N CPU devices do not oversubscribe
-// the cores. All hardware threads when there is no CPU device.
+/// Intra-op threads for each CPU device when these devices run at once: the machine's hardware
+/// threads shared evenly among the CPU devices (at least 1), so N CPU devices do not oversubscribe
+/// the cores. All hardware threads when there is no CPU device.
 int cpu_threads_per_device(const std::vector<Device>& devices);
 
-// What a rank's task can ask about where it runs (SyncBatchNorm does).
+/// What a rank's task can ask about where it runs (SyncBatchNorm does).
 struct RankContext {
-  std::shared_ptr<Communicator> comm;  // over the ranks taking part in this run
+  std::shared_ptr<Communicator> comm;  ///< over the ranks taking part in this run
   int rank = 0;
 };
-// The context of the group task running on this thread, or nullptr outside one.
+/// The context of the group task running on this thread, or nullptr outside one.
 const RankContext* current_rank();
 
 class DeviceGroup {
@@ -43,23 +44,23 @@ class DeviceGroup {
   const std::vector<Device>& devices() const { return devices_; }
   const Device& device(int rank) const { return devices_.at(static_cast<size_t>(rank)); }
 
-  // Runs task(rank) for ranks 0..active-1 (default all), each on its device's worker, concurrently,
-  // with the caller's grad mode (a NoGradGuard around run covers the tasks), and returns when all
-  // are done. If tasks throw, the group's communicator is aborted (so ranks
-  // waiting in a collective stop waiting), every task is still waited for, the communicator is
-  // reset, and the first failure is rethrown as ef::Error naming its device. The group is then
-  // usable again. Must not be called from inside a task of a group.
+  /// Runs task(rank) for ranks 0..active-1 (default all), each on its device's worker, concurrently,
+  /// with the caller's grad mode (a NoGradGuard around run covers the tasks), and returns when all
+  /// are done. If tasks throw, the group's communicator is aborted (so ranks
+  /// waiting in a collective stop waiting), every task is still waited for, the communicator is
+  /// reset, and the first failure is rethrown as ef::Error naming its device. The group is then
+  /// usable again. Must not be called from inside a task of a group.
   void run(const std::function<void(int rank)>& task, int active = -1);
 
-  // The communicator over the first `active` ranks (all by default); shared with the autograd nodes
-  // of collectives recorded through it.
+  /// The communicator over the first `active` ranks (all by default); shared with the autograd nodes
+  /// of collectives recorded through it.
   const std::shared_ptr<Communicator>& comm(int active = -1);
-  // Sets the timeout of collectives (every communicator of the group).
+  /// Sets the timeout of collectives (every communicator of the group).
   void set_timeout(std::chrono::milliseconds timeout);
 
  private:
   std::vector<Device> devices_;
-  std::vector<std::shared_ptr<Communicator>> comms_;  // comms_[k - 1]: over ranks 0..k-1, made on first use
+  std::vector<std::shared_ptr<Communicator>> comms_;  ///< comms_[k - 1]: over ranks 0..k-1, made on first use
   std::chrono::milliseconds timeout_ = kDefaultCollectiveTimeout;
   std::mutex mu_;
 };

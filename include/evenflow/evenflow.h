@@ -1,4 +1,5 @@
-// evenflow: the whole public API in one include.
+/// @file
+/// evenflow: the whole public API in one include.
 #pragma once
 
 #include "evenflow/data/dataset.h"
