@@ -1,6 +1,8 @@
 // The one place that knows whether the CUDA backend was built (EF_CUDA is always 0 or 1, so
 // -Wundef catches a misspelling). Everything else asks a Device's context for its Backend.
+#include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "evenflow/engine/context.h"
 #include "evenflow/engine/cpu/cpu_backend.h"
@@ -33,18 +35,37 @@ struct CpuKernels {
   std::unique_ptr<Backend> (*make_backend)();
 };
 
-// The copy this CPU runs, found once.
+bool cpu_runs(const std::string& isa) {
+  __builtin_cpu_init();
+  // x86-64-v4 and x86-64-v3, as GCC's -march levels define them.
+  if (isa == "avx512")
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512cd") && __builtin_cpu_supports("avx512dq") &&
+           __builtin_cpu_supports("avx512vl");
+  if (isa == "avx2")
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("bmi2") &&
+           __builtin_cpu_supports("f16c") && __builtin_cpu_supports("movbe");
+  return isa == "baseline";
+}
+
+// The copy to run, chosen once: the widest this CPU runs, or the one EF_CPU_KERNELS names (so that
+// tests can run the narrower copies on a wide CPU).
 const CpuKernels& cpu_kernels() {
   static const CpuKernels chosen = [] {
-    __builtin_cpu_init();
-    // x86-64-v4 and x86-64-v3, as GCC's -march levels define them.
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512cd") &&
-        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl"))
-      return CpuKernels{"avx512", cpu_backend::avx512::make_backend};
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("bmi2") &&
-        __builtin_cpu_supports("f16c") && __builtin_cpu_supports("movbe"))
-      return CpuKernels{"avx2", cpu_backend::avx2::make_backend};
-    return CpuKernels{"baseline", cpu_backend::baseline::make_backend};
+    const CpuKernels copies[] = {{"avx512", cpu_backend::avx512::make_backend},
+                                 {"avx2", cpu_backend::avx2::make_backend},
+                                 {"baseline", cpu_backend::baseline::make_backend}};
+    if (const char* forced = std::getenv("EF_CPU_KERNELS"); forced && *forced) {
+      for (const CpuKernels& copy : copies) {
+        if (copy.isa != std::string(forced)) continue;
+        if (!cpu_runs(forced)) EF_ERROR("EF_CPU_KERNELS=", forced, ": this CPU cannot run the ", forced, " kernels");
+        return copy;
+      }
+      EF_ERROR("EF_CPU_KERNELS=", forced, ": expected avx512, avx2 or baseline");
+    }
+    for (const CpuKernels& copy : copies)
+      if (cpu_runs(copy.isa)) return copy;
+    EF_ERROR("internal error: no CPU kernel copy for this CPU");
   }();
   return chosen;
 }
@@ -60,10 +81,14 @@ std::unique_ptr<Backend> make_cpu_backend() {
 }
 #else
 const char* cpu_kernels_isa() {
+  // One copy, for the building machine: a request for another cannot be met.
+  if (const char* forced = std::getenv("EF_CPU_KERNELS"); forced && *forced && std::string(forced) != "native")
+    EF_ERROR("EF_CPU_KERNELS=", forced, ": this build has only the native kernels (built with EF_NATIVE=ON)");
   return "native";
 }
 
 std::unique_ptr<Backend> make_cpu_backend() {
+  cpu_kernels_isa();  // refuses an EF_CPU_KERNELS it cannot honor
   return cpu_backend::make_backend();
 }
 #endif

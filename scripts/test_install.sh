@@ -5,7 +5,8 @@
 # prefix. Then examples/wgan_gp_critic is built against it with nothing but
 # -DCMAKE_PREFIX_PATH=<prefix> and run on cpu:2 and cpu:1 in float64 (the losses must agree to
 # 1e-10); the program must need no library but evenflow's (and the CPU-only install none of CUDA's
-# at all); and a one-file program built with pkg-config's flags must run and report the widest
+# at all); the narrower copies of the CPU kernels (forced with EF_CPU_KERNELS) must give the same
+# losses; and a one-file program built with pkg-config's flags must run and report the widest
 # copy of the CPU kernels this CPU supports. Extra arguments go to both configure steps.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,6 +18,19 @@ has() { for f in "$@"; do [[ "$flags" == *" $f "* ]] || return 1; done; }
 if has avx512f avx512bw avx512cd avx512dq avx512vl; then want_isa=avx512
 elif has avx2 fma bmi2 f16c movbe; then want_isa=avx2
 else want_isa=baseline; fi
+case $want_isa in
+  avx512) narrower_isas=(avx2 baseline) ;;
+  avx2) narrower_isas=(baseline) ;;
+  *) narrower_isas=() ;;
+esac
+
+# same_losses FILE_A FILE_B WHAT: the losses (5th column) of every printed step agree to 1e-10.
+same_losses() {
+  paste <(awk '{print $5}' "$1") <(awk '{print $5}' "$2") | awk -v what="$3" '
+    { d = $1 - $2; if (d < 0) d = -d; if (d > 1e-10 || $1 == "" || $2 == "") bad = 1; n++ }
+    END { if (bad || n != 5) { print "FAIL: the losses " what ": no"; exit 1 }
+          print "losses " what " (float64, 1e-10)" }'
+}
 
 # check NAME BUILD_DIR CMAKE_ARGS...
 check() {
@@ -52,29 +66,41 @@ check() {
   fi
   "$example/wgan_gp_critic" cpu:2 float64 | tee "$work/$name/two"
   "$example/wgan_gp_critic" cpu:1 float64 > "$work/$name/one"
-  # The losses (4th column) of every printed step: two devices against one, float64.
-  paste <(awk '{print $5}' "$work/$name/two") <(awk '{print $5}' "$work/$name/one") | awk '
-    { d = $1 - $2; if (d < 0) d = -d; if (d > 1e-10 || $1 == "" || $2 == "") bad = 1; n++ }
-    END { if (bad || n != 5) { print "FAIL: the losses on cpu:2 and cpu:1 differ"; exit 1 }
-          print "losses on cpu:2 equal those on cpu:1 (float64, 1e-10)" }'
+  same_losses "$work/$name/two" "$work/$name/one" "on cpu:2 equal those on cpu:1"
+  # The narrower copies of the CPU kernels, which this CPU would not pick by itself.
+  local isa
+  for isa in "${narrower_isas[@]}"; do
+    EF_CPU_KERNELS=$isa "$example/wgan_gp_critic" cpu:2 float64 > "$work/$name/$isa"
+    same_losses "$work/$name/$isa" "$work/$name/one" "with the $isa kernels (EF_CPU_KERNELS) equal the default's"
+  done
 
   echo "== $name: a program built with pkg-config's flags"
   cat > "$work/$name/sum.cpp" <<'CPP'
 #include <evenflow/evenflow.h>
 #include <cstdio>
-int main() {
+int main() try {
   std::printf("%s\n", evenflow::cpu_kernels_isa());
   return evenflow::sum(evenflow::ones({3})).item() == 3.0 ? 0 : 1;
+} catch (const evenflow::Error& e) {
+  std::fprintf(stderr, "%s\n", e.what());
+  return 2;
 }
 CPP
   local pc=(env PKG_CONFIG_PATH="$prefix/lib/pkgconfig" pkg-config)
   # shellcheck disable=SC2046
   c++ $("${pc[@]}" --cflags evenflow) "$work/$name/sum.cpp" -o "$work/$name/sum" $("${pc[@]}" --libs evenflow) \
     -Wl,-rpath,"$prefix/lib"
-  local isa
   isa=$("$work/$name/sum")
   echo "CPU kernels in use: $isa (this CPU runs: $want_isa)"
   [[ "$isa" == "$want_isa" ]] || { echo "FAIL: the portable library runs the $isa kernels" >&2; exit 1; }
+  for isa in "${narrower_isas[@]}"; do
+    [[ $(EF_CPU_KERNELS=$isa "$work/$name/sum") == "$isa" ]] || { echo "FAIL: EF_CPU_KERNELS=$isa ignored" >&2; exit 1; }
+  done
+  if EF_CPU_KERNELS=sse9 "$work/$name/sum" 2>"$work/$name/err"; then
+    echo "FAIL: EF_CPU_KERNELS=sse9 accepted" >&2; exit 1
+  fi
+  grep -q "EF_CPU_KERNELS=sse9: expected avx512, avx2 or baseline" "$work/$name/err" ||
+    { echo "FAIL: EF_CPU_KERNELS=sse9 gave: $(cat "$work/$name/err")" >&2; exit 1; }
 }
 
 check cuda "${BUILD_DIR:-build-install}" "$@"
