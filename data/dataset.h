@@ -12,20 +12,25 @@
 
 namespace evenflow::data {
 
+/// One example: an image and its label.
 struct Example {
   Tensor image = {};  ///< e.g. [C, H, W]
   Tensor label = {};  ///< e.g. a 0-d int64 class index
 };
 
+/// Examples stacked along a new first dim: one row of images and of labels per example.
 struct Batch {
   Tensor images = {};  ///< e.g. [N, C, H, W]
   Tensor labels = {};  ///< e.g. [N] int64
 };
 
+/// A source of examples, indexed 0 to size() - 1. The loader's worker threads call its const methods
+/// concurrently.
 class Dataset {
  public:
   virtual ~Dataset() = default;
-  virtual int64_t size() const = 0;
+  virtual int64_t size() const = 0;  ///< The number of examples.
+  /// Example `index`, in [0, size()).
   virtual Example get(int64_t index) const = 0;
   /// The examples at `indices`, stacked along a new first dim. The default stacks get(i); datasets
   /// that can gather faster override it.
@@ -36,10 +41,16 @@ class Dataset {
 /// and contiguous so that a batch is a copy of rows.
 class TensorDataset : public Dataset {
  public:
+  /// Keeps every example of `all`, detached, on cpu:0 and contiguous (copied if need be). Images
+  /// and labels must be defined, with at least one dim and the same first size (ef::Error otherwise).
   explicit TensorDataset(Batch all);
 
-  int64_t size() const override;
+  int64_t size() const override;  ///< The number of rows.
+  /// Row `index` of the images and of the labels, as views of the stored tensors (no copy); an
+  /// index out of range is an ef::Error.
   Example get(int64_t index) const override;
+  /// The rows `indices`, copied into new tensors [indices.size(), ...]; an index out of range is an
+  /// ef::Error.
   Batch get_batch(const std::vector<int64_t>& indices) const override;
   /// Every example, as stored.
   const Batch& all() const { return all_; }

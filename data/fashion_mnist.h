@@ -11,8 +11,10 @@
 
 namespace evenflow::data {
 
+/// Where Debian's package dataset-fashion-mnist installs the files.
 inline constexpr const char* kFashionMnistRoot = "/usr/share/datasets/fashion-mnist";
 
+/// Which part of the dataset: Train (60000 examples) or Test (10000).
 enum class Split : uint8_t { Train, Test };
 
 /// The whole split: images float32 [N, 1, 28, 28] in [0, 1], labels int64 [N] in [0, 9]. Reads
@@ -20,8 +22,11 @@ enum class Split : uint8_t { Train, Test };
 /// naming the path and saying how to install the dataset.
 Batch load_fashion_mnist(Split split, const std::string& root = kFashionMnistRoot);
 
+/// FashionMNIST as a TensorDataset: load_fashion_mnist()'s images and labels, on cpu:0.
 class FashionMNIST final : public TensorDataset {
  public:
+  /// Loads `split` from the IDX files under `root`, as load_fashion_mnist (ef::Error when a file is
+  /// missing or malformed).
   explicit FashionMNIST(Split split, const std::string& root = kFashionMnistRoot)
       : TensorDataset(load_fashion_mnist(split, root)) {}
 

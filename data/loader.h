@@ -23,8 +23,9 @@
 
 namespace evenflow::data {
 
+/// How a DataLoader orders, batches, transforms and places the examples.
 struct DataLoaderOptions {
-  int64_t batch_size = 1;
+  int64_t batch_size = 1;       ///< examples per batch (at least 1)
   bool shuffle = false;         ///< RandomSampler(seed) instead of SequentialSampler
   uint64_t seed = 0;            ///< the shuffle and the transforms' random numbers
   bool drop_last = false;       ///< drop a last batch smaller than batch_size
@@ -35,8 +36,13 @@ struct DataLoaderOptions {
   std::vector<std::shared_ptr<const Transform>> transforms = {};  ///< applied in order to each batch
 };
 
+/// The batches of a Dataset, one epoch per iteration (see the file's description). One thread
+/// iterates it.
 class DataLoader {
  public:
+  /// A loader over `dataset`. ef::Error when the dataset is null, batch_size or prefetch_per_worker
+  /// is below 1, num_workers is negative, both a sampler and shuffle are given, a transform is null,
+  /// or the device does not exist.
   DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions options);
   ~DataLoader();  ///< stops and joins the workers, mid-epoch included
   DataLoader(const DataLoader&) = delete;
@@ -45,16 +51,17 @@ class DataLoader {
   /// Sets the epoch the next iteration runs (each iteration then advances it by one; a new loader
   /// starts at 0). Returns *this, so `for (Batch& b : loader.epoch(e))` reads naturally.
   DataLoader& epoch(int64_t e);
-  int64_t next_epoch() const { return next_epoch_; }
+  int64_t next_epoch() const { return next_epoch_; }  ///< The epoch the next iteration runs.
+  /// Batches per epoch: the sampler's size divided by batch_size, rounded up (down with drop_last).
   int64_t num_batches() const;
-  const DataLoaderOptions& options() const { return options_; }
+  const DataLoaderOptions& options() const { return options_; }  ///< The options it was made with.
 
   class Iterator;
   /// Starts the next epoch (stopping one in progress: one iteration at a time) and waits for its
   /// first batch. An exception from the dataset or a transform, on any worker, reaches the consumer
   /// as an ef::Error naming the batch when the consumer gets to that batch.
   Iterator begin();
-  std::default_sentinel_t end() const { return {}; }
+  std::default_sentinel_t end() const { return {}; }  ///< What an Iterator equals past the last batch.
 
  private:
   struct Run;  ///< one epoch: its batches, workers and queue (loader.cpp)
@@ -66,20 +73,25 @@ class DataLoader {
   std::unique_ptr<Run> run_;
 };
 
+/// An input iterator over the batches of one epoch, made by DataLoader::begin(). It is valid until
+/// the loader starts another iteration or is destroyed.
 class DataLoader::Iterator {
  public:
-  using iterator_category = std::input_iterator_tag;
-  using value_type = Batch;
-  using difference_type = std::ptrdiff_t;
-  using pointer = Batch*;
-  using reference = Batch&;
+  using iterator_category = std::input_iterator_tag;  ///< A single pass.
+  using value_type = Batch;                           ///< A batch.
+  using difference_type = std::ptrdiff_t;             ///< Required of iterators; unused.
+  using pointer = Batch*;                             ///< What operator->() returns.
+  using reference = Batch&;                           ///< What operator*() returns.
 
-  Iterator() = default;
+  Iterator() = default;  ///< An iterator past the end.
+  /// An iterator over `run`, the epoch in progress (DataLoader::begin() makes it).
   explicit Iterator(Run* run) : run_(run) {}
+  /// The current batch, which the consumer may move from (ef::Error past the end).
   Batch& operator*() const;
-  Batch* operator->() const { return &**this; }
-  Iterator& operator++();  ///< blocks until the next batch is ready
-  void operator++(int) { ++*this; }
+  Batch* operator->() const { return &**this; }  ///< The current batch's address.
+  Iterator& operator++();                        ///< blocks until the next batch is ready
+  void operator++(int) { ++*this; }              ///< As prefix ++ (returns nothing).
+  /// Whether the epoch is over: every batch was consumed (true for a default-constructed iterator).
   bool operator==(std::default_sentinel_t) const;
 
  private:

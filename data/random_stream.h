@@ -11,11 +11,15 @@
 
 namespace evenflow::data {
 
+/// The numbers of one stream, drawn in order. Each thread uses its own RandomStream (drawing
+/// advances it).
 class RandomStream {
  public:
+  /// The stream named by `seed` and the path `stream` (e.g. {epoch} or {epoch, batch}): equal
+  /// arguments give equal numbers.
   RandomStream(uint64_t seed, std::initializer_list<uint64_t> stream);
 
-  uint64_t next_u64();
+  uint64_t next_u64();       ///< The next 64 random bits.
   double uniform();          ///< in [0, 1)
   int64_t below(int64_t n);  ///< in [0, n), n > 0; the bias of the modulo is below n / 2^64
 

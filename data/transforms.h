@@ -12,6 +12,7 @@
 
 namespace evenflow::data {
 
+/// A batch transform. One object serves every worker thread of a DataLoader, concurrently.
 class Transform {
  public:
   virtual ~Transform() = default;
@@ -22,6 +23,9 @@ class Transform {
 /// (x - mean[c]) / std[c] per channel; one value applies to every channel.
 class Normalize final : public Transform {
  public:
+  /// As many means as standard deviations, at least one, every standard deviation positive
+  /// (ef::Error otherwise). Applied to images with another number of channels (when there are
+  /// several), it throws ef::Error.
   Normalize(std::vector<double> mean, std::vector<double> std);
   Batch operator()(Batch batch, RandomStream& rng) const override;
 
@@ -32,7 +36,7 @@ class Normalize final : public Transform {
 /// Pads height and width by `padding` on each side with `value`.
 class Pad final : public Transform {
  public:
-  explicit Pad(int64_t padding, double value = 0.0);
+  explicit Pad(int64_t padding, double value = 0.0);  ///< padding >= 0 (ef::Error otherwise).
   Batch operator()(Batch batch, RandomStream& rng) const override;
 
  private:
@@ -43,6 +47,8 @@ class Pad final : public Transform {
 /// Pads by `padding` (zeros), then cuts a size x size window at a random position per image.
 class RandomCrop final : public Transform {
  public:
+  /// size > 0 and padding >= 0 (ef::Error otherwise). Applied to images smaller than the crop after
+  /// padding, it throws ef::Error.
   explicit RandomCrop(int64_t size, int64_t padding = 0);
   Batch operator()(Batch batch, RandomStream& rng) const override;
 
@@ -54,7 +60,7 @@ class RandomCrop final : public Transform {
 /// Mirrors each image left-right with probability p.
 class RandomHorizontalFlip final : public Transform {
  public:
-  explicit RandomHorizontalFlip(double p = 0.5);
+  explicit RandomHorizontalFlip(double p = 0.5);  ///< p in [0, 1] (ef::Error otherwise).
   Batch operator()(Batch batch, RandomStream& rng) const override;
 
  private:

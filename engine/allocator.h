@@ -17,21 +17,26 @@ namespace evenflow {
 
 class Backend;
 
+/// A device allocator's counters. Bytes are counted in blocks, whose sizes are requests rounded up
+/// to a size class (CachingAllocator::round_size).
 struct MemoryStats {
-  size_t allocated = 0;       ///< bytes in blocks handed out now
-  size_t peak_allocated = 0;  ///< highest `allocated` since the last reset_peak_memory
-  size_t reserved = 0;        ///< allocated + cached, as obtained from the device
-  size_t peak_reserved = 0;
-  size_t limit = 0;         ///< reserved may not exceed this (0: no limit)
-  uint64_t num_allocs = 0;  ///< allocate() calls
-  uint64_t num_cache_hits = 0;
+  size_t allocated = 0;            ///< bytes in blocks handed out now
+  size_t peak_allocated = 0;       ///< highest `allocated` since the last reset_peak_memory
+  size_t reserved = 0;             ///< allocated + cached, as obtained from the device
+  size_t peak_reserved = 0;        ///< highest `reserved` since the last reset_peak_memory
+  size_t limit = 0;                ///< reserved may not exceed this (0: no limit)
+  uint64_t num_allocs = 0;         ///< allocate() calls
+  uint64_t num_cache_hits = 0;     ///< allocate() calls served by a cached block
   uint64_t num_device_allocs = 0;  ///< blocks obtained from the device
 };
 
+/// The caching allocator of one device; each device has one, reached through the functions below.
+/// Thread-safe: every method takes the allocator's lock.
 class CachingAllocator {
  public:
+  /// An allocator for `device` that obtains its blocks from `backend` (raw_alloc, raw_free).
   CachingAllocator(Device device, Backend& backend) : device_(device), backend_(backend) {}
-  ~CachingAllocator();
+  ~CachingAllocator();  ///< Returns the cached blocks to the device.
   CachingAllocator(const CachingAllocator&) = delete;
   CachingAllocator& operator=(const CachingAllocator&) = delete;
 
@@ -42,11 +47,14 @@ class CachingAllocator {
   /// exceeds kMaxBytes and, with the device's statistics, when the device has no memory left or the
   /// limit would be exceeded.
   void* allocate(size_t nbytes, size_t* block_bytes);
+  /// Takes back a block from allocate(), with the size it gave, into the cache. The block returns
+  /// to the device only with empty_cache(), or when an allocation fails without the cache.
   void release(void* ptr, size_t block_bytes);
 
-  MemoryStats stats();
-  void reset_peak();
-  void empty_cache();
+  MemoryStats stats();  ///< A copy of the counters.
+  void reset_peak();    ///< Sets the peaks to the current values.
+  void empty_cache();   ///< Returns the cached blocks to the device.
+  /// Caps `reserved` at `bytes` (0 removes the cap); what is reserved already is not freed.
   void set_limit(size_t bytes);
 
   /// The size class of a request of at most kMaxBytes.
@@ -64,8 +72,9 @@ class CachingAllocator {
 
 /// Statistics of a device's allocator (see MemoryStats).
 MemoryStats memory_stats(const Device& d);
+/// Sets a device's peak counters to the current values (see MemoryStats).
 void reset_peak_memory(const Device& d);
-/// Returns cached blocks to the device.
+/// Returns cached blocks to the device, after waiting for its queued work (synchronize).
 void empty_cache(const Device& d);
 /// Caps a device's reserved bytes (0 removes the cap): for tests and for sharing a GPU.
 void set_memory_limit(const Device& d, size_t bytes);

@@ -19,9 +19,13 @@ namespace evenflow {
 
 /// Thread-local switch: while off, ops record nothing.
 bool grad_enabled();
+/// Sets this thread's grad mode for its lifetime and restores the previous mode when destroyed.
+/// Other threads (the device workers running a backward pass among them) are not affected.
 class GradModeGuard {
  public:
+  /// Turns grad mode on (`enabled` = true) or off for the current thread.
   explicit GradModeGuard(bool enabled);
+  /// Restores the mode the thread had at construction.
   ~GradModeGuard();
   GradModeGuard(const GradModeGuard&) = delete;
   GradModeGuard& operator=(const GradModeGuard&) = delete;
@@ -29,11 +33,13 @@ class GradModeGuard {
  private:
   bool previous_;
 };
+/// Turns grad mode off for its lifetime on this thread: ops record nothing (PyTorch's no_grad).
 class NoGradGuard : public GradModeGuard {
  public:
   NoGradGuard() : GradModeGuard(false) {}
 };
 
+/// Where a gradient goes: the node that consumes it and which of that node's outputs it is for.
 struct Edge {
   std::shared_ptr<Node> fn;  ///< null: the input needs no gradient
   uint32_t input_nr = 0;     ///< which output of fn the gradient belongs to
@@ -42,27 +48,40 @@ struct Edge {
 /// Gradients of a node's outputs in, gradients of its inputs out (one per input; undefined = none).
 using BackwardFn = std::function<std::vector<Tensor>(const std::vector<Tensor>& grad_outputs)>;
 
+/// Shape, dtype and device of one output of a node: what the engine needs to make a zero gradient
+/// for an output that received none.
 struct OutputInfo {
-  Shape shape;
-  DType dtype = DType::Float32;
-  Device device;
+  Shape shape;                   ///< The output's shape.
+  DType dtype = DType::Float32;  ///< The output's dtype.
+  Device device;                 ///< The output's device.
 };
 
+/// One recorded op in the autograd graph (PyTorch's Function): its backward closure, the tensors
+/// the closure saved, and one Edge per input to the nodes that produced them. Created by record()
+/// (grad_accumulator() for leaves); tensors hold their producing node through grad_fn(), and a node
+/// holds the nodes below it through its edges, so a graph lives while an output refers to it. The
+/// engine runs apply() on device()'s worker thread, or on the calling thread for a pass wholly on
+/// one CPU device started before any CPU worker exists (Note [Backward on the calling thread] in
+/// autograd.cpp).
 class Node {
  public:
+  /// A node named `name` (kept as a pointer: a string literal), run on `device`, with one edge per
+  /// input, one OutputInfo per output, the tensors `fn` captured (their versions are recorded now,
+  /// see apply()) and the backward closure.
   Node(const char* name, Device device, std::vector<Edge> next, std::vector<OutputInfo> outputs,
        std::vector<Tensor> saved, BackwardFn fn);
   virtual ~Node() = default;
   Node(const Node&) = delete;
   Node& operator=(const Node&) = delete;
 
-  const char* name() const { return name_; }
-  Device device() const { return device_; }
-  const std::vector<Edge>& next_edges() const { return next_; }
-  const std::vector<OutputInfo>& outputs() const { return outputs_; }
+  const char* name() const { return name_; }  ///< The op's name, as error messages print it ("matmul").
+  Device device() const { return device_; }   ///< The device of its outputs, where its backward runs.
+  const std::vector<Edge>& next_edges() const { return next_; }        ///< One per input, in order.
+  const std::vector<OutputInfo>& outputs() const { return outputs_; }  ///< One per output, in order.
 
-  /// Checks saved tensors are unmodified, then runs the closure. grads holds one defined tensor
-  /// per output (the engine materializes zeros for outputs that received none).
+  /// Checks saved tensors are unmodified, then runs the closure. Throws ef::Error naming the node
+  /// if a saved tensor was modified in place since recording, or if release() has run. grads holds
+  /// one defined tensor per output (the engine materializes zeros for outputs that received none).
   virtual std::vector<Tensor> apply(const std::vector<Tensor>& grads);
   /// Drops the closure and saved tensors (backward without retain_graph).
   virtual void release();
@@ -71,21 +90,23 @@ class Node {
   std::vector<std::weak_ptr<TensorImpl>> retained;
 
  protected:
-  const char* name_;
-  Device device_;
-  std::vector<Edge> next_;
-  std::vector<OutputInfo> outputs_;
-  std::vector<Tensor> saved_;
-  std::vector<uint64_t> saved_versions_;
-  BackwardFn fn_;
-  bool released_ = false;
+  const char* name_;                      ///< See name().
+  Device device_;                         ///< See device().
+  std::vector<Edge> next_;                ///< See next_edges().
+  std::vector<OutputInfo> outputs_;       ///< See outputs().
+  std::vector<Tensor> saved_;             ///< The tensors the closure captured (cleared by release()).
+  std::vector<uint64_t> saved_versions_;  ///< Their versions when the node was made.
+  BackwardFn fn_;                         ///< The backward closure (null after release()).
+  bool released_ = false;                 ///< Set by release(): apply() then throws.
 };
 
 /// Attaches a node named `name` to `outputs` if grad mode is on and any input requires grad.
 /// `saved` lists the tensors the closure captured: modifying one in place before backward is an
 /// error. Capture inputs, never outputs (an output refers to this node: a reference cycle).
+/// `name` is kept as a pointer (pass a string literal). Undefined inputs are allowed (no edge).
 void record(const char* name, const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
             const std::vector<Tensor>& saved, BackwardFn fn);
+/// True if any defined tensor of `inputs` requires grad (grad mode is not consulted).
 bool any_requires_grad(const std::vector<Tensor>& inputs);
 /// The AccumulateGrad node of a leaf that requires grad (created on first use).
 std::shared_ptr<Node> grad_accumulator(const Tensor& leaf);
@@ -100,9 +121,12 @@ void set_post_accumulate_hook(const Tensor& leaf, std::function<void(const Tenso
 /// to have gradients synchronized when backward() returns.
 bool queue_backward_callback(std::function<void()> fn);
 
+/// Options of grad().
 struct GradOptions {
+  /// Record the backward pass, so that the returned gradients can be differentiated again.
   bool create_graph = false;
-  std::optional<bool> retain_graph = std::nullopt;  ///< default: create_graph
+  std::optional<bool> retain_graph = std::nullopt;  ///< keep the graph for another pass; default: create_graph
+  /// Return an undefined tensor for an input the outputs do not depend on, instead of throwing.
   bool allow_unused = false;
 };
 
@@ -112,13 +136,19 @@ struct GradOptions {
 bool backward_pass_failed();
 
 /// Gradients of `outputs` with respect to `inputs`, without touching any .grad(). grad_outputs may
-/// be empty when every output is a one-element tensor.
+/// be empty when every output is a one-element tensor (its gradient is then 1). Returns one
+/// gradient per input, in order. Throws ef::Error if inputs is empty, an input does not require
+/// grad, an input is unused (unless opts.allow_unused; it then gets an undefined tensor), a
+/// grad_outputs entry differs from its output in shape, dtype or device, or a node of the pass
+/// throws.
 std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
                          const std::vector<Tensor>& grad_outputs = {}, const GradOptions& opts = {});
 
 /// Accumulates gradients of `outputs` into the .grad() of every leaf they depend on. With
 /// create_graph=true a leaf's .grad() holds a graph that refers back to the leaf: a reference cycle
 /// (as in PyTorch), so clear .grad() (set_grad(Tensor())) when done with it; grad() has no such cycle.
+/// Without retain_graph (create_graph implies it) the graph's saved tensors are freed, and a second
+/// pass through it throws. grad_outputs are as for grad().
 void backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>& grad_outputs = {},
               bool retain_graph = false, bool create_graph = false);
 

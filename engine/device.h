@@ -13,33 +13,43 @@
 
 namespace evenflow {
 
+/// The kind of a device: CPU (a host device with its own worker thread, allocator statistics and
+/// generator) or CUDA (a logical device on a GPU).
 enum class DeviceType : uint8_t { CPU, CUDA };
 
+/// A device name: a type and an index, e.g. cpu:0 or cuda:1. A plain value: whether the device exists
+/// is checked where it is used (check_device). A string such as "cuda:1" converts to it implicitly.
 struct Device {
-  DeviceType type = DeviceType::CPU;
-  int index = 0;
+  DeviceType type = DeviceType::CPU;  ///< CPU or CUDA.
+  int index = 0;                      ///< The index among the devices of its type, from 0.
 
-  Device() = default;
+  Device() = default;  ///< cpu:0.
+  /// Device `i` of type `t` (not checked).
   Device(DeviceType t, int i) : type(t), index(i) {}
   /// Parses "cpu", "cpu:2", "cuda", "cuda:1"; throws ef::Error on anything else.
   explicit Device(const std::string& spec);
+  /// As Device(const std::string&), but implicit, so that a literal such as "cuda:0" is a Device.
   Device(const char* spec) : Device(std::string(spec)) {}  // NOLINT: "cuda:0" reads naturally
 
-  bool is_cpu() const { return type == DeviceType::CPU; }
-  bool is_cuda() const { return type == DeviceType::CUDA; }
-  std::string str() const;
-  bool operator==(const Device& o) const { return type == o.type && index == o.index; }
-  bool operator!=(const Device& o) const { return !(*this == o); }
+  bool is_cpu() const { return type == DeviceType::CPU; }    ///< Whether it is a CPU device.
+  bool is_cuda() const { return type == DeviceType::CUDA; }  ///< Whether it is a CUDA device.
+  std::string str() const;                                   ///< "cpu:0", "cuda:1": the form the constructor parses.
+  bool operator==(const Device& o) const { return type == o.type && index == o.index; }  ///< Same type and index.
+  bool operator!=(const Device& o) const { return !(*this == o); }                       ///< Not the same device.
+  /// CPU devices before CUDA devices, then by index (so that a Device can key a std::map).
   bool operator<(const Device& o) const { return type != o.type ? type < o.type : index < o.index; }
 };
 
+/// CPU device `index`: cpu:0 by default (not checked; see kMaxCpuDevices).
 inline Device cpu(int index = 0) {
   return {DeviceType::CPU, index};
 }
+/// CUDA logical device `index`: cuda:0 by default (not checked; see cuda_device_count()).
 inline Device cuda(int index = 0) {
   return {DeviceType::CUDA, index};
 }
 
+/// The number of CPU devices: cpu:0 to cpu:63 exist; another index is an ef::Error where it is used.
 inline constexpr int kMaxCpuDevices = 64;
 
 /// Number of CUDA logical devices (0 without a GPU or a CUDA build; never throws).
@@ -61,11 +71,14 @@ int cuda_physical_id(const Device& d);
 /// last bits from run to run). float64 is never affected. The CPU backend ignores them. Set them
 /// before the work they should govern; each convolution shape chooses its algorithm once per setting.
 struct CudaMath {
-  bool allow_tf32_conv = true;
-  bool allow_tf32_matmul = false;
+  bool allow_tf32_conv = true;     ///< float32 convolutions may use TF32 tensor cores.
+  bool allow_tf32_matmul = false;  ///< float32 matrix products may use TF32 tensor cores.
+  /// cuDNN convolutions use only algorithms that repeat bit for bit (an ef::Error names a
+  /// convolution for which cuDNN has none).
   bool deterministic = false;
 };
-CudaMath cuda_math();
+CudaMath cuda_math();  ///< The current settings.
+/// Replaces the settings, for every CUDA device (thread-safe: one atomic word).
 void set_cuda_math(const CudaMath& settings);
 
 /// Throws ef::Error naming the device when it does not exist here.
@@ -76,19 +89,25 @@ void synchronize(const Device& d);
 
 /// Seeds every device's generator (and the default for devices created later).
 void manual_seed(uint64_t seed);
+/// Seeds device `d`'s generator: its state becomes {seed, 0}. ef::Error for a device that does not
+/// exist.
 void manual_seed(const Device& d, uint64_t seed);
 
 /// A device's generator state: draws are a pure function of (seed, offset), see engine/random.h.
 struct GeneratorState {
-  uint64_t seed = 0;
-  uint64_t offset = 0;
+  uint64_t seed = 0;    ///< The key of the draws (manual_seed sets it).
+  uint64_t offset = 0;  ///< The counter of the next draw; each random element drawn advances it by one.
 };
+/// Device `d`'s generator state now, e.g. to save it in a checkpoint.
 GeneratorState generator_state(const Device& d);
+/// Restores a state taken with generator_state(): the draws that follow repeat those that followed
+/// it.
 void set_generator_state(const Device& d, const GeneratorState& state);
 
 /// Intra-op threads a CPU device's kernels use (default: hardware threads). Applies to every CPU
-/// device; N CPU devices running concurrently share the machine's cores.
+/// device; N CPU devices running concurrently share the machine's cores. ef::Error when n < 1.
 void set_num_threads(int n);
+/// The intra-op thread count: set_num_threads()'s, or the hardware thread count if it was not called.
 int num_threads();
 /// The team the CPU kernels called on this thread use: num_threads(), or 1 on a thread that is not a
 /// device's worker once a CPU device has one (Note [One OpenMP team per core], device.cpp).

@@ -1,9 +1,11 @@
 /// @file
-/// Every differentiable op of the engine, with its derivative in a one-line comment. Each op checks
-/// its arguments (shapes, dtypes, devices: no implicit copies across devices or dtypes), runs a
-/// backend kernel, and records a node whose backward is written in these same ops, so gradients can
-/// be differentiated again (Note [Conv double backward] in ops.cpp shows the pattern for conv).
-/// Ops marked "composite" are built from other ops and get their derivatives from them.
+/// Every differentiable op of the engine, each documented with its derivative ("Backward:", where g
+/// is the gradient of the op's output). Each op checks its arguments (shapes, dtypes, devices: no
+/// implicit copies across devices or dtypes) and throws ef::Error naming the op and what was wrong,
+/// runs a backend kernel, and records a node whose backward is written in these same ops, so
+/// gradients can be differentiated again (Note [Conv double backward] in ops_nn.cpp shows the
+/// pattern for conv). Ops marked "composite" are built from other ops and get their derivatives
+/// from them. Dims may be negative (counted from the end) wherever an op takes one.
 #pragma once
 
 #include <optional>
@@ -15,8 +17,9 @@
 
 namespace evenflow {
 
-// The public differentiable ops. tests/engine/test_gradcheck.cpp holds one gradcheck entry per
-// name and fails if a name here has none.
+/// The public differentiable ops, as an X-macro: `EF_DIFFERENTIABLE_OPS(X)` expands to `X(name)`
+/// for each. tests/engine/test_gradcheck.cpp holds one gradcheck entry per name and fails if a name
+/// here has none.
 // clang-format off
 #define EF_DIFFERENTIABLE_OPS(X)                                                                        \
   /* elementwise */ X(add) X(sub) X(mul) X(div) X(neg) X(add_scalar) X(mul_scalar) X(pow) X(sqrt)       \
@@ -34,194 +37,434 @@ namespace evenflow {
   X(index_select) X(index_add) X(dropout) X(batch_norm) X(layer_norm)
 // clang-format on
 
-/// --- Elementwise (broadcasting; both operands same dtype and device) ----------------------------
+/// @name Elementwise
+/// Broadcasting; both operands same dtype and device. The unary ops take float32 or float64.
 /// A NaN input gives a NaN output (Note [NaN propagation] in scalar_ops.h); where a backward masks,
 /// it selects as PyTorch's does (Note [NaN in backward masks] in ops.cpp).
-Tensor add(const Tensor& a, const Tensor& b);                        ///< d/da = g, d/db = g (summed to each shape)
-Tensor sub(const Tensor& a, const Tensor& b);                        ///< d/da = g, d/db = -g
-Tensor mul(const Tensor& a, const Tensor& b);                        ///< d/da = g·b, d/db = g·a
-Tensor div(const Tensor& a, const Tensor& b);                        ///< d/da = g/b, d/db = -g·a/b²
-Tensor neg(const Tensor& x);                                         ///< -g
-Tensor add_scalar(const Tensor& x, double s);                        ///< g
-Tensor mul_scalar(const Tensor& x, double s);                        ///< g·s
-Tensor pow(const Tensor& x, double p);                               ///< g·p·x^(p-1)
-Tensor sqrt(const Tensor& x);                                        ///< g·½·rsqrt(x)
-Tensor rsqrt(const Tensor& x);                                       ///< g·(-½)·x^(-3/2)
-Tensor reciprocal(const Tensor& x);                                  ///< -g·(1/x)²
-Tensor exp(const Tensor& x);                                         ///< g·exp(x)
-Tensor log(const Tensor& x);                                         ///< g/x
-Tensor abs(const Tensor& x);                                         ///< g·sign(x)
-Tensor square(const Tensor& x);                                      ///< g·2x
-Tensor clamp(const Tensor& x, double lo, double hi);                 ///< g where lo ≤ x ≤ hi, else 0 (NaN x: 0)
-Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);  ///< a: where(c, g, 0), b: where(c, 0, g)
-Tensor maximum(const Tensor& a, const Tensor& b);                    ///< g to the larger, ½ on ties, both if a NaN
-Tensor minimum(const Tensor& a, const Tensor& b);                    ///< g to the smaller, ½ on ties, both if a NaN
-Tensor relu(const Tensor& x);                                        ///< 0 where x ≤ 0, else g (NaN x: g)
-Tensor leaky_relu(const Tensor& x, double slope = 0.01);             ///< g where x > 0, else slope·g (NaN x too)
-Tensor elu(const Tensor& x, double alpha = 1.0);                     ///< g·α·exp(x) where x ≤ 0, else g (NaN x: g)
-Tensor sigmoid(const Tensor& x);                                     ///< g·σ(x)·(1-σ(x))
-Tensor tanh(const Tensor& x);                                        ///< g·(1-tanh²(x))
-Tensor softplus(const Tensor& x, double beta = 1.0, double threshold = 20.0);  ///< g·σ(βx) (g where βx > threshold)
+/// @{
 
-/// Not differentiable (their results never require grad): masks and comparisons, 1 or 0.
+/// Elementwise a + b, broadcasting. Backward: d/da = g, d/db = g (summed to each shape).
+Tensor add(const Tensor& a, const Tensor& b);
+/// Elementwise a - b, broadcasting. Backward: d/da = g, d/db = -g (summed to each shape).
+Tensor sub(const Tensor& a, const Tensor& b);
+/// Elementwise a·b, broadcasting. Backward: d/da = g·b, d/db = g·a (summed to each shape).
+Tensor mul(const Tensor& a, const Tensor& b);
+/// Elementwise a / b, broadcasting. Backward: d/da = g/b, d/db = -g·a/b² (summed to each shape).
+Tensor div(const Tensor& a, const Tensor& b);
+/// -x. Backward: -g.
+Tensor neg(const Tensor& x);
+/// x + s. Backward: g.
+Tensor add_scalar(const Tensor& x, double s);
+/// x·s. Backward: g·s.
+Tensor mul_scalar(const Tensor& x, double s);
+/// x to the power p, elementwise (std::pow: a negative x with a non-integer p gives NaN).
+/// Backward: g·p·x^(p-1).
+Tensor pow(const Tensor& x, double p);
+/// Square root (NaN for x < 0). Backward: g·½·rsqrt(x).
+Tensor sqrt(const Tensor& x);
+/// 1/√x. Backward: g·(-½)·x^(-3/2).
+Tensor rsqrt(const Tensor& x);
+/// 1/x. Backward: -g·(1/x)².
+Tensor reciprocal(const Tensor& x);
+/// eˣ. Backward: g·exp(x).
+Tensor exp(const Tensor& x);
+/// Natural logarithm. Backward: g/x.
+Tensor log(const Tensor& x);
+/// |x|. Backward: g·sign(x) (0 at x = 0).
+Tensor abs(const Tensor& x);
+/// x². Backward: g·2x.
+Tensor square(const Tensor& x);
+/// x limited to [lo, hi]; lo > hi throws. Backward: g where lo ≤ x ≤ hi, else 0 (NaN x: 0).
+Tensor clamp(const Tensor& x, double lo, double hi);
+/// a where cond is nonzero, else b; the three broadcast together. cond is a 1/0 mask of a's dtype
+/// and device (as gt() and the other comparisons return) and gets no gradient.
+/// Backward: a: where(c, g, 0), b: where(c, 0, g) (summed to each shape).
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
+/// The larger of a and b, broadcasting (NaN where either is NaN).
+/// Backward: g to the larger, ½ on ties, both if a NaN.
+Tensor maximum(const Tensor& a, const Tensor& b);
+/// The smaller of a and b, broadcasting (NaN where either is NaN).
+/// Backward: g to the smaller, ½ on ties, both if a NaN.
+Tensor minimum(const Tensor& a, const Tensor& b);
+/// max(x, 0) (PyTorch's threshold: x ≤ 0 ? 0 : x). Backward: 0 where x ≤ 0, else g (NaN x: g).
+Tensor relu(const Tensor& x);
+/// x where x > 0, else slope·x. Backward: g where x > 0, else slope·g (NaN x too).
+Tensor leaky_relu(const Tensor& x, double slope = 0.01);
+/// x where x > 0, else α·(exp(x) - 1), α = alpha. Backward: g·α·exp(x) where x ≤ 0, else g (NaN x:
+/// g).
+Tensor elu(const Tensor& x, double alpha = 1.0);
+/// σ(x) = 1/(1 + exp(-x)), computed without overflow for either sign. Backward: g·σ(x)·(1-σ(x)).
+Tensor sigmoid(const Tensor& x);
+/// Hyperbolic tangent. Backward: g·(1-tanh²(x)).
+Tensor tanh(const Tensor& x);
+/// log(1 + exp(βx))/β, β = beta, and x itself where βx > threshold (PyTorch's); beta must be
+/// positive. Backward: g·σ(βx) (g where βx > threshold).
+Tensor softplus(const Tensor& x, double beta = 1.0, double threshold = 20.0);
+/// @}
+
+/// @name Comparisons and sign (not differentiable)
+/// Not differentiable (their results never require grad): masks and comparisons, 1 or 0, in the
+/// operands' dtype; sign gives -1, 0 or 1. The comparisons broadcast and need operands of one dtype
+/// and device; a comparison with NaN is false.
+/// @{
+
+/// -1, 0 or 1 by the sign of x (0 for NaN); x must be float32 or float64.
 Tensor sign(const Tensor& x);
+/// 1 where a > b, else 0.
 Tensor gt(const Tensor& a, const Tensor& b);
+/// 1 where a < b, else 0.
 Tensor lt(const Tensor& a, const Tensor& b);
+/// 1 where a ≥ b, else 0.
 Tensor ge(const Tensor& a, const Tensor& b);
+/// 1 where a ≤ b, else 0.
 Tensor le(const Tensor& a, const Tensor& b);
+/// 1 where a == b, else 0.
 Tensor eq(const Tensor& a, const Tensor& b);
+/// 1 where a != b, else 0 (1 where either is NaN).
 Tensor ne(const Tensor& a, const Tensor& b);
+/// @}
 
-/// --- Reductions (dims may be negative; empty dims in sum/mean/var/norm = all dims) ---------------
-Tensor sum(const Tensor& x);                                                                 ///< expand(g)
-Tensor sum(const Tensor& x, const Shape& dims, bool keepdim = false);                        ///< expand(g)
-Tensor mean(const Tensor& x);                                                                ///< composite
-Tensor mean(const Tensor& x, const Shape& dims, bool keepdim = false);                       ///< composite
-Tensor var(const Tensor& x, const Shape& dims, bool unbiased = true, bool keepdim = false);  ///< composite
+/// @name Reductions
+/// Dims may be negative; empty dims in sum/mean/var/norm = all dims. A dim listed twice throws.
+/// keepdim keeps each reduced dim with size 1; otherwise it is removed. Inputs are float32 or
+/// float64.
+/// @{
+
+/// The sum of all elements, 0-d (0 for an empty x). Backward: expand(g).
+Tensor sum(const Tensor& x);
+/// The sum over dims (all if empty). Backward: expand(g).
+Tensor sum(const Tensor& x, const Shape& dims, bool keepdim = false);
+/// The mean of all elements, 0-d; an empty x throws. Composite (sum, mul_scalar).
+Tensor mean(const Tensor& x);
+/// The mean over dims (all if empty); an empty reduction throws. Composite (sum, mul_scalar).
+Tensor mean(const Tensor& x, const Shape& dims, bool keepdim = false);
+/// The variance over dims (all if empty): divided by n - 1 when unbiased (n ≥ 2 needed), else by n
+/// (n ≥ 1), n being the number of elements reduced. Composite.
+Tensor var(const Tensor& x, const Shape& dims, bool unbiased = true, bool keepdim = false);
 /// Largest value along dim and its index (first on ties); the values are gather(x, dim, index).
+/// Returns (values, int64 indices); NaN counts as the largest. A 0-d x gives (a copy of x, 0); an
+/// empty x throws. Backward: g to the element at the index (gather's).
 std::pair<Tensor, Tensor> max(const Tensor& x, int64_t dim, bool keepdim = false);
-Tensor amax(const Tensor& x);                                       ///< composite: max over all elements
-Tensor argmax(const Tensor& x, int64_t dim, bool keepdim = false);  ///< int64, not differentiable
+/// The largest element, 0-d (NaN if x holds one); an empty x throws.
+/// Composite: max over all elements (so g goes to the first largest element).
+Tensor amax(const Tensor& x);
+/// The index of the largest value along dim (first on ties; NaN counts as the largest). Int64, not
+/// differentiable; x must be float32 or float64 and non-empty.
+Tensor argmax(const Tensor& x, int64_t dim, bool keepdim = false);
+/// The index of the smallest value along dim (first on ties; NaN counts as the smallest). Int64,
+/// not differentiable; x must be float32 or float64 and non-empty.
 Tensor argmin(const Tensor& x, int64_t dim, bool keepdim = false);
-Tensor norm(const Tensor& x, double p = 2.0, const Shape& dims = {}, bool keepdim = false);  ///< composite
-/// Sums x down to `shape` (the inverse of broadcasting): expand(g)
+/// The p-norm over dims (all if empty), (Σ|x|^p)^(1/p); p must be positive. Composite: p = 2 is
+/// sqrt(sum(square(x))), p = 1 is sum(abs(x)). Where the norm is 0 its gradient is 0, as in PyTorch
+/// (Note [Norm at zero] in ops.cpp; for p < 1 an element at 0 still has an infinite derivative).
+Tensor norm(const Tensor& x, double p = 2.0, const Shape& dims = {}, bool keepdim = false);
+/// Sums x down to `shape` (the inverse of broadcasting): expand(g). `shape` must broadcast to x's
+/// shape, or it throws; x itself is returned when the shapes are equal.
 Tensor sum_to(const Tensor& x, const Shape& shape);
+/// @}
 
-/// --- Shape ---------------------------------------------------------------------------------------
-Tensor reshape(const Tensor& x, const Shape& shape);        ///< reshape(g); one dim may be -1; copies if needed
-Tensor view(const Tensor& x, const Shape& shape);           ///< as reshape, but never copies
-Tensor permute(const Tensor& x, const Shape& dims);         ///< permute(g, inverse)
-Tensor transpose(const Tensor& x, int64_t d0, int64_t d1);  ///< composite (permute)
-Tensor slice(const Tensor& x, int64_t dim, int64_t start, int64_t end, int64_t step = 1);  ///< slice_backward(g)
-Tensor narrow(const Tensor& x, int64_t dim, int64_t start, int64_t length);                ///< composite (slice)
-Tensor select(const Tensor& x, int64_t dim, int64_t index);                                ///< composite (slice, squeeze)
-Tensor cat(const std::vector<Tensor>& xs, int64_t dim);                                    ///< slices of g
-Tensor stack(const std::vector<Tensor>& xs, int64_t dim);                                  ///< composite (unsqueeze, cat)
-std::vector<Tensor> split(const Tensor& x, int64_t size, int64_t dim);                     ///< composite (slice)
+/// @name Shape
+/// A view shares x's storage: writing to one (in place) changes the other.
+/// @{
+
+/// x with a new shape of the same element count; one dim may be -1 (inferred). A view of x when x
+/// is contiguous, a copy if needed, x itself when the shape is unchanged. Backward: reshape(g).
+Tensor reshape(const Tensor& x, const Shape& shape);
+/// As reshape, but never copies: a non-contiguous x throws. Backward: reshape(g).
+Tensor view(const Tensor& x, const Shape& shape);
+/// A view with x's dims reordered: output dim i is x's dim dims[i] (dims a permutation of x's
+/// dims). Backward: permute(g, inverse).
+Tensor permute(const Tensor& x, const Shape& dims);
+/// A view with dims d0 and d1 swapped. Composite (permute).
+Tensor transpose(const Tensor& x, int64_t d0, int64_t d1);
+/// A view of x[start:end:step] along dim, with Python's bounds: negative start/end count from the
+/// end, out-of-range bounds are clamped. step must be positive; a 0-d x throws.
+/// Backward: slice_backward(g).
+Tensor slice(const Tensor& x, int64_t dim, int64_t start, int64_t end, int64_t step = 1);
+/// A view of `length` elements of dim from start (negative start counts from the end); a range
+/// outside the dim throws. Composite (slice).
+Tensor narrow(const Tensor& x, int64_t dim, int64_t start, int64_t length);
+/// A view of entry `index` of dim, that dim removed (negative index counts from the end; out of
+/// range throws). Composite (slice, squeeze).
+Tensor select(const Tensor& x, int64_t dim, int64_t index);
+/// Concatenates xs along dim into a new tensor. xs is non-empty, of one dtype and device, each with
+/// the same number of dims (at least 1) and the same size in every other dim. Backward: slices of
+/// g.
+Tensor cat(const std::vector<Tensor>& xs, int64_t dim);
+/// Joins same-shape tensors along a new dim at `dim` (from -(ndim+1) to ndim).
+/// Composite (unsqueeze, cat).
+Tensor stack(const std::vector<Tensor>& xs, int64_t dim);
+/// Views of consecutive pieces of `size` (positive) along dim; the last may be smaller.
+/// Composite (slice).
+std::vector<Tensor> split(const Tensor& x, int64_t size, int64_t dim);
+/// Views of consecutive pieces of the given sizes along dim; sizes are non-negative and add up to
+/// the dim's size. Composite (slice).
 std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, int64_t dim);
-std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim);       ///< composite (slice)
-Tensor expand(const Tensor& x, const Shape& shape);                            ///< sum_to(g); -1 keeps a dim
-Tensor flatten(const Tensor& x, int64_t start_dim = 0, int64_t end_dim = -1);  ///< composite (reshape)
-Tensor squeeze(const Tensor& x, int64_t dim);                                  ///< composite (reshape)
-Tensor unsqueeze(const Tensor& x, int64_t dim);                                ///< composite (reshape)
-/// Constant padding; pads lists (before, after) pairs starting from the last dim, as torch.nn.functional.pad.
-Tensor pad(const Tensor& x, const std::vector<int64_t>& pads, double value = 0.0);  ///< slices of g
-Tensor slice_backward(const Tensor& g, const Shape& input_shape, int64_t dim, int64_t start, int64_t end,
-                      int64_t step);  ///< d/dg = slice(gg)
+/// Views of pieces of ceil(n/chunks) along dim of size n, the last possibly smaller: fewer than
+/// `chunks` pieces when n does not divide evenly (6 in 4 chunks gives 3). Composite (slice).
+std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim);
+/// A view of x broadcast to shape, without copying (stride 0 on expanded dims): new dims go in
+/// front, a dim of size 1 may grow, -1 keeps a dim. x itself when the shape is unchanged.
+/// Backward: sum_to(g).
+Tensor expand(const Tensor& x, const Shape& shape);
+/// x with dims start_dim..end_dim (inclusive) merged into one; a 0-d x gives shape [1].
+/// Composite (reshape).
+Tensor flatten(const Tensor& x, int64_t start_dim = 0, int64_t end_dim = -1);
+/// A view of x without dim if that dim has size 1; otherwise x itself. Composite (reshape).
+Tensor squeeze(const Tensor& x, int64_t dim);
+/// A view of x with a new dim of size 1 at `dim` (from -(ndim+1) to ndim). Composite (reshape).
+Tensor unsqueeze(const Tensor& x, int64_t dim);
+/// Constant padding; pads lists (before, after) pairs starting from the last dim, as
+/// torch.nn.functional.pad, for at most x.dim() dims. Negative padding throws (use slice); x is
+/// float32 or float64. A new tensor. Backward: slices of g.
+Tensor pad(const Tensor& x, const std::vector<int64_t>& pads, double value = 0.0);
+/// The gradient of slice, itself an op: zeros of input_shape holding g at
+/// x[start:end:step] along dim (bounds as slice takes them); g must have that slice's shape.
+/// Backward: d/dg = slice(gg).
+Tensor slice_backward(const Tensor& g, const Shape& input_shape, int64_t dim, int64_t start, int64_t end, int64_t step);
+/// @}
 
-/// --- Copies ----------------------------------------------------------------------------------------
-Tensor clone(const Tensor& x);                       ///< g
-Tensor to_dtype(const Tensor& x, DType t);           ///< g.to(x.dtype)
-Tensor to_device(const Tensor& x, const Device& d);  ///< g.to(x.device)
+/// @name Copies
+/// @{
 
-/// --- Linear algebra and convolution -----------------------------------------------------------
-/// [..., M, K] x [..., K, N] -> [..., M, N], batch dims broadcast.
-Tensor matmul(const Tensor& a, const Tensor& b);  ///< dA = g·Bᵀ, dB = Aᵀ·g (summed to each shape)
+/// A new contiguous copy of x (any dtype). Backward: g.
+Tensor clone(const Tensor& x);
+/// x converted to dtype t; x itself when it already has it. Recorded only between float32 and
+/// float64 (a conversion to or from int64 carries no gradient). Backward: g.to(x.dtype).
+Tensor to_dtype(const Tensor& x, DType t);
+/// x copied to device d; x itself when it is already there. An unknown device throws.
+/// Backward: g.to(x.device).
+Tensor to_device(const Tensor& x, const Device& d);
+/// @}
+
+/// @name Linear algebra and convolution
+/// Float32 or float64 operands of one dtype and device.
+/// @{
+
+/// [..., M, K] x [..., K, N] -> [..., M, N], batch dims broadcast. Both operands have at least 2
+/// dims. Backward: dA = g·Bᵀ, dB = Aᵀ·g (summed to each shape).
+Tensor matmul(const Tensor& a, const Tensor& b);
 /// x [..., in], weight [out, in], bias [out] (optional): x·Wᵀ + b.
-Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());  ///< dx = g·W, dW = gᵀ·x, db = Σg
+/// Backward: dx = g·W, dW = gᵀ·x, db = Σg.
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
 
+/// Options of conv2d and its gradient ops, as PyTorch's Conv2d: each pair is (height, width).
 struct Conv2dOptions {
+  /// Step between windows (positive).
   std::pair<int64_t, int64_t> stride{1, 1}, padding{0, 0}, dilation{1, 1};
-  int64_t groups = 1;
+  /// @var Conv2dOptions::padding
+  /// Zero padding added to both sides of the input (non-negative).
+
+  /// @var Conv2dOptions::dilation
+  /// Spacing between kernel taps (positive).
+
+  int64_t groups = 1;  ///< channel groups (positive); divides the input and output channels
 };
-/// x [N, C, H, W], weight [O, C/groups, kh, kw], bias [O] (optional) -> [N, O, OH, OW].
+/// x [N, C, H, W], weight [O, C/groups, kh, kw], bias [O] (optional) -> [N, O, OH, OW], with
+/// OH = (H + 2·padding - dilation·(kh - 1) - 1)/stride + 1 (rounded down), likewise OW; a padded
+/// input smaller than the dilated kernel throws. Backward: dx = conv2d_input_grad(g, weight),
+/// dweight = conv2d_weight_grad(x, g), dbias = g summed over N, OH and OW.
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(), const Conv2dOptions& o = {});
-/// The gradient of conv2d with respect to its input / its weight, themselves ops (see the Note).
+/// The gradient of conv2d with respect to its input, itself an op (Note [Conv double backward] in
+/// ops_nn.cpp): gy [N, O, OH, OW] is the output gradient of conv2d(x, weight) with options o and x
+/// of input_shape; returns [input_shape].
+/// Backward: d/dgy = conv2d(gg, weight), d/dweight = conv2d_weight_grad(gg, gy).
 Tensor conv2d_input_grad(const Tensor& gy, const Tensor& weight, const Shape& input_shape, const Conv2dOptions& o);
+/// The gradient of conv2d with respect to its weight, itself an op (see that Note): x is the
+/// convolution's input, gy its output gradient; returns [weight_shape].
+/// Backward: d/dx = conv2d_input_grad(gy, gg), d/dgy = conv2d(x, gg).
 Tensor conv2d_weight_grad(const Tensor& x, const Tensor& gy, const Shape& weight_shape, const Conv2dOptions& o);
 
+/// Options of conv_transpose2d, as PyTorch's ConvTranspose2d: each pair is (height, width).
 struct ConvTranspose2dOptions {
+  /// Stride of the convolution this op transposes (see Conv2dOptions).
   std::pair<int64_t, int64_t> stride{1, 1}, padding{0, 0}, output_padding{0, 0}, dilation{1, 1};
-  int64_t groups = 1;
+  /// @var ConvTranspose2dOptions::padding
+  /// Padding of the convolution this op transposes: removes that many rows and columns from each
+  /// side of the output.
+
+  /// @var ConvTranspose2dOptions::output_padding
+  /// Extra rows and columns added at the bottom and right of the output (smaller than the stride).
+
+  /// @var ConvTranspose2dOptions::dilation
+  /// Dilation of the convolution this op transposes.
+
+  int64_t groups = 1;  ///< channel groups (positive); divides the input channels
 };
 /// x [N, C, H, W], weight [C, O/groups, kh, kw] (PyTorch's layout): conv2d_input_grad in disguise.
+/// Returns [N, O, OH, OW], OH = (H - 1)·stride - 2·padding + dilation·(kh - 1) + output_padding +
+/// 1, likewise OW; bias [O] (optional). output_padding must be smaller than the stride or the
+/// dilation (PyTorch's rule; Note [Output padding past the stride] in ops_nn.cpp), or it throws.
+/// Backward: that of conv2d_input_grad, plus db = Σg over N, OH and OW.
 Tensor conv_transpose2d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(),
                         const ConvTranspose2dOptions& o = {});
+/// @}
 
-/// --- Pooling, resampling -----------------------------------------------------------------------
+/// @name Pooling, resampling
+/// Float32 or float64 input of shape [N, C, H, W].
+/// @{
+
+/// Options of max_pool2d and avg_pool2d, as PyTorch's: each pair is (height, width).
 struct Pool2dOptions {
-  std::pair<int64_t, int64_t> kernel{2, 2};
+  std::pair<int64_t, int64_t> kernel{2, 2};                          ///< window size (positive)
   std::optional<std::pair<int64_t, int64_t>> stride = std::nullopt;  ///< default: kernel
+  /// Implicit padding on both sides, at most half the (dilated) window.
   std::pair<int64_t, int64_t> padding{0, 0}, dilation{1, 1};
+  /// @var Pool2dOptions::dilation
+  /// Spacing between window taps (positive; avg_pool2d takes 1 only).
+
+  /// Round the output size up, so that a last partial window counts (if it starts inside the input
+  /// or its left padding); max_pool2d only.
   bool ceil_mode = false;
-  bool count_include_pad = true;  ///< avg_pool2d only
+  bool count_include_pad = true;  ///< avg_pool2d only: padding counts in each window's divisor
 };
-Tensor max_pool2d(const Tensor& x, const Pool2dOptions& o);                            ///< scatter_add of g at the argmax
-Tensor avg_pool2d(const Tensor& x, const Pool2dOptions& o);                            ///< composite (depthwise conv2d)
-Tensor adaptive_avg_pool2d(const Tensor& x, std::pair<int64_t, int64_t> output_size);  ///< composite (matmul)
-Tensor upsample_bilinear2d(const Tensor& x, std::pair<int64_t, int64_t> output_size, bool align_corners);  ///< composite
-Tensor upsample_nearest2d(const Tensor& x, std::pair<int64_t, int64_t> output_size);  ///< composite (index_select)
 
-/// --- Softmax, indexing, dropout --------------------------------------------------------------------
-Tensor softmax(const Tensor& x, int64_t dim);                      ///< y·(g - Σ g·y), y = softmax(x)
-Tensor log_softmax(const Tensor& x, int64_t dim);                  ///< g - softmax(x)·Σ g
-Tensor gather(const Tensor& x, int64_t dim, const Tensor& index);  ///< scatter_add(0, dim, index, g)
-Tensor scatter_add(const Tensor& base, int64_t dim, const Tensor& index, const Tensor& src);  ///< base: g, src: gather(g)
-Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index);  ///< index_add(0, dim, index, g)
-Tensor index_add(const Tensor& base, int64_t dim, const Tensor& index,
-                 const Tensor& src);  ///< base: g, src: index_select(g)
+/// The maximum of each window -> [N, C, OH, OW], with
+/// OH = (H + 2·padding - dilation·(kh - 1) - 1)/stride + 1 rounded down (up with ceil_mode),
+/// likewise OW. Padding never wins; a window holding a NaN gives NaN.
+/// Backward: scatter_add of g at the argmax.
+Tensor max_pool2d(const Tensor& x, const Pool2dOptions& o);
+/// The mean of each window (output size as max_pool2d's); ceil_mode and a dilation other than 1
+/// throw. Composite (depthwise conv2d).
+Tensor avg_pool2d(const Tensor& x, const Pool2dOptions& o);
+/// Averages x to [N, C, OH, OW] = output_size (positive): output row i averages input rows
+/// floor(i·H/OH) to ceil((i+1)·H/OH) - 1 (PyTorch's bins), likewise columns. Composite (matmul).
+Tensor adaptive_avg_pool2d(const Tensor& x, std::pair<int64_t, int64_t> output_size);
+/// Bilinear resize to output_size (positive), with PyTorch's source coordinates: align_corners maps
+/// the corner pixels' centres onto each other; otherwise centres scale by in/out, clamped at 0.
+/// Composite (matmul).
+Tensor upsample_bilinear2d(const Tensor& x, std::pair<int64_t, int64_t> output_size, bool align_corners);
+/// Nearest-neighbour resize to output_size (positive): output row i copies input row
+/// floor(i·H/OH), likewise columns (PyTorch's mode "nearest"). Composite (index_select).
+Tensor upsample_nearest2d(const Tensor& x, std::pair<int64_t, int64_t> output_size);
+/// @}
+
+/// @name Softmax, indexing, dropout
+/// Indices are int64 tensors on the input's device; an index out of range throws.
+/// @{
+
+/// exp(x) normalized to sum 1 along dim (a 0-d x gives 1). Backward: y·(g - Σ g·y), y = softmax(x).
+Tensor softmax(const Tensor& x, int64_t dim);
+/// log(softmax(x)) along dim, computed stably (a 0-d x gives 0). Backward: g - softmax(x)·Σ g.
+Tensor log_softmax(const Tensor& x, int64_t dim);
+/// torch.gather: out[i][j] = x[index[i][j]][j] for dim 0, likewise for other dims. index has x's
+/// number of dims and is no larger than x in any dim but dim; the output has index's shape.
+/// Backward: scatter_add(0, dim, index, g).
+Tensor gather(const Tensor& x, int64_t dim, const Tensor& index);
+/// A copy of base with src added at index (torch.scatter_add, not in place): out[index[i][j]][j] +=
+/// src[i][j] for dim 0. src has index's shape; index as for gather.
+/// Backward: base: g, src: gather(g).
+Tensor scatter_add(const Tensor& base, int64_t dim, const Tensor& index, const Tensor& src);
+/// The entries of x at a 1-D index along dim (repeats allowed): that dim's size becomes
+/// index.numel(). Backward: index_add(0, dim, index, g).
+Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index);
+/// A copy of base with src's entries added at a 1-D index along dim (not in place; repeated indices
+/// accumulate): src has base's shape but index.numel() along dim.
+/// Backward: base: g, src: index_select(g).
+Tensor index_add(const Tensor& base, int64_t dim, const Tensor& index, const Tensor& src);
 /// Zeroes elements with probability p and scales the rest by 1/(1-p); identity when !training.
-Tensor dropout(const Tensor& x, double p, bool training);  ///< composite (mul by the mask)
+/// p is in [0, 1]; x itself when !training or p = 0. The mask is drawn from the device's generator
+/// (see manual_seed). Composite (mul by the mask).
+Tensor dropout(const Tensor& x, double p, bool training);
+/// @}
 
-/// --- Normalization (composite, so twice differentiable) ----------------------------------------
+/// @name Normalization
+/// Composite, so twice differentiable. An undefined weight or bias is skipped.
+/// @{
+
 /// x [N, C, ...]. Training: normalizes with the batch's statistics and, if given, updates
 /// running_mean / running_var in place (unbiased variance, PyTorch's momentum convention).
 /// Eval: normalizes with the running statistics.
+/// y = (x - mean)/sqrt(var + eps)·weight + bias per channel, var the biased batch variance in
+/// training; weight, bias and the running statistics are [C]. Training needs more than one value
+/// per channel; eval needs both running statistics. Momentum: running = (1 - momentum)·running +
+/// momentum·batch statistic.
 Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
                   const Tensor& running_var, bool training, double momentum = 0.1, double eps = 1e-5);
 /// Normalizes over the last normalized_shape.size() dims.
+/// x's shape must end with normalized_shape: y = (x - mean)/sqrt(var + eps)·weight + bias, var the
+/// biased variance; weight and bias (optional) have normalized_shape.
 Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = Tensor(),
                   const Tensor& bias = Tensor(), double eps = 1e-5);
+/// @}
 
-/// --- In place (not differentiable; refused on tensors that require grad while grad mode is on) ----
+/// @name In place
+/// Not differentiable; refused on tensors that require grad while grad mode is on. Each bumps the
+/// version of the tensor it modifies: backward through a node that saved it then throws (Note
+/// [Saved tensor versions] in autograd.cpp).
+/// @{
+
+/// Sets every element of x to v.
 void fill_(const Tensor& x, double v);
+/// Copies src into dst: src is broadcast to dst's shape and converted to dst's dtype; both on one
+/// device.
 void copy_(const Tensor& dst, const Tensor& src);
+/// x += alpha·other, other broadcast to x's shape (one dtype, one device).
 void add_(const Tensor& x, const Tensor& other, double alpha = 1.0);
+/// x ·= s; x is float32 or float64.
 void mul_(const Tensor& x, double s);
 /// One fused Adam/AdamW step (AdamArgs, engine/backend.h) on param, exp_avg, exp_avg_sq and, with
 /// amsgrad, max_exp_avg_sq: one pass instead of ten kernels. All on one device, one dtype, one shape.
 void adam_(const AdamArgs& args, const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
            const Tensor& exp_avg_sq, const Tensor& max_exp_avg_sq = Tensor());
+/// @}
 
-/// --- Operators -------------------------------------------------------------------------------------
+/// @name Operators
+/// Shorthands for the ops above, with their checks and gradients.
+/// @{
+
+/// add(a, b).
 inline Tensor operator+(const Tensor& a, const Tensor& b) {
   return add(a, b);
 }
+/// sub(a, b).
 inline Tensor operator-(const Tensor& a, const Tensor& b) {
   return sub(a, b);
 }
+/// mul(a, b).
 inline Tensor operator*(const Tensor& a, const Tensor& b) {
   return mul(a, b);
 }
+/// div(a, b).
 inline Tensor operator/(const Tensor& a, const Tensor& b) {
   return div(a, b);
 }
+/// neg(x).
 inline Tensor operator-(const Tensor& x) {
   return neg(x);
 }
+/// add_scalar(x, s).
 inline Tensor operator+(const Tensor& x, double s) {
   return add_scalar(x, s);
 }
+/// add_scalar(x, s).
 inline Tensor operator+(double s, const Tensor& x) {
   return add_scalar(x, s);
 }
+/// add_scalar(x, -s).
 inline Tensor operator-(const Tensor& x, double s) {
   return add_scalar(x, -s);
 }
+/// s - x, as add_scalar(neg(x), s).
 inline Tensor operator-(double s, const Tensor& x) {
   return add_scalar(neg(x), s);
 }
+/// mul_scalar(x, s).
 inline Tensor operator*(const Tensor& x, double s) {
   return mul_scalar(x, s);
 }
+/// mul_scalar(x, s).
 inline Tensor operator*(double s, const Tensor& x) {
   return mul_scalar(x, s);
 }
+/// x / s, as mul_scalar(x, 1/s).
 inline Tensor operator/(const Tensor& x, double s) {
   return mul_scalar(x, 1.0 / s);
 }
+/// s / x, as mul_scalar(reciprocal(x), s).
 inline Tensor operator/(double s, const Tensor& x) {
   return mul_scalar(reciprocal(x), s);
 }
+/// @}
 
 }  // namespace evenflow

@@ -8,13 +8,16 @@
 ///
 /// Note [Training checkpoints]
 /// A training checkpoint holds everything a run needs to continue exactly as if it had not stopped:
-///   "model.<name>"         the model's state dict (parameters and buffers),
-///   "optim.<name>"         the optimizer's exported state (Note [Optimizer state] in optim/optimizer.h),
-///   "train.step", "train.epoch"   int64 0-d counters of the caller's loop,
-///   "generator.<device>"   each given device's generator state (dropout masks, random inits),
+///
+///     "model.<name>"         the model's state dict (parameters and buffers),
+///     "optim.<name>"         the optimizer's exported state (Note [Optimizer state] in optim/optimizer.h),
+///     "train.step", "train.epoch"   int64 0-d counters of the caller's loop,
+///     "generator.<device>"   each given device's generator state (dropout masks, random inits),
 /// and the metadata {"format": "evenflow.training_checkpoint", "version": "1"} plus the caller's
-/// own entries. Everything is read and checked before anything is changed, so a
-/// failed load leaves the model, optimizer and generators as they were. Saves are atomic (Note
+/// own entries. A failed load leaves the models, optimizers and generators as they were: the file,
+/// the counters and the generator states are read and checked first; each model's and optimizer's
+/// entries are checked before that part changes, and the parts already loaded get their previous
+/// state back when a later one fails. Saves are atomic (Note
 /// [Atomic writes] in io/file.h). Errors (missing key, wrong shape, corrupt file) come from
 /// io/safetensors and name the key.
 #pragma once
@@ -45,16 +48,16 @@ struct TrainingProgress {
 
 /// What load_training_checkpoint read besides the tensors it restored.
 struct TrainingCheckpoint {
-  TrainingProgress progress = {};
-  std::map<std::string, std::string> metadata = {};
+  TrainingProgress progress = {};                    ///< "train.step" and "train.epoch"
+  std::map<std::string, std::string> metadata = {};  ///< the file's metadata, "format" included
 };
 
 /// A model and its optimizer in a checkpoint of several (a GAN's generator and critic): their keys
 /// are "<name>.model.*" and "<name>.optim.*" ("model.*" and "optim.*" for the name "").
 struct CheckpointPart {
-  std::string name;
-  nn::Module* model = nullptr;
-  optim::Optimizer* optimizer = nullptr;
+  std::string name;                       ///< the key prefix; unique among the parts ("" allowed)
+  nn::Module* model = nullptr;            ///< required (not owned)
+  optim::Optimizer* optimizer = nullptr;  ///< required (not owned)
 };
 
 /// Note [Training checkpoints]. `generator_devices` lists the devices whose generator states are
@@ -62,17 +65,23 @@ struct CheckpointPart {
 void save_training_checkpoint(const std::string& path, const std::vector<CheckpointPart>& parts,
                               const TrainingProgress& progress, const std::vector<Device>& generator_devices = {},
                               const std::map<std::string, std::string>& metadata = {});
-/// Restores every part (all checked before any is changed), the generators of `generator_devices`
+/// Restores every part (or, on a failure, none: Note [Training checkpoints]), the generators of `generator_devices`
 /// (each must be in the file), and returns the counters and metadata. Each model's keys must match
 /// the file's exactly; each optimizer's state is checked by Optimizer::load_state.
 TrainingCheckpoint load_training_checkpoint(const std::string& path, const std::vector<CheckpointPart>& parts,
                                             const std::vector<Device>& generator_devices = {});
 
+/// @name One-model forms
 /// The one-model forms: the part named "".
+/// @{
+
+/// save_training_checkpoint of the one part {"", model, optimizer}.
 void save_training_checkpoint(const std::string& path, const nn::Module& model, const optim::Optimizer& optimizer,
                               const TrainingProgress& progress, const std::vector<Device>& generator_devices = {},
                               const std::map<std::string, std::string>& metadata = {});
+/// load_training_checkpoint of the one part {"", model, optimizer}.
 TrainingCheckpoint load_training_checkpoint(const std::string& path, nn::Module& model, optim::Optimizer& optimizer,
                                             const std::vector<Device>& generator_devices = {});
+/// @}
 
 }  // namespace evenflow::io

@@ -12,16 +12,19 @@
 
 namespace evenflow::io {
 
-/// A file opened for reading by byte ranges.
+/// A file opened for reading by byte ranges. Not copyable; read_at may be called from several
+/// threads at once (it uses pread, which keeps no file position).
 class InputFile {
  public:
+  /// Opens `path` read-only and records its size; throws ef::Error naming the path (and the errno
+  /// text) when it cannot be opened or is a directory.
   explicit InputFile(std::string path);
   ~InputFile();
   InputFile(const InputFile&) = delete;
   InputFile& operator=(const InputFile&) = delete;
 
-  const std::string& path() const { return path_; }
-  uint64_t size() const { return size_; }
+  const std::string& path() const { return path_; }  ///< The path it was opened with.
+  uint64_t size() const { return size_; }            ///< Its size in bytes when it was opened.
   /// Reads exactly n bytes starting at byte `offset`; throws if the file ends first.
   void read_at(uint64_t offset, void* dst, size_t n) const;
 
@@ -34,7 +37,10 @@ class InputFile {
 /// The sequential writer write_file_atomically hands to its callback.
 class OutputFile {
  public:
+  /// Writes to `file` (not owned: write_file_atomically opens and closes it).
   explicit OutputFile(std::FILE* file) : file_(file) {}
+  /// Appends the n bytes at `data`; throws ef::Error with the errno text and the bytes written so
+  /// far if the write fails.
   void write(const void* data, size_t n);
 
  private:
@@ -42,6 +48,8 @@ class OutputFile {
   uint64_t written_ = 0;
 };
 
+/// Writes the file `path` through `fill`, atomically: readers see the old file or the new one.
+///
 /// Note [Atomic writes]
 /// The callback writes the contents into `<path>.tmp.<pid>` in the target's directory (same
 /// filesystem, so the rename below is atomic). Then: fflush and fsync the file, rename it over
@@ -52,6 +60,8 @@ class OutputFile {
 /// saves to one path at the same time from one process would share the temporary file: don't.)
 void write_file_atomically(const std::string& path, const std::function<void(OutputFile&)>& fill);
 
+/// Cleans up after write_file_atomically calls of processes that were killed.
+///
 /// Removes the temporaries `<name>.tmp.<pid>` in `dir` (not below it) that a process killed in the
 /// middle of write_file_atomically left behind: those whose process no longer runs. Returns how many
 /// it removed. A missing `dir` has none.

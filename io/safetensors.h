@@ -20,13 +20,15 @@
 
 namespace evenflow::io {
 
+/// Tensors with their names, in order (the same type as nn::NamedTensors, a state dict).
 using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
 
+/// The contents of a safetensors file, as load_safetensors returns them.
 struct SafetensorsFile {
-  NamedTensors tensors;  ///< on cpu:0, in the order of their bytes in the file
-  std::map<std::string, std::string> metadata;
+  NamedTensors tensors;                         ///< on cpu:0, in the order of their bytes in the file
+  std::map<std::string, std::string> metadata;  ///< the header's "__metadata__" (empty if none)
 
-  bool contains(const std::string& name) const;
+  bool contains(const std::string& name) const;  ///< Whether a tensor is called `name`.
   /// The tensor called `name`; throws ef::Error naming it when the file has none.
   const Tensor& at(const std::string& name) const;
 };
@@ -55,6 +57,8 @@ LoadReport load_into(const SafetensorsFile& file, const NamedTensors& targets, b
 /// A device's generator state as an int64 tensor [2] = {seed, offset} (the bits of the unsigned
 /// values), so it can be saved with the model; and back, checking the shape and dtype.
 Tensor generator_state_to_tensor(const GeneratorState& state);
+/// The inverse of generator_state_to_tensor: `t` must be a defined int64 tensor [2] (on any
+/// device), else ef::Error.
 GeneratorState generator_state_from_tensor(const Tensor& t);
 
 }  // namespace evenflow::io

@@ -31,44 +31,76 @@ using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
 
 /// Where and in which type a layer creates its tensors.
 struct ModuleOptions {
-  DType dtype = kFloat32;
-  Device device = Device();
+  DType dtype = kFloat32;    ///< the type of the parameters and floating-point buffers (float32)
+  Device device = Device();  ///< the device they are created on (cpu:0)
+  /// dtype and device as TensorOptions (requires_grad false), for creating a layer's tensors.
   TensorOptions tensor_options() const { return {.dtype = dtype, .device = device}; }
 };
 
 /// A pair of sizes (kernel, stride, padding, ...): `3` means {3, 3}. It remembers whether it was
 /// given as one number, because PyTorch prints pooling arguments as they were given.
 struct Size2 {
+  /// @var h
+  /// The height (along dim 2 of an [N, C, H, W] tensor).
+  /// @var w
+  /// The width (along dim 3).
   int64_t h = 0, w = 0;
   bool single = false;  ///< given as one number
+  /// {0, 0}.
   Size2() = default;
+  /// {both, both}, remembered as one number; implicit, so that `.stride = 2` works.
   Size2(int64_t both) : h(both), w(both), single(true) {}  // NOLINT(google-explicit-constructor): `.stride = 2`
+  /// {h_, w_}.
   Size2(int64_t h_, int64_t w_) : h(h_), w(w_) {}
+  /// {h, w}, the form the engine's ops take.
   std::pair<int64_t, int64_t> pair() const { return {h, w}; }
   std::string str() const;        ///< "3" when given as one number, else "(3, 3)"
   std::string tuple_str() const;  ///< "(3, 3)"
+  /// Compares the sizes only (`3` equals `(3, 3)`).
   bool operator==(const Size2& o) const { return h == o.h && w == o.w; }
 };
 
+/// The base of every layer: it holds the parameters, buffers and child modules (Note [Tensors live in
+/// the base] in module.h) and implements naming, state dicts, placement, copies and printing for all
+/// of them. A layer derives from Cloneable and implements forward() and name(). Copy assignment is
+/// deleted; copying a layer object shares its tensors and children, clone() is the deep copy.
+/// A module has no locks: use each one from one thread at a time (DataParallelModel gives every
+/// device its own clone).
 class Module {
  public:
   virtual ~Module() = default;
   Module& operator=(const Module&) = delete;
 
-  /// --- Running ----------------------------------------------------------------------------------
+  /// @name Running
+  /// @{
+
+  /// The module's output for input `x`; each layer says which inputs it takes and throws ef::Error
+  /// on another. Differentiable with respect to `x` and the parameters unless the layer says not.
   virtual Tensor forward(const Tensor& x) = 0;
+  /// forward(x).
   Tensor operator()(const Tensor& x) { return forward(x); }
+  /// @}
 
-  /// --- Description --------------------------------------------------------------------------------
+  /// @name Description
+  /// @{
   virtual std::string name() const = 0;                  ///< the class name, "Conv2d"
-  virtual std::string extra_repr() const { return ""; }  // the arguments, "1, 8, kernel_size=(3, 3)"
+  virtual std::string extra_repr() const { return ""; }  ///< the arguments, "1, 8, kernel_size=(3, 3)"
   std::string repr() const;                              ///< the module tree, as PyTorch prints it
+  /// @}
 
-  /// --- Tensors and children (recursive, PyTorch's names and order) --------------------------------
+  /// @name Tensors and children (recursive, PyTorch's names and order)
+  /// @{
+
+  /// Every parameter of this module and its descendants with its dotted name ("0.weight"); the
+  /// module's own tensors, not copies.
   NamedTensors named_parameters() const;
+  /// Every buffer (running_mean, ...) of this module and its descendants with its dotted name.
   NamedTensors named_buffers() const;
+  /// named_parameters() without the names: what an optimizer takes.
   std::vector<Tensor> parameters() const;
+  /// named_buffers() without the names.
   std::vector<Tensor> buffers() const;
+  /// The direct children, in registration order, with their names.
   const std::vector<std::pair<std::string, std::shared_ptr<Module>>>& named_children() const { return children_; }
   /// This module ("") and every descendant, pre-order, with dotted names.
   std::vector<std::pair<std::string, Module*>> named_modules();
@@ -82,19 +114,27 @@ class Module {
   /// tensor from now on, even a non-leaf one (a functional call: gradients flow to what made it).
   /// Shape and dtype must match.
   void assign(const std::string& name, const Tensor& value);
+  /// The number of parameter elements, this module's and its descendants'.
   int64_t num_parameters() const;
+  /// @}
 
-  /// --- State dict -----------------------------------------------------------------------------------
+  /// @name State dict
+  /// @{
+
   /// Parameters and buffers, detached, sharing storage with the module.
   NamedTensors state_dict() const;
   /// Copies the values of `sd` into the module's tensors (their storage, under NoGradGuard), moving
   /// them to each tensor's device. Every key is checked before anything is copied: a missing or
   /// unexpected key (when strict), or a wrong shape or dtype, raises ef::Error naming the key.
   void load_state_dict(const NamedTensors& sd, bool strict = true);
+  /// @}
 
-  /// --- Mode, placement, copies ----------------------------------------------------------------------
+  /// @name Mode, placement, copies
+  /// @{
   Module& train(bool on = true);  ///< this module and its descendants
+  /// train(false): evaluation mode (Dropout is the identity, BatchNorm uses its running statistics).
   Module& eval() { return train(false); }
+  /// Whether the module is in training mode (the default) rather than evaluation mode.
   bool is_training() const { return training_; }
   /// Moves every parameter and buffer (and gradient); parameters stay leaves that require grad.
   Module& to(const Device& device);
@@ -104,6 +144,7 @@ class Module {
   std::shared_ptr<Module> clone() const;
   /// Clears every parameter's gradient (set_to_none) or zeroes it in place.
   void zero_grad(bool set_to_none = true);
+  /// @}
 
  protected:
   Module() = default;
@@ -112,16 +153,29 @@ class Module {
   /// A copy of the most-derived object sharing tensors and children (see Cloneable).
   virtual std::shared_ptr<Module> clone_impl() const = 0;
 
-  /// Registration, in the order PyTorch registers (it decides the state dict's order).
-  void register_parameter(const std::string& name, Tensor value);  ///< made a leaf that requires grad
-  void register_buffer(const std::string& name, Tensor value);
-  void register_module(const std::string& name, std::shared_ptr<Module> module);
+  /// @name Registration
+  /// Registration, in the order PyTorch registers (it decides the state dict's order). A name is
+  /// non-empty, has no '.' and is not taken (ef::Error otherwise).
+  /// @{
 
+  /// Adds a parameter: `value` must be a defined leaf (no op produced it; ef::Error otherwise), and
+  /// requires grad from then on.
+  void register_parameter(const std::string& name, Tensor value);
+  /// Adds a buffer: state that is saved and moved with the module but not trained (running_mean).
+  void register_buffer(const std::string& name, Tensor value);
+  /// Adds a child module (not null); its tensors appear under "name.".
+  void register_module(const std::string& name, std::shared_ptr<Module> module);
+  /// @}
+
+  /// @name A layer's own tensors by name
   /// A layer's own tensors by name: param/buffer raise an internal error when absent;
   /// optional_param returns an undefined tensor (a layer built without bias).
-  const Tensor& param(const std::string& name) const;
-  const Tensor& buffer(const std::string& name) const;
-  Tensor optional_param(const std::string& name) const;
+  /// @{
+  const Tensor& param(const std::string& name) const;    ///< the parameter `name`
+  const Tensor& buffer(const std::string& name) const;   ///< the buffer `name`
+  Tensor optional_param(const std::string& name) const;  ///< the parameter `name`, or undefined
+  /// @}
+
   /// Raises ef::Error naming the layer when x's dtype or device differs from its parameters'.
   void check_input_matches_params(const Tensor& x) const;
 
@@ -141,6 +195,7 @@ class Module {
   bool training_ = true;
 };
 
+/// Writes m.repr(), the module tree as PyTorch prints it.
 std::ostream& operator<<(std::ostream& os, const Module& m);
 
 /// Implements clone_impl() for a layer by copy-constructing it: `class Linear : public Cloneable<Linear>`.
@@ -150,6 +205,8 @@ class Cloneable : public Base {
  protected:
   using Base::Base;
 
+  /// A copy-constructed Derived: it shares tensors and children with this one until clone() replaces
+  /// them with copies.
   std::shared_ptr<Module> clone_impl() const override {
     return std::make_shared<Derived>(static_cast<const Derived&>(*this));
   }
@@ -161,18 +218,26 @@ std::shared_ptr<M> clone(const M& m) {
   return std::static_pointer_cast<M>(m.clone());
 }
 
+/// Helpers for writing layers: PyTorch-style printing and the argument checks the layers share.
 namespace util {
+/// @name Python's repr
 /// Python's repr of a float ("1e-05", "0.1", "2.0") and of a tuple of ints ("(5,)", "(3, 4)"), so
 /// that a module prints as it does in PyTorch.
-std::string py_float(double v);
-std::string py_tuple(const Shape& s);
+/// @{
+std::string py_float(double v);        ///< "1e-05", "0.1", "2.0", "nan", "-inf"
+std::string py_tuple(const Shape& s);  ///< "(5,)", "(3, 4)", "()"
+/// "True" or "False".
 inline const char* py_bool(bool b) {
   return b ? "True" : "False";
 }
+/// @}
+/// @name Shared argument checks
 /// Throws ef::Error "<layer>: <what> must be positive, got <value>" etc. (shared argument checks).
-void check_positive(const char* layer, const char* what, int64_t value);
-void check_positive(const char* layer, const char* what, const Size2& value);
-void check_non_negative(const char* layer, const char* what, const Size2& value);
+/// @{
+void check_positive(const char* layer, const char* what, int64_t value);           ///< value > 0
+void check_positive(const char* layer, const char* what, const Size2& value);      ///< both sizes > 0
+void check_non_negative(const char* layer, const char* what, const Size2& value);  ///< both sizes >= 0
+/// @}
 /// Throws ef::Error when x is undefined or has fewer than min_dim or more than max_dim dims (-1: no limit).
 void check_input_dims(const char* layer, const Tensor& x, int64_t min_dim, int64_t max_dim = -1);
 }  // namespace util

@@ -24,6 +24,8 @@ namespace evenflow::optim {
 
 using nn::NamedTensors;
 
+/// The base of the optimizers: the parameters (distinct float32 or float64 leaf tensors), the
+/// learning rate and each parameter's state (Note [Optimizer state] in optimizer.h). Not copyable.
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
@@ -35,16 +37,18 @@ class Optimizer {
   /// Clears the parameters' gradients (set_to_none) or zeroes them in place.
   void zero_grad(bool set_to_none = true);
 
-  const std::vector<Tensor>& params() const { return params_; }
-  double lr() const { return lr_; }
-  void set_lr(double lr);  ///< schedules call this
+  const std::vector<Tensor>& params() const { return params_; }  ///< the parameters, in the order given
+  double lr() const { return lr_; }                              ///< the current learning rate
+  void set_lr(double lr);                                        ///< schedules call this; ef::Error when negative
 
-  /// Note [Optimizer state]
+  /// The learning rate and every updated parameter's state, for a checkpoint: Note [Optimizer state].
   NamedTensors state() const;
   /// Replaces the state by an exported one (checked against the parameters first).
   void load_state(const NamedTensors& state);
 
  protected:
+  /// `name`: the class name, for error messages. Throws ef::Error when lr is negative or a
+  /// parameter is undefined, not float32 or float64, not a leaf, or given twice.
   Optimizer(const char* name, std::vector<Tensor> params, double lr);
 
   /// Updates parameter i (detached) from its gradient g (detached); step is its update count,
@@ -57,7 +61,7 @@ class Optimizer {
   /// Parameter i's state tensor `name` (a handle: update it in place), made by init() on first use.
   Tensor state_tensor(size_t i, const std::string& name, const std::function<Tensor()>& init);
 
-  const char* name_;
+  const char* name_;  ///< the class name ("SGD", "Adam", "AdamW"), for error messages
 
  private:
   struct ParamState {
@@ -70,20 +74,22 @@ class Optimizer {
   double lr_;
 };
 
+/// SGD's settings, with torch.optim.SGD's defaults (lr, which PyTorch requires, is 1e-3 here).
 struct SGDOptions {
-  double lr = 1e-3;
-  double momentum = 0;
-  double dampening = 0;
-  double weight_decay = 0;
-  bool nesterov = false;
+  double lr = 1e-3;         ///< the learning rate; non-negative
+  double momentum = 0;      ///< the momentum factor; non-negative, 0 for none
+  double dampening = 0;     ///< after the first step, the gradient enters the buffer scaled by 1 - dampening
+  double weight_decay = 0;  ///< L2 penalty: weight_decay·p is added to the gradient; non-negative
+  bool nesterov = false;    ///< Nesterov momentum; needs momentum > 0 and dampening 0
 };
 
 /// d = g + weight_decay·p; with momentum: b = d at the first step, then b = momentum·b + (1-dampening)·d,
 /// and d = d + momentum·b (nesterov) or d = b; p -= lr·d. State: "momentum_buffer".
 class SGD : public Optimizer {
  public:
+  /// Throws ef::Error on a bad option (see SGDOptions) or parameter (see Optimizer).
   SGD(std::vector<Tensor> params, const SGDOptions& o = {});
-  const SGDOptions& options() const { return o_; }
+  const SGDOptions& options() const { return o_; }  ///< the settings it was built with
 
  protected:
   void update(size_t i, const Tensor& p, const Tensor& g, int64_t step) override;
@@ -95,13 +101,14 @@ class SGD : public Optimizer {
   SGDOptions o_;
 };
 
+/// Adam's and AdamW's settings, with torch.optim's defaults.
 struct AdamOptions {
-  double lr = 1e-3;
-  std::pair<double, double> betas{0.9, 0.999};
-  double eps = 1e-8;
+  double lr = 1e-3;                             ///< the learning rate; non-negative
+  std::pair<double, double> betas{0.9, 0.999};  ///< (β1, β2), the moments' decay rates, each in [0, 1)
+  double eps = 1e-8;                            ///< added to the denominator; non-negative
   /// Adam: an L2 term added to the gradient (default 0); AdamW: decoupled decay (default 1e-2).
   std::optional<double> weight_decay = std::nullopt;
-  bool amsgrad = false;
+  bool amsgrad = false;  ///< divide by the running maximum of v instead of v (AMSGrad)
 };
 
 /// Adam: g += weight_decay·p; m = β1·m + (1-β1)·g; v = β2·v + (1-β2)·g²;
@@ -109,10 +116,14 @@ struct AdamOptions {
 /// State: "exp_avg", "exp_avg_sq", "max_exp_avg_sq" (amsgrad).
 class Adam : public Optimizer {
  public:
+  /// Throws ef::Error on a bad option (see AdamOptions; weight_decay must be non-negative) or
+  /// parameter (see Optimizer).
   Adam(std::vector<Tensor> params, const AdamOptions& o = {});
-  const AdamOptions& options() const { return o_; }
+  const AdamOptions& options() const { return o_; }  ///< the settings it was built with
 
  protected:
+  /// `name`: for error messages; `default_weight_decay`: used when o.weight_decay is nullopt;
+  /// `decoupled`: AdamW's decay of p instead of the L2 term in the gradient.
   Adam(const char* name, std::vector<Tensor> params, const AdamOptions& o, double default_weight_decay, bool decoupled);
   void update(size_t i, const Tensor& p, const Tensor& g, int64_t step) override;
   std::vector<std::string> state_names() const override;
@@ -126,6 +137,7 @@ class Adam : public Optimizer {
 /// AdamW: p *= 1 - lr·weight_decay, then Adam's update without weight decay in the gradient.
 class AdamW : public Adam {
  public:
+  /// As Adam's constructor; weight_decay defaults to 1e-2.
   AdamW(std::vector<Tensor> params, const AdamOptions& o = {});
 };
 

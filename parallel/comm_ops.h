@@ -2,9 +2,10 @@
 /// Differentiable communication between devices. Each op records one autograd node whose backward
 /// is the paired comm op, itself recorded, so gradients through them can be differentiated again
 /// (to any order), and nothing is detached on the way:
-///   broadcast   <-> reduce_add      (copies of x on every device / the sum of one tensor per device)
-///   scatter     <-> gather          (chunks of a batch on the devices / the chunks concatenated)
-///   all_reduce  <-> all_reduce      (every rank gets the sum; each rank calls it, Note [Collectives])
+///
+///     broadcast   <-> reduce_add      (copies of x on every device / the sum of one tensor per device)
+///     scatter     <-> gather          (chunks of a batch on the devices / the chunks concatenated)
+///     all_reduce  <-> all_reduce      (every rank gets the sum; each rank calls it, Note [Collectives])
 /// broadcast, reduce_add, scatter and gather are called from one thread and move data with device
 /// copies; all_reduce is called by every rank of a communicator from its own thread.
 #pragma once

@@ -4,8 +4,9 @@
 /// Note [Collectives]
 /// A collective is called by every rank, each from its own thread (its device's worker), in the same
 /// order on every rank, as with NCCL. Each call names what it is (`tag`: the op, shape and dtype);
-/// ranks that disagree are a bug in the caller and get an ef::Error naming both calls instead of
-/// garbage or a hang. A call waits at most timeout() for the other ranks; past it, or when another
+/// ranks that disagree are a bug in the caller. LocalCommunicator compares the tags and throws an
+/// ef::Error naming both calls; NCCL cannot compare them cheaply, so there a disagreement gives
+/// garbage or a timeout. A call waits at most timeout() for the other ranks; past it, or when another
 /// rank fails, the communicator is aborted: every waiting and later call throws ef::Error saying why,
 /// until reset(). DeviceGroup::run aborts its communicators when a task throws, and resets aborted
 /// ones before it starts tasks again, so a failed step (forward or backward) leaves the group usable.
@@ -34,23 +35,41 @@ namespace evenflow::parallel {
 /// ef::Error, starting with `who`, unless `devices` is a non-empty list of existing devices, each once.
 void check_distinct_devices(const char* who, const std::vector<Device>& devices);
 
+/// How long a collective waits for the other ranks unless set otherwise (5 minutes): past it the
+/// communicator is aborted (Note [Collectives]).
 inline constexpr std::chrono::milliseconds kDefaultCollectiveTimeout{std::chrono::minutes(5)};
 
+/// Collectives over a fixed list of devices, one rank per device (Note [Collectives]). Abstract:
+/// make_communicator creates a LocalCommunicator or an NCCL one. Not copyable; shared through
+/// std::shared_ptr by a DeviceGroup and the autograd nodes of comm_ops.h.
 class Communicator {
  public:
   virtual ~Communicator() = default;
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
 
-  int size() const { return static_cast<int>(devices_.size()); }
+  int size() const { return static_cast<int>(devices_.size()); }  ///< The number of ranks.
+  /// The ranks' devices: rank r runs on devices()[r].
   const std::vector<Device>& devices() const { return devices_; }
+  /// How long a call waits for the other ranks before aborting the communicator
+  /// (kDefaultCollectiveTimeout unless set).
   std::chrono::milliseconds timeout() const { return timeout_; }
+  /// Sets timeout() for the calls that start after it. Not synchronized: call it while no
+  /// collective is running (DeviceGroup::set_timeout does it for every communicator of a group).
   void set_timeout(std::chrono::milliseconds t) { timeout_ = t; }
   /// "local" or "nccl".
   virtual const char* kind() const = 0;
 
+  /// @name Per-rank collectives
   /// Per-rank collectives (Note [Collectives]). `x` is on the rank's device; results are too. None
   /// records autograd nodes: comm_ops.h wraps them in differentiable ops.
+  ///
+  /// Each is called by every rank, from its own thread, with its `rank` (in [0, size())) and its
+  /// own `x`; ranks must pass equal shapes and dtypes (and the same `root`). Each throws ef::Error
+  /// for a rank (or root) out of range, an undefined `x`, an `x` not on the rank's device, ranks
+  /// that disagree (LocalCommunicator detects it), an aborted communicator or a timeout.
+  /// @{
+
   /// Sum over ranks.
   virtual Tensor all_reduce(int rank, const Tensor& x) = 0;
   /// The root's x on every rank (every rank passes a tensor of the same shape; non-roots' values
@@ -62,31 +81,45 @@ class Communicator {
   virtual Tensor all_gather(int rank, const Tensor& x) = 0;
   /// Sum over ranks, then rank r's r-th slice of dim 0 (size divisible by the number of ranks).
   virtual Tensor reduce_scatter(int rank, const Tensor& x) = 0;
+  /// @}
 
   /// From one thread: replaces every rank's tensor in `per_rank` (one per rank, defined, contiguous,
   /// equal shapes, on the ranks' devices) by the sum over ranks, in place. Gradient buckets use it
-  /// from whichever thread finishes a bucket last, so no rank waits for another.
+  /// from whichever thread finishes a bucket last, so no rank waits for another. Throws ef::Error
+  /// when an argument breaks these rules or the communicator is aborted. Records no autograd node.
   virtual void all_reduce_in_place(const std::vector<Tensor>& per_rank) = 0;
 
   /// Makes every waiting and later call throw ef::Error with `why`, until reset().
   virtual void abort(const std::string& why) = 0;
-  /// After an abort (all calls having returned): usable again, sequence numbers restarted.
+  /// After an abort (all calls having returned): usable again, sequence numbers restarted. The NCCL
+  /// communicator re-creates its NCCL handles here and throws ef::Error (staying aborted) if that
+  /// fails.
   virtual void reset() = 0;
   /// Whether abort() was called (or a call failed) since the last reset().
   virtual bool aborted() const = 0;
 
  protected:
+  /// Takes the ranks' devices; throws ef::Error unless they are a non-empty list of existing
+  /// devices, each once (check_distinct_devices).
   explicit Communicator(std::vector<Device> devices);
+  /// The argument checks of every per-rank collective: ef::Error, starting with `op`, unless `rank`
+  /// is in [0, size()) and `x` is defined and on that rank's device.
   void check_rank(const char* op, int rank, const Tensor& x) const;
   /// The argument checks of all_reduce_in_place (every implementation has the same contract).
   void check_in_place(const std::vector<Tensor>& per_rank) const;
 
-  std::vector<Device> devices_;
-  std::chrono::milliseconds timeout_ = kDefaultCollectiveTimeout;
+  std::vector<Device> devices_;                                    ///< rank r's device is devices_[r]
+  std::chrono::milliseconds timeout_ = kDefaultCollectiveTimeout;  ///< what timeout() returns
 };
 
+/// The communicator of CPU devices and of logical devices sharing one GPU: ranks meet in host
+/// memory, and the last rank to arrive at a collective computes every rank's result (with device
+/// copies), in rank order. Thread-safe: every rank calls from its own thread.
 class LocalCommunicator final : public Communicator {
  public:
+  /// Ranks over `devices` (any mix of CPU and CUDA devices is accepted here; make_communicator
+  /// refuses mixes). Throws ef::Error unless they are a non-empty list of existing devices, each
+  /// once.
   explicit LocalCommunicator(std::vector<Device> devices);
   const char* kind() const override { return "local"; }
 

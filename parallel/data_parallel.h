@@ -4,16 +4,17 @@
 /// devices, through differentiable comm ops (comm_ops.h).
 ///
 /// Note [Data-parallel step]
-///   DataParallelModel model(make_net(), parallel::devices("cpu:4"));
-///   ReplicatedOptimizer<optim::Adam> opt(model, optim::AdamOptions{.lr = 1e-3});
-///   DataParallelCriterion criterion(model, cross_entropy);
-///   auto x = model.scatter(images);                  // chunks 3, 3, 2, 2 for a batch of 10
-///   auto y = model.scatter(labels);
-///   Tensor loss = criterion(model(x), y);            // chunk-weighted sum on device 0 = whole-batch loss
-///   opt.zero_grad();
-///   loss.backward();                                 // every device at once; gradient buckets
-///                                                    // all-reduced as soon as they are complete
-///   opt.step();                                      // waits for the buckets; every replica steps
+///
+///     DataParallelModel model(make_net(), parallel::devices("cpu:4"));
+///     ReplicatedOptimizer<optim::Adam> opt(model, optim::AdamOptions{.lr = 1e-3});
+///     DataParallelCriterion criterion(model, cross_entropy);
+///     auto x = model.scatter(images);                  // chunks 3, 3, 2, 2 for a batch of 10
+///     auto y = model.scatter(labels);
+///     Tensor loss = criterion(model(x), y);            // chunk-weighted sum on device 0 = whole-batch loss
+///     opt.zero_grad();
+///     loss.backward();                                 // every device at once; gradient buckets
+///                                                      // all-reduced as soon as they are complete
+///     opt.step();                                      // waits for the buckets; every replica steps
 ///
 /// Exactness. A criterion's per-device loss is a mean over its chunk; weighting device i's loss by
 /// n_i / n makes the sum the whole batch's mean, so its gradients, summed over replicas (the bucket
@@ -42,6 +43,7 @@ namespace evenflow::parallel {
 
 class GradientSync;
 
+/// Options of a DataParallelModel.
 struct DataParallelOptions {
   /// Gradients are all-reduced in buckets of about this many bytes, in reverse registration order
   /// (roughly the order backward produces them).
@@ -50,39 +52,52 @@ struct DataParallelOptions {
   std::chrono::milliseconds collective_timeout = kDefaultCollectiveTimeout;
 };
 
+/// Persistent replicas of a module, one per device of its DeviceGroup, whose gradients are
+/// all-reduced in buckets during backward (Note [Data-parallel step]). Not copyable.
 class DataParallelModel {
  public:
   /// Moves `module` to devices[0] (it is replica 0: save it, it has PyTorch's names) and clones it
-  /// onto the other devices, once.
+  /// onto the other devices, once. Throws ef::Error for a null `module` or when `devices` is not a
+  /// non-empty list of existing devices, each once.
   DataParallelModel(std::shared_ptr<nn::Module> module, std::vector<Device> devices,
                     const DataParallelOptions& options = {});
   ~DataParallelModel();
   DataParallelModel(const DataParallelModel&) = delete;
   DataParallelModel& operator=(const DataParallelModel&) = delete;
 
-  DeviceGroup& group() { return *group_; }
+  DeviceGroup& group() { return *group_; }  ///< The group the replicas run on.
+  /// The replicas' devices: replica r is on devices()[r].
   const std::vector<Device>& devices() const { return group_->devices(); }
-  int size() const { return group_->size(); }
+  int size() const { return group_->size(); }  ///< The number of replicas (devices).
+  /// Replica 0, the module passed to the constructor (on devices()[0]): the one to save and load.
   nn::Module& module() { return *replicas_[0]; }
+  /// Replica `rank`, on devices()[rank]; throws std::out_of_range outside [0, size()).
   nn::Module& replica(int rank) { return *replicas_.at(static_cast<size_t>(rank)); }
 
   /// A batch split along dim 0 over the devices (split_sizes), differentiably (comm_ops scatter).
+  /// Throws ef::Error for an undefined or 0-d `batch`, or one with no items.
   PerDevice<Tensor> scatter(const Tensor& batch) const;
-  /// Each active device's replica on its input, concurrently; outputs stay on their devices.
+  /// Each active device's replica on its input, concurrently; outputs stay on their devices. In
+  /// training mode it first copies replica 0's buffers to the others (see the file's notes). Throws
+  /// ef::Error unless there are 1 to size() inputs, input r defined and on devices()[r] (scatter
+  /// makes them so), or when a replica throws (naming its device).
   PerDevice<Tensor> forward(const PerDevice<Tensor>& inputs);
+  /// forward(inputs).
   PerDevice<Tensor> operator()(const PerDevice<Tensor>& inputs) { return forward(inputs); }
   /// Any per-device computation: fn(replica, rank) on ranks 0..active-1, concurrently, each on its
-  /// device's worker; results stay on their devices.
+  /// device's worker; results stay on their devices. Throws ef::Error unless `active` is in
+  /// [1, size()], or when fn throws on some rank (naming its device).
   PerDevice<Tensor> map(int active, const std::function<Tensor(nn::Module& replica, int rank)>& fn);
 
   /// Training or evaluation mode, on every replica.
   void train(bool on = true);
-  void eval() { train(false); }
+  void eval() { train(false); }  ///< train(false).
 
   /// While the returned guard lives, backward() accumulates gradients without all-reducing them
   /// (gradient accumulation); the first backward after it ends synchronizes the sum.
   class NoSync {
    public:
+    /// Pauses `m`'s gradient synchronization until destroyed (guards nest).
     explicit NoSync(DataParallelModel& m);
     ~NoSync();
     NoSync(const NoSync&) = delete;
@@ -91,7 +106,7 @@ class DataParallelModel {
    private:
     DataParallelModel& model_;
   };
-  NoSync no_sync() { return NoSync(*this); }
+  NoSync no_sync() { return NoSync(*this); }  ///< A NoSync guard for this model.
 
   /// Waits for the bucket all-reduces started during backward and reduces the buckets still
   /// incomplete (parameters some replica did not use, idle devices). backward() calls it when its
@@ -121,9 +136,14 @@ enum class ChunkWeighting {
   None,    ///< plain sum: per-chunk sums give the whole batch's sum
 };
 
+/// A loss computed on every device of a DataParallelModel, each on its own chunk, and combined into
+/// one differentiable scalar on devices[0] (Note [Data-parallel step], Note [Losses across devices]
+/// in losses.h). Holds a reference to the model, which must outlive it.
 class DataParallelCriterion {
  public:
+  /// A loss of one chunk: a scalar (one element) on the chunk's device.
   using Loss = std::function<Tensor(const Tensor& output, const Tensor& target)>;
+  /// A loss computed by rank `rank` on its device: a scalar (one element) on that device.
   using RankLoss = std::function<Tensor(int rank)>;
 
   /// Runs on `model`'s devices (and its group, so SyncBatchNorm layers called inside a loss
@@ -133,15 +153,20 @@ class DataParallelCriterion {
                                  ChunkWeighting weighting = ChunkWeighting::BySize);
 
   /// loss(outputs[i], targets[i]) on each device, concurrently, then the weighted ReduceAdd on
-  /// devices[0]. The chunk size n_i is outputs[i].size(0).
+  /// devices[0]. The chunk size n_i is outputs[i].size(0). Throws ef::Error when constructed
+  /// without a loss, for unequal numbers of outputs and targets, an undefined or 0-d output, or a
+  /// target not on its output's device.
   Tensor operator()(const PerDevice<Tensor>& outputs, const PerDevice<Tensor>& targets) const;
   /// Any per-device loss: fn(rank) on ranks 0..chunks.size()-1, each on its device's worker; it may
   /// run the model's replica(rank) and call grad(..., create_graph=true) there (a gradient penalty).
   /// `chunks` is the batch as model.scatter split it (any of its scattered tensors): chunk i's size
-  /// n_i = chunks[i].size(0) weights rank i's loss as above.
+  /// n_i = chunks[i].size(0) weights rank i's loss as above. Throws ef::Error unless there are 1 to
+  /// model.size() chunks, each with a non-empty dim 0, and each loss is a one-element tensor on
+  /// its rank's device; an exception thrown by fn is rethrown as ef::Error naming the device.
   Tensor operator()(const RankLoss& fn, const PerDevice<Tensor>& chunks) const;
   /// The torch DataParallel pattern, for comparison only: outputs and targets gathered on
-  /// devices[0] and the loss computed there, once, on the whole batch.
+  /// devices[0] and the loss computed there, once, on the whole batch. Throws ef::Error when
+  /// constructed without a loss or for no outputs or unequal numbers of outputs and targets.
   Tensor gathered(const PerDevice<Tensor>& outputs, const PerDevice<Tensor>& targets) const;
 
  private:
@@ -156,13 +181,18 @@ class DataParallelCriterion {
 template <typename Opt>
 class ReplicatedOptimizer {
  public:
+  /// One `Opt(model.replica(r).parameters(), options)` per replica r. Keeps a reference to `model`,
+  /// which must outlive the optimizer.
   template <typename Options>
   ReplicatedOptimizer(DataParallelModel& model, const Options& options) : model_(model) {
     for (int r = 0; r < model.size(); ++r)
       replicas_.push_back(std::make_unique<Opt>(model.replica(r).parameters(), options));
   }
 
+  /// Replica `rank`'s optimizer; throws std::out_of_range outside [0, model.size()).
   Opt& replica(int rank) { return *replicas_.at(static_cast<size_t>(rank)); }
+  /// Replica 0's optimizer: configure this one (its learning rate is copied to the others at each
+  /// step), and save its state().
   Opt& primary() { return *replicas_[0]; }
 
   /// Every replica's state from one exported state (Note [Optimizer state]).
@@ -170,10 +200,15 @@ class ReplicatedOptimizer {
     for (auto& o : replicas_) o->load_state(state);
   }
 
+  /// Forgets which gradients were synchronized (DataParallelModel::reset_gradient_sync), then
+  /// clears every replica's gradients: set to none (default) or zeroed in place.
   void zero_grad(bool set_to_none = true) {
     model_.reset_gradient_sync();
     for (auto& o : replicas_) o->zero_grad(set_to_none);
   }
+  /// Waits for the gradient sync (DataParallelModel::finish_gradient_sync), gives every replica
+  /// primary()'s learning rate, steps every replica concurrently on its device's worker, then
+  /// forgets which gradients were synchronized.
   void step() {
     model_.finish_gradient_sync();
     const double lr = replicas_[0]->lr();

@@ -31,17 +31,21 @@ int cpu_threads_per_device(const std::vector<Device>& devices);
 /// What a rank's task can ask about where it runs (SyncBatchNorm does).
 struct RankContext {
   std::shared_ptr<Communicator> comm;  ///< over the ranks taking part in this run
-  int rank = 0;
+  int rank = 0;                        ///< this task's rank in `comm`
 };
 /// The context of the group task running on this thread, or nullptr outside one.
 const RankContext* current_rank();
 
+/// The devices of a data-parallel program, one rank per device, with the communicators over them
+/// (made on first use, make_communicator). DataParallelModel owns one.
 class DeviceGroup {
  public:
+  /// Throws ef::Error unless `devices` is a non-empty list of existing devices, each once.
   explicit DeviceGroup(std::vector<Device> devices);
 
-  int size() const { return static_cast<int>(devices_.size()); }
-  const std::vector<Device>& devices() const { return devices_; }
+  int size() const { return static_cast<int>(devices_.size()); }   ///< The number of ranks.
+  const std::vector<Device>& devices() const { return devices_; }  ///< Rank r is on devices()[r].
+  /// Rank `rank`'s device; throws std::out_of_range for a rank outside [0, size()).
   const Device& device(int rank) const { return devices_.at(static_cast<size_t>(rank)); }
 
   /// Runs task(rank) for ranks 0..active-1 (default all), each on its device's worker, concurrently,
@@ -53,7 +57,8 @@ class DeviceGroup {
   void run(const std::function<void(int rank)>& task, int active = -1);
 
   /// The communicator over the first `active` ranks (all by default); shared with the autograd nodes
-  /// of collectives recorded through it.
+  /// of collectives recorded through it. A negative `active` means all; otherwise it must be in
+  /// [1, size()] (ef::Error). Thread-safe.
   const std::shared_ptr<Communicator>& comm(int active = -1);
   /// Sets the timeout of collectives (every communicator of the group).
   void set_timeout(std::chrono::milliseconds timeout);

@@ -16,10 +16,19 @@
 
 namespace evenflow::parallel {
 
+/// Batch normalization over every device of a data-parallel step (see the file's notes). Input
+/// [N, C, ...] with at least 2 dims; chunks may differ in N. In training mode inside a group run
+/// over several ranks, every rank must call it (it runs one all_reduce per call, in forward and
+/// in backward), and it throws ef::Error when a channel has at most 1 value over all devices.
 class SyncBatchNorm : public nn::Cloneable<SyncBatchNorm, nn::BatchNorm> {
  public:
+  /// A layer over `num_features` channels; `c` and `o` as for BatchNorm1d/BatchNorm2d. Throws
+  /// ef::Error for a non-positive num_features, a negative eps or a momentum outside [0, 1].
   explicit SyncBatchNorm(int64_t num_features, const nn::BatchNormConfig& c = {}, const nn::ModuleOptions& o = {})
       : Cloneable("SyncBatchNorm", 2, -1, num_features, c, o) {}
+  /// In training mode inside a group run over more than one rank: `x` normalized with the batch
+  /// statistics of every rank's input, the running statistics updated with them (equally on every
+  /// rank). Otherwise BatchNorm's forward.
   Tensor forward(const Tensor& x) override;
 };
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Sets up, builds and runs every test: the formatting check, the full suite (CUDA compiled and
-# linked, warnings as errors), the threaded tests again under ThreadSanitizer, the CPU suite (the
+# Sets up, builds and runs every test: the formatting check, the API reference (no undocumented
+# public declaration), the full suite (CUDA compiled and linked, warnings as errors), the installs
+# and the example project, the threaded tests again under ThreadSanitizer, the CPU suite (the
 # programs' bad-input table included) under AddressSanitizer + UBSan, and the readers of untrusted
 # files under libFuzzer (60 s each). CUDA tests skip, saying why, where no GPU is visible.
 set -euo pipefail
@@ -9,6 +10,9 @@ bash scripts/setup.sh
 
 echo "== format check"
 git ls-files '*.h' '*.cpp' '*.cu' | xargs clang-format --dry-run -Werror
+
+echo "== API reference (Doxygen; any warning fails)"
+bash scripts/docs.sh
 
 echo "== build (Release, warnings as errors)"
 BUILD_DIR=build bash scripts/build.sh -DEF_WERROR=ON
