@@ -469,9 +469,15 @@ Tensor amax(const Tensor& x) {
 Tensor norm(const Tensor& x, double p, const Shape& dims, bool keepdim) {
   detail::check_float("norm", x);
   EF_CHECK(p > 0, "norm: p must be positive, got ", p);
-  if (p == 2.0) return sqrt(sum(square(x), dims, keepdim));
   if (p == 1.0) return sum(abs(x), dims, keepdim);
-  return pow(sum(pow(abs(x), p), dims, keepdim), 1.0 / p);
+  const Tensor s = p == 2.0 ? sum(square(x), dims, keepdim) : sum(pow(abs(x), p), dims, keepdim);
+  // Note [Norm at zero]: d/ds s^(1/p) is infinite at s = 0, and times ds/dx = 0 it would make the
+  // gradient NaN (a WGAN-GP penalty at a point where the critic is flat would poison every
+  // parameter). As in PyTorch, the gradient there is 0: the root reads 1 where s is 0, and its result
+  // is then replaced by 0, so neither branch's gradient is NaN, to any order. A NaN s stays NaN.
+  const Tensor zero = eq(s, zeros_like(s));
+  const Tensor safe = where(zero, ones_like(s), s);
+  return where(zero, zeros_like(s), p == 2.0 ? sqrt(safe) : pow(safe, 1.0 / p));
 }
 
 Tensor sum_to(const Tensor& x, const Shape& shape) {

@@ -288,8 +288,14 @@ Tensor conv_transpose2d(const Tensor& x, const Tensor& weight, const Tensor& bia
   const int64_t ow = (x.size(3) - 1) * o.stride.second - 2 * o.padding.second +
                      o.dilation.second * (weight.size(3) - 1) + o.output_padding.second + 1;
   EF_CHECK(oh > 0 && ow > 0, "conv_transpose2d: output size ", oh, "x", ow, " is not positive");
+  // Note [Output padding past the stride]: an output_padding of stride or more (allowed when it is
+  // below the dilation, as in PyTorch) makes the convolution from [oh, ow] produce op / stride more
+  // rows (columns) than x has. The transposed convolution is the adjoint of that convolution with a
+  // zero gradient at those extra outputs, so x gets them as zero rows (columns) at the end.
+  const int64_t extra_h = o.output_padding.first / o.stride.first, extra_w = o.output_padding.second / o.stride.second;
+  const Tensor x_full = extra_h || extra_w ? pad(x, {0, extra_w, 0, extra_h}) : x;
   Tensor y = conv2d_input_grad(
-      x, weight, {x.size(0), c_out, oh, ow},
+      x_full, weight, {x.size(0), c_out, oh, ow},
       Conv2dOptions{.stride = o.stride, .padding = o.padding, .dilation = o.dilation, .groups = o.groups});
   if (bias.defined()) {
     detail::check_compatible("conv_transpose2d", x, bias, "input", "bias");

@@ -98,6 +98,7 @@ int64_t Tensor::dim() const {
   return static_cast<int64_t>(impl_->shape.size());
 }
 int64_t Tensor::size(int64_t d) const {
+  EF_CHECK(dim() > 0, "size: a 0-d tensor has no dim ", d);
   return impl_->shape[static_cast<size_t>(normalize_dim(d, dim(), "size"))];
 }
 int64_t Tensor::numel() const {

@@ -126,11 +126,18 @@ TrainingCheckpoint load_training_checkpoint(const std::string& path, const std::
 
   // ... then change, part by part: the model (load_into checks every key, shape and dtype before
   // copying, so a different architecture fails here naming the key), then its optimizer (load_state
-  // checks before replacing). On a failure every model changed so far gets its previous values back
-  // (optimizers replace their state only on success, so theirs are intact), then the generators.
-  std::vector<NamedTensors> previous(parts.size());
-  for (size_t i = 0; i < parts.size(); ++i)
-    for (const auto& [name, t] : parts[i].model->state_dict()) previous[i].emplace_back(name, t.clone());
+  // checks before replacing). On a failure every part changed so far, model and optimizer, gets its
+  // previous state back, so a failed load changes nothing; the generators are set last.
+  std::vector<NamedTensors> previous_models(parts.size()), previous_optimizers(parts.size());
+  const auto copy_of = [](const NamedTensors& tensors) {
+    NamedTensors copy;
+    for (const auto& [name, t] : tensors) copy.emplace_back(name, t.clone());
+    return copy;
+  };
+  for (size_t i = 0; i < parts.size(); ++i) {
+    previous_models[i] = copy_of(parts[i].model->state_dict());
+    previous_optimizers[i] = copy_of(parts[i].optimizer->state());
+  }
   size_t changed = 0;
   try {
     for (const CheckpointPart& part : parts) {
@@ -142,7 +149,10 @@ TrainingCheckpoint load_training_checkpoint(const std::string& path, const std::
       part.optimizer->load_state(with_prefix(file, part_prefix(part, kOptimPrefix), true));
     }
   } catch (...) {
-    for (size_t i = 0; i < changed; ++i) parts[i].model->load_state_dict(previous[i]);
+    for (size_t i = 0; i < changed; ++i) {
+      parts[i].model->load_state_dict(previous_models[i]);
+      parts[i].optimizer->load_state(previous_optimizers[i]);
+    }
     throw;
   }
   for (const auto& [d, state] : generators) set_generator_state(d, state);

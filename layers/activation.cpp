@@ -37,7 +37,7 @@ Tensor Tanh::forward(const Tensor& x) {
 }
 
 Softplus::Softplus(double beta, double threshold) : beta_(beta), threshold_(threshold) {
-  EF_CHECK(beta != 0, "Softplus: beta must not be 0");
+  EF_CHECK(beta > 0, "Softplus: beta must be positive, got ", beta);
 }
 
 Tensor Softplus::forward(const Tensor& x) {

@@ -271,16 +271,17 @@ void Module::zero_grad(bool set_to_none) {
 
 void Module::register_parameter(const std::string& name, Tensor value) {
   check_name("parameter", name);
-  EF_ASSERT(value.defined() && value.is_leaf(), this->name(), ": parameter \"", name, "\" must be a defined leaf");
-  EF_ASSERT(find_tensor(*this, name) == nullptr, this->name(), ": \"", name, "\" registered twice");
+  EF_CHECK(value.defined() && value.is_leaf(), this->name(), ": parameter \"", name,
+           "\" must be a defined tensor that no op produced (a leaf; detach() makes one)");
+  EF_CHECK(find_tensor(*this, name) == nullptr, this->name(), ": \"", name, "\" registered twice");
   if (!value.requires_grad()) value.requires_grad_(true);
   params_.emplace_back(name, std::move(value));
 }
 
 void Module::register_buffer(const std::string& name, Tensor value) {
   check_name("buffer", name);
-  EF_ASSERT(value.defined(), this->name(), ": buffer \"", name, "\" must be defined");
-  EF_ASSERT(find_tensor(*this, name) == nullptr, this->name(), ": \"", name, "\" registered twice");
+  EF_CHECK(value.defined(), this->name(), ": buffer \"", name, "\" must be defined");
+  EF_CHECK(find_tensor(*this, name) == nullptr, this->name(), ": \"", name, "\" registered twice");
   buffers_.emplace_back(name, std::move(value));
 }
 

@@ -101,6 +101,11 @@ std::vector<OpCase> build() {
   add_case("conv_transpose2d", {{{1, 4, 3, 3}}, {{4, 3, 3, 3}}, {{3}}}, [](const V& x) {
     return conv_transpose2d(x[0], x[1], x[2], {.stride = {2, 2}, .padding = {1, 1}, .output_padding = {1, 1}});
   });
+  // output_padding past the stride (below the dilation): Note [Output padding past the stride].
+  add_case("conv_transpose2d", {{{1, 4, 3, 3}}, {{4, 3, 3, 3}}}, [](const V& x) {
+    return conv_transpose2d(x[0], x[1], Tensor(),
+                            {.stride = {1, 2}, .padding = {1, 0}, .output_padding = {1, 1}, .dilation = {2, 1}});
+  });
   add_case("conv_transpose2d", {{{1, 4, 3, 3}}, {{4, 1, 2, 2}}}, [](const V& x) {
     return conv_transpose2d(x[0], x[1], Tensor(), {.stride = {2, 2}, .groups = 2});
   });

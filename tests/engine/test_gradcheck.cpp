@@ -75,3 +75,28 @@ TEST_CASE("compare: infinities and NaNs must match; an infinite reference is no 
         "element 2: -inf vs reference 7");
   CHECK_FALSE(compare(from_vector({std::nan("")}, {1}, f64), from_vector({0.0}, {1}, f64), 1e-5, 1e-3).empty());
 }
+
+TEST_CASE("norm: where the norm is 0 its gradient is 0, to second order, and a NaN stays NaN") {
+  for (double p : {2.0, 3.0}) {
+    CAPTURE(p);
+    // Row 0 is all zeros (norm 0), row 1 is not.
+    Tensor x = from_vector({0, 0, 0, 1, -2, 2}, {2, 3}, {.dtype = kFloat64}).requires_grad_();
+    const Tensor n = norm(x, p, {1});
+    CHECK(n.to_vector()[0] == 0.0);
+    const Tensor g = grad({sum(n)}, {x}, {}, {.create_graph = true})[0];
+    const std::vector<double> gv = g.to_vector();
+    for (int i = 0; i < 3; ++i) CHECK(gv[static_cast<size_t>(i)] == 0.0);
+    // Row 1: d/dx ||x||_p = sign(x)·|x|^(p-1) / ||x||_p^(p-1).
+    const double row_norm = std::pow(1.0 + std::pow(2.0, p) * 2, 1.0 / p);
+    const double want[] = {1, -std::pow(2.0, p - 1), std::pow(2.0, p - 1)};
+    for (int i = 0; i < 3; ++i)
+      CHECK(gv[static_cast<size_t>(3 + i)] == doctest::Approx(want[i] / std::pow(row_norm, p - 1)).epsilon(1e-12));
+    // A gradient penalty's second order: every entry finite, row 0's zero.
+    const std::vector<double> gg = grad({sum(square(g))}, {x})[0].to_vector();
+    for (size_t i = 0; i < gg.size(); ++i) CHECK(std::isfinite(gg[i]));
+    for (int i = 0; i < 3; ++i) CHECK(gg[static_cast<size_t>(i)] == 0.0);
+  }
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  CHECK(std::isnan(norm(from_vector({0, nan}, {2}, {.dtype = kFloat64})).item()));
+  CHECK(std::isnan(norm(from_vector({0, nan}, {2}, {.dtype = kFloat64}), 3.0).item()));
+}

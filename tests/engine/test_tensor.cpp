@@ -291,3 +291,8 @@ TEST_CASE("NaN propagates as in PyTorch (activations clamp maximum minimum max_p
   if (!evenflow::testing::cuda_devices_available()) return;
   for (DType dtype : {kFloat32, kFloat64}) check_nan_rules(cuda(0), dtype);
 }
+
+TEST_CASE("size(d) of a 0-d tensor is an error, not a read past its shape") {
+  CHECK(error_of([] { scalar_tensor(1.0).size(0); }) == "size: a 0-d tensor has no dim 0");
+  CHECK(error_of([] { scalar_tensor(1.0).size(-1); }) == "size: a 0-d tensor has no dim -1");
+}

@@ -179,3 +179,28 @@ TEST_CASE("checkpoint folders: temporaries of killed writes are removed, those o
   for (const std::string& f : {live, own, other}) CHECK(std::filesystem::exists(f));
   CHECK(io::remove_stale_temporaries(dir.file("missing")) == 0);
 }
+
+TEST_CASE("checkpoint: a failed load of several parts leaves every model and optimizer as it was") {
+  const Data data = fixed_data();
+  TempDir dir;
+  const std::string path = dir.file("two.safetensors");
+  manual_seed(cpu(), 7);
+  auto a = small_cnn(4), b = small_cnn(4);
+  optim::Adam a_opt(a->parameters()), b_opt(b->parameters());
+  train_step(*a, a_opt, data);
+  train_step(*b, b_opt, data);
+  io::save_training_checkpoint(path, {{"a", a.get(), &a_opt}, {"b", b.get(), &b_opt}}, {.step = 1, .epoch = 0});
+
+  // Part a loads (it matches); part b is wider and fails: a must be given its state back.
+  auto fresh_a = small_cnn(4), wider_b = small_cnn(5);
+  optim::Adam fresh_a_opt(fresh_a->parameters()), wider_b_opt(wider_b->parameters());
+  const std::vector<double> a_before = all_values(*fresh_a), b_before = all_values(*wider_b);
+  const std::string err = error_of([&] {
+    io::load_training_checkpoint(path, {{"a", fresh_a.get(), &fresh_a_opt}, {"b", wider_b.get(), &wider_b_opt}});
+  });
+  CHECK_MESSAGE(err.find("b.model.0.weight") != std::string::npos, err);
+  CHECK(all_values(*fresh_a) == a_before);
+  CHECK(all_values(*wider_b) == b_before);
+  CHECK(fresh_a_opt.state().size() == 1);  // only "lr": part a's loaded state was undone
+  CHECK(wider_b_opt.state().size() == 1);
+}

@@ -408,9 +408,34 @@ TEST_CASE("layer argument errors name the layer and the values") {
         }) == "Upsample: scale_factor (0.1, 0.1) turns input shape [1, 1, 4, 4] into an empty output");
   CHECK(error_of([] { Dropout(1.5); }) == "Dropout: p must be in [0, 1], got 1.5");
   CHECK(error_of([] { Flatten(2)(zeros({2, 3})); }) == "Flatten: dims 2..-1 do not fit an input of shape [2, 3]");
-  CHECK(error_of([] { Softplus(0.0); }) == "Softplus: beta must not be 0");
+  CHECK(error_of([] { Softplus(0.0); }) == "Softplus: beta must be positive, got 0");
+  CHECK(error_of([] { Softplus(-1.0); }) == "Softplus: beta must be positive, got -1");
   CHECK(error_of([] { ReLU()(Tensor()); }) == "ReLU: the input is undefined");
   CHECK(error_of([] {
           Sequential(Linear(2, 3), Linear(2, 3))(zeros({1, 2}));
         }) == "Linear: input has 3 features (last dim of [1, 3]), expected 2");
+}
+
+// A user's own module registering a bad tensor gets an ef::Error naming it (not an internal error).
+struct Registers : nn::Cloneable<Registers> {
+  explicit Registers(int mistake) {
+    const Tensor w = ones({2}, {.requires_grad = true});
+    if (mistake == 0) register_parameter("w", Tensor());
+    if (mistake == 1) register_parameter("w", w * 2.0);
+    if (mistake == 2) {
+      register_parameter("w", ones({2}));
+      register_buffer("w", zeros({2}));
+    }
+    if (mistake == 3) register_buffer("b", Tensor());
+  }
+  std::string name() const override { return "Registers"; }
+  Tensor forward(const Tensor& x) override { return x; }
+};
+
+TEST_CASE("module: registering an undefined, non-leaf or taken tensor is a clear error") {
+  const std::string leaf = "must be a defined tensor that no op produced (a leaf; detach() makes one)";
+  CHECK(error_of([] { Registers(0); }) == "Registers: parameter \"w\" " + leaf);
+  CHECK(error_of([] { Registers(1); }) == "Registers: parameter \"w\" " + leaf);
+  CHECK(error_of([] { Registers(2); }) == "Registers: \"w\" registered twice");
+  CHECK(error_of([] { Registers(3); }) == "Registers: buffer \"b\" must be defined");
 }
