@@ -363,8 +363,9 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index);
 /// Backward: base: g, src: index_select(g).
 Tensor index_add(const Tensor& base, int64_t dim, const Tensor& index, const Tensor& src);
 /// Zeroes elements with probability p and scales the rest by 1/(1-p); identity when !training.
-/// p is in [0, 1]; x itself when !training or p = 0. The mask is drawn from the device's generator
-/// (see manual_seed). Composite (mul by the mask).
+/// p is in [0, 1]; x itself when !training or p = 0. The mask is drawn per sample (batch_bernoulli:
+/// dim 0 is the batch), so data-parallel replicas draw the masks one device would (Note [Random
+/// numbers per sample] in tensor.h). Composite (mul by the mask).
 Tensor dropout(const Tensor& x, double p, bool training);
 /// @}
 

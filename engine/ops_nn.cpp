@@ -597,7 +597,8 @@ Tensor dropout(const Tensor& x, double p, bool training) {
   EF_CHECK(p >= 0 && p <= 1, "dropout: p must be in [0, 1], got ", p);
   if (!training || p == 0) return x;
   if (p == 1) return x * zeros_like(x);
-  const Tensor mask = mul_scalar(bernoulli(x.shape(), 1.0 - p, detail::options_of(x)), 1.0 / (1.0 - p));
+  // Per sample, so that N devices draw the masks one device draws (Note [Random numbers per sample]).
+  const Tensor mask = mul_scalar(batch_bernoulli(x.shape(), 1.0 - p, detail::options_of(x)), 1.0 / (1.0 - p));
   return x * mask;
 }
 

@@ -395,19 +395,53 @@ Tensor arange(double start, double end, double step, const TensorOptions& opts) 
   return t;
 }
 
+// `rows`: draw as rows [start, start + count) of a draw for `total` rows (Note [Random numbers per
+// sample]); nullptr: a plain draw.
 static Tensor random_tensor(const char* op, const Shape& shape, RandomKind kind, double a, double b,
-                            const TensorOptions& opts) {
+                            const TensorOptions& opts, const BatchRows* rows = nullptr) {
   EF_CHECK(is_floating(opts.dtype), op, ": random tensors must be float32 or float64, got ", dtype_name(opts.dtype));
   TensorOptions o = opts;
   o.requires_grad = false;
   Tensor t = empty_for(op, shape, o);
+  if (rows) {
+    EF_CHECK(!shape.empty() && shape[0] == rows->count, op, ": shape ", shape_str(shape), " does not start with the ",
+             rows->count, " rows this device holds of the batch (Note [Random numbers per sample])");
+  }
   if (t.numel() > 0) {
     DeviceContext& ctx = context(t.device());
-    const GeneratorState s = ctx.generator().reserve(static_cast<uint64_t>(t.numel()));
-    ctx.backend().random(t.view(), kind, a, b, s.seed, s.offset);
+    const uint64_t per_row = rows ? static_cast<uint64_t>(t.numel() / rows->count) : 0;
+    const GeneratorState s =
+        ctx.generator().reserve(rows ? per_row * static_cast<uint64_t>(rows->total) : static_cast<uint64_t>(t.numel()));
+    const uint64_t first = rows ? per_row * static_cast<uint64_t>(rows->start) : 0;
+    ctx.backend().random(t.view(), kind, a, b, s.seed, s.offset + first);
   }
   if (opts.requires_grad) t.requires_grad_(true);
   return t;
+}
+
+static thread_local const BatchRows* tls_batch_rows = nullptr;
+
+BatchRowsGuard::BatchRowsGuard(const BatchRows& rows) : previous_(tls_batch_rows), rows_(rows) {
+  EF_CHECK(rows.start >= 0 && rows.count > 0 && rows.start + rows.count <= rows.total, "BatchRows: rows ", rows.start,
+           " to ", rows.start + rows.count, " do not fit a batch of ", rows.total);
+  tls_batch_rows = &rows_;
+}
+BatchRowsGuard::~BatchRowsGuard() {
+  tls_batch_rows = previous_;
+}
+const BatchRows* current_batch_rows() {
+  return tls_batch_rows;
+}
+
+Tensor batch_rand(const Shape& shape, const TensorOptions& opts) {
+  return random_tensor("batch_rand", shape, RandomKind::Uniform, 0, 1, opts, tls_batch_rows);
+}
+Tensor batch_randn(const Shape& shape, const TensorOptions& opts) {
+  return random_tensor("batch_randn", shape, RandomKind::Normal, 0, 1, opts, tls_batch_rows);
+}
+Tensor batch_bernoulli(const Shape& shape, double p, const TensorOptions& opts) {
+  EF_CHECK(p >= 0 && p <= 1, "batch_bernoulli: p must be in [0, 1], got ", p);
+  return random_tensor("batch_bernoulli", shape, RandomKind::Bernoulli, p, 0, opts, tls_batch_rows);
 }
 
 Tensor rand(const Shape& shape, const TensorOptions& opts) {

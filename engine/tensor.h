@@ -297,6 +297,54 @@ Tensor full_like(const Tensor& t, double value);
 Tensor from_vector(const std::vector<double>& values, const Shape& shape, const TensorOptions& opts = {});
 /// An int64 tensor on `device` holding `values` (row-major) with the given shape, as from_vector.
 Tensor from_int_vector(const std::vector<int64_t>& values, const Shape& shape, const Device& device = Device());
+/// @}
+
+/// @name Random numbers per sample
+/// Note [Random numbers per sample]
+/// Data parallelism must not change what a sample sees: N devices (of one process or several) must
+/// compute what one device computes on the whole batch, dropout included. So a draw for a batch
+/// (dropout's mask, a gradient penalty's interpolation weights) gives row i of the batch the
+/// numbers row i gets when one device draws for the whole batch, whichever device holds it: the
+/// thread's BatchRows say which rows of the whole batch it holds, and every device reserves the
+/// whole batch's count from its generator, so all of them advance alike. DeviceGroup::run starts
+/// every rank at rank 0's generator state, and DataParallelModel and DataParallelCriterion set each
+/// rank's BatchRows. Off a group (one device, no BatchRows), a batch draw is the plain draw.
+/// @{
+
+/// Which rows of a whole batch (dim 0) this thread's tensors hold.
+struct BatchRows {
+  int64_t start = 0;  ///< The first of them, in the whole batch.
+  int64_t count = 0;  ///< How many.
+  int64_t total = 0;  ///< The whole batch's rows (over every device of every process).
+};
+/// Sets this thread's BatchRows for its lifetime (restoring the previous ones after). ef::Error
+/// unless 0 ≤ start, 0 < count and start + count ≤ total.
+class BatchRowsGuard {
+ public:
+  explicit BatchRowsGuard(const BatchRows& rows);
+  ~BatchRowsGuard();
+  BatchRowsGuard(const BatchRowsGuard&) = delete;
+  BatchRowsGuard& operator=(const BatchRowsGuard&) = delete;
+
+ private:
+  const BatchRows* previous_;
+  BatchRows rows_;
+};
+/// This thread's BatchRows, or nullptr when none is set.
+const BatchRows* current_batch_rows();
+
+/// As rand, for a tensor whose dim 0 is the batch: row i holds the numbers of row start + i of the
+/// whole batch's draw. With BatchRows set, shape[0] must be their count (ef::Error otherwise).
+Tensor batch_rand(const Shape& shape, const TensorOptions& opts = {});
+/// As randn, per sample (batch_rand's rules).
+Tensor batch_randn(const Shape& shape, const TensorOptions& opts = {});
+/// As bernoulli, per sample (batch_rand's rules).
+Tensor batch_bernoulli(const Shape& shape, double p, const TensorOptions& opts = {});
+/// @}
+
+/// @name Creation (continued)
+/// @{
+
 /// A 0-d tensor holding `value`.
 Tensor scalar_tensor(double value, const TensorOptions& opts = {});
 /// @}

@@ -89,7 +89,8 @@ Tensor wgan_gp_penalty(const Critic& critic, const Tensor& real, const Tensor& f
   Tensor x;
   {
     NoGradGuard no_grad;
-    const Tensor eps = o.eps.defined() ? o.eps : rand(eps_shape, {.dtype = real.dtype(), .device = real.device()});
+    const Tensor eps =
+        o.eps.defined() ? o.eps : batch_rand(eps_shape, {.dtype = real.dtype(), .device = real.device()});
     check_draws(loss, "eps", eps, real, eps_shape);
     x = eps * real.detach() + (1.0 - eps) * fake.detach();
   }
@@ -102,7 +103,8 @@ Tensor dragan_penalty(const Critic& critic, const Tensor& real, const DraganOpti
   Tensor x;
   {
     NoGradGuard no_grad;
-    const Tensor u = o.noise.defined() ? o.noise : rand(real.shape(), {.dtype = real.dtype(), .device = real.device()});
+    const Tensor u =
+        o.noise.defined() ? o.noise : batch_rand(real.shape(), {.dtype = real.dtype(), .device = real.device()});
     check_draws(loss, "noise", u, real, real.shape());
     Tensor scale;
     if (o.real_std) {

@@ -175,7 +175,9 @@ using Critic = std::function<Tensor(const Tensor& x)>;
 /// Options of wgan_gp_penalty.
 struct WganGpOptions {
   double lambda = 10.0;  ///< λ, the penalty's coefficient
-  Tensor eps = {};       ///< [N, 1, ...] interpolation weights in [0, 1] (optional; drawn uniform otherwise)
+  /// [N, 1, ...] interpolation weights in [0, 1] (optional; otherwise drawn uniform per sample, with
+  /// batch_rand, so that N devices draw what one device draws).
+  Tensor eps = {};
 };
 /// WGAN-GP (Gulrajani et al.): λ·mean (|∇D(x̂)|₂ - 1)², x̂ = eps·real + (1-eps)·fake. x̂ is a new
 /// leaf (no gradient reaches real or fake, as in the paper's code). Where ∇D(x̂) = 0 the norm takes
@@ -186,7 +188,7 @@ Tensor wgan_gp_penalty(const Critic& critic, const Tensor& real, const Tensor& f
 struct DraganOptions {
   double lambda = 10.0;  ///< λ, the penalty's coefficient
   double c = 0.5;        ///< perturbation scale: x̂ = real + c·std(real)·u, u ~ U(0, 1) per element
-  Tensor noise = {};     ///< u (optional; drawn otherwise)
+  Tensor noise = {};     ///< u (optional; otherwise drawn per sample, with batch_rand)
   /// std(real) of the whole batch (optional; otherwise the unbiased std of all elements of `real`,
   /// as torch's real.std()). std is not a mean over samples: pass the whole batch's std when `real`
   /// is one device's chunk, so that every chunk is perturbed as the whole batch would be.

@@ -2,8 +2,28 @@
 
 #include <condition_variable>
 #include <mutex>
+#include <optional>
 
 namespace evenflow::parallel {
+
+namespace {
+
+// Which rows of the whole batch each rank's tensor holds (dim 0 of each, in rank order), for the
+// draws per sample (Note [Random numbers per sample] in engine/tensor.h).
+std::vector<BatchRows> batch_rows(const PerDevice<Tensor>& parts) {
+  int64_t total = 0;
+  for (const Tensor& t : parts) total += t.dim() >= 1 ? t.size(0) : 0;
+  std::vector<BatchRows> rows;
+  int64_t start = 0;
+  for (const Tensor& t : parts) {
+    const int64_t count = t.dim() >= 1 ? t.size(0) : 0;
+    rows.push_back({.start = start, .count = count, .total = total});
+    start += count;
+  }
+  return rows;
+}
+
+}  // namespace
 
 // Note [Gradient buckets]
 // Each replica parameter's post-accumulate hook (engine/autograd.h) tells GradientSync that rank r's
@@ -207,7 +227,12 @@ PerDevice<Tensor> DataParallelModel::forward(const PerDevice<Tensor>& inputs) {
       for (size_t i = 0; i < sources.size(); ++i) targets[i].copy_(sources[i].to(targets[i].device()));
     }
   }
-  return map(k, [&](nn::Module& replica, int rank) { return replica.forward(inputs[static_cast<size_t>(rank)]); });
+  const std::vector<BatchRows> rows = batch_rows(inputs);
+  return map(k, [&](nn::Module& replica, int rank) {
+    std::optional<BatchRowsGuard> guard;  // none for a 0-d or empty input: it holds no rows
+    if (rows[static_cast<size_t>(rank)].count > 0) guard.emplace(rows[static_cast<size_t>(rank)]);
+    return replica.forward(inputs[static_cast<size_t>(rank)]);
+  });
 }
 
 PerDevice<Tensor> DataParallelModel::map(int active, const std::function<Tensor(nn::Module&, int)>& fn) {
@@ -288,9 +313,14 @@ Tensor DataParallelCriterion::operator()(const RankLoss& fn, const PerDevice<Ten
     total += c.size(0);
   }
   std::vector<Tensor> losses(static_cast<size_t>(k));
+  const std::vector<BatchRows> rows = batch_rows(chunks);
   model_.group().run(
       [&](int rank) {
-        Tensor l = fn(rank);
+        Tensor l;
+        {
+          const BatchRowsGuard guard(rows[static_cast<size_t>(rank)]);
+          l = fn(rank);
+        }
         EF_CHECK(l.defined() && l.numel() == 1, "DataParallelCriterion: the loss on ",
                  model_.devices()[static_cast<size_t>(rank)].str(), " is not a scalar (shape ",
                  l.defined() ? shape_str(l.shape()) : "undefined", ")");

@@ -107,6 +107,11 @@ void DeviceGroup::run(const std::function<void(int rank)>& task, int active) {
       if (c && c->aborted()) c->reset();
   }
 
+  // Every rank starts where rank 0's generator is, so that draws stay alike on every rank (Note
+  // [Random numbers per sample] in tensor.h).
+  const GeneratorState start = generator_state(devices_[0]);
+  for (int rank = 1; rank < k; ++rank) set_generator_state(devices_[static_cast<size_t>(rank)], start);
+
   std::mutex mu;
   std::condition_variable cv;
   int remaining = k;

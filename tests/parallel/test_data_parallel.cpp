@@ -8,6 +8,7 @@
 #include <functional>
 
 #include "evenflow/layers/layers.h"
+#include "evenflow/losses/losses.h"
 #include "evenflow/optim/optim.h"
 #include "evenflow/parallel/data_parallel.h"
 #include "evenflow/parallel/sync_batch_norm.h"
@@ -479,4 +480,78 @@ TEST_CASE(
   for (int r = 0; r < 3; ++r) model.replica(r).zero_grad();
   model.reset_gradient_sync();
   CHECK(error_of(step) == "(no error)");
+}
+
+namespace {
+// A critic with dropout, trained `steps` WGAN-GP steps (the penalty's interpolation weights drawn by
+// the loss itself) on `spec`, or on one device without the parallel module when spec is empty.
+// Returns the losses and the final parameters. Every draw is per sample (Note [Random numbers per
+// sample] in engine/tensor.h), so every layout must give the same numbers.
+std::pair<std::vector<double>, nn::NamedTensors> train_critic_with_dropout(const std::string& spec, int steps) {
+  manual_seed(cpu(), 30);
+  auto net = std::make_shared<nn::Sequential>(nn::Linear(6, 8, true, f64), nn::Dropout(0.5), nn::Tanh(),
+                                              nn::Linear(8, 1, true, f64));
+  const auto loss_of = [](nn::Module& critic, const Tensor& real, const Tensor& fake) {
+    const losses::Critic d = [&](const Tensor& x) { return critic(x); };
+    return losses::wasserstein_critic_loss(critic(real), critic(fake)) + losses::wgan_gp_penalty(d, real, fake);
+  };
+  std::vector<double> losses_seen;
+  if (spec.empty()) {
+    optim::Adam opt(net->parameters(), {.lr = 1e-2});
+    for (int step = 0; step < steps; ++step) {
+      const Tensor real = randn({7, 6}, {.dtype = kFloat64}), fake = randn({7, 6}, {.dtype = kFloat64});
+      opt.zero_grad();
+      const Tensor loss = loss_of(*net, real, fake);
+      loss.backward();
+      opt.step();
+      losses_seen.push_back(loss.item());
+    }
+    return {losses_seen, net->named_parameters()};
+  }
+  DataParallelModel model(net, devices(spec), {.bucket_bytes = 128});
+  DataParallelCriterion criterion(model);
+  ReplicatedOptimizer<optim::Adam> opt(model, optim::AdamOptions{.lr = 1e-2});
+  for (int step = 0; step < steps; ++step) {
+    const Tensor real = randn({7, 6}, {.dtype = kFloat64}), fake = randn({7, 6}, {.dtype = kFloat64});
+    const auto reals = model.scatter(real), fakes = model.scatter(fake);
+    opt.zero_grad();
+    const Tensor loss = criterion([&](int r) { return loss_of(model.replica(r), reals[r], fakes[r]); }, reals);
+    loss.backward();
+    opt.step();
+    losses_seen.push_back(loss.item());
+    model.check_replicas();
+  }
+  return {losses_seen, model.module().named_parameters()};
+}
+}  // namespace
+
+TEST_CASE("data parallel: dropout masks and a penalty's drawn weights are the one-device run's, at any split") {
+  const auto [want_losses, want_params] = train_critic_with_dropout("", 4);
+  for (const std::string spec : {"cpu:1", "cpu:2", "cpu:3", "cpu:4"}) {
+    CAPTURE(spec);
+    const auto [losses_seen, params] = train_critic_with_dropout(spec, 4);
+    for (size_t i = 0; i < want_losses.size(); ++i)
+      CHECK(losses_seen[i] == doctest::Approx(want_losses[i]).epsilon(kTol));
+    for (size_t i = 0; i < want_params.size(); ++i)
+      check_close(params[i].second, want_params[i].second, params[i].first);
+  }
+  // The draws do depend on the step: four steps' losses are not all one value.
+  CHECK(want_losses[0] != want_losses[1]);
+}
+
+TEST_CASE("batch draws: a device's rows are those rows of the whole batch's draw; a wrong row count is named") {
+  manual_seed(cpu(), 31);
+  const Tensor whole = batch_randn({5, 3}, {.dtype = kFloat64});
+  for (const auto& [start, count] : std::vector<std::pair<int64_t, int64_t>>{{0, 2}, {2, 3}, {4, 1}}) {
+    manual_seed(cpu(), 31);
+    const BatchRowsGuard rows({.start = start, .count = count, .total = 5});
+    CHECK(batch_randn({count, 3}, {.dtype = kFloat64}).to_vector() ==
+          slice(whole, 0, start, start + count).to_vector());
+    // Every part advances the generator by the whole batch's count.
+    CHECK(generator_state(cpu()).offset == 15);
+  }
+  const BatchRowsGuard rows({.start = 1, .count = 2, .total = 5});
+  CHECK(error_of([] { batch_rand({3, 3}); }).find("batch_rand: shape [3, 3] does not start with the 2 rows") == 0);
+  CHECK(error_of([] { BatchRowsGuard bad({.start = 4, .count = 2, .total = 5}); }) ==
+        "BatchRows: rows 4 to 6 do not fit a batch of 5");
 }
