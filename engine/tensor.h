@@ -317,11 +317,12 @@ struct BatchRows {
   int64_t count = 0;  ///< How many.
   int64_t total = 0;  ///< The whole batch's rows (over every device of every process).
 };
-/// Sets this thread's BatchRows for its lifetime (restoring the previous ones after). ef::Error
-/// unless 0 ≤ start, 0 < count and start + count ≤ total.
+/// Sets this thread's BatchRows for its lifetime (restoring the previous ones after).
 class BatchRowsGuard {
  public:
+  /// Sets `rows` as this thread's. ef::Error unless 0 ≤ start, 0 < count and start + count ≤ total.
   explicit BatchRowsGuard(const BatchRows& rows);
+  /// Restores the rows that were set before.
   ~BatchRowsGuard();
   BatchRowsGuard(const BatchRowsGuard&) = delete;
   BatchRowsGuard& operator=(const BatchRowsGuard&) = delete;
