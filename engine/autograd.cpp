@@ -1,5 +1,9 @@
 #include "evenflow/engine/autograd.h"
 
+#include <atomic>
+#include <functional>
+#include <map>
+
 #include <condition_variable>
 #include <deque>
 #include <exception>
@@ -35,6 +39,8 @@ Node::Node(const char* name, Device device, std::vector<Edge> next, std::vector<
       outputs_(std::move(outputs)),
       saved_(std::move(saved)),
       fn_(std::move(fn)) {
+  static std::atomic<uint64_t> next_sequence_nr{0};
+  sequence_nr_ = next_sequence_nr.fetch_add(1, std::memory_order_relaxed);
   saved_versions_.reserve(saved_.size());
   for (const Tensor& t : saved_) saved_versions_.push_back(t.version());
 }
@@ -195,6 +201,10 @@ struct GraphTask {
   std::string error;
   std::condition_variable done_cv;
   Worker* waiting_worker = nullptr;
+  // Note [Collectives in backward]: per device, the needed collective nodes yet to run (by
+  // sequence_nr, last created first), and those ready but waiting for their turn.
+  std::map<Device, std::map<uint64_t, Node*, std::greater<>>> collectives_left;
+  std::map<Device, std::map<uint64_t, Node*, std::greater<>>> collectives_waiting;
   // Note [Backward on the calling thread]: nodes queue here instead of on their device's worker.
   bool on_caller = false;
   std::deque<Node*> caller_queue;
@@ -202,6 +212,7 @@ struct GraphTask {
 };
 
 void schedule(const std::shared_ptr<GraphTask>& task, Node* node);
+std::vector<Node*> collectives_released(GraphTask& task, Node* node);
 
 // Sums a node's partial gradients per output (a differentiable add under create_graph) and fills
 // outputs that received nothing with zeros.
@@ -298,10 +309,59 @@ void run_node(const std::shared_ptr<GraphTask>& task, Node* node) {
     }
   }
   if (to_wake) to_wake->wake();
+  for (Node* n : collectives_released(*task, node)) schedule(task, n);
   for (Node* n : ready) schedule(task, n);
 }
 
+// Note [Collectives in backward]
+// Every rank of a data-parallel pass must run its backward collectives (the all_reduce nodes of
+// comm_ops.h: SyncBatchNorm's statistics, their gradients under a penalty) in the same order: the
+// communicators pair the ranks' calls by order, and calls of the same shape cannot tell each other
+// apart. The order the engine would run them in depends on each rank's graph, and graphs differ
+// where a backward function takes a shortcut for a shape (sum_to of an equal shape adds no node: a
+// chunk of one row). So a pass runs each device's collective nodes in reverse order of creation,
+// which every rank shares (they make the same calls in the same order): a collective node that is
+// ready waits until every later-created one of its device has run. That never waits for ever: a
+// node's backward feeds only nodes created before it, so a later-created node never depends on an
+// earlier one having run. A failed pass releases the waiting nodes (they are skipped).
+bool must_wait_turn(GraphTask& task, Node* node) {
+  if (!node->collective()) return false;
+  std::lock_guard<std::mutex> lock(task.mu);
+  auto left = task.collectives_left.find(node->device());
+  if (left == task.collectives_left.end() || !left->second.count(node->sequence_nr())) return false;
+  if (!task.error.empty() || left->second.begin()->first == node->sequence_nr()) return false;
+  task.collectives_waiting[node->device()][node->sequence_nr()] = node;
+  return true;
+}
+
+// After `node` ran: the next collective of its device, if it is waiting. With an error, every
+// waiting node.
+std::vector<Node*> collectives_released(GraphTask& task, Node* node) {
+  std::vector<Node*> out;
+  std::lock_guard<std::mutex> lock(task.mu);
+  if (node->collective()) {
+    if (auto left = task.collectives_left.find(node->device()); left != task.collectives_left.end()) {
+      left->second.erase(node->sequence_nr());
+      auto& waiting = task.collectives_waiting[node->device()];
+      if (!left->second.empty()) {
+        if (auto next = waiting.find(left->second.begin()->first); next != waiting.end()) {
+          out.push_back(next->second);
+          waiting.erase(next);
+        }
+      }
+    }
+  }
+  if (!task.error.empty()) {
+    for (auto& [device, waiting] : task.collectives_waiting) {
+      for (auto& [nr, n] : waiting) out.push_back(n);
+      waiting.clear();
+    }
+  }
+  return out;
+}
+
 void schedule(const std::shared_ptr<GraphTask>& task, Node* node) {
+  if (must_wait_turn(*task, node)) return;
   if (task->on_caller) {
     std::lock_guard<std::mutex> lock(task->mu);
     task->caller_queue.push_back(node);
@@ -427,6 +487,8 @@ static std::vector<Tensor> run_backward(const std::vector<Tensor>& outputs, cons
   } else {
     for (auto& n : task->nodes) task->needed.insert(n.get());
   }
+  for (Node* n : task->needed)
+    if (n->collective()) task->collectives_left[n->device()][n->sequence_nr()] = n;
 
   // Seed and start the nodes nobody else feeds.
   std::vector<Node*> ready;

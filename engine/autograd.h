@@ -89,6 +89,13 @@ class Node {
   /// Non-leaf tensors that asked for retain_grad(), per output.
   std::vector<std::weak_ptr<TensorImpl>> retained;
 
+  /// Marks this node's backward as a collective (comm_ops.h's all_reduce): a pass runs the
+  /// collectives of each device in reverse order of creation (Note [Collectives in backward]).
+  void mark_collective() { collective_ = true; }
+  bool collective() const { return collective_; }  ///< Whether mark_collective() was called.
+  /// The order nodes were created in, process-wide (increasing).
+  uint64_t sequence_nr() const { return sequence_nr_; }
+
  protected:
   const char* name_;                      ///< See name().
   Device device_;                         ///< See device().
@@ -98,6 +105,8 @@ class Node {
   std::vector<uint64_t> saved_versions_;  ///< Their versions when the node was made.
   BackwardFn fn_;                         ///< The backward closure (null after release()).
   bool released_ = false;                 ///< Set by release(): apply() then throws.
+  bool collective_ = false;               ///< See collective().
+  uint64_t sequence_nr_;                  ///< See sequence_nr().
 };
 
 /// Attaches a node named `name` to `outputs` if grad mode is on and any input requires grad.

@@ -120,6 +120,7 @@ Tensor all_reduce(const std::shared_ptr<Communicator>& comm, int rank, const Ten
   }
   record("AllReduce", {out}, {x}, {},
          [comm, rank](const std::vector<Tensor>& g) { return std::vector<Tensor>{all_reduce(comm, rank, g[0])}; });
+  if (out.grad_fn()) out.grad_fn()->mark_collective();  // Note [Collectives in backward] (autograd.cpp)
   return out;
 }
 

@@ -555,3 +555,30 @@ TEST_CASE("batch draws: a device's rows are those rows of the whole batch's draw
   CHECK(error_of([] { BatchRowsGuard bad({.start = 4, .count = 2, .total = 5}); }) ==
         "BatchRows: rows 4 to 6 do not fit a batch of 5");
 }
+
+TEST_CASE("data parallel: every rank runs its backward collectives in one order, even where graphs differ") {
+  // Batch 7 over cpu:4 gives rank 3 a chunk of one row, whose graph lacks nodes the others have
+  // (sum_to of an equal shape adds none), so without Note [Collectives in backward] its engine ran
+  // the SyncBatchNorm all_reduces of the penalty's double backward in another order than the other
+  // ranks', and the communicator summed unrelated tensors: gradients off by up to 0.8.
+  manual_seed(cpu(), 30);
+  auto net = std::make_shared<nn::Sequential>(nn::Linear(6, 8, true, f64), SyncBatchNorm(8, {}, f64), nn::Tanh(),
+                                              nn::Tanh(), nn::Linear(8, 1, true, f64));
+  auto reference = net->clone();
+  DataParallelModel model(net, devices("cpu:4"));
+  DataParallelCriterion criterion(model);
+  const Tensor real = randn({7, 6}, {.dtype = kFloat64}), fake = randn({7, 6}, {.dtype = kFloat64});
+  const Tensor eps = rand({7, 1}, {.dtype = kFloat64});
+  const auto loss_of = [](nn::Module& critic, const Tensor& r, const Tensor& f, const Tensor& e) {
+    const losses::Critic d = [&](const Tensor& x) { return critic(x); };
+    return losses::wasserstein_critic_loss(critic(r), critic(f)) + losses::wgan_gp_penalty(d, r, f, {.eps = e});
+  };
+  const auto reals = model.scatter(real), fakes = model.scatter(fake), epss = model.scatter(eps);
+  REQUIRE(reals[3].size(0) == 1);
+  const Tensor loss = criterion([&](int r) { return loss_of(model.replica(r), reals[r], fakes[r], epss[r]); }, reals);
+  loss.backward();
+  const Tensor want = loss_of(*reference, real, fake, eps);
+  want.backward();
+  check_close(loss, want, "loss");
+  check_grads(model, *reference);
+}
