@@ -19,20 +19,37 @@ void check_distinct_devices(const char* who, const std::vector<Device>& devices)
   }
 }
 
-Communicator::Communicator(std::vector<Device> devices) : devices_(std::move(devices)) {
+Communicator::Communicator(std::vector<Device> devices, std::shared_ptr<ProcessGroup> processes)
+    : devices_(std::move(devices)), processes_(processes ? std::move(processes) : single_process()) {
   check_distinct_devices("communicator", devices_);
+  const int local = static_cast<int>(devices_.size());
+  world_size_ = local;
+  if (processes_->size() > 1) {
+    // Global ranks need every process to hold as many as the others (Note [Processes]).
+    Tensor mine = full({1}, static_cast<double>(local), {.dtype = kInt64});
+    const Tensor all = processes_->all_gather(mine);
+    for (int p = 0; p < processes_->size(); ++p) {
+      EF_CHECK(all.data<int64_t>()[p] == local, "communicator: process ", p, " has ", all.data<int64_t>()[p],
+               " devices and process ", processes_->rank(), " has ", local,
+               "; every process of a job needs the same number");
+    }
+    first_rank_ = processes_->rank() * local;
+    world_size_ = processes_->size() * local;
+  }
+  processes_->set_timeout(timeout_);
 }
 
 void Communicator::check_rank(const char* op, int rank, const Tensor& x) const {
-  EF_CHECK(rank >= 0 && rank < size(), op, ": rank ", rank, " is out of range for ", size(), " ranks");
+  EF_CHECK(rank >= 0 && rank < local_size(), op, ": rank ", rank, " is out of range for ", local_size(),
+           " ranks in this process");
   EF_CHECK(x.defined(), op, ": rank ", rank, " passed an undefined tensor");
   EF_CHECK(x.device() == devices_[static_cast<size_t>(rank)], op, ": rank ", rank, " passed a tensor on ",
            x.device().str(), ", but its device is ", devices_[static_cast<size_t>(rank)].str());
 }
 
 void Communicator::check_in_place(const std::vector<Tensor>& per_rank) const {
-  EF_CHECK(per_rank.size() == devices_.size(), "all_reduce_in_place: ", per_rank.size(), " tensors for ", size(),
-           " ranks");
+  EF_CHECK(per_rank.size() == devices_.size(), "all_reduce_in_place: ", per_rank.size(), " tensors for ", local_size(),
+           " ranks in this process");
   for (size_t r = 0; r < per_rank.size(); ++r) {
     check_rank("all_reduce_in_place", static_cast<int>(r), per_rank[r]);
     EF_CHECK(per_rank[r].shape() == per_rank[0].shape() && per_rank[r].dtype() == per_rank[0].dtype(),
@@ -61,48 +78,86 @@ Tensor ordered_sum(const std::vector<Tensor>& xs, const Device& where) {
   return total;
 }
 
-// Every combine runs with no autograd recording, on the thread of the last rank to arrive, and
-// returns one result per rank on that rank's device.
-std::vector<Tensor> combine_all_reduce(const std::vector<Tensor>& xs, const std::vector<Device>& devices, int) {
-  const Tensor total = ordered_sum(xs, devices[0]);
+// x's values in a new contiguous CPU tensor, for the processes' collectives.
+Tensor host_copy(const Tensor& x) {
+  return x.device().is_cpu() ? x.contiguous().clone() : x.to(Device()).contiguous();
+}
+
+bool across_processes(const Communicator& comm) {
+  return comm.processes()->size() > 1;
+}
+
+// The sum over every rank of every process, on this process's first device: this process's ranks
+// added in rank order, then the processes' partial sums (ProcessGroup::all_reduce, which gives the
+// same bits on every process).
+Tensor global_sum(const std::vector<Tensor>& xs, const Communicator& comm) {
+  const Device& first = comm.devices()[0];
+  Tensor total = ordered_sum(xs, first);
+  if (!across_processes(comm)) return total;
+  const Tensor host = host_copy(total);
+  comm.processes()->all_reduce(host);
+  return host.to(first);
+}
+
+// Every combine runs with no autograd recording, on the thread of the last rank of this process to
+// arrive, and returns one result per local rank on that rank's device. A `root` is a global rank.
+std::vector<Tensor> combine_all_reduce(const std::vector<Tensor>& xs, const Communicator& comm, int) {
+  const Tensor total = global_sum(xs, comm);
   std::vector<Tensor> out;
-  for (const Device& d : devices) out.push_back(total.to(d).clone());
+  for (const Device& d : comm.devices()) out.push_back(total.to(d).clone());
   return out;
 }
 
-std::vector<Tensor> combine_broadcast(const std::vector<Tensor>& xs, const std::vector<Device>& devices, int root) {
+std::vector<Tensor> combine_broadcast(const std::vector<Tensor>& xs, const Communicator& comm, int root) {
+  const int local_root = root - comm.first_rank();
+  const bool here = local_root >= 0 && local_root < comm.local_size();
+  Tensor value = here ? xs[static_cast<size_t>(local_root)] : xs[0];
+  if (across_processes(comm)) {
+    value = host_copy(value);
+    comm.processes()->broadcast(value, root / comm.local_size());
+  }
   std::vector<Tensor> out;
-  for (const Device& d : devices) out.push_back(xs[static_cast<size_t>(root)].to(d).clone());
+  for (const Device& d : comm.devices()) out.push_back(value.to(d).clone());
   return out;
 }
 
-std::vector<Tensor> combine_reduce(const std::vector<Tensor>& xs, const std::vector<Device>& devices, int root) {
-  std::vector<Tensor> out(devices.size());
-  out[static_cast<size_t>(root)] = ordered_sum(xs, devices[static_cast<size_t>(root)]);
+std::vector<Tensor> combine_reduce(const std::vector<Tensor>& xs, const Communicator& comm, int root) {
+  const Tensor total = global_sum(xs, comm);
+  std::vector<Tensor> out(comm.devices().size());
+  const int local_root = root - comm.first_rank();
+  if (local_root >= 0 && local_root < comm.local_size()) {
+    const Device& d = comm.devices()[static_cast<size_t>(local_root)];
+    out[static_cast<size_t>(local_root)] = total.to(d).clone();
+  }
   return out;
 }
 
-std::vector<Tensor> combine_all_gather(const std::vector<Tensor>& xs, const std::vector<Device>& devices, int) {
+std::vector<Tensor> combine_all_gather(const std::vector<Tensor>& xs, const Communicator& comm, int) {
   std::vector<Tensor> on_first;
-  for (const Tensor& x : xs) on_first.push_back(x.to(devices[0]));
-  const Tensor all = cat(on_first, 0);
+  for (const Tensor& x : xs) on_first.push_back(x.to(comm.devices()[0]));
+  Tensor all = cat(on_first, 0);
+  if (across_processes(comm)) all = comm.processes()->all_gather(host_copy(all));
   std::vector<Tensor> out;
-  for (const Device& d : devices) out.push_back(all.to(d).clone());
+  for (const Device& d : comm.devices()) out.push_back(all.to(d).clone());
   return out;
 }
 
-std::vector<Tensor> combine_reduce_scatter(const std::vector<Tensor>& xs, const std::vector<Device>& devices, int) {
-  const Tensor total = ordered_sum(xs, devices[0]);
-  const std::vector<Tensor> parts = chunk(total, static_cast<int64_t>(devices.size()), 0);
+std::vector<Tensor> combine_reduce_scatter(const std::vector<Tensor>& xs, const Communicator& comm, int) {
+  const Tensor total = global_sum(xs, comm);
+  const std::vector<Tensor> parts = chunk(total, static_cast<int64_t>(comm.size()), 0);
   std::vector<Tensor> out;
-  for (size_t r = 0; r < devices.size(); ++r) out.push_back(parts[r].to(devices[r]).contiguous());
+  for (size_t r = 0; r < comm.devices().size(); ++r) {
+    out.push_back(parts[static_cast<size_t>(comm.first_rank()) + r].to(comm.devices()[r]).contiguous());
+  }
   return out;
 }
 
 }  // namespace
 
-LocalCommunicator::LocalCommunicator(std::vector<Device> devices)
-    : Communicator(std::move(devices)), next_sequence_(devices_.size(), 0) {}
+LocalCommunicator::LocalCommunicator(std::vector<Device> devices, std::shared_ptr<ProcessGroup> processes)
+    : Communicator(std::move(devices), std::move(processes)),
+      next_sequence_(devices_.size(), 0),
+      in_place_processes_(processes_->duplicate()) {}
 
 Tensor LocalCommunicator::meet(int rank, const Tensor& x, const std::string& tag, int root, Combine combine) {
   const size_t n = devices_.size();
@@ -130,7 +185,7 @@ Tensor LocalCommunicator::meet(int rank, const Tensor& x, const std::string& tag
     }
     try {
       NoGradGuard no_grad;
-      round.results = combine(round.inputs, devices_, root);
+      round.results = combine(round.inputs, *this, root);
     } catch (const std::exception& e) {
       aborted_ = detail::str_cat(tag, " failed on ", devices_[static_cast<size_t>(rank)].str(), ": ", e.what());
       cv_.notify_all();
@@ -144,7 +199,9 @@ Tensor LocalCommunicator::meet(int rank, const Tensor& x, const std::string& tag
     // never arrive here) releases this one at once instead of at the timeout.
     const auto deadline = std::chrono::steady_clock::now() + timeout_;
     bool done = false;
-    while (!done && std::chrono::steady_clock::now() < deadline) {
+    // Once every local rank is here, the last one is in the processes' collective, which has a
+    // timeout of its own and aborts this communicator when it fails.
+    while (!done && (std::chrono::steady_clock::now() < deadline || round.arrived == static_cast<int>(n))) {
       done = cv_.wait_for(lock, std::chrono::milliseconds(20), [&] { return round.complete || !aborted_.empty(); });
       if (!done && backward_pass_failed()) {
         aborted_ = detail::str_cat(tag, " on ", devices_[static_cast<size_t>(rank)].str(),
@@ -210,10 +267,20 @@ void LocalCommunicator::all_reduce_in_place(const std::vector<Tensor>& per_rank)
   // One rank's sum is its own tensor (a one-device model syncs every step, so this is hot). With
   // more, rank 0's tensor takes the sum, in rank order as ordered_sum adds, and the others copy it:
   // every rank gets the same bits, with no temporary.
-  if (per_rank.size() == 1) return;
+  if (size() == 1) return;
   NoGradGuard no_grad;
   const Tensor& total = per_rank[0];
   for (size_t r = 1; r < per_rank.size(); ++r) total.add_(per_rank[r].to(total.device()));
+  if (in_place_processes_->size() > 1) {
+    in_place_processes_->set_timeout(timeout_);
+    if (total.device().is_cpu()) {
+      in_place_processes_->all_reduce(total);  // contiguous (checked above): summed where it is
+    } else {
+      const Tensor host = total.to(Device());
+      in_place_processes_->all_reduce(host);
+      total.copy_(host.to(total.device()));
+    }
+  }
   for (size_t r = 1; r < per_rank.size(); ++r) per_rank[r].copy_(total.to(per_rank[r].device()));
 }
 
@@ -235,7 +302,8 @@ void LocalCommunicator::reset() {
   std::fill(next_sequence_.begin(), next_sequence_.end(), 0);
 }
 
-std::shared_ptr<Communicator> make_communicator(const std::vector<Device>& devices) {
+std::shared_ptr<Communicator> make_communicator(const std::vector<Device>& devices,
+                                                std::shared_ptr<ProcessGroup> processes) {
   EF_CHECK(!devices.empty(), "make_communicator: no devices given");
   bool all_cuda = true, any_cuda = false;
   std::set<int> gpus;
@@ -248,9 +316,11 @@ std::shared_ptr<Communicator> make_communicator(const std::vector<Device>& devic
            ", ...); use one kind");
   // NCCL needs distinct GPUs; logical devices sharing one meet in host memory.
 #if EF_NCCL
-  if (all_cuda && devices.size() > 1 && gpus.size() == devices.size()) return make_nccl_communicator(devices);
+  const bool several_processes = processes && processes->size() > 1;
+  if (all_cuda && (devices.size() > 1 || several_processes) && gpus.size() == devices.size())
+    return make_nccl_communicator(devices, std::move(processes));
 #endif
-  return std::make_shared<LocalCommunicator>(devices);
+  return std::make_shared<LocalCommunicator>(devices, std::move(processes));
 }
 
 }  // namespace evenflow::parallel

@@ -14,8 +14,13 @@
 /// Results are bitwise identical on every rank (sums are taken in rank order, once), which is what
 /// keeps replicas identical without re-broadcasting weights.
 ///
+/// A communicator may span processes (Note [Processes] in process_group.h): then size() counts the
+/// ranks of every process, and each process passes its own devices and calls with its local ranks
+/// (0 .. local_size() - 1, global rank first_rank() + local).
+///
 /// LocalCommunicator serves CPU devices and several logical devices on one GPU: ranks meet in host
-/// memory and the last one to arrive computes every rank's result. NcclCommunicator
+/// memory and the last one to arrive computes every rank's result (across processes, its process's
+/// part, then the processes' collective). NcclCommunicator
 /// (nccl_communicator.h) serves distinct GPUs. make_communicator picks one.
 #pragma once
 
@@ -29,6 +34,7 @@
 #include <vector>
 
 #include "evenflow/engine/tensor.h"
+#include "evenflow/parallel/process_group.h"
 
 namespace evenflow::parallel {
 
@@ -48,15 +54,24 @@ class Communicator {
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
 
-  int size() const { return static_cast<int>(devices_.size()); }  ///< The number of ranks.
-  /// The ranks' devices: rank r runs on devices()[r].
+  int size() const { return world_size_; }  ///< The number of ranks, over every process.
+  /// This process's ranks: its devices.
+  int local_size() const { return static_cast<int>(devices_.size()); }
+  /// The global rank of this process's local rank 0 (0 in one process).
+  int first_rank() const { return first_rank_; }
+  /// This process's ranks' devices: local rank r runs on devices()[r].
   const std::vector<Device>& devices() const { return devices_; }
+  /// The channel to the other processes (a one-process group when there are none).
+  const std::shared_ptr<ProcessGroup>& processes() const { return processes_; }
   /// How long a call waits for the other ranks before aborting the communicator
   /// (kDefaultCollectiveTimeout unless set).
   std::chrono::milliseconds timeout() const { return timeout_; }
   /// Sets timeout() for the calls that start after it. Not synchronized: call it while no
   /// collective is running (DeviceGroup::set_timeout does it for every communicator of a group).
-  void set_timeout(std::chrono::milliseconds t) { timeout_ = t; }
+  void set_timeout(std::chrono::milliseconds t) {
+    timeout_ = t;
+    processes_->set_timeout(t);
+  }
   /// "local" or "nccl".
   virtual const char* kind() const = 0;
 
@@ -64,8 +79,9 @@ class Communicator {
   /// Per-rank collectives (Note [Collectives]). `x` is on the rank's device; results are too. None
   /// records autograd nodes: comm_ops.h wraps them in differentiable ops.
   ///
-  /// Each is called by every rank, from its own thread, with its `rank` (in [0, size())) and its
-  /// own `x`; ranks must pass equal shapes and dtypes (and the same `root`). Each throws ef::Error
+  /// Each is called by every rank, from its own thread, with its local `rank` (in
+  /// [0, local_size())) and its own `x`; ranks must pass equal shapes and dtypes (and the same
+  /// `root`, a global rank). Each throws ef::Error
   /// for a rank (or root) out of range, an undefined `x`, an `x` not on the rank's device, ranks
   /// that disagree (LocalCommunicator detects it), an aborted communicator or a timeout.
   /// @{
@@ -79,11 +95,11 @@ class Communicator {
   virtual Tensor reduce(int rank, const Tensor& x, int root) = 0;
   /// The ranks' tensors (equal shapes) concatenated along dim 0, in rank order.
   virtual Tensor all_gather(int rank, const Tensor& x) = 0;
-  /// Sum over ranks, then rank r's r-th slice of dim 0 (size divisible by the number of ranks).
+  /// Sum over ranks, then global rank r's r-th slice of dim 0 (size divisible by size()).
   virtual Tensor reduce_scatter(int rank, const Tensor& x) = 0;
   /// @}
 
-  /// From one thread: replaces every rank's tensor in `per_rank` (one per rank, defined, contiguous,
+  /// From one thread: replaces every local rank's tensor in `per_rank` (one per rank, defined, contiguous,
   /// equal shapes, on the ranks' devices) by the sum over ranks, in place. Gradient buckets use it
   /// from whichever thread finishes a bucket last, so no rank waits for another. Throws ef::Error
   /// when an argument breaks these rules or the communicator is aborted. Records no autograd node.
@@ -99,17 +115,21 @@ class Communicator {
   virtual bool aborted() const = 0;
 
  protected:
-  /// Takes the ranks' devices; throws ef::Error unless they are a non-empty list of existing
-  /// devices, each once (check_distinct_devices).
-  explicit Communicator(std::vector<Device> devices);
+  /// Takes this process's devices and the channel to the other processes (none: one process).
+  /// Throws ef::Error unless the devices are a non-empty list of existing devices, each once
+  /// (check_distinct_devices), or when processes have different numbers of devices.
+  explicit Communicator(std::vector<Device> devices, std::shared_ptr<ProcessGroup> processes = nullptr);
   /// The argument checks of every per-rank collective: ef::Error, starting with `op`, unless `rank`
-  /// is in [0, size()) and `x` is defined and on that rank's device.
+  /// is in [0, local_size()) and `x` is defined and on that rank's device.
   void check_rank(const char* op, int rank, const Tensor& x) const;
   /// The argument checks of all_reduce_in_place (every implementation has the same contract).
   void check_in_place(const std::vector<Tensor>& per_rank) const;
 
-  std::vector<Device> devices_;                                    ///< rank r's device is devices_[r]
+  std::vector<Device> devices_;                                    ///< local rank r's device is devices_[r]
   std::chrono::milliseconds timeout_ = kDefaultCollectiveTimeout;  ///< what timeout() returns
+  std::shared_ptr<ProcessGroup> processes_;                        ///< what processes() returns
+  int first_rank_ = 0;                                             ///< what first_rank() returns
+  int world_size_ = 0;                                             ///< what size() returns
 };
 
 /// The communicator of CPU devices and of logical devices sharing one GPU: ranks meet in host
@@ -118,9 +138,9 @@ class Communicator {
 class LocalCommunicator final : public Communicator {
  public:
   /// Ranks over `devices` (any mix of CPU and CUDA devices is accepted here; make_communicator
-  /// refuses mixes). Throws ef::Error unless they are a non-empty list of existing devices, each
-  /// once.
-  explicit LocalCommunicator(std::vector<Device> devices);
+  /// refuses mixes), and over the other processes' when `processes` has several: it becomes this
+  /// communicator's channel, used by one thread at a time. Throws as Communicator's constructor.
+  explicit LocalCommunicator(std::vector<Device> devices, std::shared_ptr<ProcessGroup> processes = nullptr);
   const char* kind() const override { return "local"; }
 
   Tensor all_reduce(int rank, const Tensor& x) override;
@@ -143,8 +163,7 @@ class LocalCommunicator final : public Communicator {
     int departed = 0;
     bool complete = false;
   };
-  using Combine = std::vector<Tensor> (*)(const std::vector<Tensor>& inputs, const std::vector<Device>& devices,
-                                          int root);
+  using Combine = std::vector<Tensor> (*)(const std::vector<Tensor>& inputs, const Communicator& comm, int root);
   Tensor meet(int rank, const Tensor& x, const std::string& tag, int root, Combine combine);
 
   mutable std::mutex mu_;
@@ -152,9 +171,14 @@ class LocalCommunicator final : public Communicator {
   std::map<uint64_t, Round> rounds_;
   std::vector<uint64_t> next_sequence_;  ///< per rank
   std::string aborted_;                  ///< why, when aborted
+  /// all_reduce_in_place's channel to the other processes: its calls come from other threads than
+  /// the per-rank collectives', in an order of their own.
+  std::shared_ptr<ProcessGroup> in_place_processes_;
 };
 
-/// NCCL for distinct GPUs, otherwise local. Throws ef::Error for an empty or mixed device list.
-std::shared_ptr<Communicator> make_communicator(const std::vector<Device>& devices);
+/// NCCL for distinct GPUs, otherwise local; across processes when `processes` has several (it
+/// becomes the communicator's channel). Throws ef::Error for an empty or mixed device list.
+std::shared_ptr<Communicator> make_communicator(const std::vector<Device>& devices,
+                                                std::shared_ptr<ProcessGroup> processes = nullptr);
 
 }  // namespace evenflow::parallel

@@ -3,24 +3,57 @@
 #include <condition_variable>
 #include <mutex>
 #include <optional>
+#include <thread>
+#include <utility>
 
 namespace evenflow::parallel {
 
 namespace {
 
-// Which rows of the whole batch each rank's tensor holds (dim 0 of each, in rank order), for the
-// draws per sample (Note [Random numbers per sample] in engine/tensor.h).
-std::vector<BatchRows> batch_rows(const PerDevice<Tensor>& parts) {
-  int64_t total = 0;
-  for (const Tensor& t : parts) total += t.dim() >= 1 ? t.size(0) : 0;
+// The item counts (dim 0) of every process's local batch, in process order, for the per-device
+// parts `parts` of this process's (one all_gather across processes; none in one process).
+std::vector<int64_t> process_batch_sizes(DeviceGroup& group, const PerDevice<Tensor>& parts) {
+  int64_t local = 0;
+  for (const Tensor& t : parts) local += t.dim() >= 1 ? t.size(0) : 0;
+  if (group.processes().size() == 1) return {local};
+  const Tensor all = group.processes().all_gather(full({1}, static_cast<double>(local), {.dtype = kInt64}));
+  const int64_t* v = all.data<int64_t>();
+  return std::vector<int64_t>(v, v + all.numel());
+}
+
+// Which rows of the whole batch (over every process) each rank's tensor holds, dim 0 of each in
+// rank order, for the draws per sample (Note [Random numbers per sample] in engine/tensor.h).
+std::vector<BatchRows> batch_rows(DeviceGroup& group, const PerDevice<Tensor>& parts) {
+  const std::vector<int64_t> sizes = process_batch_sizes(group, parts);
+  int64_t start = 0, total = 0;
+  for (size_t p = 0; p < sizes.size(); ++p) {
+    if (static_cast<int>(p) < group.processes().rank()) start += sizes[p];
+    total += sizes[p];
+  }
   std::vector<BatchRows> rows;
-  int64_t start = 0;
   for (const Tensor& t : parts) {
     const int64_t count = t.dim() >= 1 ? t.size(0) : 0;
     rows.push_back({.start = start, .count = count, .total = total});
     start += count;
   }
   return rows;
+}
+
+std::vector<Tensor> state_tensors(const nn::Module& m) {
+  std::vector<Tensor> out = m.parameters();
+  for (const Tensor& b : m.buffers()) out.push_back(b);
+  return out;
+}
+
+// Process 0's values of `tensors` on every process (one broadcast each; none in one process).
+void broadcast_from_first_process(DeviceGroup& group, const std::vector<Tensor>& tensors) {
+  if (group.processes().size() == 1) return;
+  NoGradGuard no_grad;
+  for (const Tensor& t : tensors) {
+    const Tensor host = t.to(cpu()).contiguous().clone();
+    group.processes().broadcast(host, 0);
+    t.copy_(host.to(t.device()));
+  }
 }
 
 }  // namespace
@@ -45,6 +78,11 @@ std::vector<BatchRows> batch_rows(const PerDevice<Tensor>& parts) {
 // collective of its own backward queued (SyncBatchNorm) could order the two differently on two GPUs
 // and deadlock them (Note [NCCL bucket reduce] in nccl_communicator.cu). Overlap there needs each
 // rank to mark its gradients ready on its own stream; until then NCCL groups reduce after backward.
+//
+// Across processes (Note [Processes]) every process must reduce the buckets in the same order, and
+// the order in which a process's buckets complete depends on its threads' timing. So there a
+// thread of the model's own, the bucket thread, reduces them in bucket order as they complete,
+// and no worker ever waits on another process during backward.
 class GradientSync : public std::enable_shared_from_this<GradientSync> {
  public:
   GradientSync(std::vector<std::vector<Tensor>> params, std::vector<std::string> names,
@@ -52,7 +90,8 @@ class GradientSync : public std::enable_shared_from_this<GradientSync> {
       : params_(std::move(params)),
         names_(std::move(names)),
         comm_(std::move(comm)),
-        overlap_(std::string(comm_->kind()) != "nccl") {
+        overlap_(std::string(comm_->kind()) != "nccl"),
+        ordered_(comm_->processes()->size() > 1) {
     const size_t n = params_[0].size();
     bucket_of_.resize(n);
     size_t bytes = 0;
@@ -69,7 +108,20 @@ class GradientSync : public std::enable_shared_from_this<GradientSync> {
     }
     ready_.assign(n, std::vector<char>(params_.size(), 0));
     reset();
+    if (ordered_) bucket_thread_ = std::thread([this] { reduce_in_order(); });
   }
+
+  ~GradientSync() {
+    if (!ordered_) return;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    bucket_thread_.join();
+  }
+  GradientSync(const GradientSync&) = delete;
+  GradientSync& operator=(const GradientSync&) = delete;
 
   void pause(bool on) { no_sync_depth_ += on ? 1 : -1; }
 
@@ -86,8 +138,13 @@ class GradientSync : public std::enable_shared_from_this<GradientSync> {
                "accumulation under no_sync(), and zero_grad() between steps");
       flag = 1;
       if (--b.pending == 0 && overlap_) {
-        b.state = Bucket::Reducing;
-        to_reduce = &b;
+        if (ordered_) {
+          b.state = Bucket::Ready;
+          cv_.notify_all();
+        } else {
+          b.state = Bucket::Reducing;
+          to_reduce = &b;
+        }
       }
     }
     if (to_reduce != nullptr) reduce(*to_reduce);
@@ -96,6 +153,22 @@ class GradientSync : public std::enable_shared_from_this<GradientSync> {
   void finish() {
     std::unique_lock<std::mutex> lock(mu_);
     finish_queued_ = false;
+    if (ordered_) {
+      // The rest in bucket order, on the bucket thread.
+      for (Bucket& b : buckets_)
+        if (b.state == Bucket::Waiting) b.state = Bucket::Ready;
+      cv_.notify_all();
+      cv_.wait(lock, [&] {
+        for (const Bucket& b : buckets_)
+          if (b.state != Bucket::Reduced) return false;
+        return true;
+      });
+      if (!bucket_error_.empty()) {
+        const std::string error = std::exchange(bucket_error_, std::string());
+        EF_ERROR(error);
+      }
+      return;
+    }
     cv_.wait(lock, [&] {
       for (const Bucket& b : buckets_)
         if (b.state == Bucket::Reducing) return false;
@@ -111,7 +184,15 @@ class GradientSync : public std::enable_shared_from_this<GradientSync> {
   }
 
   void reset() {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
+    // A bucket the bucket thread took is finished first (a failed step can leave one behind).
+    cv_.wait(lock, [&] {
+      for (const Bucket& b : buckets_)
+        if (b.state == Bucket::Reducing) return false;
+      return true;
+    });
+    next_ = 0;
+    bucket_error_.clear();
     for (auto& r : ready_) std::fill(r.begin(), r.end(), 0);
     for (Bucket& b : buckets_) {
       b.state = Bucket::Waiting;
@@ -121,7 +202,7 @@ class GradientSync : public std::enable_shared_from_this<GradientSync> {
 
  private:
   struct Bucket {
-    enum State { Waiting, Reducing, Reduced };
+    enum State { Waiting, Ready, Reducing, Reduced };  // Ready: complete, for the bucket thread
     std::vector<size_t> params;
     int pending = 0;
     State state = Waiting;
@@ -132,10 +213,26 @@ class GradientSync : public std::enable_shared_from_this<GradientSync> {
   void reduce(Bucket& b) {
     std::string error;
     try {
-      for (size_t j : b.params) {
-        bool any = false;
-        for (const auto& rank_params : params_) any = any || rank_params[j].grad().defined();
-        if (!any) continue;
+      // Across processes, whether any rank has a gradient is asked of every process (one small
+      // sum), so that all of them make the same calls.
+      std::vector<int64_t> ranks_with_grad(b.params.size(), 0);
+      for (size_t i = 0; i < b.params.size(); ++i)
+        for (const auto& rank_params : params_) ranks_with_grad[i] += rank_params[b.params[i]].grad().defined();
+      if (ordered_) {
+        std::vector<Tensor> counts;
+        for (const auto& rank_params : params_) {
+          counts.push_back(counts.empty() ? from_int_vector(ranks_with_grad, {static_cast<int64_t>(b.params.size())},
+                                                            rank_params[0].device())
+                                          : zeros({static_cast<int64_t>(b.params.size())},
+                                                  {.dtype = kInt64, .device = rank_params[0].device()}));
+        }
+        comm_->all_reduce_in_place(counts);
+        const Tensor total = counts[0].to(cpu());
+        for (size_t i = 0; i < b.params.size(); ++i) ranks_with_grad[i] = total.data<int64_t>()[i];
+      }
+      for (size_t i = 0; i < b.params.size(); ++i) {
+        const size_t j = b.params[i];
+        if (ranks_with_grad[i] == 0) continue;
         std::vector<Tensor> grads;
         for (const auto& rank_params : params_) {
           const Tensor& p = rank_params[j];
@@ -155,25 +252,51 @@ class GradientSync : public std::enable_shared_from_this<GradientSync> {
     EF_CHECK(error.empty(), "data parallel: gradient all-reduce failed: ", error);
   }
 
+  // The bucket thread: reduces the Ready buckets in bucket order, one after another.
+  void reduce_in_order() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [&] { return stopping_ || (next_ < buckets_.size() && buckets_[next_].state == Bucket::Ready); });
+      if (stopping_) return;
+      Bucket& b = buckets_[next_++];
+      b.state = Bucket::Reducing;
+      lock.unlock();
+      try {
+        reduce(b);
+      } catch (const std::exception& e) {
+        lock.lock();
+        if (bucket_error_.empty()) bucket_error_ = e.what();
+        continue;
+      }
+      lock.lock();
+    }
+  }
+
   std::vector<std::vector<Tensor>> params_;  // [rank][parameter]
   std::vector<std::string> names_;
   std::shared_ptr<Communicator> comm_;
   bool overlap_;  // reduce buckets during backward (see above)
+  bool ordered_;  // across processes: the bucket thread reduces them, in order (see above)
   std::vector<Bucket> buckets_;
   std::vector<size_t> bucket_of_;
   std::vector<std::vector<char>> ready_;  // [parameter][rank]
   std::atomic<int> no_sync_depth_{0};
   bool finish_queued_ = false;  // a pass will call finish() when it ends (guarded by mu_)
+  size_t next_ = 0;             // the bucket the bucket thread reduces next (guarded by mu_)
+  std::string bucket_error_;    // the bucket thread's first failure, for finish() (guarded by mu_)
+  bool stopping_ = false;       // guarded by mu_
+  std::thread bucket_thread_;   // only when ordered_
   std::mutex mu_;
   std::condition_variable cv_;
 };
 
 DataParallelModel::DataParallelModel(std::shared_ptr<nn::Module> module, std::vector<Device> devices,
                                      const DataParallelOptions& options)
-    : group_(std::make_unique<DeviceGroup>(std::move(devices))) {
+    : group_(std::make_unique<DeviceGroup>(std::move(devices), options.processes)) {
   EF_CHECK(module != nullptr, "DataParallelModel: no module given");
   group_->set_timeout(options.collective_timeout);
   module->to(group_->device(0));
+  broadcast_from_first_process(*group_, state_tensors(*module));
   replicas_.push_back(std::move(module));
   for (int r = 1; r < group_->size(); ++r) {
     std::shared_ptr<nn::Module> copy = replicas_[0]->clone();
@@ -227,7 +350,7 @@ PerDevice<Tensor> DataParallelModel::forward(const PerDevice<Tensor>& inputs) {
       for (size_t i = 0; i < sources.size(); ++i) targets[i].copy_(sources[i].to(targets[i].device()));
     }
   }
-  const std::vector<BatchRows> rows = batch_rows(inputs);
+  const std::vector<BatchRows> rows = batch_rows(*group_, inputs);
   return map(k, [&](nn::Module& replica, int rank) {
     std::optional<BatchRowsGuard> guard;  // none for a 0-d or empty input: it holds no rows
     if (rows[static_cast<size_t>(rank)].count > 0) guard.emplace(rows[static_cast<size_t>(rank)]);
@@ -263,12 +386,24 @@ void DataParallelModel::reset_gradient_sync() {
 }
 
 void DataParallelModel::copy_primary_to_replicas() {
+  broadcast_from_first_process(*group_, state_tensors(*replicas_[0]));
   const nn::NamedTensors state = replicas_[0]->state_dict();
   for (size_t r = 1; r < replicas_.size(); ++r) replicas_[r]->load_state_dict(state);
 }
 
 void DataParallelModel::check_replicas() const {
   const nn::NamedTensors reference = replicas_[0]->state_dict();
+  if (group_->processes().size() > 1) {
+    for (const auto& [name, t] : reference) {
+      const Tensor mine = t.to(cpu()).contiguous().clone();
+      const Tensor first = mine.clone();
+      group_->processes().broadcast(first, 0);
+      const Tensor a = first.to(kFloat64), b = mine.to(kFloat64);
+      const double diff = a.numel() == 0 ? 0.0 : amax(abs(a - b)).item();
+      EF_CHECK(diff == 0.0, "data parallel: process ", group_->processes().rank(),
+               "'s replica 0 differs from process 0's in '", name, "' (largest difference ", diff, ")");
+    }
+  }
   for (size_t r = 1; r < replicas_.size(); ++r) {
     const nn::NamedTensors other = replicas_[r]->state_dict();
     for (size_t i = 0; i < reference.size(); ++i) {
@@ -304,16 +439,16 @@ Tensor DataParallelCriterion::operator()(const RankLoss& fn, const PerDevice<Ten
   const int k = static_cast<int>(chunks.size());
   EF_CHECK(k >= 1 && k <= model_.size(), "DataParallelCriterion: ", k, " chunks for ", model_.size(), " devices");
   std::vector<int64_t> chunk_sizes;
-  int64_t total = 0;
   for (int r = 0; r < k; ++r) {
     const Tensor& c = chunks[static_cast<size_t>(r)];
     EF_CHECK(c.defined() && c.dim() >= 1 && c.size(0) > 0, "DataParallelCriterion: chunk ", r,
              " must be a tensor with a non-empty batch dim, got ", c.defined() ? shape_str(c.shape()) : "undefined");
     chunk_sizes.push_back(c.size(0));
-    total += c.size(0);
   }
+  DeviceGroup& group = model_.group();
+  const std::vector<BatchRows> rows = batch_rows(group, chunks);
+  const int64_t total = rows[0].total;  // the whole batch's, over every process
   std::vector<Tensor> losses(static_cast<size_t>(k));
-  const std::vector<BatchRows> rows = batch_rows(chunks);
   model_.group().run(
       [&](int rank) {
         Tensor l;
@@ -334,7 +469,17 @@ Tensor DataParallelCriterion::operator()(const RankLoss& fn, const PerDevice<Ten
         losses[static_cast<size_t>(rank)] = l;
       },
       k);
-  return reduce_add(losses, model_.devices()[0]);
+  const Tensor local = reduce_add(losses, model_.devices()[0]);
+  if (group.processes().size() == 1) return local;
+  // Note [Loss across processes]
+  // Every process returns the whole job's loss, but differentiates only its own part: its
+  // replicas' gradients, summed over every rank by the gradient sync, are then the whole batch's,
+  // as in one process. (A differentiable all_reduce would hand each process the sum of every
+  // process's seed, P times too much.) local - local.detach() is 0 with local's derivatives, to
+  // any order; the job's loss is added as a constant.
+  const Tensor job = local.detach().to(cpu()).reshape({1}).contiguous().clone();
+  group.processes().all_reduce(job);
+  return (local - local.detach()) + reshape(job.to(local.device()), local.shape());
 }
 
 Tensor DataParallelCriterion::gathered(const PerDevice<Tensor>& outputs, const PerDevice<Tensor>& targets) const {

@@ -50,6 +50,10 @@ struct DataParallelOptions {
   size_t bucket_bytes = size_t{25} << 20;
   /// Timeout of every collective of the group (Note [Collectives]).
   std::chrono::milliseconds collective_timeout = kDefaultCollectiveTimeout;
+  /// The processes the model spans (Note [Processes] in process_group.h): by default the job's,
+  /// so a program started by `mpirun -np P` trains one model over every device of the P processes;
+  /// single_process() keeps it to this process's devices.
+  std::shared_ptr<ProcessGroup> processes = parallel::processes();
 };
 
 /// Persistent replicas of a module, one per device of its DeviceGroup, whose gradients are

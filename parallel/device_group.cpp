@@ -65,18 +65,23 @@ const RankContext* current_rank() {
   return tls_rank;
 }
 
-DeviceGroup::DeviceGroup(std::vector<Device> devices) : devices_(std::move(devices)) {
+DeviceGroup::DeviceGroup(std::vector<Device> devices, const std::shared_ptr<ProcessGroup>& processes)
+    : devices_(std::move(devices)), processes_(processes ? processes->duplicate() : single_process()) {
   check_distinct_devices("DeviceGroup", devices_);
   comms_.resize(devices_.size());
+  if (processes_->size() > 1) comm();  // checks that every process has as many devices
 }
 
 const std::shared_ptr<Communicator>& DeviceGroup::comm(int active) {
   const int k = active < 0 ? size() : active;
   EF_CHECK(k >= 1 && k <= size(), "DeviceGroup: ", k, " active ranks requested of ", size());
+  EF_CHECK(k == size() || processes_->size() == 1, "DeviceGroup: ", k, " active ranks of ", size(),
+           ": across processes every device of every process takes part (give each at least one item)");
   std::lock_guard<std::mutex> lock(mu_);
   std::shared_ptr<Communicator>& c = comms_[static_cast<size_t>(k - 1)];
   if (!c) {
-    c = make_communicator(std::vector<Device>(devices_.begin(), devices_.begin() + k));
+    c = make_communicator(std::vector<Device>(devices_.begin(), devices_.begin() + k),
+                          processes_->size() > 1 ? processes_->duplicate() : nullptr);
     c->set_timeout(timeout_);
   }
   return c;
@@ -85,6 +90,7 @@ const std::shared_ptr<Communicator>& DeviceGroup::comm(int active) {
 void DeviceGroup::set_timeout(std::chrono::milliseconds timeout) {
   std::lock_guard<std::mutex> lock(mu_);
   timeout_ = timeout;
+  processes_->set_timeout(timeout);
   for (auto& c : comms_)
     if (c) c->set_timeout(timeout);
 }
@@ -99,7 +105,7 @@ void DeviceGroup::run(const std::function<void(int rank)>& task, int active) {
   const int k = active < 0 ? size() : active;
   EF_CHECK(k >= 0 && k <= size(), "DeviceGroup::run: ", k, " active ranks requested of ", size());
   if (k == 0) return;
-  const std::shared_ptr<Communicator> communicator = comm(k);
+  const std::shared_ptr<Communicator> communicator = comm(k);  // checks k across processes
   {
     // A failed backward pass aborts communicators outside any run; nothing is in flight now.
     std::lock_guard<std::mutex> lock(mu_);

@@ -37,18 +37,31 @@ struct RankContext {
 const RankContext* current_rank();
 
 /// The devices of a data-parallel program, one rank per device, with the communicators over them
-/// (made on first use, make_communicator). DataParallelModel owns one.
+/// (made on first use, make_communicator). DataParallelModel owns one. In a job of several
+/// processes (Note [Processes] in process_group.h) the group spans them: each process makes its
+/// own group over its own devices, in the same order as the others, and every rank of every
+/// process takes part in every run.
 class DeviceGroup {
  public:
-  /// Throws ef::Error unless `devices` is a non-empty list of existing devices, each once.
-  explicit DeviceGroup(std::vector<Device> devices);
+  /// This process's devices, and the job's processes the group spans (nullptr: this process
+  /// alone; processes() for the whole job). Throws ef::Error unless `devices` is a non-empty list
+  /// of existing devices, each once, or when processes hold different numbers of devices.
+  explicit DeviceGroup(std::vector<Device> devices, const std::shared_ptr<ProcessGroup>& processes = nullptr);
 
-  int size() const { return static_cast<int>(devices_.size()); }   ///< The number of ranks.
+  int size() const { return static_cast<int>(devices_.size()); }  ///< This process's ranks.
+  /// The ranks over every process: size() times the number of processes.
+  int world_size() const { return size() * processes_->size(); }
+  /// The global rank of this process's rank 0.
+  int first_rank() const { return size() * processes_->rank(); }
+  /// The group's own channel to the other processes (a duplicate of the one it was given), for the
+  /// calls its owner makes from the thread that calls run(); a one-process group in one process.
+  ProcessGroup& processes() { return *processes_; }
   const std::vector<Device>& devices() const { return devices_; }  ///< Rank r is on devices()[r].
   /// Rank `rank`'s device; throws std::out_of_range for a rank outside [0, size()).
   const Device& device(int rank) const { return devices_.at(static_cast<size_t>(rank)); }
 
-  /// Runs task(rank) for ranks 0..active-1 (default all), each on its device's worker, concurrently,
+  /// Runs task(rank) for ranks 0..active-1 (default all; across processes, all only), each on its
+  /// device's worker, concurrently,
   /// with the caller's grad mode (a NoGradGuard around run covers the tasks), and returns when all
   /// are done. If tasks throw, the group's communicator is aborted (so ranks
   /// waiting in a collective stop waiting), every task is still waited for, the communicator is
@@ -58,13 +71,15 @@ class DeviceGroup {
 
   /// The communicator over the first `active` ranks (all by default); shared with the autograd nodes
   /// of collectives recorded through it. A negative `active` means all; otherwise it must be in
-  /// [1, size()] (ef::Error). Thread-safe.
+  /// [1, size()], and size() across processes (ef::Error). Thread-safe; across processes, the first
+  /// call (which makes the communicator) is made by every process at the same point.
   const std::shared_ptr<Communicator>& comm(int active = -1);
   /// Sets the timeout of collectives (every communicator of the group).
   void set_timeout(std::chrono::milliseconds timeout);
 
  private:
   std::vector<Device> devices_;
+  std::shared_ptr<ProcessGroup> processes_;
   std::vector<std::shared_ptr<Communicator>> comms_;  ///< comms_[k - 1]: over ranks 0..k-1, made on first use
   std::chrono::milliseconds timeout_ = kDefaultCollectiveTimeout;
   std::mutex mu_;

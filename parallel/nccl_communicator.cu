@@ -2,12 +2,15 @@
 // collectives are NCCL calls made by that rank's thread on its device's stream, so they are ordered
 // with the engine's kernels; all_reduce_in_place is one NCCL group over a second set of NCCL
 // communicators, on a side stream per device. Every call waits for its collective to complete, which
-// is what turns a missing rank into a timeout and an error instead of a hang.
+// is what turns a missing rank into a timeout and an error instead of a hang. Across processes
+// (Note [Processes] in process_group.h) each process holds the NCCL ranks of its own devices, global
+// ranks first_rank() .. first_rank() + local_size() - 1 of one NCCL communicator per set.
 #include <nccl.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -70,7 +73,7 @@ using cuda_backend::CudaBackend;
 // compute streams, so on each GPU the bucket reduce and those collectives come in a different order.
 // An NCCL kernel blocks until its peers arrive: if the bucket reduce shared a stream or a handle with
 // those collectives, GPU 0 could wait in the bucket reduce for GPU 1 while GPU 1 waits in a
-// SyncBatchNorm reduce for GPU 0. So the buckets get their own handles (a second ncclCommInitAll) and
+// SyncBatchNorm reduce for GPU 0. So the buckets get their own handles (a second set) and
 // a side stream per device. The side stream first waits for an event recorded on the compute stream
 // when the call is made, so the reduce reads finished gradients. That event also covers everything
 // else already queued there: a per-rank collective that another rank queued and that needs the
@@ -120,7 +123,8 @@ using HandleSet = Handle Rank::*;
 
 class NcclCommunicator final : public Communicator {
  public:
-  NcclCommunicator(std::vector<Device> devices, const std::vector<CudaBackend*>& backends);
+  NcclCommunicator(std::vector<Device> devices, const std::vector<CudaBackend*>& backends,
+                   std::shared_ptr<ProcessGroup> processes);
   ~NcclCommunicator() override { release(); }
   const char* kind() const override { return "nccl"; }
 
@@ -151,8 +155,11 @@ class NcclCommunicator final : public Communicator {
   [[noreturn]] void fail(const std::string& what, const std::string& why);
   void throw_if_aborted(const std::string& what);
   std::vector<std::unique_lock<std::mutex>> lock_all(HandleSet set);
-  // Both sets of handles, from ncclCommInitAll; the caller holds every handle's mutex.
+  // Both sets of handles: from ncclCommInitAll in one process, from ncclCommInitRank on an id
+  // shared through processes() across several. The caller holds every handle's mutex.
   void create_handles();
+  // A new NCCL unique id, made by process 0 and sent to every process on processes().
+  ncclUniqueId shared_unique_id();
   void release() noexcept;
 
   std::vector<std::unique_ptr<Rank>> ranks_;
@@ -164,8 +171,9 @@ class NcclCommunicator final : public Communicator {
   std::string abort_reason_;
 };
 
-NcclCommunicator::NcclCommunicator(std::vector<Device> devices, const std::vector<CudaBackend*>& backends)
-    : Communicator(std::move(devices)) {
+NcclCommunicator::NcclCommunicator(std::vector<Device> devices, const std::vector<CudaBackend*>& backends,
+                                   std::shared_ptr<ProcessGroup> processes)
+    : Communicator(std::move(devices), std::move(processes)) {
   try {
     for (CudaBackend* backend : backends) {
       ranks_.push_back(std::make_unique<Rank>());
@@ -194,9 +202,59 @@ void NcclCommunicator::create_handles() {
   }
   for (HandleSet set : {&Rank::collectives, &Rank::buckets}) {
     std::vector<ncclComm_t> comms(ranks_.size(), nullptr);
-    NCCL_CHECK(ncclCommInitAll(comms.data(), size(), physical_ids_.data()));
+    if (processes()->size() == 1) {
+      NCCL_CHECK(ncclCommInitAll(comms.data(), local_size(), physical_ids_.data()));
+    } else {
+      const ncclUniqueId id = shared_unique_id();
+      // One thread initializes several ranks of one communicator, and each ncclCommInitRank blocks
+      // until every rank has joined: outside a group the first call would wait for the others
+      // forever. In a group NCCL initializes them together at ncclGroupEnd. As in
+      // all_reduce_in_place, the group is closed even when a call in it fails, and every rank that
+      // can is initialized, so that the other processes' ranks are not left waiting for it.
+      int failed_device = -1;
+      cudaError_t set_device_error = cudaSuccess;
+      ncclResult_t first_error = ncclSuccess;
+      NCCL_CHECK(ncclGroupStart());
+      for (size_t r = 0; r < ranks_.size(); ++r) {
+        const cudaError_t set_device_status = cudaSetDevice(physical_ids_[r]);
+        if (set_device_status != cudaSuccess) {
+          if (set_device_error == cudaSuccess) {
+            set_device_error = set_device_status;
+            failed_device = physical_ids_[r];
+          }
+          (void)cudaGetLastError();
+          continue;
+        }
+        const ncclResult_t status = ncclCommInitRank(&comms[r], size(), id, first_rank() + static_cast<int>(r));
+        if (first_error == ncclSuccess) first_error = status;
+      }
+      const ncclResult_t end_status = ncclGroupEnd();
+      EF_CHECK(set_device_error == cudaSuccess, "nccl: cudaSetDevice(", failed_device, ") failed: CUDA error '",
+               cudaGetErrorString(set_device_error), "' (", static_cast<int>(set_device_error), ")");
+      NCCL_CHECK(first_error);
+      NCCL_CHECK(end_status);
+    }
     for (size_t r = 0; r < ranks_.size(); ++r) ((*ranks_[r]).*set).comm = comms[r];
   }
+}
+
+ncclUniqueId NcclCommunicator::shared_unique_id() {
+  ncclUniqueId id{};
+  ncclResult_t status = ncclSuccess;
+  std::string bytes;
+  if (processes()->rank() == 0) {
+    status = ncclGetUniqueId(&id);
+    // On a failure process 0 still sends (nothing), so that the others fail at once with it rather
+    // than at the timeout.
+    if (status == ncclSuccess) bytes = std::string(reinterpret_cast<const char*>(&id), sizeof id);
+  }
+  const std::string received = processes()->broadcast_bytes(bytes, 0);
+  NCCL_CHECK(status);
+  EF_CHECK(received.size() == sizeof(ncclUniqueId), "nccl: process ", processes()->rank(), " received ",
+           received.size(), " bytes for the NCCL unique id from process 0, expected ", sizeof(ncclUniqueId),
+           received.empty() ? " (process 0 could not create one)" : "");
+  std::memcpy(&id, received.data(), sizeof id);
+  return id;
 }
 
 void NcclCommunicator::release() noexcept {
@@ -344,7 +402,8 @@ Tensor NcclCommunicator::reduce(int rank, const Tensor& x, int root) {
   run("reduce", rank, in, [&](ncclComm_t comm, cudaStream_t stream) {
     return ncclReduce(in.data_ptr(), out.data_ptr(), count_of(in), type, ncclSum, root, comm, stream);
   });
-  return rank == root ? out : Tensor();
+  // root is a global rank (NCCL's ranks are); only the local rank holding it gets the sum.
+  return first_rank() + rank == root ? out : Tensor();
 }
 
 Tensor NcclCommunicator::all_gather(int rank, const Tensor& x) {
@@ -385,7 +444,8 @@ void NcclCommunicator::all_reduce_in_place(const std::vector<Tensor>& per_rank) 
   std::lock_guard<std::mutex> in_place_lock(in_place_mu_);
   const std::string what =
       detail::str_cat("nccl all_reduce_in_place (call ", in_place_sequence_++, " of ", shape_str(per_rank[0].shape()),
-                      " ", dtype_name(per_rank[0].dtype()), ") on ", size(), " GPUs");
+                      " ", dtype_name(per_rank[0].dtype()), ") on ", local_size(), " GPUs",
+                      processes()->size() > 1 ? detail::str_cat(" of process ", processes()->rank()) : "");
   if (count == 0) {
     throw_if_aborted(what);
     return;
@@ -451,6 +511,11 @@ bool NcclCommunicator::aborted() const {
   return aborted_;
 }
 
+// Across processes every process must reset at the same time: the handles are re-created
+// collectively (a new unique id from process 0, then every rank's ncclCommInitRank), and a process
+// that does not take part (one that was not aborted, or that has ended) makes the others' reset time
+// out or hang in NCCL's bootstrap. So after an abort across processes the job should end rather than
+// reset; in one process reset() re-creates the handles on its own.
 void NcclCommunicator::reset() {
   std::lock_guard<std::mutex> in_place_lock(in_place_mu_);
   auto collective_locks = lock_all(&Rank::collectives);
@@ -480,7 +545,8 @@ void NcclCommunicator::reset() {
 
 }  // namespace
 
-std::shared_ptr<Communicator> make_nccl_communicator(const std::vector<Device>& devices) {
+std::shared_ptr<Communicator> make_nccl_communicator(const std::vector<Device>& devices,
+                                                     std::shared_ptr<ProcessGroup> processes) {
   EF_CHECK(!devices.empty(), "make_nccl_communicator: no devices given");
   std::vector<CudaBackend*> backends;
   std::set<int> gpus;
@@ -497,7 +563,7 @@ std::shared_ptr<Communicator> make_nccl_communicator(const std::vector<Device>& 
   // Connect every pair at init rather than at a first collective (NCCL 2.22+ connects lazily, inside
   // a call that blocks on the host without a timeout until the peer makes it too). A user's setting wins.
   setenv("NCCL_RUNTIME_CONNECT", "0", 0);
-  return std::make_shared<NcclCommunicator>(devices, backends);
+  return std::make_shared<NcclCommunicator>(devices, backends, std::move(processes));
 }
 
 }  // namespace evenflow::parallel

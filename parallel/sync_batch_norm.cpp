@@ -29,7 +29,7 @@ Tensor SyncBatchNorm::forward(const Tensor& x) {
            shape_str(x.shape()), ")");
   check_input_matches_params(x);
   const auto& comm = where->comm;
-  const int rank = where->rank, ranks = comm->size();
+  const int rank = comm->first_rank() + where->rank, ranks = comm->size();  // global: over every process
 
   Shape dims{0}, stat_shape(static_cast<size_t>(x.dim()), 1);
   stat_shape[1] = c;
@@ -40,10 +40,10 @@ Tensor SyncBatchNorm::forward(const Tensor& x) {
   const Tensor local_m2 = sum(square(x - reshape(local_mean, stat_shape)), dims);
   const Tensor row = cat({full({1}, n_r, {.dtype = x.dtype(), .device = x.device()}), local_mean, local_m2}, 0);
   const Tensor rows =
-      all_reduce(comm, rank, pad(unsqueeze(row, 0), {0, 0, rank, ranks - 1 - rank}));  // [ranks, 1 + 2C]
-  const Tensor counts = narrow(rows, 1, 0, 1);                                         // [ranks, 1]
-  const Tensor means = narrow(rows, 1, 1, c), m2s = narrow(rows, 1, 1 + c, c);         // [ranks, C]
-  const Tensor count = sum(counts);                                                    // n, 0-d
+      all_reduce(comm, where->rank, pad(unsqueeze(row, 0), {0, 0, rank, ranks - 1 - rank}));  // [ranks, 1 + 2C]
+  const Tensor counts = narrow(rows, 1, 0, 1);                                                // [ranks, 1]
+  const Tensor means = narrow(rows, 1, 1, c), m2s = narrow(rows, 1, 1 + c, c);                // [ranks, C]
+  const Tensor count = sum(counts);                                                           // n, 0-d
   if (local_count <= 1) {
     const double total = count.item();
     EF_CHECK(total > 1, "SyncBatchNorm: expected more than 1 value per channel over all devices when training, got ",

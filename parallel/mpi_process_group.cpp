@@ -1,0 +1,347 @@
+// ProcessGroup over MPI (Note [Processes] in process_group.h). Built only where CMake found MPI.
+//
+// Note [MPI from several threads]
+// Several threads of a process use MPI: each device communicator's last-arriving rank, and each
+// model's gradient thread. MPI_THREAD_SERIALIZED is enough: one mutex guards every MPI call, and no
+// thread holds it while it waits, because every collective is nonblocking (MPI_I*) and waited for by
+// polling MPI_Test with the mutex taken only around each call. A blocking call under the mutex would
+// deadlock two channels whose calls the processes make in different orders; polling also gives the
+// timeout and lets a waiting call notice, at every poll, a failure another process reported (fail():
+// a message on a channel of its own). Open MPI progresses nonblocking collectives only inside MPI
+// calls, so the poll spins (yielding) for its first millisecond, then sleeps 50 µs between polls.
+#include <mpi.h>
+
+#include <atomic>
+#include <cstring>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "evenflow/parallel/process_group_internal.h"
+
+namespace evenflow::parallel {
+
+bool multi_process_support() {
+  return true;
+}
+
+namespace {
+
+std::mutex g_mpi;  // guards every MPI call (Note [MPI from several threads])
+
+constexpr int kFailureTag = 7001;
+
+std::string mpi_error(int code) {
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(code, text, &len);
+  return std::string(text, static_cast<size_t>(len));
+}
+
+#define EF_MPI_CHECK(call, what)                                                                  \
+  do {                                                                                            \
+    const int ef_mpi_code = (call);                                                               \
+    EF_CHECK(ef_mpi_code == MPI_SUCCESS, what, ": ", #call, " failed: ", mpi_error(ef_mpi_code)); \
+  } while (false)
+
+MPI_Datatype mpi_type(DType t) {
+  switch (t) {
+    case kFloat32:
+      return MPI_FLOAT;
+    case kFloat64:
+      return MPI_DOUBLE;
+    case kInt64:
+      return MPI_INT64_T;
+    default:
+      break;
+  }
+  EF_ERROR("MPI: no MPI type for ", dtype_name(t));
+}
+
+// What the job shares: MPI's state, the failure channel and the first failure heard of.
+struct Job {
+  int rank = 0;
+  int size = 1;
+  MPI_Comm failures = MPI_COMM_NULL;  // fail()'s messages
+  std::string failed;                 // the first failure another process reported (guarded by g_mpi)
+  bool this_failed = false;           // fail() was called here: end with MPI_Abort, not MPI_Finalize
+  std::vector<MPI_Request> notices;   // fail()'s sends
+
+  Job() {
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    int provided = 0;
+    if (initialized) {
+      MPI_Query_thread(&provided);
+    } else {
+      EF_MPI_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided), "MPI");
+    }
+    EF_CHECK(provided >= MPI_THREAD_SERIALIZED,
+             "MPI: evenflow calls MPI from several threads, one at a time, and needs MPI_THREAD_SERIALIZED; this "
+             "MPI library offers only level ",
+             provided);
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    EF_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank), "MPI");
+    EF_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size), "MPI");
+    EF_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &failures), "MPI");
+  }
+
+  ~Job() {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (finalized) return;
+    // A process that failed ends the job (the launcher stops the others, which have heard why);
+    // a clean one waits for the others in MPI_Finalize.
+    if (this_failed) MPI_Abort(MPI_COMM_WORLD, 1);
+    MPI_Finalize();
+  }
+
+  // Throws the failure another process reported, if any. Caller holds g_mpi.
+  void check_failures(const char* op) {
+    if (failed.empty() && size > 1) {
+      int flag = 0;
+      MPI_Status status;
+      MPI_Iprobe(MPI_ANY_SOURCE, kFailureTag, failures, &flag, &status);
+      if (flag) {
+        int len = 0;
+        MPI_Get_count(&status, MPI_CHAR, &len);
+        std::string why(static_cast<size_t>(len), '\0');
+        MPI_Recv(why.data(), len, MPI_CHAR, status.MPI_SOURCE, kFailureTag, failures, MPI_STATUS_IGNORE);
+        failed = detail::str_cat("process ", status.MPI_SOURCE, " of ", size, " failed: ", why);
+      }
+    }
+    EF_CHECK(failed.empty(), op, " on process ", rank, ": ", failed);
+  }
+};
+
+Job& job() {
+  static Job the_job;
+  return the_job;
+}
+
+class MpiProcessGroup final : public ProcessGroup {
+ public:
+  MpiProcessGroup(MPI_Comm comm, int rank, int size) : ProcessGroup(rank, size), comm_(comm) {
+    MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+  }
+  ~MpiProcessGroup() override {
+    // A channel with a call left pending (a timeout, a failure) cannot be freed safely.
+    if (broken_.empty()) {
+      std::lock_guard<std::mutex> lock(g_mpi);
+      int finalized = 0;
+      MPI_Finalized(&finalized);
+      if (!finalized) MPI_Comm_free(&comm_);
+    }
+  }
+  const char* kind() const override { return "mpi"; }
+
+  std::shared_ptr<ProcessGroup> duplicate() override {
+    const Call call(*this, "duplicate");
+    MPI_Comm copy = MPI_COMM_NULL;
+    MPI_Request request;
+    {
+      std::lock_guard<std::mutex> lock(g_mpi);
+      EF_MPI_CHECK(MPI_Comm_idup(comm_, &copy, &request), "duplicate");
+    }
+    wait(request, "duplicate");
+    auto group = std::make_shared<MpiProcessGroup>(copy, rank(), size());
+    group->set_timeout(timeout());
+    return group;
+  }
+
+  void all_reduce(const Tensor& x) override {
+    check_host_tensor("all_reduce", x);
+    const Call call(*this, "all_reduce");
+    if (size() == 1 || x.numel() == 0) return;
+    // Every element is summed by one process, which sends the sum to the others: the results are
+    // the same bits everywhere (MPI_Allreduce does not promise it). Process p sums block p.
+    const int64_t n = x.numel();
+    std::vector<int> counts(static_cast<size_t>(size())), displs(static_cast<size_t>(size()));
+    int64_t start = 0;
+    for (int p = 0; p < size(); ++p) {
+      const int64_t count = n / size() + (p < n % size() ? 1 : 0);
+      EF_CHECK(count <= INT32_MAX, "all_reduce: ", n, " elements is more than MPI's int counts hold per process");
+      counts[static_cast<size_t>(p)] = static_cast<int>(count);
+      displs[static_cast<size_t>(p)] = static_cast<int>(start);
+      start += count;
+    }
+    const MPI_Datatype type = mpi_type(x.dtype());
+    const size_t esize = dtype_size(x.dtype());
+    std::vector<char> block(static_cast<size_t>(counts[static_cast<size_t>(rank())]) * esize + 1);
+    MPI_Request request;
+    {
+      std::lock_guard<std::mutex> lock(g_mpi);
+      EF_MPI_CHECK(MPI_Ireduce_scatter(x.data_ptr(), block.data(), counts.data(), type, MPI_SUM, comm_, &request),
+                   "all_reduce");
+    }
+    wait(request, "all_reduce");
+    {
+      std::lock_guard<std::mutex> lock(g_mpi);
+      EF_MPI_CHECK(MPI_Iallgatherv(block.data(), counts[static_cast<size_t>(rank())], type, x.data_ptr(), counts.data(),
+                                   displs.data(), type, comm_, &request),
+                   "all_reduce");
+    }
+    wait(request, "all_reduce");
+  }
+
+  void broadcast(const Tensor& x, int root) override {
+    check_host_tensor("broadcast", x);
+    EF_CHECK(root >= 0 && root < size(), "broadcast: root process ", root, " is out of range for ", size(),
+             " processes");
+    const Call call(*this, "broadcast");
+    if (size() == 1 || x.numel() == 0) return;
+    EF_CHECK(x.numel() <= INT32_MAX, "broadcast: ", x.numel(), " elements is more than MPI's int counts hold");
+    MPI_Request request;
+    {
+      std::lock_guard<std::mutex> lock(g_mpi);
+      EF_MPI_CHECK(MPI_Ibcast(x.data_ptr(), static_cast<int>(x.numel()), mpi_type(x.dtype()), root, comm_, &request),
+                   "broadcast");
+    }
+    wait(request, "broadcast");
+  }
+
+  Tensor all_gather(const Tensor& x) override {
+    check_host_tensor("all_gather", x);
+    EF_CHECK(x.dim() >= 1, "all_gather: needs at least one dim, got a scalar");
+    const Call call(*this, "all_gather");
+    Shape shape = x.shape();
+    shape[0] *= size();
+    Tensor out = empty(shape, {.dtype = x.dtype()});
+    if (x.numel() == 0) return out;
+    EF_CHECK(out.numel() <= INT32_MAX, "all_gather: ", out.numel(), " elements is more than MPI's int counts hold");
+    const MPI_Datatype type = mpi_type(x.dtype());
+    MPI_Request request;
+    {
+      std::lock_guard<std::mutex> lock(g_mpi);
+      EF_MPI_CHECK(MPI_Iallgather(x.data_ptr(), static_cast<int>(x.numel()), type, out.data_ptr(),
+                                  static_cast<int>(x.numel()), type, comm_, &request),
+                   "all_gather");
+    }
+    wait(request, "all_gather");
+    return out;
+  }
+
+  std::string broadcast_bytes(const std::string& bytes, int root) override {
+    EF_CHECK(root >= 0 && root < size(), "broadcast_bytes: root process ", root, " is out of range for ", size(),
+             " processes");
+    const Call call(*this, "broadcast_bytes");
+    if (size() == 1) return bytes;
+    int64_t length = static_cast<int64_t>(bytes.size());
+    MPI_Request request;
+    {
+      std::lock_guard<std::mutex> lock(g_mpi);
+      EF_MPI_CHECK(MPI_Ibcast(&length, 1, MPI_INT64_T, root, comm_, &request), "broadcast_bytes");
+    }
+    wait(request, "broadcast_bytes");
+    EF_CHECK(length >= 0 && length <= INT32_MAX, "broadcast_bytes: ", length, " bytes is more than MPI's counts hold");
+    std::string out = rank() == root ? bytes : std::string(static_cast<size_t>(length), '\0');
+    {
+      std::lock_guard<std::mutex> lock(g_mpi);
+      EF_MPI_CHECK(MPI_Ibcast(out.data(), static_cast<int>(length), MPI_CHAR, root, comm_, &request),
+                   "broadcast_bytes");
+    }
+    wait(request, "broadcast_bytes");
+    return out;
+  }
+
+  void fail(const std::string& why) noexcept override {
+    try {
+      Job& j = job();
+      std::unique_lock<std::mutex> lock(g_mpi);
+      if (j.this_failed) return;
+      j.this_failed = true;
+      // Synchronous sends: complete once the other process has taken the message, so it has heard
+      // why before the launcher stops it. A few seconds at most: some may be gone already.
+      static std::string message;
+      message = why;
+      for (int p = 0; p < j.size; ++p) {
+        if (p == j.rank) continue;
+        MPI_Request r;
+        if (MPI_Issend(message.data(), static_cast<int>(message.size()), MPI_CHAR, p, kFailureTag, j.failures, &r) ==
+            MPI_SUCCESS)
+          j.notices.push_back(r);
+      }
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+      while (std::chrono::steady_clock::now() < deadline) {
+        int all = 0;
+        MPI_Testall(static_cast<int>(j.notices.size()), j.notices.data(), &all, MPI_STATUSES_IGNORE);
+        if (all) break;
+        lock.unlock();
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        lock.lock();
+      }
+    } catch (...) {
+    }
+  }
+
+ private:
+  // One call at a time on a channel (Note [Processes]); and none on a broken one.
+  class Call {
+   public:
+    Call(MpiProcessGroup& g, const char* op) : g_(g) {
+      EF_CHECK(g_.broken_.empty(), op, " on process ", g_.rank(),
+               ": this channel is unusable after an earlier error: ", g_.broken_);
+      EF_CHECK(!g_.busy_.exchange(true), op, " on process ", g_.rank(),
+               ": another thread is in a call on this channel; its calls must come one at a time");
+    }
+    ~Call() { g_.busy_ = false; }
+    Call(const Call&) = delete;
+    Call& operator=(const Call&) = delete;
+
+   private:
+    MpiProcessGroup& g_;
+  };
+
+  void wait(MPI_Request& request, const char* op) {
+    Job& j = job();
+    const auto start = std::chrono::steady_clock::now();
+    const auto deadline = start + timeout();
+    for (;;) {
+      int done = 0;
+      {
+        std::lock_guard<std::mutex> lock(g_mpi);
+        try {
+          j.check_failures(op);
+        } catch (const Error& e) {
+          broken_ = e.what();
+          throw;
+        }
+        const int code = MPI_Test(&request, &done, MPI_STATUS_IGNORE);
+        if (code != MPI_SUCCESS) {
+          broken_ = detail::str_cat(op, " on process ", rank(), ": MPI failed: ", mpi_error(code));
+          throw Error(broken_);
+        }
+      }
+      if (done) return;
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= deadline) {
+        broken_ = detail::str_cat(op, " on process ", rank(), " of ", size(), " timed out after ", timeout().count(),
+                                  " ms waiting for the other processes");
+        throw Error(broken_);
+      }
+      if (now - start < std::chrono::milliseconds(1)) {
+        std::this_thread::yield();
+      } else {
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
+    }
+  }
+
+  MPI_Comm comm_;
+  std::atomic<bool> busy_{false};
+  std::string broken_;  // why this channel is unusable (a call left pending)
+};
+
+}  // namespace
+
+std::shared_ptr<ProcessGroup> make_mpi_process_group() {
+  Job& j = job();
+  MPI_Comm comm = MPI_COMM_NULL;
+  {
+    std::lock_guard<std::mutex> lock(g_mpi);
+    EF_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &comm), "MPI");
+  }
+  return std::make_shared<MpiProcessGroup>(comm, j.rank, j.size);
+}
+
+}  // namespace evenflow::parallel

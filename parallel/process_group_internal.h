@@ -1,0 +1,17 @@
+// Between process_group.cpp and mpi_process_group.cpp (built only with MPI): not installed API.
+#pragma once
+
+#include <memory>
+
+#include "evenflow/parallel/process_group.h"
+
+namespace evenflow::parallel {
+
+// ef::Error, starting with `op`, unless x is a defined, contiguous CPU tensor of float32, float64 or int64.
+void check_host_tensor(const char* op, const Tensor& x);
+
+// The job's processes over MPI_COMM_WORLD, initializing MPI (mpi_process_group.cpp; without MPI,
+// process_group.cpp's ef::Error).
+std::shared_ptr<ProcessGroup> make_mpi_process_group();
+
+}  // namespace evenflow::parallel
