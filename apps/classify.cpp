@@ -18,6 +18,7 @@
 #include "apps/common/fashion_cnn.h"
 #include "apps/common/metrics.h"
 #include "apps/common/plot.h"
+#include "apps/common/program.h"
 #include "apps/common/progress.h"
 #include "apps/common/run_options.h"
 #include "evenflow/data/fashion_mnist.h"
@@ -81,10 +82,14 @@ void write_plot(const std::string& path, const std::vector<evenflow::apps::Metri
                                              .series = {loss, accuracy}});
 }
 
-// The settings a checkpoint must share with the run that resumes it.
+// The settings a checkpoint must share with the run that resumes it: not the devices, nor the number of
+// processes, which do not change the answer (Note [Random numbers per sample] in engine/tensor.h).
 std::map<std::string, std::string> run_metadata(const Args& a) {
-  return {{"app", "classify"}, {"batch_size", std::to_string(a.batch_size)}, {"devices", a.devices},
-          {"dtype", a.dtype},  {"lr", ef::apps::metadata_number(a.lr)},      {"seed", std::to_string(a.seed)}};
+  return {{"app", "classify"},
+          {"batch_size", std::to_string(a.batch_size)},
+          {"dtype", a.dtype},
+          {"lr", ef::apps::metadata_number(a.lr)},
+          {"seed", std::to_string(a.seed)}};
 }
 
 int run(const Args& a) {
@@ -95,7 +100,8 @@ int run(const Args& a) {
   const ef::DType dtype = a.dtype == "float64" ? ef::kFloat64 : ef::kFloat32;
   ef::set_num_threads(a.threads > 0 ? a.threads : ef::parallel::cpu_threads_per_device(devices));
   const std::string ckpt_path = (fs::path(a.out) / "checkpoint.safetensors").string();
-  ef::apps::prepare_output_folder(a.out, ckpt_path, a.resume, a.overwrite);
+  const bool primary = ef::apps::primary_process();  // writes the outputs (program.h)
+  if (primary) ef::apps::prepare_output_folder(a.out, ckpt_path, a.resume, a.overwrite);
   auto train_set = std::make_shared<ef::data::FashionMNIST>(ef::data::Split::Train, a.data);
   auto test_set = std::make_shared<ef::data::FashionMNIST>(ef::data::Split::Test, a.data);
   EF_CHECK(train_set->size() > 0 && test_set->size() > 0, "--data ", a.data, ": the training set has ",
@@ -104,9 +110,13 @@ int run(const Args& a) {
   const std::string csv_path = (fs::path(a.out) / "metrics.csv").string();
   const std::string png_path = (fs::path(a.out) / "loss_accuracy.png").string();
 
-  ef::data::DataLoader train_loader(
-      train_set,
-      {.batch_size = a.batch_size, .shuffle = true, .seed = a.seed, .num_workers = a.workers, .device = device});
+  ef::data::DataLoader train_loader(train_set,
+                                    {.batch_size = a.batch_size,
+                                     .shuffle = true,
+                                     .seed = a.seed,
+                                     .num_workers = a.workers,
+                                     .device = device,
+                                     .batch_part = ef::apps::process_batch_part(static_cast<int>(devices.size()))});
   ef::data::DataLoader test_loader(test_set, {.batch_size = 1000, .num_workers = a.workers, .device = device});
   const int64_t steps_per_epoch = train_loader.num_batches();
 
@@ -117,7 +127,7 @@ int run(const Args& a) {
   ef::io::TrainingProgress progress;
   std::vector<evenflow::apps::MetricsRow> rows;
   if (a.resume) {
-    const auto ck = ef::io::load_training_checkpoint(ckpt_path, model.module(), opt.primary(), devices);
+    const auto ck = ef::io::load_training_checkpoint(ckpt_path, model.module(), opt.primary(), {device});
     ef::apps::check_resume_metadata(ckpt_path, ck.metadata, run_metadata(a));
     model.copy_primary_to_replicas();
     opt.load_state(opt.primary().state());
@@ -128,6 +138,8 @@ int run(const Args& a) {
   }
   std::string device_names;
   for (const ef::Device& d : devices) device_names += (device_names.empty() ? "" : ",") + d.str();
+  if (model.group().processes().size() > 1)
+    device_names += " in each of " + std::to_string(model.group().processes().size()) + " processes";
   std::printf("training on %s, %s, %" PRId64 " images, batch %" PRId64 ", %" PRId64 " steps per epoch\n",
               device_names.c_str(), a.dtype.c_str(), train_set->size(), a.batch_size, steps_per_epoch);
   std::fflush(stdout);
@@ -135,10 +147,11 @@ int run(const Args& a) {
   // --- Training ---------------------------------------------------------------------------------------
   // The checkpoint last (the rule in run_options.h).
   const auto save = [&] {
+    if (!primary) return;
     evenflow::apps::write_metrics_csv(csv_path, rows);
     write_plot(png_path, rows);
     ef::io::save_module(model.module(), model_path);
-    ef::io::save_training_checkpoint(ckpt_path, model.module(), opt.primary(), progress, devices, run_metadata(a));
+    ef::io::save_training_checkpoint(ckpt_path, model.module(), opt.primary(), progress, {device}, run_metadata(a));
   };
   ef::apps::setup_done();
   using Clock = std::chrono::steady_clock;
@@ -164,7 +177,7 @@ int run(const Args& a) {
       ef::apps::check_finite_loss(l, progress.step, "training loss");
       ++steps;
       loss_sum += l;
-      images += b.labels.numel();
+      images += std::min(a.batch_size, train_set->size() - (i - 1) * a.batch_size);  // the global batch's
       const auto t1 = Clock::now();
       seconds += std::chrono::duration<double>(t1 - t0).count();
       t0 = t1;

@@ -23,6 +23,7 @@
 
 #include "apps/common/image.h"
 #include "apps/common/plot.h"
+#include "apps/common/program.h"
 #include "apps/common/progress.h"
 #include "apps/common/run_options.h"
 #include "apps/segment/segmentation.h"
@@ -34,6 +35,7 @@
 #include "evenflow/io/file.h"
 #include "evenflow/optim/optim.h"
 #include "evenflow/parallel/data_parallel.h"
+#include "evenflow/parallel/process_group.h"
 #include "evenflow/parallel/sync_batch_norm.h"
 
 namespace ef = evenflow;
@@ -158,12 +160,12 @@ struct Outcome {
   ef::Tensor predicted;  // labels [kShown, H, W] of setup.shown
 };
 
-// The settings a checkpoint must share with the run that resumes it.
+// The settings a checkpoint must share with the run that resumes it: not the devices, nor the number of
+// processes, which do not change the answer (Note [Random numbers per sample] in engine/tensor.h).
 std::map<std::string, std::string> run_metadata(const Args& a, const std::string& spec) {
   return {{"app", "segment"},
           {"batch_size", std::to_string(a.batch_size)},
           {"canvas", std::to_string(a.canvas)},
-          {"devices", a.devices},
           {"dtype", a.dtype},
           {"loss", spec},
           {"lr", apps::metadata_number(a.lr)},
@@ -213,14 +215,20 @@ Outcome train(const Args& a, const Setup& s, const std::string& spec, const fs::
 
   // Batches stay on the host: the valid-pixel count is taken there, then scatter copies each chunk
   // straight to its device.
-  ef::data::DataLoader train_loader(
-      s.train, {.batch_size = a.batch_size, .shuffle = true, .seed = a.seed, .num_workers = a.workers});
+  const auto job = ef::parallel::processes();
+  const bool primary = job->rank() == 0;  // writes the outputs (apps/common/program.h)
+  ef::data::DataLoader train_loader(s.train,
+                                    {.batch_size = a.batch_size,
+                                     .shuffle = true,
+                                     .seed = a.seed,
+                                     .num_workers = a.workers,
+                                     .batch_part = apps::process_batch_part(static_cast<int>(s.devices.size()))});
   ef::data::DataLoader test_loader(s.test, {.batch_size = kEvalBatch, .num_workers = a.workers});
   const int64_t steps_per_epoch = train_loader.num_batches();
 
   ef::manual_seed(a.seed);
   std::shared_ptr<nn::Module> net = seg::make_model({.dtype = s.dtype});
-  if (s.devices.size() > 1) net = ef::parallel::convert_sync_batchnorm(net);
+  if (s.devices.size() > 1 || job->size() > 1) net = ef::parallel::convert_sync_batchnorm(net);
   ef::parallel::DataParallelModel model(net, s.devices);
   // Note [Segmentation losses on devices]: the shares carry their own weights.
   ef::parallel::DataParallelCriterion criterion(model, nullptr, ef::parallel::ChunkWeighting::None);
@@ -228,7 +236,7 @@ Outcome train(const Args& a, const Setup& s, const std::string& spec, const fs::
   ef::io::TrainingProgress progress;
   std::vector<Row> rows;
   if (a.resume && (fs::exists(ckpt_path) || !start_if_missing)) {
-    const auto ck = ef::io::load_training_checkpoint(ckpt_path, model.module(), opt.primary(), s.devices);
+    const auto ck = ef::io::load_training_checkpoint(ckpt_path, model.module(), opt.primary(), {s.devices[0]});
     ef::apps::check_resume_metadata(ckpt_path, ck.metadata, run_metadata(a, spec));
     model.copy_primary_to_replicas();
     opt.load_state(opt.primary().state());
@@ -239,6 +247,7 @@ Outcome train(const Args& a, const Setup& s, const std::string& spec, const fs::
   }
   std::string device_names;
   for (const ef::Device& d : s.devices) device_names += (device_names.empty() ? "" : ",") + d.str();
+  if (job->size() > 1) device_names += " in each of " + std::to_string(job->size()) + " processes";
   std::printf("training loss %s on %s, %s, %" PRId64 " canvases %" PRId64 "x%" PRId64 ", batch %" PRId64 ", %" PRId64
               " steps per epoch\n",
               spec.c_str(), device_names.c_str(), a.dtype.c_str(), s.train->size(), a.canvas, a.canvas, a.batch_size,
@@ -247,10 +256,11 @@ Outcome train(const Args& a, const Setup& s, const std::string& spec, const fs::
 
   // The checkpoint last (the rule in run_options.h).
   const auto save = [&] {
+    if (!primary) return;
     write_csv(csv_path, rows);
     write_plot(png_path, spec, rows);
     ef::io::save_module(model.module(), model_path);
-    ef::io::save_training_checkpoint(ckpt_path, model.module(), opt.primary(), progress, s.devices,
+    ef::io::save_training_checkpoint(ckpt_path, model.module(), opt.primary(), progress, {s.devices[0]},
                                      run_metadata(a, spec));
   };
   apps::setup_done();
@@ -268,7 +278,14 @@ Outcome train(const Args& a, const Setup& s, const std::string& spec, const fs::
         t0 = Clock::now();
         continue;
       }
-      const seg::BatchTotals totals = seg::batch_totals(b.labels);
+      seg::BatchTotals totals = seg::batch_totals(b.labels);
+      if (job->size() > 1) {
+        // The whole batch's, over every process's part (counts: exact in float64).
+        const ef::Tensor t =
+            ef::from_vector({static_cast<double>(totals.images), totals.valid_pixels}, {2}, {.dtype = ef::kFloat64});
+        model.group().processes().all_reduce(t);
+        totals = {.images = static_cast<int64_t>(t.to_vector()[0]), .valid_pixels = t.to_vector()[1]};
+      }
       const auto logits = model(model.scatter(b.images.to(s.dtype)));
       const auto targets = model.scatter(b.labels);
       const ef::Tensor loss = criterion(
@@ -361,8 +378,9 @@ int run(const Args& a, const std::string& command) {
   EF_CHECK(a.dtype == "float32" || a.dtype == "float64", "--dtype must be float32 or float64, got \"", a.dtype, "\"");
   s.dtype = a.dtype == "float64" ? ef::kFloat64 : ef::kFloat32;
   // Every output folder before any work: <out>, and with --compare one per loss in it.
-  apps::prepare_output_folder(a.out, fs::path(a.out) / "checkpoint.safetensors", a.resume, a.overwrite);
-  if (a.compare)
+  const bool primary = apps::primary_process();  // writes the outputs
+  if (primary) apps::prepare_output_folder(a.out, fs::path(a.out) / "checkpoint.safetensors", a.resume, a.overwrite);
+  if (a.compare && primary)
     for (const std::string& spec : specs)
       apps::prepare_output_folder(fs::path(a.out) / spec, fs::path(a.out) / spec / "checkpoint.safetensors", a.resume,
                                   a.overwrite);
@@ -377,7 +395,7 @@ int run(const Args& a, const std::string& command) {
 
   if (!a.compare) {
     const Outcome o = train(a, s, a.loss, a.out, false);
-    write_predictions((fs::path(a.out) / "predictions.png").string(), s.shown, {o.predicted});
+    if (primary) write_predictions((fs::path(a.out) / "predictions.png").string(), s.shown, {o.predicted});
     std::printf("done: mIoU %.2f%%, pixel accuracy %.2f%%; outputs in %s\n", 100 * o.last.test_miou,
                 100 * o.last.test_pixel_accuracy, a.out.c_str());
     return 0;
@@ -389,8 +407,10 @@ int run(const Args& a, const std::string& command) {
     predictions.push_back(outcomes.back().predicted);
   }
   const std::string md_path = (fs::path(a.out) / "compare.md").string();
-  write_compare(md_path, command, specs, outcomes);
-  write_predictions((fs::path(a.out) / "predictions.png").string(), s.shown, predictions);
+  if (primary) {
+    write_compare(md_path, command, specs, outcomes);
+    write_predictions((fs::path(a.out) / "predictions.png").string(), s.shown, predictions);
+  }
   std::printf("\n");
   for (size_t i = 0; i < specs.size(); ++i)
     std::printf("%-8s mIoU %6.2f%%  pixel accuracy %6.2f%%  %.1f s\n", specs[i].c_str(),

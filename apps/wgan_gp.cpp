@@ -22,6 +22,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <sstream>
@@ -31,6 +32,7 @@
 #include "apps/common/frechet.h"
 #include "apps/common/image.h"
 #include "apps/common/plot.h"
+#include "apps/common/program.h"
 #include "apps/common/progress.h"
 #include "apps/common/run_options.h"
 #include "evenflow/data/fashion_mnist.h"
@@ -121,6 +123,16 @@ class Critic : public nn::Cloneable<Critic> {
     return ef::reshape(child("fc")->forward(h), {x.size(0)});
   }
 };
+
+// The standard deviation (unbiased) of every value of a batch of `batch` images of which this
+// process holds `part`; `job_sum` sums a value over the processes. Two passes, as var's.
+double batch_std(const Tensor& part, int64_t batch, const std::function<double(double)>& job_sum) {
+  const Tensor x = ef::flatten(part).to(ef::kFloat64);
+  const double count = static_cast<double>(batch) * static_cast<double>(x.numel() / part.size(0));
+  const double mean = job_sum(ef::sum(x).item()) / count;
+  const double squares = job_sum(ef::sum(ef::square(ef::add_scalar(x, -mean))).item());
+  return std::sqrt(squares / (count - 1));
+}
 
 // The penalty of one device's chunk (a mean over its samples, so chunk weighting is exact).
 // DRAGAN's perturbation scale is the whole batch's standard deviation, so every device gets it.
@@ -216,7 +228,6 @@ std::map<std::string, std::string> run_metadata(const Args& a) {
   return {{"app", "wgan_gp"},
           {"batch_size", std::to_string(a.batch_size)},
           {"critic_steps", std::to_string(a.critic_steps)},
-          {"devices", a.devices},
           {"beta1", ef::apps::metadata_number(a.beta1)},
           {"beta2", ef::apps::metadata_number(a.beta2)},
           {"dtype", a.dtype},
@@ -271,8 +282,11 @@ int run(const Args& a) {
   const ef::Device first = devices[0];
   const std::string ckpt_path = (fs::path(a.out) / "checkpoint.safetensors").string();
   const std::string csv_path = (fs::path(a.out) / "metrics.csv").string();
-  ef::apps::prepare_output_folder(a.out, ckpt_path, a.resume, a.overwrite);
-  fs::create_directories(fs::path(a.out) / "samples");
+  const bool primary = ef::apps::primary_process();  // writes the outputs (program.h)
+  if (primary) {
+    ef::apps::prepare_output_folder(a.out, ckpt_path, a.resume, a.overwrite);
+    fs::create_directories(fs::path(a.out) / "samples");
+  }
   // A classifier asked for by name must be there; only the default may be missing (metric skipped).
   std::error_code ec;
   const bool have_classifier = fs::exists(a.classifier, ec);
@@ -310,8 +324,9 @@ int run(const Args& a) {
     std::printf("no classifier at %s: the Frechet distance is skipped (train one with apps/classify)\n",
                 a.classifier.c_str());
   }
-  std::vector<ef::Device> generator_devices = devices;
-  generator_devices.push_back(ef::cpu());
+  // The first device's generator is every device's (DeviceGroup::run starts every rank at it), so a
+  // checkpoint resumes on any devices; the host draws come from cpu:0's.
+  const std::vector<ef::Device> generator_devices{first, ef::cpu()};
   ef::io::TrainingProgress progress;
   std::vector<Row> rows;
   const std::vector<ef::io::CheckpointPart> parts{{"gen", &gen.module(), &opt_g.primary()},
@@ -330,6 +345,8 @@ int run(const Args& a) {
 
   std::string device_names;
   for (const ef::Device& d : devices) device_names += (device_names.empty() ? "" : ",") + d.str();
+  const int processes = gen.group().processes().size();
+  if (processes > 1) device_names += " in each of " + std::to_string(processes) + " processes";
   std::printf("training on %s, %s, batch %" PRId64 ", %" PRId64
               " critic steps per generator step, norm %s, penalty %s\n",
               device_names.c_str(), a.dtype.c_str(), a.batch_size, a.critic_steps, a.norm.c_str(), a.penalty.c_str());
@@ -340,13 +357,15 @@ int run(const Args& a) {
                                           .seed = a.seed,
                                           .drop_last = true,
                                           .num_workers = a.workers,
-                                          .device = ef::cpu()});
+                                          .device = ef::cpu(),
+                                          .batch_part = ef::apps::process_batch_part(critic.size())});
   const int64_t per_epoch = loader.num_batches();
   EF_CHECK(per_epoch > 0, "the training set has fewer images (", train_set->size(), ") than a batch (", a.batch_size,
            ")");
 
   // --- Pieces of a step ---------------------------------------------------------------------------------
   const auto sample = [&](int64_t step) {
+    if (!primary) return;
     ef::NoGradGuard no_grad;
     gen.module().eval();
     const Tensor images = gen.module()(fixed_noise.to(first));
@@ -356,7 +375,7 @@ int run(const Args& a) {
     ef::apps::write_png((fs::path(a.out) / "samples" / name).string(), ef::apps::image_grid(images, 8, -1.0, 1.0, 2));
   };
   const auto frechet = [&]() -> double {
-    if (!fid.net) return NAN;
+    if (!fid.net || !primary) return NAN;
     ef::NoGradGuard no_grad;
     gen.module().eval();
     std::vector<Tensor> images;
@@ -369,6 +388,7 @@ int run(const Args& a) {
   };
   // The checkpoint last (the rule in apps/common/run_options.h).
   const auto save = [&] {
+    if (!primary) return;
     write_csv(csv_path, rows);
     write_curves((fs::path(a.out) / "curves.png").string(), rows);
     ef::io::save_module(gen.module(), (fs::path(a.out) / "generator.safetensors").string());
@@ -385,6 +405,21 @@ int run(const Args& a) {
   int64_t epoch = position / per_epoch;
   ef::data::DataLoader::Iterator it = loader.epoch(epoch).begin();
   for (int64_t skip = position % per_epoch; skip > 0; --skip) ++it;
+  // Across processes each reads its part of every batch, and draws for the whole batch (every
+  // process the same numbers) before keeping its part: a sample sees the numbers it would see in
+  // one process (Note [Random numbers per sample] in engine/tensor.h).
+  const auto my_part = [&](const Tensor& whole) {
+    if (processes == 1) return whole;
+    const par::ProcessShare share = par::process_share(whole.size(0), critic.size(), *par::processes());
+    return ef::narrow(whole, 0, share.start, share.count);
+  };
+  // The sum over processes of a host value (itself in one process).
+  const auto job_sum = [&](double v) {
+    if (processes == 1) return v;
+    const Tensor t = ef::full({1}, v, {.dtype = ef::kFloat64});
+    critic.group().processes().all_reduce(t);
+    return t.item();
+  };
   const auto next_real = [&]() -> Tensor {
     if (it == loader.end()) it = loader.epoch(++epoch).begin();
     Tensor images = it->images.to(dtype) * 2.0 - 1.0;
@@ -408,11 +443,16 @@ int run(const Args& a) {
     std::vector<std::pair<Tensor, double>> distances;  // the last critic step's, per replica, with its batch share
     for (int64_t k = 0; k < a.critic_steps; ++k) {
       const Tensor real = next_real();
-      const int64_t n = real.size(0);
-      const Tensor z = ef::randn({n, a.z_dim}, {.dtype = dtype});
-      const Tensor eps = ef::rand({n, 1, 1, 1}, {.dtype = dtype});
-      const Tensor noise = ef::rand(real.shape(), {.dtype = dtype});
-      const double real_std = a.penalty == "dragan" ? std::sqrt(ef::var(ef::flatten(real), {0}).item()) : 0.0;
+      const int64_t n = a.batch_size;  // the whole batch, over every process (the loader drops a last partial one)
+      ef::Shape noise_shape = real.shape();
+      noise_shape[0] = n;
+      const Tensor z = my_part(ef::randn({n, a.z_dim}, {.dtype = dtype}));
+      const Tensor eps = my_part(ef::rand({n, 1, 1, 1}, {.dtype = dtype}));
+      const Tensor noise = my_part(ef::rand(noise_shape, {.dtype = dtype}));
+      // In one process, the whole batch's std as before; across processes, from every process's part.
+      const double real_std = a.penalty != "dragan" ? 0.0
+                              : processes == 1      ? std::sqrt(ef::var(ef::flatten(real), {0}).item())
+                                                    : batch_std(real, n, job_sum);
       const auto reals = critic.scatter(real), zs = gen.scatter(z), epss = critic.scatter(eps),
                  noises = critic.scatter(noise);
       par::PerDevice<Tensor> fakes;
@@ -440,7 +480,7 @@ int run(const Args& a) {
       images_seen += n;
     }
     {
-      const Tensor z = ef::randn({a.batch_size, a.z_dim}, {.dtype = dtype});
+      const Tensor z = my_part(ef::randn({a.batch_size, a.z_dim}, {.dtype = dtype}));
       const auto zs = gen.scatter(z);
       set_critic_trainable(false);
       const auto fakes = gen(zs);
@@ -461,6 +501,7 @@ int run(const Args& a) {
       // The Wasserstein estimate of the last critic step, chunk-weighted over the replicas.
       row.wasserstein = 0;
       for (const auto& [distance, share] : distances) row.wasserstein += distance.item() * share;
+      row.wasserstein = job_sum(row.wasserstein);
       row.generator_loss = loss.item();
       ef::apps::check_finite_loss(row.generator_loss, progress.step + 1, "generator loss");
       if (a.print_loss) std::printf("step %" PRId64 " generator loss %.17g\n", progress.step + 1, row.generator_loss);

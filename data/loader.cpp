@@ -90,8 +90,15 @@ DataLoader::Run::Slot DataLoader::Run::make(int64_t k, int worker) const {
   s.worker = worker;
   try {
     const DataLoaderOptions& o = loader.options_;
-    const size_t begin = static_cast<size_t>(k * o.batch_size);
-    const size_t end = std::min(order.size(), begin + static_cast<size_t>(o.batch_size));
+    size_t begin = static_cast<size_t>(k * o.batch_size);
+    size_t end = std::min(order.size(), begin + static_cast<size_t>(o.batch_size));
+    if (o.batch_part) {
+      const auto [first, count] = o.batch_part(static_cast<int64_t>(end - begin));
+      EF_CHECK(first >= 0 && count >= 1 && first + count <= static_cast<int64_t>(end - begin),
+               "DataLoader: batch_part ", "gave rows ", first, " to ", first + count, " of a batch of ", end - begin);
+      begin += static_cast<size_t>(first);
+      end = begin + static_cast<size_t>(count);
+    }
     Batch b = loader.dataset_->get_batch(std::vector<int64_t>(order.begin() + static_cast<std::ptrdiff_t>(begin),
                                                               order.begin() + static_cast<std::ptrdiff_t>(end)));
     RandomStream rng(o.seed, {static_cast<uint64_t>(epoch), static_cast<uint64_t>(k)});
@@ -181,7 +188,13 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions
            options_.prefetch_per_worker);
   EF_CHECK(!(options_.sampler && options_.shuffle),
            "DataLoader: give either a sampler or shuffle = true, not both (the sampler decides the order)");
-  for (const auto& t : options_.transforms) EF_CHECK(t != nullptr, "DataLoader: a transform is null");
+  for (const auto& t : options_.transforms) {
+    EF_CHECK(t != nullptr, "DataLoader: a transform is null");
+    EF_CHECK(!options_.batch_part || (dynamic_cast<const RandomCrop*>(t.get()) == nullptr &&
+                                      dynamic_cast<const RandomHorizontalFlip*>(t.get()) == nullptr),
+             "DataLoader: batch_part with a random transform: it draws per batch, so a part of a batch would get "
+             "other numbers than the whole batch does");
+  }
   if (options_.device) check_device(*options_.device);
   if (options_.sampler) {
     sampler_ = options_.sampler;

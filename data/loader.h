@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <iterator>
 #include <memory>
 #include <optional>
@@ -34,6 +35,11 @@ struct DataLoaderOptions {
   std::optional<Device> device = std::nullopt;                    ///< copy batches there (.to) on the worker
   std::shared_ptr<const Sampler> sampler = nullptr;               ///< overrides shuffle, e.g. a ShardSampler
   std::vector<std::shared_ptr<const Transform>> transforms = {};  ///< applied in order to each batch
+  /// Data parallelism over processes: given a batch's row count, the rows [first, first + count) of
+  /// it this loader reads (parallel::process_share's); every process cuts the same batches from the
+  /// same order and reads only its part. Unset: whole batches. Not with random transforms (they draw
+  /// per batch, so a part would get other numbers than in the whole batch): ef::Error.
+  std::function<std::pair<int64_t, int64_t>(int64_t batch_rows)> batch_part = nullptr;
 };
 
 /// The batches of a Dataset, one epoch per iteration (see the file's description). One thread

@@ -266,6 +266,16 @@ class MpiProcessGroup final : public ProcessGroup {
         int all = 0;
         MPI_Testall(static_cast<int>(j.notices.size()), j.notices.data(), &all, MPI_STATUSES_IGNORE);
         if (all) break;
+        // Take the others' notices too: when every process fails at once, each waits for the others.
+        int flag = 0;
+        MPI_Status status;
+        MPI_Iprobe(MPI_ANY_SOURCE, kFailureTag, j.failures, &flag, &status);
+        if (flag) {
+          int len = 0;
+          MPI_Get_count(&status, MPI_CHAR, &len);
+          std::string theirs(static_cast<size_t>(len), '\0');
+          MPI_Recv(theirs.data(), len, MPI_CHAR, status.MPI_SOURCE, kFailureTag, j.failures, MPI_STATUS_IGNORE);
+        }
         lock.unlock();
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
         lock.lock();

@@ -7,7 +7,7 @@ set -euo pipefail
 
 packages=(build-essential cmake ninja-build pkg-config libeigen3-dev doctest-dev libcli11-dev
           nlohmann-json3-dev libpng-dev zlib1g-dev libbenchmark-dev clang-format dataset-fashion-mnist
-          libdnnl-dev doxygen)
+          libdnnl-dev doxygen openmpi-bin libopenmpi-dev)
 if [[ "${1:-}" == "--fixtures" ]]; then packages+=(python3-torch python3-numpy); fi
 if [[ "${1:-}" == "--fuzz" ]]; then packages+=(clang libclang-rt-dev); fi
 

@@ -8,6 +8,8 @@
 #include <new>
 #include <string>
 
+#include "evenflow/parallel/process_group.h"
+
 namespace evenflow::apps {
 
 namespace {
@@ -25,6 +27,19 @@ std::string one_line(std::string s) {
 
 void setup_done() {
   g_setup_done = true;
+}
+
+bool primary_process() {
+  return parallel::processes()->rank() == 0;
+}
+
+std::function<std::pair<int64_t, int64_t>(int64_t)> process_batch_part(int devices_per_process) {
+  const auto job = parallel::processes();
+  if (job->size() == 1) return nullptr;
+  return [job, devices_per_process](int64_t rows) {
+    const parallel::ProcessShare share = parallel::process_share(rows, devices_per_process, *job);
+    return std::make_pair(share.start, share.count);
+  };
 }
 
 CLI::Validator finite() {
@@ -50,7 +65,13 @@ int run_program(CLI::App& app, int argc, char** argv, const char* program, const
     return app.exit(e) == 0 ? 0 : 2;
   }
   std::string cause;
+  const parallel::ProcessGroup* job = nullptr;
   try {
+    job = parallel::processes().get();
+    // One process prints: the others' output would repeat it, interleaved.
+    if (job->rank() > 0 && std::freopen("/dev/null", "w", stdout) == nullptr) {
+      std::fprintf(stderr, "%s: warning: process %d could not silence its output\n", program, job->rank());
+    }
     return run();
   } catch (const std::bad_alloc&) {
     cause = "out of memory (a size too large for this machine?)";
@@ -58,6 +79,14 @@ int run_program(CLI::App& app, int argc, char** argv, const char* program, const
     cause = e.what();
   } catch (...) {
     cause = "unknown exception";
+  }
+  if (job != nullptr && job->size() > 1) {
+    std::fprintf(stderr, "%s: error: process %d of %d: %s\n", program, job->rank(), job->size(),
+                 one_line(cause).c_str());
+    std::fflush(stderr);
+    // The others hear why at once ("process r of P failed: ..."), instead of at the collective timeout.
+    parallel::processes()->fail(one_line(cause));
+    return g_setup_done ? 1 : 2;
   }
   std::fprintf(stderr, "%s: error: %s\n", program, one_line(cause).c_str());
   return g_setup_done ? 1 : 2;

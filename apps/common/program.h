@@ -2,10 +2,17 @@
 // into one line "<program>: error: <cause>" and an exit status -- 2 for bad input (an argument,
 // device, dataset, checkpoint or output folder that cannot be used), 1 for a failure while running
 // (a non-finite loss, a full disk) -- never a signal or a C++ runtime abort.
+//
+// Under mpirun or srun (Note [Processes] in parallel/process_group.h) every process runs the
+// program; process 0 alone prints to stdout and writes the outputs (primary_process()), each reads
+// its part of every batch (process_batch_part), and an error on one process is named on every
+// other one before the job ends.
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <cstdint>
 #include <functional>
+#include <utility>
 
 namespace evenflow::apps {
 
@@ -15,6 +22,14 @@ int run_program(CLI::App& app, int argc, char** argv, const char* program, const
 
 // Called by a program once its input is checked and loaded, just before it starts working.
 void setup_done();
+
+// Whether this process prints and writes the outputs: process 0 of the job (the only one when it
+// was not started by mpirun or srun).
+bool primary_process();
+
+// For DataLoaderOptions::batch_part: the rows of each global batch this process reads when every
+// process trains on `devices_per_process` devices (parallel::process_share); nullptr in one process.
+std::function<std::pair<int64_t, int64_t>(int64_t)> process_batch_part(int devices_per_process);
 
 // A check for floating-point options: NaN and infinities parse as numbers and pass CLI11's range
 // checks (NaN compares false), so combine it with them: ->check(CLI::PositiveNumber & finite()).
