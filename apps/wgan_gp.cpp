@@ -35,6 +35,7 @@
 #include "apps/common/program.h"
 #include "apps/common/progress.h"
 #include "apps/common/run_options.h"
+#include "apps/common/wgan_critic.h"
 #include "evenflow/data/fashion_mnist.h"
 #include "evenflow/data/loader.h"
 #include "evenflow/io/checkpoint.h"
@@ -95,33 +96,6 @@ class Generator : public nn::Cloneable<Generator> {
 
  private:
   int64_t width_;
-};
-
-// DCGAN-style critic: Conv(4, stride 2) 28 -> 14 -> 7 with LeakyReLU(0.2), the chosen
-// normalization after the second convolution, and a linear output: [N, 1, 28, 28] -> [N].
-class Critic : public nn::Cloneable<Critic> {
- public:
-  Critic(int64_t width, const std::string& norm, const nn::ModuleOptions& o) {
-    register_module("conv1", std::make_shared<nn::Conv2d>(1, width, 4, nn::Conv2dConfig{.stride = 2, .padding = 1}, o));
-    register_module("conv2",
-                    std::make_shared<nn::Conv2d>(width, 2 * width, 4, nn::Conv2dConfig{.stride = 2, .padding = 1}, o));
-    if (norm == "layernorm") {
-      register_module("norm", std::make_shared<nn::LayerNorm>(ef::Shape{2 * width, 7, 7}, nn::LayerNormConfig{}, o));
-    } else if (norm == "syncbn") {
-      register_module("norm", std::make_shared<par::SyncBatchNorm>(2 * width, nn::BatchNormConfig{}, o));
-    } else {
-      register_module("norm", std::make_shared<nn::Identity>());
-    }
-    register_module("fc", std::make_shared<nn::Linear>(2 * width * 7 * 7, 1, true, o));
-  }
-  std::string name() const override { return "Critic"; }
-  Tensor forward(const Tensor& x) override {
-    Tensor h = ef::leaky_relu(child("conv1")->forward(x), 0.2);
-    h = child("conv2")->forward(h);
-    h = child("norm")->forward(h);
-    h = ef::flatten(ef::leaky_relu(h, 0.2), 1);
-    return ef::reshape(child("fc")->forward(h), {x.size(0)});
-  }
 };
 
 // The standard deviation (unbiased) of every value of a batch of `batch` images of which this
@@ -301,7 +275,7 @@ int run(const Args& a) {
   const Tensor fixed_noise = ef::randn({64, a.z_dim}, {.dtype = dtype});
   const Tensor fid_noise = ef::randn({a.fid_samples, a.z_dim}, {.dtype = dtype});
   par::DataParallelModel gen(std::make_shared<Generator>(a.z_dim, a.width, nn::ModuleOptions{.dtype = dtype}), devices);
-  par::DataParallelModel critic(std::make_shared<Critic>(a.width, a.norm, nn::ModuleOptions{.dtype = dtype}), devices);
+  par::DataParallelModel critic(std::make_shared<ef::apps::WganCritic>(a.width, a.norm, nn::ModuleOptions{.dtype = dtype}), devices);
   const ef::optim::AdamOptions adam{.lr = a.lr, .betas = {a.beta1, a.beta2}};
   par::ReplicatedOptimizer<ef::optim::Adam> opt_g(gen, adam), opt_d(critic, adam);
   par::DataParallelCriterion criterion(critic);

@@ -1,11 +1,13 @@
 #include "evenflow/parallel/communicator.h"
 
+#include <cstring>
 #include <set>
 
 #include "evenflow/engine/autograd.h"
 #include "evenflow/engine/ops.h"
 #if EF_NCCL
 #include "evenflow/parallel/nccl_communicator.h"
+#include "evenflow/parallel/process_group_internal.h"
 #endif
 
 namespace evenflow::parallel {
@@ -47,19 +49,24 @@ void Communicator::check_rank(const char* op, int rank, const Tensor& x) const {
            x.device().str(), ", but its device is ", devices_[static_cast<size_t>(rank)].str());
 }
 
-void Communicator::check_in_place(const std::vector<Tensor>& per_rank) const {
-  EF_CHECK(per_rank.size() == devices_.size(), "all_reduce_in_place: ", per_rank.size(), " tensors for ", local_size(),
+void Communicator::check_in_place(const std::vector<std::vector<Tensor>>& per_rank) const {
+  EF_CHECK(per_rank.size() == devices_.size(), "all_reduce_in_place: ", per_rank.size(), " lists for ", local_size(),
            " ranks in this process");
+  EF_CHECK(!per_rank[0].empty(), "all_reduce_in_place: rank 0's list is empty");
+  const std::vector<Tensor>& first = per_rank[0];
   for (size_t r = 0; r < per_rank.size(); ++r) {
-    check_rank("all_reduce_in_place", static_cast<int>(r), per_rank[r]);
-    EF_CHECK(per_rank[r].shape() == per_rank[0].shape() && per_rank[r].dtype() == per_rank[0].dtype(),
-             "all_reduce_in_place: rank ", r, " has ", shape_str(per_rank[r].shape()), " ",
-             dtype_name(per_rank[r].dtype()), ", rank 0 has ", shape_str(per_rank[0].shape()), " ",
-             dtype_name(per_rank[0].dtype()));
-    // NCCL reduces flat buffers; the local path holds to the same contract so CPU tests catch a
-    // strided gradient before a multi-GPU run does.
-    EF_CHECK(per_rank[r].is_contiguous(), "all_reduce_in_place: rank ", r, "'s tensor ", per_rank[r].str(),
-             " is not contiguous");
+    EF_CHECK(per_rank[r].size() == first.size(), "all_reduce_in_place: rank ", r, " has ", per_rank[r].size(),
+             " tensors, rank 0 has ", first.size());
+    for (size_t i = 0; i < first.size(); ++i) {
+      const Tensor& x = per_rank[r][i];
+      check_rank("all_reduce_in_place", static_cast<int>(r), x);
+      EF_CHECK(x.shape() == first[i].shape() && x.dtype() == first[0].dtype(), "all_reduce_in_place: rank ", r,
+               "'s tensor ", i, " is ", shape_str(x.shape()), " ", dtype_name(x.dtype()), ", rank 0's is ",
+               shape_str(first[i].shape()), " ", dtype_name(first[i].dtype()), " (one dtype for the list)");
+      // NCCL reduces flat buffers; the local path holds to the same contract so CPU tests catch a
+      // strided gradient before a multi-GPU run does.
+      EF_CHECK(x.is_contiguous(), "all_reduce_in_place: rank ", r, "'s tensor ", i, " ", x.str(), " is not contiguous");
+    }
   }
 }
 
@@ -258,30 +265,70 @@ Tensor LocalCommunicator::reduce_scatter(int rank, const Tensor& x) {
   return meet(rank, x, tag_of("reduce_scatter", x, -1), -1, combine_reduce_scatter);
 }
 
-void LocalCommunicator::all_reduce_in_place(const std::vector<Tensor>& per_rank) {
+void LocalCommunicator::all_reduce_in_place(const std::vector<std::vector<Tensor>>& per_rank) {
   check_in_place(per_rank);
   {
     std::lock_guard<std::mutex> lock(mu_);
     EF_CHECK(aborted_.empty(), "all_reduce_in_place: the communicator was aborted: ", aborted_);
   }
-  // One rank's sum is its own tensor (a one-device model syncs every step, so this is hot). With
-  // more, rank 0's tensor takes the sum, in rank order as ordered_sum adds, and the others copy it:
-  // every rank gets the same bits, with no temporary.
+  // One rank's sums are its own tensors (a one-device model syncs every step, so this is hot).
+  // With more, each sum is taken in rank order, as ordered_sum adds, and copied to every rank: the
+  // same bits everywhere.
   if (size() == 1) return;
   NoGradGuard no_grad;
-  const Tensor& total = per_rank[0];
-  for (size_t r = 1; r < per_rank.size(); ++r) total.add_(per_rank[r].to(total.device()));
-  if (in_place_processes_->size() > 1) {
-    in_place_processes_->set_timeout(timeout_);
-    if (total.device().is_cpu()) {
-      in_place_processes_->all_reduce(total);  // contiguous (checked above): summed where it is
-    } else {
-      const Tensor host = total.to(Device());
-      in_place_processes_->all_reduce(host);
-      total.copy_(host.to(total.device()));
+  const std::vector<Tensor>& first = per_rank[0];
+  const bool across_processes = in_place_processes_->size() > 1;
+  if (across_processes) in_place_processes_->set_timeout(timeout_);
+  bool on_host = true;
+  for (const auto& tensors : per_rank)
+    for (const Tensor& x : tensors) on_host = on_host && x.device().is_cpu();
+  if (on_host) {
+    // CPU devices share the host's memory: summed and copied where they lie, without the device
+    // copies (.to) of the engine's ops, in one host buffer when the processes sum it too (one
+    // call for the list). These copies are most of the time a bucket takes besides the processes'
+    // sum (scripts/bench_processes.sh).
+    int64_t total = 0;
+    for (const Tensor& x : first) total += x.numel();
+    const Tensor flat = across_processes ? empty({total}, {.dtype = first[0].dtype()}) : Tensor();
+    const size_t esize = dtype_size(first[0].dtype());
+    int64_t offset = 0;
+    for (size_t i = 0; i < first.size(); ++i) {
+      const int64_t n = first[i].numel();
+      void* sum = across_processes ? static_cast<char*>(flat.data_ptr()) + static_cast<size_t>(offset) * esize
+                                   : first[i].data_ptr();
+      if (across_processes) std::memcpy(sum, first[i].data_ptr(), static_cast<size_t>(n) * esize);
+      for (size_t r = 1; r < per_rank.size(); ++r) add_host(sum, per_rank[r][i].data_ptr(), n, first[i].dtype());
+      offset += n;
+    }
+    if (across_processes) in_place_processes_->all_reduce(flat);
+    offset = 0;
+    for (size_t i = 0; i < first.size(); ++i) {
+      const int64_t n = first[i].numel();
+      const void* sum = across_processes ? static_cast<char*>(flat.data_ptr()) + static_cast<size_t>(offset) * esize
+                                         : first[i].data_ptr();
+      for (size_t r = across_processes ? 0 : 1; r < per_rank.size(); ++r)
+        std::memcpy(per_rank[r][i].data_ptr(), sum, static_cast<size_t>(n) * esize);
+      offset += n;
+    }
+    for (const auto& tensors : per_rank)
+      for (const Tensor& x : tensors) x.storage()->version.fetch_add(1);  // written in place, as copy_ marks
+    return;
+  }
+  for (size_t r = 1; r < per_rank.size(); ++r)
+    for (size_t i = 0; i < first.size(); ++i) first[i].add_(per_rank[r][i].to(first[i].device()));
+  if (across_processes) {
+    std::vector<Tensor> flattened;
+    for (const Tensor& x : first) flattened.push_back(reshape(x, {x.numel()}));
+    const Tensor host = cat(flattened, 0).to(Device());
+    in_place_processes_->all_reduce(host);
+    int64_t offset = 0;
+    for (const Tensor& x : first) {
+      x.copy_(host.narrow(0, offset, x.numel()).view(x.shape()).to(x.device()));
+      offset += x.numel();
     }
   }
-  for (size_t r = 1; r < per_rank.size(); ++r) per_rank[r].copy_(total.to(per_rank[r].device()));
+  for (size_t r = 1; r < per_rank.size(); ++r)
+    for (size_t i = 0; i < first.size(); ++i) per_rank[r][i].copy_(first[i].to(per_rank[r][i].device()));
 }
 
 void LocalCommunicator::abort(const std::string& why) {

@@ -99,11 +99,13 @@ class Communicator {
   virtual Tensor reduce_scatter(int rank, const Tensor& x) = 0;
   /// @}
 
-  /// From one thread: replaces every local rank's tensor in `per_rank` (one per rank, defined, contiguous,
-  /// equal shapes, on the ranks' devices) by the sum over ranks, in place. Gradient buckets use it
-  /// from whichever thread finishes a bucket last, so no rank waits for another. Throws ef::Error
+  /// From one thread: replaces each tensor of every local rank's list `per_rank[r]` by the sum over
+  /// ranks of the tensors at its place in their lists, in place, with one collective for the list
+  /// (a gradient bucket). The lists have the same length, and tensors at one place the same shape;
+  /// every tensor is defined, contiguous, on its rank's device, of one dtype. Gradient buckets use
+  /// it from whichever thread finishes a bucket last, so no rank waits for another. Throws ef::Error
   /// when an argument breaks these rules or the communicator is aborted. Records no autograd node.
-  virtual void all_reduce_in_place(const std::vector<Tensor>& per_rank) = 0;
+  virtual void all_reduce_in_place(const std::vector<std::vector<Tensor>>& per_rank) = 0;
 
   /// Makes every waiting and later call throw ef::Error with `why`, until reset().
   virtual void abort(const std::string& why) = 0;
@@ -123,7 +125,7 @@ class Communicator {
   /// is in [0, local_size()) and `x` is defined and on that rank's device.
   void check_rank(const char* op, int rank, const Tensor& x) const;
   /// The argument checks of all_reduce_in_place (every implementation has the same contract).
-  void check_in_place(const std::vector<Tensor>& per_rank) const;
+  void check_in_place(const std::vector<std::vector<Tensor>>& per_rank) const;
 
   std::vector<Device> devices_;                                    ///< local rank r's device is devices_[r]
   std::chrono::milliseconds timeout_ = kDefaultCollectiveTimeout;  ///< what timeout() returns
@@ -148,7 +150,7 @@ class LocalCommunicator final : public Communicator {
   Tensor reduce(int rank, const Tensor& x, int root) override;
   Tensor all_gather(int rank, const Tensor& x) override;
   Tensor reduce_scatter(int rank, const Tensor& x) override;
-  void all_reduce_in_place(const std::vector<Tensor>& per_rank) override;
+  void all_reduce_in_place(const std::vector<std::vector<Tensor>>& per_rank) override;
   void abort(const std::string& why) override;
   void reset() override;
   bool aborted() const override;

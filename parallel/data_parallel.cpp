@@ -1,5 +1,6 @@
 #include "evenflow/parallel/data_parallel.h"
 
+#include <algorithm>
 #include <condition_variable>
 #include <mutex>
 #include <optional>
@@ -210,36 +211,25 @@ class GradientSync : public std::enable_shared_from_this<GradientSync> {
 
   // Sums each parameter's gradients over ranks into every rank's gradient. A rank without one
   // (idle, or the parameter unused there) contributes zeros; a parameter no rank has stays without.
+  // One collective per bucket (per dtype, where a bucket mixes them), whose list ends with one
+  // value per parameter saying whether the rank has its gradient, so that every process learns with
+  // the same call which parameters any rank has (small integers, exact in the sum). A collective
+  // per parameter would pay its fixed cost per parameter: across processes, twice the time of
+  // the whole bucket for wgan_gp's critic (scripts/bench_processes.sh).
   void reduce(Bucket& b) {
     std::string error;
     try {
-      // Across processes, whether any rank has a gradient is asked of every process (one small
-      // sum), so that all of them make the same calls.
-      std::vector<int64_t> ranks_with_grad(b.params.size(), 0);
-      for (size_t i = 0; i < b.params.size(); ++i)
-        for (const auto& rank_params : params_) ranks_with_grad[i] += rank_params[b.params[i]].grad().defined();
-      if (ordered_) {
-        std::vector<Tensor> counts;
-        for (const auto& rank_params : params_) {
-          counts.push_back(counts.empty() ? from_int_vector(ranks_with_grad, {static_cast<int64_t>(b.params.size())},
-                                                            rank_params[0].device())
-                                          : zeros({static_cast<int64_t>(b.params.size())},
-                                                  {.dtype = kInt64, .device = rank_params[0].device()}));
+      if (comm_->size() > 1) {
+        std::vector<DType> dtypes;
+        for (size_t j : b.params)
+          if (std::find(dtypes.begin(), dtypes.end(), params_[0][j].dtype()) == dtypes.end())
+            dtypes.push_back(params_[0][j].dtype());
+        for (DType dtype : dtypes) {
+          std::vector<size_t> of_dtype;
+          for (size_t j : b.params)
+            if (params_[0][j].dtype() == dtype) of_dtype.push_back(j);
+          reduce_together(of_dtype);
         }
-        comm_->all_reduce_in_place(counts);
-        const Tensor total = counts[0].to(cpu());
-        for (size_t i = 0; i < b.params.size(); ++i) ranks_with_grad[i] = total.data<int64_t>()[i];
-      }
-      for (size_t i = 0; i < b.params.size(); ++i) {
-        const size_t j = b.params[i];
-        if (ranks_with_grad[i] == 0) continue;
-        std::vector<Tensor> grads;
-        for (const auto& rank_params : params_) {
-          const Tensor& p = rank_params[j];
-          if (!p.grad().defined()) p.set_grad(zeros_like(p));
-          grads.push_back(p.grad());
-        }
-        comm_->all_reduce_in_place(grads);
       }
     } catch (const std::exception& e) {
       error = e.what();
@@ -250,6 +240,32 @@ class GradientSync : public std::enable_shared_from_this<GradientSync> {
     }
     cv_.notify_all();
     EF_CHECK(error.empty(), "data parallel: gradient all-reduce failed: ", error);
+  }
+
+  // reduce() for parameters `js` of one dtype, in one collective.
+  void reduce_together(const std::vector<size_t>& js) {
+    NoGradGuard no_grad;
+    std::vector<std::vector<Tensor>> lists;
+    for (const auto& rank_params : params_) {
+      std::vector<Tensor> list;
+      std::vector<double> has_grad;
+      for (size_t j : js) {
+        const Tensor& p = rank_params[j];
+        has_grad.push_back(p.grad().defined() ? 1.0 : 0.0);
+        if (!p.grad().defined()) p.set_grad(zeros_like(p));  // dropped again below if no rank has one
+        list.push_back(p.grad());
+      }
+      const Tensor& first = rank_params[js[0]];
+      list.push_back(from_vector(has_grad, {static_cast<int64_t>(js.size())},
+                                 {.dtype = first.dtype(), .device = first.device()}));
+      lists.push_back(std::move(list));
+    }
+    comm_->all_reduce_in_place(lists);
+    const Tensor ranks_with_grad = lists[0].back().to(cpu()).to(kFloat64);
+    for (size_t i = 0; i < js.size(); ++i) {
+      if (ranks_with_grad.data<double>()[i] != 0) continue;
+      for (const auto& rank_params : params_) rank_params[js[i]].set_grad(Tensor());
+    }
   }
 
   // The bucket thread: reduces the Ready buckets in bucket order, one after another.

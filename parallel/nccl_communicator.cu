@@ -133,7 +133,7 @@ class NcclCommunicator final : public Communicator {
   Tensor reduce(int rank, const Tensor& x, int root) override;
   Tensor all_gather(int rank, const Tensor& x) override;
   Tensor reduce_scatter(int rank, const Tensor& x) override;
-  void all_reduce_in_place(const std::vector<Tensor>& per_rank) override;
+  void all_reduce_in_place(const std::vector<std::vector<Tensor>>& per_rank) override;
   void abort(const std::string& why) override;
   void reset() override;
   bool aborted() const override;
@@ -436,15 +436,17 @@ Tensor NcclCommunicator::reduce_scatter(int rank, const Tensor& x) {
 }
 
 // Note [NCCL bucket reduce].
-void NcclCommunicator::all_reduce_in_place(const std::vector<Tensor>& per_rank) {
+void NcclCommunicator::all_reduce_in_place(const std::vector<std::vector<Tensor>>& per_rank) {
   check_in_place(per_rank);
-  const ncclDataType_t type = nccl_type(per_rank[0].dtype());
-  const size_t count = count_of(per_rank[0]);
+  const std::vector<Tensor>& first = per_rank[0];
+  const ncclDataType_t type = nccl_type(first[0].dtype());
+  size_t count = 0;
+  for (const Tensor& x : first) count += count_of(x);
 
   std::lock_guard<std::mutex> in_place_lock(in_place_mu_);
   const std::string what =
-      detail::str_cat("nccl all_reduce_in_place (call ", in_place_sequence_++, " of ", shape_str(per_rank[0].shape()),
-                      " ", dtype_name(per_rank[0].dtype()), ") on ", local_size(), " GPUs",
+      detail::str_cat("nccl all_reduce_in_place (call ", in_place_sequence_++, " of ", first.size(), " tensors, ",
+                      count, " ", dtype_name(first[0].dtype()), " values) on ", local_size(), " GPUs",
                       processes()->size() > 1 ? detail::str_cat(" of process ", processes()->rank()) : "");
   if (count == 0) {
     throw_if_aborted(what);
@@ -464,9 +466,14 @@ void NcclCommunicator::all_reduce_in_place(const std::vector<Tensor>& per_rank) 
       // The group must be closed even when a call in it fails, or this thread's later NCCL calls
       // would join it.
       ncclResult_t first_error = ncclSuccess;
-      for (size_t r = 0; r < ranks_.size() && first_error == ncclSuccess; ++r) {
-        void* data = per_rank[r].data_ptr();
-        first_error = ncclAllReduce(data, data, count, type, ncclSum, ranks_[r]->buckets.comm, ranks_[r]->side_stream);
+      // Every rank's calls in one order (the list's); NCCL runs a group's calls together.
+      for (size_t i = 0; i < first.size() && first_error == ncclSuccess; ++i) {
+        for (size_t r = 0; r < ranks_.size() && first_error == ncclSuccess; ++r) {
+          const Tensor& x = per_rank[r][i];
+          if (x.numel() == 0) continue;
+          first_error = ncclAllReduce(x.data_ptr(), x.data_ptr(), count_of(x), type, ncclSum, ranks_[r]->buckets.comm,
+                                      ranks_[r]->side_stream);
+        }
       }
       const ncclResult_t end_status = ncclGroupEnd();
       NCCL_CHECK(first_error);

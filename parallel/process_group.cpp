@@ -47,6 +47,22 @@ bool started_by_launcher() {
 
 }  // namespace
 
+void add_host(void* dst, const void* src, int64_t n, DType dtype) {
+  const auto add = [n](auto* d, const auto* s) {
+    for (int64_t i = 0; i < n; ++i) d[i] += s[i];
+  };
+  switch (dtype) {
+    case kFloat32:
+      return add(static_cast<float*>(dst), static_cast<const float*>(src));
+    case kFloat64:
+      return add(static_cast<double*>(dst), static_cast<const double*>(src));
+    case kInt64:
+      return add(static_cast<int64_t*>(dst), static_cast<const int64_t*>(src));
+    default:
+      EF_ERROR("sum of ", dtype_name(dtype), " values: only float32, float64 and int64 are summed");
+  }
+}
+
 void check_host_tensor(const char* op, const Tensor& x) {
   EF_CHECK(x.defined(), op, ": undefined tensor");
   EF_CHECK(x.device().is_cpu() && x.is_contiguous(), op, ": needs a contiguous CPU tensor, got ", x.str());

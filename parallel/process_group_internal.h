@@ -10,6 +10,10 @@ namespace evenflow::parallel {
 // ef::Error, starting with `op`, unless x is a defined, contiguous CPU tensor of float32, float64 or int64.
 void check_host_tensor(const char* op, const Tensor& x);
 
+// dst[i] += src[i] for `n` host elements of float32, float64 or int64 (ef::Error for another dtype):
+// the sums of the ring all-reduce and of a communicator of CPU devices.
+void add_host(void* dst, const void* src, int64_t n, DType dtype);
+
 // The job's processes over MPI_COMM_WORLD, initializing MPI (mpi_process_group.cpp; without MPI,
 // process_group.cpp's ef::Error).
 std::shared_ptr<ProcessGroup> make_mpi_process_group();

@@ -57,6 +57,31 @@ TEST_CASE("processes: sums, broadcasts and gathers give every process the same v
         "broadcast: root process 2 is out of range for 2 processes");
 }
 
+// Also run on 3 processes (tests/CMakeLists.txt): the ring's chunks and steps depend on the count.
+TEST_CASE("processes: all_reduce sums every element once, the same bits on every process") {
+  const auto channel = job().duplicate();
+  const int p = job().size();
+  for (int64_t n : {int64_t{1}, int64_t{p - 1}, int64_t{p}, int64_t{7}, int64_t{1001}}) {
+    if (n == 0) continue;
+    std::vector<double> mine, expected(static_cast<size_t>(n), 0.0);
+    for (int64_t i = 0; i < n; ++i) {
+      // Integers (exact sums) plus a part whose rounding depends on the order of the additions.
+      const auto value = [&](int q) { return 1000.0 * (q + 1) + static_cast<double>(i) + 0.1 * (q + 1) / 3; };
+      mine.push_back(value(job().rank()));
+    }
+    const Tensor x = from_vector(mine, {n}, f64);
+    channel->all_reduce(x);
+    for (int64_t i = 0; i < n; ++i) {
+      double integer = 0;
+      for (int q = 0; q < p; ++q) integer += 1000.0 * (q + 1) + static_cast<double>(i);
+      CHECK(std::abs(x.data<double>()[i] - integer - 0.1 * p * (p + 1) / 6) < 1e-9);
+    }
+    // Every process's result, gathered: bitwise equal rows.
+    const Tensor all = channel->all_gather(reshape(x, {1, n}));
+    for (int q = 1; q < p; ++q) CHECK(vals(all.select(0, q)) == vals(all.select(0, 0)));
+  }
+}
+
 TEST_CASE("processes: a communicator's ranks run over every device of every process") {
   DeviceGroup group(devices("cpu:2"), processes());
   REQUIRE(group.world_size() == 4);
@@ -78,12 +103,18 @@ TEST_CASE("processes: a communicator's ranks run over every device of every proc
     const Tensor parts = mul_scalar(arange(0, 4, 1, o), global + 1);
     CHECK(vals(comm->reduce_scatter(rank, parts)) == std::vector<double>{10.0 * global});
   });
-  // The in-place sum gradient buckets use, from one thread.
-  std::vector<Tensor> per_rank;
-  for (int r = 0; r < 2; ++r)
-    per_rank.push_back(full({4}, 2 * job().rank() + r, {.dtype = kFloat64, .device = group.device(r)}));
+  // The in-place sum gradient buckets use, from one thread: a list of two tensors per rank.
+  std::vector<std::vector<Tensor>> per_rank;
+  for (int r = 0; r < 2; ++r) {
+    const double g = 2 * job().rank() + r;
+    per_rank.push_back({full({4}, g, {.dtype = kFloat64, .device = group.device(r)}),
+                        full({2, 3}, 10 * g, {.dtype = kFloat64, .device = group.device(r)})});
+  }
   comm->all_reduce_in_place(per_rank);
-  for (const Tensor& t : per_rank) CHECK(vals(t) == std::vector<double>(4, 6));
+  for (const auto& list : per_rank) {
+    CHECK(vals(list[0]) == std::vector<double>(4, 6));
+    CHECK(vals(list[1]) == std::vector<double>(6, 60));
+  }
 }
 
 namespace {

@@ -1,0 +1,21 @@
+// apps/wgan_gp's critic, shared with apps/bench_processes (which all-reduces its gradients).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "evenflow/layers/layers.h"
+
+namespace evenflow::apps {
+
+// DCGAN-style critic: Conv(4, stride 2) 28 -> 14 -> 7 with LeakyReLU(0.2), the chosen
+// normalization after the second convolution ("layernorm", "syncbn" or "none"; ef::Error for
+// another), and a linear output: [N, 1, 28, 28] -> [N].
+class WganCritic : public nn::Cloneable<WganCritic> {
+ public:
+  WganCritic(int64_t width, const std::string& norm, const nn::ModuleOptions& o);
+  std::string name() const override { return "Critic"; }
+  Tensor forward(const Tensor& x) override;
+};
+
+}  // namespace evenflow::apps
