@@ -5,9 +5,9 @@
 
 #include "evenflow/engine/autograd.h"
 #include "evenflow/engine/ops.h"
+#include "evenflow/parallel/process_group_internal.h"
 #if EF_NCCL
 #include "evenflow/parallel/nccl_communicator.h"
-#include "evenflow/parallel/process_group_internal.h"
 #endif
 
 namespace evenflow::parallel {

@@ -1,6 +1,7 @@
 /// @file
-/// Data parallelism in one process: persistent replicas of a module, one per device, each running
-/// its forward pass and its own loss on its device's worker thread; only losses and gradients cross
+/// Data parallelism: persistent replicas of a module, one per device of this process (and of every
+/// other process of a job started by mpirun, Note [Processes] in process_group.h), each running its
+/// forward pass and its own loss on its device's worker thread; only losses and gradients cross
 /// devices, through differentiable comm ops (comm_ops.h).
 ///
 /// Note [Data-parallel step]

@@ -140,14 +140,14 @@ class MpiProcessGroup final : public ProcessGroup {
 
   std::shared_ptr<ProcessGroup> duplicate() override {
     const Call call(*this, "duplicate");
-    MPI_Comm copy = MPI_COMM_NULL;
+    const auto copy = std::make_shared<MPI_Comm>(MPI_COMM_NULL);
     MPI_Request request;
     {
       std::lock_guard<std::mutex> lock(g_mpi);
-      EF_MPI_CHECK(MPI_Comm_idup(comm_, &copy, &request), "duplicate");
+      EF_MPI_CHECK(MPI_Comm_idup(comm_, copy.get(), &request), "duplicate");
     }
-    wait(request, "duplicate");
-    auto group = std::make_shared<MpiProcessGroup>(copy, rank(), size());
+    wait(&request, 1, "duplicate", {.tensors = {}, .memory = copy});
+    auto group = std::make_shared<MpiProcessGroup>(*copy, rank(), size());
     group->set_timeout(timeout());
     return group;
   }
@@ -176,7 +176,7 @@ class MpiProcessGroup final : public ProcessGroup {
     const size_t esize = dtype_size(x.dtype());
     char* data = static_cast<char*>(x.data_ptr());
     const auto at = [&](int c) { return data + static_cast<size_t>(chunk_start(c)) * esize; };
-    std::vector<char> incoming(static_cast<size_t>(chunk_size(0)) * esize);
+    const auto incoming = std::make_shared<std::vector<char>>(static_cast<size_t>(chunk_size(0)) * esize);
     const int next = (rank() + 1) % p, previous = (rank() + p - 1) % p;
     const auto exchange = [&](const char* send, int send_chunk, char* receive, int receive_chunk) {
       MPI_Request requests[2];
@@ -189,12 +189,12 @@ class MpiProcessGroup final : public ProcessGroup {
                                &requests[1]),
                      "all_reduce");
       }
-      wait(requests, 2, "all_reduce");
+      wait(requests, 2, "all_reduce", {.tensors = {x}, .memory = incoming});
     };
     for (int s = 0; s < p - 1; ++s) {
       const int send = (rank() - s + p) % p, receive = (rank() - s - 1 + p) % p;
-      exchange(at(send), send, incoming.data(), receive);
-      add_host(at(receive), incoming.data(), chunk_size(receive), x.dtype());
+      exchange(at(send), send, incoming->data(), receive);
+      add_host(at(receive), incoming->data(), chunk_size(receive), x.dtype());
     }
     for (int s = 0; s < p - 1; ++s) {
       const int send = (rank() + 1 - s + p) % p, receive = (rank() - s + p) % p;
@@ -215,7 +215,7 @@ class MpiProcessGroup final : public ProcessGroup {
       EF_MPI_CHECK(MPI_Ibcast(x.data_ptr(), static_cast<int>(x.numel()), mpi_type(x.dtype()), root, comm_, &request),
                    "broadcast");
     }
-    wait(request, "broadcast");
+    wait(&request, 1, "broadcast", {.tensors = {x}, .memory = nullptr});
   }
 
   Tensor all_gather(const Tensor& x) override {
@@ -235,7 +235,7 @@ class MpiProcessGroup final : public ProcessGroup {
                                   static_cast<int>(x.numel()), type, comm_, &request),
                    "all_gather");
     }
-    wait(request, "all_gather");
+    wait(&request, 1, "all_gather", {.tensors = {x, out}, .memory = nullptr});
     return out;
   }
 
@@ -244,22 +244,24 @@ class MpiProcessGroup final : public ProcessGroup {
              " processes");
     const Call call(*this, "broadcast_bytes");
     if (size() == 1) return bytes;
-    int64_t length = static_cast<int64_t>(bytes.size());
+    const auto length = std::make_shared<int64_t>(static_cast<int64_t>(bytes.size()));
     MPI_Request request;
     {
       std::lock_guard<std::mutex> lock(g_mpi);
-      EF_MPI_CHECK(MPI_Ibcast(&length, 1, MPI_INT64_T, root, comm_, &request), "broadcast_bytes");
+      EF_MPI_CHECK(MPI_Ibcast(length.get(), 1, MPI_INT64_T, root, comm_, &request), "broadcast_bytes");
     }
-    wait(request, "broadcast_bytes");
-    EF_CHECK(length >= 0 && length <= INT32_MAX, "broadcast_bytes: ", length, " bytes is more than MPI's counts hold");
-    std::string out = rank() == root ? bytes : std::string(static_cast<size_t>(length), '\0');
+    wait(&request, 1, "broadcast_bytes", {.tensors = {}, .memory = length});
+    EF_CHECK(*length >= 0 && *length <= INT32_MAX, "broadcast_bytes: ", *length,
+             " bytes is more than MPI's counts hold");
+    const auto out =
+        std::make_shared<std::string>(rank() == root ? bytes : std::string(static_cast<size_t>(*length), '\0'));
     {
       std::lock_guard<std::mutex> lock(g_mpi);
-      EF_MPI_CHECK(MPI_Ibcast(out.data(), static_cast<int>(length), MPI_CHAR, root, comm_, &request),
+      EF_MPI_CHECK(MPI_Ibcast(out->data(), static_cast<int>(*length), MPI_CHAR, root, comm_, &request),
                    "broadcast_bytes");
     }
-    wait(request, "broadcast_bytes");
-    return out;
+    wait(&request, 1, "broadcast_bytes", {.tensors = {}, .memory = out});
+    return *out;
   }
 
   void fail(const std::string& why) noexcept override {
@@ -320,10 +322,25 @@ class MpiProcessGroup final : public ProcessGroup {
     MpiProcessGroup& g_;
   };
 
-  void wait(MPI_Request& request, const char* op) { wait(&request, 1, op); }
+  // What a call's requests read or write: when the call fails its requests stay pending (MPI cannot
+  // cancel a collective, and a late message may still arrive), so wait() keeps these alive, with
+  // the channel, instead of letting the caller free them.
+  struct InFlight {
+    std::vector<Tensor> tensors;
+    std::shared_ptr<void> memory;
+  };
 
-  // Waits for `count` requests (Note [MPI from several threads]).
-  void wait(MPI_Request* requests, int count, const char* op) {
+  // Waits for `count` requests (Note [MPI from several threads]); on failure keeps `in_flight`.
+  void wait(MPI_Request* requests, int count, const char* op, InFlight in_flight) {
+    try {
+      wait_for(requests, count, op);
+    } catch (...) {
+      left_in_flight_.push_back(std::move(in_flight));
+      throw;
+    }
+  }
+
+  void wait_for(MPI_Request* requests, int count, const char* op) {
     Job& j = job();
     const auto start = std::chrono::steady_clock::now();
     const auto deadline = start + timeout();
@@ -361,6 +378,7 @@ class MpiProcessGroup final : public ProcessGroup {
   MPI_Comm comm_;
   std::atomic<bool> busy_{false};
   std::string broken_;  // why this channel is unusable (a call left pending)
+  std::vector<InFlight> left_in_flight_;  // the failed calls' buffers (see wait)
 };
 
 }  // namespace

@@ -1,4 +1,5 @@
-// Between process_group.cpp and mpi_process_group.cpp (built only with MPI): not installed API.
+// Between process_group.cpp, mpi_process_group.cpp (built only with MPI) and communicator.cpp: not
+// installed API.
 #pragma once
 
 #include <memory>
