@@ -23,14 +23,19 @@ echo "== installs (with CUDA, CPU-only) and the example project built against ea
 bash scripts/test_install.sh
 
 echo "== engine, data-loader and parallel tests (devices, workers, collectives) under ThreadSanitizer"
-BUILD_DIR=build-tsan BUILD_TYPE=RelWithDebInfo TARGETS="test_engine test_data test_parallel" bash scripts/build.sh \
-  -DEF_SANITIZE=thread -DEF_OPENMP=OFF -DEF_CUDA=OFF -DEF_WERROR=ON
+BUILD_DIR=build-tsan BUILD_TYPE=RelWithDebInfo TARGETS="test_engine test_data test_parallel test_processes" \
+  bash scripts/build.sh -DEF_SANITIZE=thread -DEF_OPENMP=OFF -DEF_CUDA=OFF -DEF_MPI=ON -DEF_WERROR=ON
 # The thread cases first on their own: in a process where no CPU worker has started yet, backward
 # passes run on their calling threads (Note [Backward on the calling thread]).
 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" build-tsan/tests/test_engine --test-case='threads:*'
 for suite in test_engine test_data test_parallel; do
   TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" build-tsan/tests/$suite
 done
+# Across processes (the bucket thread, the MPI polling, the hierarchical sums), under mpirun;
+# Open MPI's own libraries are not instrumented, so reports inside them are suppressed.
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/tests/sanitizers/tsan_mpi.supp" \
+  mpirun -np 2 build-tsan/tests/test_processes
 
 echo "== CPU tests under AddressSanitizer + UndefinedBehaviorSanitizer"
 # Without MPI: Open MPI's own allocations, alive at exit by design, would read as leaks. The
