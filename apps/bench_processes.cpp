@@ -72,7 +72,8 @@ int main(int argc, char** argv) {
   CLI::App app{"evenflow multi-process benchmark: the critic's gradient all-reduce against a bare MPI_Allreduce"};
   Config c;
   app.add_option("--devices", c.devices, "each process's devices, as parallel::devices: cpu:N, cuda");
-  app.add_option("--width", c.width, "the critic's width, as wgan_gp --width")->check(CLI::Range(int64_t{1}, int64_t{4096}));
+  app.add_option("--width", c.width, "the critic's width, as wgan_gp --width")
+      ->check(CLI::Range(int64_t{1}, int64_t{4096}));
   app.add_option("--norm", c.norm, "the critic's normalization, as wgan_gp --norm")
       ->check(CLI::IsMember({"layernorm", "syncbn", "none"}));
   app.add_option("--repeats", c.repeats, "timed calls per row")->check(CLI::PositiveNumber);
@@ -95,25 +96,27 @@ int main(int argc, char** argv) {
     const double bytes = static_cast<double>(elements) * 4;
     const int p = processes->size();
     ef::apps::setup_done();
-    std::printf("job        %d processes x %d devices (%s), MPI (%s)\n", p, local, c.devices.c_str(), processes->kind());
+    std::printf("job        %d processes x %d devices (%s), MPI (%s)\n", p, local, c.devices.c_str(),
+                processes->kind());
     std::printf("gradients  wgan_gp critic, width %lld, norm %s: %zu tensors, %lld float32 values, %.1f KiB\n",
                 static_cast<long long>(c.width), c.norm.c_str(), tensors, static_cast<long long>(elements),
                 bytes / 1024);
-    std::printf("timing     median of %d calls after %d, each the slowest process's, started together\n\n",
-                c.repeats, c.warmup);
+    std::printf("timing     median of %d calls after %d, each the slowest process's, started together\n\n", c.repeats,
+                c.warmup);
     std::fflush(stdout);
 
     // One process's gradients in one buffer, for the two single-buffer rows.
     const ef::Tensor flat = ef::ones({elements});
     const auto refill = [&] { flat.fill_(1.0); };
     const double bare = median_seconds(c, refill, [&] {
-      const int code = MPI_Allreduce(MPI_IN_PLACE, flat.data_ptr(), static_cast<int>(elements), MPI_FLOAT, MPI_SUM,
-                                     MPI_COMM_WORLD);
+      const int code =
+          MPI_Allreduce(MPI_IN_PLACE, flat.data_ptr(), static_cast<int>(elements), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
       EF_CHECK(code == MPI_SUCCESS, "MPI_Allreduce failed");
     });
     EF_CHECK(flat.data<float>()[0] == static_cast<float>(p), "MPI_Allreduce summed to ", flat.data<float>()[0]);
     const double channel = median_seconds(c, refill, [&] { processes->all_reduce(flat); });
-    EF_CHECK(flat.data<float>()[0] == static_cast<float>(p), "ProcessGroup::all_reduce summed to ", flat.data<float>()[0]);
+    EF_CHECK(flat.data<float>()[0] == static_cast<float>(p), "ProcessGroup::all_reduce summed to ",
+             flat.data<float>()[0]);
 
     // Every replica's every gradient set to ones, then the buckets reduced as after a backward.
     const auto set_gradients = [&] {

@@ -275,7 +275,8 @@ int run(const Args& a) {
   const Tensor fixed_noise = ef::randn({64, a.z_dim}, {.dtype = dtype});
   const Tensor fid_noise = ef::randn({a.fid_samples, a.z_dim}, {.dtype = dtype});
   par::DataParallelModel gen(std::make_shared<Generator>(a.z_dim, a.width, nn::ModuleOptions{.dtype = dtype}), devices);
-  par::DataParallelModel critic(std::make_shared<ef::apps::WganCritic>(a.width, a.norm, nn::ModuleOptions{.dtype = dtype}), devices);
+  par::DataParallelModel critic(
+      std::make_shared<ef::apps::WganCritic>(a.width, a.norm, nn::ModuleOptions{.dtype = dtype}), devices);
   const ef::optim::AdamOptions adam{.lr = a.lr, .betas = {a.beta1, a.beta2}};
   par::ReplicatedOptimizer<ef::optim::Adam> opt_g(gen, adam), opt_d(critic, adam);
   par::DataParallelCriterion criterion(critic);

@@ -256,8 +256,8 @@ class GradientSync : public std::enable_shared_from_this<GradientSync> {
         list.push_back(p.grad());
       }
       const Tensor& first = rank_params[js[0]];
-      list.push_back(from_vector(has_grad, {static_cast<int64_t>(js.size())},
-                                 {.dtype = first.dtype(), .device = first.device()}));
+      list.push_back(
+          from_vector(has_grad, {static_cast<int64_t>(js.size())}, {.dtype = first.dtype(), .device = first.device()}));
       lists.push_back(std::move(list));
     }
     comm_->all_reduce_in_place(lists);

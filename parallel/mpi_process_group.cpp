@@ -33,7 +33,6 @@ std::mutex g_mpi;  // guards every MPI call (Note [MPI from several threads])
 constexpr int kFailureTag = 7001;
 constexpr int kRingTag = 7002;  // all_reduce's messages, on the channel's own communicator
 
-
 std::string mpi_error(int code) {
   char text[MPI_MAX_ERROR_STRING];
   int len = 0;
@@ -185,9 +184,9 @@ class MpiProcessGroup final : public ProcessGroup {
         EF_MPI_CHECK(MPI_Irecv(receive, static_cast<int>(chunk_size(receive_chunk)), type, previous, kRingTag, comm_,
                                &requests[0]),
                      "all_reduce");
-        EF_MPI_CHECK(MPI_Isend(send, static_cast<int>(chunk_size(send_chunk)), type, next, kRingTag, comm_,
-                               &requests[1]),
-                     "all_reduce");
+        EF_MPI_CHECK(
+            MPI_Isend(send, static_cast<int>(chunk_size(send_chunk)), type, next, kRingTag, comm_, &requests[1]),
+            "all_reduce");
       }
       wait(requests, 2, "all_reduce", {.tensors = {x}, .memory = incoming});
     };
@@ -377,7 +376,7 @@ class MpiProcessGroup final : public ProcessGroup {
 
   MPI_Comm comm_;
   std::atomic<bool> busy_{false};
-  std::string broken_;  // why this channel is unusable (a call left pending)
+  std::string broken_;                    // why this channel is unusable (a call left pending)
   std::vector<InFlight> left_in_flight_;  // the failed calls' buffers (see wait)
 };
 
