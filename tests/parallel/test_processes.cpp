@@ -191,3 +191,42 @@ TEST_CASE("processes: a batch too small for every device of the job is refused, 
         "one item");
   CHECK(process_share(7, 2, job()).count == (job().rank() == 0 ? 4 : 3));
 }
+
+TEST_CASE("processes: no_sync accumulates micro-batches, and the last backward sums them over every process") {
+  // Two micro-batches of 7, the first backward under no_sync: every replica of every process ends
+  // with the gradients one device accumulates over the two, 1-byte buckets (one per parameter).
+  manual_seed(cpu(), 41);
+  const auto make_net = [] {
+    return std::make_shared<nn::Sequential>(nn::Linear(5, 4, true, m64), nn::Tanh(), nn::Linear(4, 1, true, m64));
+  };
+  auto reference = make_net();
+  auto net = make_net();
+  net->load_state_dict(reference->state_dict());
+  const Tensor a = randn({7, 5}, f64), b = randn({7, 5}, f64);
+  const auto loss_of = [](const Tensor& y) { return mean(square(y)); };
+  loss_of((*reference)(a)).backward();
+  loss_of((*reference)(b)).backward();
+
+  DataParallelModel model(net, devices("cpu:2"), {.bucket_bytes = 1});
+  DataParallelCriterion criterion(model);
+  const auto my_chunks = [&](const Tensor& x) {
+    const ProcessShare share = process_share(7, model.size(), job());
+    return model.scatter(narrow(x, 0, share.start, share.count));
+  };
+  const auto xa = my_chunks(a), xb = my_chunks(b);
+  {
+    const auto pause = model.no_sync();
+    criterion([&](int r) { return loss_of(model.replica(r)(xa[r])); }, xa).backward();
+  }
+  criterion([&](int r) { return loss_of(model.replica(r)(xb[r])); }, xb).backward();
+  const std::vector<Tensor> want = reference->parameters();
+  for (int r = 0; r < model.size(); ++r) {
+    const std::vector<Tensor> got = model.replica(r).parameters();
+    REQUIRE(got.size() == want.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      CAPTURE(r);
+      CAPTURE(i);
+      CHECK(amax(abs(got[i].grad().to(cpu()) - want[i].grad())).item() <= kTol);
+    }
+  }
+}
