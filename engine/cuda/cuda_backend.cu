@@ -285,7 +285,8 @@ void copy_peer(Backend& dst_backend, void* dst, Backend& src_backend, const void
   EF_ASSERT(to != nullptr && from != nullptr, "copy_peer called with a backend that is not CUDA");
   if (nbytes == 0) return;
   // The copy runs on the destination's stream, after the source's queued work (which may still be
-  // writing src), and we wait for it: see cuda_backend.h.
+  // writing src), and the source's stream waits for it before its later work (which may reuse
+  // src): see cuda_backend.h. No host wait.
   from->activate();
   const StreamMark src_ready(from->stream());
   to->activate();
@@ -296,7 +297,8 @@ void copy_peer(Backend& dst_backend, void* dst, Backend& src_backend, const void
     enable_peer_access(to->physical_id(), from->physical_id());
     CUDA_CHECK(cudaMemcpyPeerAsync(dst, to->physical_id(), src, from->physical_id(), nbytes, to->stream()));
   }
-  CUDA_CHECK(cudaStreamSynchronize(to->stream()));
+  const StreamMark copied(to->stream());
+  CUDA_CHECK(cudaStreamWaitEvent(from->stream(), copied.event(), 0));
 }
 
 }  // namespace evenflow::cuda_backend

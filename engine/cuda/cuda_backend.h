@@ -18,9 +18,11 @@ std::unique_ptr<Backend> make_backend(int logical_index, int physical_id);
 // returns 0 and, when why_none is not null, stores the reason there.
 int physical_device_count(std::string* why_none);
 
-// Copies nbytes from src (on src_backend's GPU) to dst (on dst_backend's GPU). Ordered after the
-// work queued on both devices and synchronous: it returns when the copy is done, so either side may
-// free or overwrite its buffer right away.
+// Copies nbytes from src (on src_backend's GPU) to dst (on dst_backend's GPU). Stream-ordered, without
+// waiting on the host: the copy runs after the work queued on both devices, and the work either
+// device queues afterwards runs after the copy, so either side may free or overwrite its buffer
+// right away (its memory is reused only through its device's stream: the caching allocator is per
+// logical device, each with one stream).
 void copy_peer(Backend& dst_backend, void* dst, Backend& src_backend, const void* src, size_t nbytes);
 
 }  // namespace evenflow::cuda_backend

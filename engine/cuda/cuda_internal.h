@@ -13,6 +13,7 @@
 
 #include "evenflow/engine/backend.h"
 #include "evenflow/engine/cuda/cuda_check.h"
+#include "evenflow/engine/device.h"
 
 namespace evenflow::cuda_backend {
 
@@ -75,6 +76,7 @@ class CudaBackend final : public Backend {
   void conv2d_weight_grad(const ConvArgs& args, const View& gw, const View& x, const View& gy) override;
 
   int physical_id() const { return physical_id_; }
+  Device device() const { return evenflow::cuda(logical_index_); }  // this backend's logical device
   cudaStream_t stream() const { return stream_; }
   int sm_count() const { return sm_count_; }
   // "cuda:1 (GPU 0)", for messages.

@@ -10,6 +10,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "evenflow/engine/context.h"
 #include "evenflow/engine/cuda/cuda_internal.h"
 #include "evenflow/engine/device.h"
 #include "evenflow/engine/random.h"
@@ -132,23 +133,28 @@ void check_same_shape(const View& out, const View& in) {
   }
 }
 
-// Stream-ordered temporary device memory, released in stream order when it goes out of scope.
-class StreamBuffer {
+// Temporary device memory from the device's caching allocator, so that it counts in the memory
+// statistics and reuses cached blocks (cudaMallocAsync's own pool could fail while the cache holds
+// the memory). Given back when it goes out of scope, while kernels queued on the stream may still
+// use it: safe, because the cache is per logical device, whose work all runs on its one stream,
+// so a later user of the block runs after them.
+class DeviceTemporary {
  public:
-  StreamBuffer(cudaStream_t stream, size_t nbytes) : stream_(stream) {
-    CUDA_CHECK(cudaMallocAsync(&ptr_, nbytes, stream_));
+  DeviceTemporary(const CudaBackend& be, size_t nbytes) : allocator_(context(be.device()).allocator()) {
+    ptr_ = allocator_.allocate(nbytes, &block_bytes_);
   }
-  ~StreamBuffer() { CUDA_CHECK_PRINT(cudaFreeAsync(ptr_, stream_)); }
-  StreamBuffer(const StreamBuffer&) = delete;
-  StreamBuffer& operator=(const StreamBuffer&) = delete;
+  ~DeviceTemporary() { allocator_.release(ptr_, block_bytes_); }
+  DeviceTemporary(const DeviceTemporary&) = delete;
+  DeviceTemporary& operator=(const DeviceTemporary&) = delete;
   template <typename T>
   T* get() const {
     return static_cast<T*>(ptr_);
   }
 
  private:
-  cudaStream_t stream_;
+  CachingAllocator& allocator_;
   void* ptr_ = nullptr;
+  size_t block_bytes_ = 0;
 };
 
 // --- Elementwise: out = f(in...) ----------------------------------------------------------------------
@@ -501,7 +507,7 @@ void run_reduce(const CudaBackend& be, const ReducePlan& p, const View& out, con
     launch(nullptr);
     return;
   }
-  const StreamBuffer partial(be.stream(), sizeof(Acc) * static_cast<size_t>(p.splits * p.m));
+  const DeviceTemporary partial(be, sizeof(Acc) * static_cast<size_t>(p.splits * p.m));
   launch(partial.get<Acc>());
   reduce_partials_kernel<Op><<<grid_for(be, p.m), kThreads, 0, be.stream()>>>(partial.get<Acc>(), o, p, op);
   EF_CUDA_CHECK_LAUNCH();
@@ -650,7 +656,7 @@ template <typename Launch>
 void with_index_check(const CudaBackend& be, const char* op, int dim, int64_t dim_size, Launch&& launch) {
   int64_t error[2] = {0, 0};
   {
-    const StreamBuffer device_error(be.stream(), sizeof(error));
+    const DeviceTemporary device_error(be, sizeof(error));
     CUDA_CHECK(cudaMemsetAsync(device_error.get<int64_t>(), 0, sizeof(error), be.stream()));
     launch(device_error.get<int64_t>());
     EF_CUDA_CHECK_LAUNCH();
