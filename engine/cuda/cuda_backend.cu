@@ -31,6 +31,7 @@ CudaBackend::~CudaBackend() {
   for (auto& [size_class, buffers] : staging_free_) {
     for (void* buffer : buffers) CUDA_CHECK_PRINT(cudaFreeHost(buffer));
   }
+  if (index_flags_ != nullptr) CUDA_CHECK_PRINT(cudaFreeHost(index_flags_));
   CUDA_CHECK_PRINT(cudaStreamDestroy(stream_));
 }
 
@@ -140,12 +141,77 @@ void CudaBackend::copy_to_host(void* dst, const void* src, size_t nbytes) {
   if (nbytes == 0) return;
   activate();
   CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToHost, stream_));
-  CUDA_CHECK(cudaStreamSynchronize(stream_));
+  synchronize_and_check();
 }
 
 void CudaBackend::synchronize() {
   activate();
+  synchronize_and_check();
+}
+
+// --- Index checks ----------------------------------------------------------------------------------
+
+// Note [Index checks]
+// An indexing kernel (gather, scatter_add, index_select, index_add: cross-entropy, max-pool
+// backward, nearest upsampling) that meets an index out of range sets a flag instead of writing
+// out of bounds. Waiting for every such kernel to read its flag would stop the host at every one;
+// instead each queued kernel gets its own flag (a ring of kIndexFlags in page-locked host memory,
+// mapped into the device's address space, written by the device only on a bad index), and the
+// flags are read at the next natural synchronization: synchronize() and copy_to_host(), the ways
+// values reach the host (item(), .to(cpu()), a loss read for printing). The first bad index
+// queued before that synchronization throws ef::Error there, naming the op, the index, the dim
+// and its size: an error reported where the program next looks at the device, not lost, and no
+// cost otherwise. A kernel queued when all flags are pending first waits for the stream.
+
+int64_t* CudaBackend::index_check_flag(const char* op, int dim, int64_t dim_size) const {
+  std::unique_lock<std::mutex> lock(index_mu_);
+  if (index_flags_ == nullptr) {
+    void* flags = nullptr;
+    CUDA_CHECK(cudaHostAlloc(&flags, kIndexFlags * 2 * sizeof(int64_t), cudaHostAllocMapped | cudaHostAllocPortable));
+    std::memset(flags, 0, kIndexFlags * 2 * sizeof(int64_t));
+    void* device_flags = nullptr;
+    const cudaError_t map_status = cudaHostGetDevicePointer(&device_flags, flags, 0);
+    if (map_status != cudaSuccess) CUDA_CHECK_PRINT(cudaFreeHost(flags));
+    CUDA_CHECK(map_status);
+    index_flags_ = static_cast<int64_t*>(flags);
+    index_flags_device_ = static_cast<int64_t*>(device_flags);
+  }
+  if (index_launches_.size() == kIndexFlags) {
+    lock.unlock();
+    synchronize_and_check();  // checks every pending kernel: all were queued before
+    lock.lock();
+  }
+  const uint64_t sequence = index_sequence_++;
+  index_launches_.push_back({sequence, op, dim, dim_size});
+  return index_flags_device_ + 2 * (sequence % kIndexFlags);
+}
+
+void CudaBackend::synchronize_and_check() const {
+  uint64_t queued_before = 0;
+  {
+    std::lock_guard<std::mutex> lock(index_mu_);
+    queued_before = index_sequence_;
+  }
   CUDA_CHECK(cudaStreamSynchronize(stream_));
+  check_indices(queued_before);
+}
+
+void CudaBackend::check_indices(uint64_t queued_before) const {
+  std::string error;
+  {
+    std::lock_guard<std::mutex> lock(index_mu_);
+    while (!index_launches_.empty() && index_launches_.front().sequence < queued_before) {
+      const IndexLaunch& l = index_launches_.front();
+      int64_t* flag = index_flags_ + 2 * (l.sequence % kIndexFlags);
+      if (flag[0] != 0 && error.empty()) {
+        error = ::evenflow::detail::str_cat(l.op, ": index ", flag[1], " is out of range for dim ", l.dim, " of size ",
+                                            l.dim_size, " (found on ", name(), " at the next synchronization)");
+      }
+      flag[0] = flag[1] = 0;
+      index_launches_.pop_front();
+    }
+  }
+  EF_CHECK(error.empty(), error);
 }
 
 // --- Library state (Note [Library handles and threads]) ------------------------------------------

@@ -6,6 +6,7 @@
 
 #include <array>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <string>
@@ -93,7 +94,16 @@ class CudaBackend final : public Backend {
   void* scratch(const Lock& held, size_t nbytes);
   std::map<ConvKey, ConvAlgo>& conv_algos(const Lock& held);
 
+  // Note [Index checks]: the flag an indexing kernel about to be queued sets on a bad index
+  // ({1, the index}, two int64 in page-locked host memory), remembered with `op`, `dim` and
+  // `dim_size` for the error the next synchronization throws.
+  int64_t* index_check_flag(const char* op, int dim, int64_t dim_size) const;
+
  private:
+  // Waits for the stream, then throws ef::Error for the first bad index of the indexing kernels
+  // queued before (Note [Index checks]).
+  void synchronize_and_check() const;
+  void check_indices(uint64_t queued_before) const;
   void check_held(const Lock& held) const;
   // Page-locked staging buffers for copy_from_host (Note [Host-to-device copies]).
   void* acquire_staging(size_t size_class);
@@ -113,6 +123,20 @@ class CudaBackend final : public Backend {
 
   std::mutex staging_mu_;
   std::map<size_t, std::vector<void*>> staging_free_;  // by size class
+
+  // Note [Index checks]. Mutable: bookkeeping of queued work, kept by const kernel launchers.
+  struct IndexLaunch {
+    uint64_t sequence;  // its flag is flags[sequence % kIndexFlags]
+    const char* op;
+    int dim;
+    int64_t dim_size;
+  };
+  static constexpr uint64_t kIndexFlags = 1024;
+  mutable std::mutex index_mu_;
+  mutable int64_t* index_flags_ = nullptr;          // kIndexFlags x 2, page-locked, mapped
+  mutable int64_t* index_flags_device_ = nullptr;   // the same memory, as kernels address it
+  mutable std::deque<IndexLaunch> index_launches_;  // queued, not yet checked, in queue order
+  mutable uint64_t index_sequence_ = 0;
 };
 
 }  // namespace evenflow::cuda_backend

@@ -651,19 +651,12 @@ __global__ void scatter_add_kernel(I n, Indexer<3> ix, const T* src, const int64
   }
 }
 
-// Runs launch(error) for an indexing kernel, waits for it and throws if it met a bad index.
+// Runs launch(flag) for an indexing kernel; a bad index is reported at the next synchronization
+// (Note [Index checks] in cuda_backend.cu).
 template <typename Launch>
 void with_index_check(const CudaBackend& be, const char* op, int dim, int64_t dim_size, Launch&& launch) {
-  int64_t error[2] = {0, 0};
-  {
-    const DeviceTemporary device_error(be, sizeof(error));
-    CUDA_CHECK(cudaMemsetAsync(device_error.get<int64_t>(), 0, sizeof(error), be.stream()));
-    launch(device_error.get<int64_t>());
-    EF_CUDA_CHECK_LAUNCH();
-    CUDA_CHECK(cudaMemcpyAsync(error, device_error.get<int64_t>(), sizeof(error), cudaMemcpyDeviceToHost, be.stream()));
-  }
-  CUDA_CHECK(cudaStreamSynchronize(be.stream()));
-  EF_CHECK(error[0] == 0, op, ": index ", error[1], " is out of range for dim ", dim, " of size ", dim_size);
+  launch(be.index_check_flag(op, dim, dim_size));
+  EF_CUDA_CHECK_LAUNCH();
 }
 
 // out[o] = x[... index(o) on dim ...]; index_strides address the index tensor over out's shape.

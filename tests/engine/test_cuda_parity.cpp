@@ -259,3 +259,24 @@ TEST_CASE("cuda: an allocation failure is an ef::Error with the device's statist
   CHECK(message.find("out of memory on cuda:0") == 0);
   CHECK(zeros({4}, {.device = cuda(0)}).to_vector() == std::vector<double>(4, 0.0));
 }
+
+TEST_CASE("cuda: a bad index is reported at the next synchronization, naming the op, and only once") {
+  if (!cuda_devices_available()) return;
+  const Device d = cuda(0);
+  const Tensor x = arange(0, 6, 1, {.dtype = kFloat64}).reshape({2, 3}).to(d);
+  // Queued without waiting (Note [Index checks] in engine/cuda/cuda_backend.cu); found when values
+  // reach the host.
+  const Tensor bad = gather(x, 1, from_int_vector({0, 5}, {2, 1}).to(d));
+  CHECK(error_of([&] { (void)bad.to(cpu()); }).find("gather: index 5 is out of range for dim 1 of size 3") == 0);
+  // Reported once: the device goes on, and a good gather reads back.
+  const Tensor good = gather(x, 1, from_int_vector({2, 0}, {2, 1}).to(d));
+  CHECK(vals(good.to(cpu())) == std::vector<double>{2, 3});
+  // More indexing kernels queued than there are flags (the queue then waits for the device): the
+  // bad one, early, still names itself.
+  CHECK(error_of([&] {
+          (void)index_select(x, 0, from_int_vector({1, 7}, {2}).to(d));
+          for (int i = 0; i < 1500; ++i) (void)index_select(x, 0, from_int_vector({1}, {1}).to(d));
+          synchronize(d);
+        }).find("index_select: index 7 is out of range for dim 0 of size 2") == 0);
+  synchronize(d);  // nothing left
+}
