@@ -136,12 +136,9 @@ int run(const Args& a) {
     std::printf("resuming from %s at step %" PRId64 " (epoch %" PRId64 ")\n", ckpt_path.c_str(), progress.step,
                 progress.epoch + 1);
   }
-  std::string device_names;
-  for (const ef::Device& d : devices) device_names += (device_names.empty() ? "" : ",") + d.str();
-  if (model.group().processes().size() > 1)
-    device_names += " in each of " + std::to_string(model.group().processes().size()) + " processes";
   std::printf("training on %s, %s, %" PRId64 " images, batch %" PRId64 ", %" PRId64 " steps per epoch\n",
-              device_names.c_str(), a.dtype.c_str(), train_set->size(), a.batch_size, steps_per_epoch);
+              ef::apps::describe_devices(devices).c_str(), a.dtype.c_str(), train_set->size(), a.batch_size,
+              steps_per_epoch);
   std::fflush(stdout);
 
   // --- Training ---------------------------------------------------------------------------------------

@@ -216,7 +216,7 @@ Outcome train(const Args& a, const Setup& s, const std::string& spec, const fs::
   // Batches stay on the host: the valid-pixel count is taken there, then scatter copies each chunk
   // straight to its device.
   const auto job = ef::parallel::processes();
-  const bool primary = job->rank() == 0;  // writes the outputs (apps/common/program.h)
+  const bool primary = apps::primary_process();  // writes the outputs
   ef::data::DataLoader train_loader(s.train,
                                     {.batch_size = a.batch_size,
                                      .shuffle = true,
@@ -245,13 +245,10 @@ Outcome train(const Args& a, const Setup& s, const std::string& spec, const fs::
     std::printf("resuming %s from %s at step %" PRId64 " (epoch %" PRId64 ")\n", spec.c_str(), ckpt_path.c_str(),
                 progress.step, progress.epoch + 1);
   }
-  std::string device_names;
-  for (const ef::Device& d : s.devices) device_names += (device_names.empty() ? "" : ",") + d.str();
-  if (job->size() > 1) device_names += " in each of " + std::to_string(job->size()) + " processes";
   std::printf("training loss %s on %s, %s, %" PRId64 " canvases %" PRId64 "x%" PRId64 ", batch %" PRId64 ", %" PRId64
               " steps per epoch\n",
-              spec.c_str(), device_names.c_str(), a.dtype.c_str(), s.train->size(), a.canvas, a.canvas, a.batch_size,
-              steps_per_epoch);
+              spec.c_str(), apps::describe_devices(s.devices).c_str(), a.dtype.c_str(), s.train->size(), a.canvas,
+              a.canvas, a.batch_size, steps_per_epoch);
   std::fflush(stdout);
 
   // The checkpoint last (the rule in run_options.h).

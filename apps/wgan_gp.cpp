@@ -318,13 +318,10 @@ int run(const Args& a) {
     std::printf("resuming from %s at generator step %" PRId64 "\n", ckpt_path.c_str(), progress.step);
   }
 
-  std::string device_names;
-  for (const ef::Device& d : devices) device_names += (device_names.empty() ? "" : ",") + d.str();
-  const int processes = gen.group().processes().size();
-  if (processes > 1) device_names += " in each of " + std::to_string(processes) + " processes";
   std::printf("training on %s, %s, batch %" PRId64 ", %" PRId64
               " critic steps per generator step, norm %s, penalty %s\n",
-              device_names.c_str(), a.dtype.c_str(), a.batch_size, a.critic_steps, a.norm.c_str(), a.penalty.c_str());
+              ef::apps::describe_devices(devices).c_str(), a.dtype.c_str(), a.batch_size, a.critic_steps,
+              a.norm.c_str(), a.penalty.c_str());
   std::fflush(stdout);
 
   ef::data::DataLoader loader(train_set, {.batch_size = a.batch_size,
@@ -380,6 +377,7 @@ int run(const Args& a) {
   int64_t epoch = position / per_epoch;
   ef::data::DataLoader::Iterator it = loader.epoch(epoch).begin();
   for (int64_t skip = position % per_epoch; skip > 0; --skip) ++it;
+  const int processes = par::processes()->size();
   // Across processes each reads its part of every batch, and draws for the whole batch (every
   // process the same numbers) before keeping its part: a sample sees the numbers it would see in
   // one process (Note [Random numbers per sample] in engine/tensor.h).

@@ -1,12 +1,11 @@
 #include "evenflow/engine/autograd.h"
 
 #include <atomic>
-#include <functional>
-#include <map>
-
 #include <condition_variable>
 #include <deque>
 #include <exception>
+#include <functional>
+#include <map>
 #include <unordered_map>
 #include <unordered_set>
 

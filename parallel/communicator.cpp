@@ -85,11 +85,6 @@ Tensor ordered_sum(const std::vector<Tensor>& xs, const Device& where) {
   return total;
 }
 
-// x's values in a new contiguous CPU tensor, for the processes' collectives.
-Tensor host_copy(const Tensor& x) {
-  return x.device().is_cpu() ? x.contiguous().clone() : x.to(Device()).contiguous();
-}
-
 bool across_processes(const Communicator& comm) {
   return comm.processes()->size() > 1;
 }
@@ -287,29 +282,28 @@ void LocalCommunicator::all_reduce_in_place(const std::vector<std::vector<Tensor
     // copies (.to) of the engine's ops, in one host buffer when the processes sum it too (one
     // call for the list). These copies are most of the time a bucket takes besides the processes'
     // sum (scripts/bench_processes.sh).
+    // Each tensor's sum: in rank 0's tensor, or across processes in its slice of one flat buffer.
     int64_t total = 0;
     for (const Tensor& x : first) total += x.numel();
     const Tensor flat = across_processes ? empty({total}, {.dtype = first[0].dtype()}) : Tensor();
     const size_t esize = dtype_size(first[0].dtype());
-    int64_t offset = 0;
+    std::vector<char*> sums;
+    size_t offset = 0;
+    for (const Tensor& x : first) {
+      sums.push_back(across_processes ? static_cast<char*>(flat.data_ptr()) + offset
+                                      : static_cast<char*>(x.data_ptr()));
+      offset += static_cast<size_t>(x.numel()) * esize;
+    }
+    const auto bytes = [&](size_t i) { return static_cast<size_t>(first[i].numel()) * esize; };
     for (size_t i = 0; i < first.size(); ++i) {
-      const int64_t n = first[i].numel();
-      void* sum = across_processes ? static_cast<char*>(flat.data_ptr()) + static_cast<size_t>(offset) * esize
-                                   : first[i].data_ptr();
-      if (across_processes) std::memcpy(sum, first[i].data_ptr(), static_cast<size_t>(n) * esize);
-      for (size_t r = 1; r < per_rank.size(); ++r) add_host(sum, per_rank[r][i].data_ptr(), n, first[i].dtype());
-      offset += n;
+      if (across_processes) std::memcpy(sums[i], first[i].data_ptr(), bytes(i));
+      for (size_t r = 1; r < per_rank.size(); ++r)
+        add_host(sums[i], per_rank[r][i].data_ptr(), first[i].numel(), first[i].dtype());
     }
     if (across_processes) in_place_processes_->all_reduce(flat);
-    offset = 0;
-    for (size_t i = 0; i < first.size(); ++i) {
-      const int64_t n = first[i].numel();
-      const void* sum = across_processes ? static_cast<char*>(flat.data_ptr()) + static_cast<size_t>(offset) * esize
-                                         : first[i].data_ptr();
+    for (size_t i = 0; i < first.size(); ++i)
       for (size_t r = across_processes ? 0 : 1; r < per_rank.size(); ++r)
-        std::memcpy(per_rank[r][i].data_ptr(), sum, static_cast<size_t>(n) * esize);
-      offset += n;
-    }
+        std::memcpy(per_rank[r][i].data_ptr(), sums[i], bytes(i));
     for (const auto& tensors : per_rank)
       for (const Tensor& x : tensors) x.storage()->version.fetch_add(1);  // written in place, as copy_ marks
     return;
@@ -319,7 +313,7 @@ void LocalCommunicator::all_reduce_in_place(const std::vector<std::vector<Tensor
   if (across_processes) {
     std::vector<Tensor> flattened;
     for (const Tensor& x : first) flattened.push_back(reshape(x, {x.numel()}));
-    const Tensor host = cat(flattened, 0).to(Device());
+    const Tensor host = host_copy(cat(flattened, 0));
     in_place_processes_->all_reduce(host);
     int64_t offset = 0;
     for (const Tensor& x : first) {

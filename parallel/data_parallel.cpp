@@ -7,6 +7,8 @@
 #include <thread>
 #include <utility>
 
+#include "evenflow/parallel/process_group_internal.h"
+
 namespace evenflow::parallel {
 
 namespace {
@@ -51,7 +53,7 @@ void broadcast_from_first_process(DeviceGroup& group, const std::vector<Tensor>&
   if (group.processes().size() == 1) return;
   NoGradGuard no_grad;
   for (const Tensor& t : tensors) {
-    const Tensor host = t.to(cpu()).contiguous().clone();
+    const Tensor host = host_copy(t);
     group.processes().broadcast(host, 0);
     t.copy_(host.to(t.device()));
   }
@@ -411,7 +413,7 @@ void DataParallelModel::check_replicas() const {
   const nn::NamedTensors reference = replicas_[0]->state_dict();
   if (group_->processes().size() > 1) {
     for (const auto& [name, t] : reference) {
-      const Tensor mine = t.to(cpu()).contiguous().clone();
+      const Tensor mine = host_copy(t);
       const Tensor first = mine.clone();
       group_->processes().broadcast(first, 0);
       const Tensor a = first.to(kFloat64), b = mine.to(kFloat64);
@@ -493,7 +495,7 @@ Tensor DataParallelCriterion::operator()(const RankLoss& fn, const PerDevice<Ten
   // as in one process. (A differentiable all_reduce would hand each process the sum of every
   // process's seed, P times too much.) local - local.detach() is 0 with local's derivatives, to
   // any order; the job's loss is added as a constant.
-  const Tensor job = local.detach().to(cpu()).reshape({1}).contiguous().clone();
+  const Tensor job = host_copy(reshape(local.detach(), {1}));
   group.processes().all_reduce(job);
   return (local - local.detach()) + reshape(job.to(local.device()), local.shape());
 }

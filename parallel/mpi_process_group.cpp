@@ -98,20 +98,23 @@ struct Job {
     MPI_Finalize();
   }
 
+  // Takes one failure notice another process sent, if one has arrived, keeping the first as
+  // `failed`. Caller holds g_mpi.
+  void take_notice() {
+    int flag = 0;
+    MPI_Status status;
+    MPI_Iprobe(MPI_ANY_SOURCE, kFailureTag, failures, &flag, &status);
+    if (!flag) return;
+    int len = 0;
+    MPI_Get_count(&status, MPI_CHAR, &len);
+    std::string why(static_cast<size_t>(len), '\0');
+    MPI_Recv(why.data(), len, MPI_CHAR, status.MPI_SOURCE, kFailureTag, failures, MPI_STATUS_IGNORE);
+    if (failed.empty()) failed = detail::str_cat("process ", status.MPI_SOURCE, " of ", size, " failed: ", why);
+  }
+
   // Throws the failure another process reported, if any. Caller holds g_mpi.
   void check_failures(const char* op) {
-    if (failed.empty() && size > 1) {
-      int flag = 0;
-      MPI_Status status;
-      MPI_Iprobe(MPI_ANY_SOURCE, kFailureTag, failures, &flag, &status);
-      if (flag) {
-        int len = 0;
-        MPI_Get_count(&status, MPI_CHAR, &len);
-        std::string why(static_cast<size_t>(len), '\0');
-        MPI_Recv(why.data(), len, MPI_CHAR, status.MPI_SOURCE, kFailureTag, failures, MPI_STATUS_IGNORE);
-        failed = detail::str_cat("process ", status.MPI_SOURCE, " of ", size, " failed: ", why);
-      }
-    }
+    if (failed.empty() && size > 1) take_notice();
     EF_CHECK(failed.empty(), op, " on process ", rank, ": ", failed);
   }
 };
@@ -286,15 +289,7 @@ class MpiProcessGroup final : public ProcessGroup {
         MPI_Testall(static_cast<int>(j.notices.size()), j.notices.data(), &all, MPI_STATUSES_IGNORE);
         if (all) break;
         // Take the others' notices too: when every process fails at once, each waits for the others.
-        int flag = 0;
-        MPI_Status status;
-        MPI_Iprobe(MPI_ANY_SOURCE, kFailureTag, j.failures, &flag, &status);
-        if (flag) {
-          int len = 0;
-          MPI_Get_count(&status, MPI_CHAR, &len);
-          std::string theirs(static_cast<size_t>(len), '\0');
-          MPI_Recv(theirs.data(), len, MPI_CHAR, status.MPI_SOURCE, kFailureTag, j.failures, MPI_STATUS_IGNORE);
-        }
+        j.take_notice();
         lock.unlock();
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
         lock.lock();

@@ -63,6 +63,10 @@ void add_host(void* dst, const void* src, int64_t n, DType dtype) {
   }
 }
 
+Tensor host_copy(const Tensor& x) {
+  return x.device().is_cpu() ? x.contiguous().clone() : x.to(Device()).contiguous();
+}
+
 void check_host_tensor(const char* op, const Tensor& x) {
   EF_CHECK(x.defined(), op, ": undefined tensor");
   EF_CHECK(x.device().is_cpu() && x.is_contiguous(), op, ": needs a contiguous CPU tensor, got ", x.str());

@@ -33,6 +33,14 @@ bool primary_process() {
   return parallel::processes()->rank() == 0;
 }
 
+std::string describe_devices(const std::vector<Device>& devices) {
+  std::string names;
+  for (const Device& d : devices) names += (names.empty() ? "" : ",") + d.str();
+  const int processes = parallel::processes()->size();
+  if (processes > 1) names += " in each of " + std::to_string(processes) + " processes";
+  return names;
+}
+
 std::function<std::pair<int64_t, int64_t>(int64_t)> process_batch_part(int devices_per_process) {
   const auto job = parallel::processes();
   if (job->size() == 1) return nullptr;

@@ -12,7 +12,11 @@
 #include <CLI/CLI.hpp>
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <utility>
+#include <vector>
+
+#include "evenflow/engine/device.h"
 
 namespace evenflow::apps {
 
@@ -26,6 +30,10 @@ void setup_done();
 // Whether this process prints and writes the outputs: process 0 of the job (the only one when it
 // was not started by mpirun or srun).
 bool primary_process();
+
+// The devices a program trains on, for its first line: "cpu:0,cpu:1", and under mpirun
+// "cpu:0,cpu:1 in each of 2 processes".
+std::string describe_devices(const std::vector<Device>& devices);
 
 // For DataLoaderOptions::batch_part: the rows of each global batch this process reads when every
 // process trains on `devices_per_process` devices (parallel::process_share); nullptr in one process.

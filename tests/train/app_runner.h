@@ -58,6 +58,19 @@ inline std::vector<std::pair<int, std::string>> step_losses(const std::string& o
   return out;
 }
 
+// The lines "step ... loss X" of an output (wgan_gp's "step N critic loss X" too), as (the text
+// before " loss ", X as a number).
+inline std::vector<std::pair<std::string, double>> labelled_losses(const std::string& output) {
+  std::vector<std::pair<std::string, double>> out;
+  std::istringstream in(output);
+  for (std::string line; std::getline(in, line);) {
+    const size_t at = line.find(" loss ");
+    if (line.rfind("step ", 0) == 0 && at != std::string::npos)
+      out.emplace_back(line.substr(0, at), std::stod(line.substr(at + 6)));
+  }
+  return out;
+}
+
 inline std::string first_line(const std::string& path) {
   const std::string text = read_bytes(path);
   return text.substr(0, text.find('\n'));

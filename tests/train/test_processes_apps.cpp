@@ -9,7 +9,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
-#include <sstream>
 
 #include "apps/common/fashion_cnn.h"
 #include "evenflow/io/checkpoint.h"
@@ -28,22 +27,10 @@ const std::string kMpirun = [] {
   return std::string(EF_MPIEXEC) + " -np 2 ";
 }();
 
-// Every "step ... loss X" line, as (the text before " loss ", X).
-std::vector<std::pair<std::string, double>> losses(const std::string& output) {
-  std::vector<std::pair<std::string, double>> out;
-  std::istringstream in(output);
-  for (std::string line; std::getline(in, line);) {
-    const size_t at = line.find(" loss ");
-    if (line.rfind("step ", 0) == 0 && at != std::string::npos)
-      out.emplace_back(line.substr(0, at), std::stod(line.substr(at + 6)));
-  }
-  return out;
-}
-
 void check_same_losses(const AppResult& one, const AppResult& job, size_t expected) {
   REQUIRE_MESSAGE(one.rc == 0, one.output);
   REQUIRE_MESSAGE(job.rc == 0, job.output);
-  const auto a = losses(one.output), b = losses(job.output);
+  const auto a = labelled_losses(one.output), b = labelled_losses(job.output);
   REQUIRE(a.size() == expected);
   REQUIRE_MESSAGE(b.size() == a.size(), job.output);  // one process prints
   for (size_t i = 0; i < a.size(); ++i) {
@@ -83,7 +70,7 @@ TEST_CASE("processes: classify on 2 processes x 2 devices equals one device, and
   const AppResult resumed =
       run_app(EF_CLASSIFY_BIN, common + "--devices cpu:3 --resume --steps 7 --out " + split.path().string());
   REQUIRE_MESSAGE(resumed.rc == 0, resumed.output);
-  const auto whole = losses(a.output), rest = losses(resumed.output);
+  const auto whole = labelled_losses(a.output), rest = labelled_losses(resumed.output);
   REQUIRE(rest.size() == 4);
   for (size_t i = 0; i < rest.size(); ++i) {
     CAPTURE(rest[i].first);

@@ -19,18 +19,6 @@ AppResult run_wgan(const std::string& args) {
   return run_app(EF_WGAN_GP_BIN, args);
 }
 
-// Every "... loss X" line of --print-loss, in order, as (line text before the value, value).
-std::vector<std::pair<std::string, double>> losses(const std::string& output) {
-  std::vector<std::pair<std::string, double>> out;
-  std::istringstream in(output);
-  for (std::string line; std::getline(in, line);) {
-    const size_t at = line.find(" loss ");
-    if (line.rfind("step ", 0) == 0 && at != std::string::npos)
-      out.emplace_back(line.substr(0, at), std::stod(line.substr(at + 6)));
-  }
-  return out;
-}
-
 struct Data {
   TempDir dir;
   std::string classifier;
@@ -56,7 +44,7 @@ TEST_CASE("wgan_gp: outputs, the Frechet distance, and an exact --resume") {
   const AppResult full = run_wgan(common + " --steps 4 --out " + whole.path().string());
   REQUIRE_MESSAGE(full.rc == 0, full.output);
   CHECK(full.output.find("Frechet distance floor") != std::string::npos);
-  const auto reference = losses(full.output);
+  const auto reference = labelled_losses(full.output);
   REQUIRE(reference.size() == 12);  // 4 steps x (2 critic + 1 generator)
   for (const char* file : {"samples/step_000002.png", "samples/step_000004.png", "curves.png"})
     CHECK(read_bytes(whole.file(file)).substr(0, 8) == "\x89PNG\r\n\x1a\n");
@@ -90,8 +78,8 @@ TEST_CASE("wgan_gp: outputs, the Frechet distance, and an exact --resume") {
   const AppResult resumed = run_wgan(common + " --steps 4 --resume --out " + split.path().string());
   REQUIRE_MESSAGE(resumed.rc == 0, resumed.output);
   CHECK(resumed.output.find("at generator step 2") != std::string::npos);
-  auto both = losses(first.output);
-  const auto rest = losses(resumed.output);
+  auto both = labelled_losses(first.output);
+  const auto rest = labelled_losses(resumed.output);
   both.insert(both.end(), rest.begin(), rest.end());
   CHECK(both == reference);  // bitwise
 }
@@ -107,7 +95,7 @@ TEST_CASE("wgan_gp: three CPU devices equal one device (float64)") {
     const AppResult b = run_wgan(common + "--devices cpu:3 --out " + three.path().string());
     REQUIRE_MESSAGE(a.rc == 0, a.output);
     REQUIRE_MESSAGE(b.rc == 0, b.output);
-    const auto la = losses(a.output), lb = losses(b.output);
+    const auto la = labelled_losses(a.output), lb = labelled_losses(b.output);
     REQUIRE(la.size() == 6);
     REQUIRE(lb.size() == la.size());
     for (size_t i = 0; i < la.size(); ++i) {
