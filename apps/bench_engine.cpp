@@ -94,6 +94,27 @@ int main(int argc, char** argv) {
              time_it([&] { ef::conv2d(xg, wg, ef::Tensor(), co).backward(gy); }, d, min_seconds), 3 * flops, "GFLOP/s");
     }
 
+    // Normalization (Note [Fused normalization]): a transformer-like layer norm and a ResNet batch
+    // norm in training, in input elements per second.
+    for (const bool layer : {true, false}) {
+      const std::string name = layer ? "layer_norm_8192x1024" : "batch_norm_32x64x56x56";
+      if (!only.empty() && name.find(only) == std::string::npos) continue;
+      const ef::Shape shape = layer ? ef::Shape{8192, 1024} : ef::Shape{32, 64, 56, 56};
+      const int64_t features = layer ? 1024 : 64;
+      const ef::Tensor x = ef::randn(shape, o), gy = ef::randn(shape, o);
+      const ef::Tensor w = ef::ones({features}, o).requires_grad_(), b = ef::zeros({features}, o).requires_grad_();
+      const auto norm = [&](const ef::Tensor& in) {
+        return layer ? ef::layer_norm(in, {features}, w, b) : ef::batch_norm(in, w, b, {}, {}, true);
+      };
+      const auto elements = static_cast<double>(x.numel());
+      {
+        ef::NoGradGuard no_grad;
+        report(name + "_fwd", time_it([&] { norm(x); }, d, min_seconds), elements, "Gelem/s");
+      }
+      const ef::Tensor xg = x.detach().requires_grad_();
+      report(name + "_fwdbwd", time_it([&] { norm(xg).backward(gy); }, d, min_seconds), elements, "Gelem/s");
+    }
+
     if (only.empty() || std::string("add_bandwidth").find(only) != std::string::npos) {
       const int64_t n = int64_t{1} << 26;  // 256 MiB per float32 operand
       const ef::Tensor a = ef::randn({n}, o), b = ef::randn({n}, o);

@@ -6,7 +6,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
+#include <string>
 
 #include "evenflow/engine/dtype.h"
 #include "evenflow/engine/scalar_ops.h"
@@ -69,6 +71,20 @@ struct AdamArgs {
   double decay = 1, weight_decay = 0, beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
   double inv_bias_correction2_sqrt = 1, step = 0;
   bool amsgrad = false;
+};
+
+// Normalization by statistics of the input itself (layer norm; batch norm in training): x is a
+// contiguous [outer, groups, inner] view and each group g normalizes its outer x inner elements
+// (batch norm: [N, C, H*W], a group per channel; layer norm: [1, rows, features], a group per row).
+// The kernel writes the group's mean and biased variance (contiguous [groups], x's dtype) and
+//   y = (x - mean) * rstd * weight + bias,  rstd = 1 / sqrt(var + eps)
+// rounded to x's dtype after each operation, as the unfused ops round. weight and bias are optional
+// (a view with null data when absent), contiguous, [groups] when affine_per_group (batch norm) and
+// [inner] otherwise (layer norm).
+struct NormArgs {
+  int64_t outer = 1, groups = 1, inner = 1;
+  double eps = 1e-5;
+  bool affine_per_group = false;
 };
 
 // 2-D convolution geometry, NCHW input, OIHW weight (O = c_out, I = c_in / groups).
@@ -149,6 +165,10 @@ class Backend {
   virtual void conv2d_input_grad(const ConvArgs& args, const View& gx, const View& gy, const View& w) = 0;
   virtual void conv2d_weight_grad(const ConvArgs& args, const View& gw, const View& x, const View& gy) = 0;
 
+  // The fused normalization forward of NormArgs (Note [Fused normalization] in ops_nn.cpp).
+  virtual void normalize(const NormArgs& args, const View& y, const View& mean, const View& var, const View& x,
+                         const View& weight, const View& bias) = 0;
+
   // Softmax or log-softmax over the last dim of a contiguous [rows, cols] view.
   virtual void softmax(const View& out, const View& x, bool log) = 0;
 
@@ -166,6 +186,13 @@ class Backend {
   // index_select / index_add along `dim` with a 1-D int64 index; index_add adds into out.
   virtual void index_select(const View& out, const View& x, int dim, const View& index) = 0;
   virtual void index_add(const View& out, int dim, const View& index, const View& src) = 0;
+
+  // Checks data about to be used as indices (a loss's class targets): every element of the
+  // contiguous int64 `index` must lie in [0, size) or equal `allowed`. For the first that does not,
+  // ef::Error(describe(value)) is thrown: at once on the CPU; on CUDA at the next synchronization
+  // (Note [Index checks] in cuda/cuda_backend.cu), so that the check does not stop the device's queue.
+  virtual void check_index_range(const View& index, int64_t size, int64_t allowed,
+                                 std::function<std::string(int64_t)> describe) = 0;
 
   // The fused optimizer step of AdamArgs, in place on param, exp_avg, exp_avg_sq (and
   // max_exp_avg_sq when amsgrad; otherwise it is an empty view). All contiguous, one shape, one dtype.

@@ -8,7 +8,9 @@
 /// from them. Dims may be negative (counted from the end) wherever an op takes one.
 #pragma once
 
+#include <functional>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -362,6 +364,12 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index);
 /// accumulate): src has base's shape but index.numel() along dim.
 /// Backward: base: g, src: index_select(g).
 Tensor index_add(const Tensor& base, int64_t dim, const Tensor& index, const Tensor& src);
+/// Checks data about to be used as indices, such as a loss's class targets: every element of the
+/// int64 tensor `index` must lie in [0, size) or equal `allowed`. The first that does not makes
+/// ef::Error(describe(that value)): thrown here on a CPU device, and on a CUDA device at its next
+/// synchronization (item(), a copy to the host), so that checking never stops the GPU's queue.
+void check_index_range(const Tensor& index, int64_t size, int64_t allowed,
+                       std::function<std::string(int64_t)> describe);
 /// Zeroes elements with probability p and scales the rest by 1/(1-p); identity when !training.
 /// p is in [0, 1]; x itself when !training or p = 0. The mask is drawn per sample (batch_bernoulli:
 /// dim 0 is the batch), so data-parallel replicas draw the masks one device would (Note [Random
@@ -370,7 +378,10 @@ Tensor dropout(const Tensor& x, double p, bool training);
 /// @}
 
 /// @name Normalization
-/// Composite, so twice differentiable. An undefined weight or bias is skipped.
+/// With the input's own statistics (layer norm; batch norm in training) the forward is one fused
+/// kernel and the backward differentiable ops, so they are differentiable to any order (Note [Fused
+/// normalization] in ops_nn.cpp); batch norm in eval is composite. An undefined weight or bias is
+/// skipped.
 /// @{
 
 /// x [N, C, ...]. Training: normalizes with the batch's statistics and, if given, updates

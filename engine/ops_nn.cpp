@@ -592,6 +592,15 @@ Tensor index_add(const Tensor& base, int64_t dim, const Tensor& index, const Ten
   return y;
 }
 
+void check_index_range(const Tensor& index, int64_t size, int64_t allowed,
+                       std::function<std::string(int64_t)> describe) {
+  EF_CHECK(index.defined() && index.dtype() == kInt64, "check_index_range: expects an int64 tensor, got ",
+           index.defined() ? dtype_name(index.dtype()) : "an undefined one");
+  if (index.numel() == 0) return;
+  const Tensor idx = index.contiguous();
+  backend_of(idx).check_index_range(idx.view(), size, allowed, std::move(describe));
+}
+
 Tensor dropout(const Tensor& x, double p, bool training) {
   detail::check_float("dropout", x);
   EF_CHECK(p >= 0 && p <= 1, "dropout: p must be in [0, 1], got ", p);
@@ -603,6 +612,86 @@ Tensor dropout(const Tensor& x, double p, bool training) {
 }
 
 // --- Normalization ---------------------------------------------------------------------------------------
+
+namespace {
+
+// Note [Fused normalization]
+// layer_norm, and batch_norm in training, normalize by statistics of their own input. The forward
+// is one backend kernel (Backend::normalize) writing the output and the statistics in three passes
+// over memory, where the composite (mean, sub, square, mean, add, rsqrt, mul, mul, add) made about
+// ten, each with a temporary. The backward stays in differentiable ops, so that double backward
+// (gradient penalties) works. Over the n elements of a group, with x̂ = (x - μ)·r and ĝ = gy·w,
+//   gx = r·(ĝ - mean(ĝ) - x̂·mean(ĝ·x̂)),  gw = Σ gy·x̂,  gb = Σ gy.
+// μ and r are the kernel's, except under create_graph, where they are computed again from x with
+// differentiable ops, so that the second derivative sees their dependence on x.
+struct Normalization {
+  const char* op;
+  NormArgs args;
+  Shape stat_shape;    // μ and r broadcast against x: x's shape with 1 on the reduced dims
+  Shape reduce_dims;   // the dims a group spans
+  Shape affine_shape;  // weight and bias broadcast against x
+  Shape affine_dims;   // the dims gw and gb sum over
+  Shape param_shape;   // weight's and bias's own shape
+};
+
+// The sum of t over n.affine_dims, shaped like weight.
+Tensor sum_to_param(const Normalization& n, const Tensor& t) {
+  return reshape(n.affine_dims.empty() ? t : sum(t, n.affine_dims), n.param_shape);
+}
+
+// y, and the group statistics μ and biased variance in n.stat_shape (Note [Fused normalization]).
+struct Normalized {
+  Tensor y, mean, var;
+};
+
+Normalized normalize(const Normalization& n, const Tensor& x_in, const Tensor& weight, const Tensor& bias) {
+  const Tensor x = x_in.contiguous();
+  Normalized out{detail::empty_like_shape(x, x.shape()), detail::empty_like_shape(x, n.stat_shape),
+                 detail::empty_like_shape(x, n.stat_shape)};
+  if (x.numel() > 0) {
+    backend_of(x).normalize(n.args, out.y.view(), out.mean.view(), out.var.view(), x.view(),
+                            weight.defined() ? weight.contiguous().view() : View{},
+                            bias.defined() ? bias.contiguous().view() : View{});
+  }
+  const Tensor rstd = rsqrt(add_scalar(out.var, n.args.eps));
+  std::vector<Tensor> saved{x_in};
+  if (weight.defined()) saved.push_back(weight);
+  record(n.op, {out.y}, {x_in, weight, bias}, saved,
+         [x = x_in, weight, bias, mean = out.mean, rstd, n](const Grads& g) {
+           Tensor mu = mean, r = rstd;
+           if (grad_enabled() && x.requires_grad()) {
+             mu = ::evenflow::mean(x, n.reduce_dims, true);
+             r = rsqrt(add_scalar(::evenflow::mean(square(x - mu), n.reduce_dims, true), n.args.eps));
+           }
+           const Tensor& gy = g[0];
+           const Tensor x_hat = (x - mu) * r;
+           Tensor gx, gw, gb;
+           if (n.args.affine_per_group) {
+             // w is one number per group, so mean(ĝ) = w·Σgy/n and mean(ĝ·x̂) = w·Σ(gy·x̂)/n: two
+             // reductions, which are also gb and gw, instead of four.
+             const Tensor sum_gy = sum(gy, n.reduce_dims, true), sum_gy_x_hat = sum(gy * x_hat, n.reduce_dims, true);
+             if (x.requires_grad()) {
+               const double inv_count = 1.0 / static_cast<double>(n.args.outer * n.args.inner);
+               const Tensor scale = weight.defined() ? r * reshape(weight, n.affine_shape) : r;
+               gx = (gy - mul_scalar(sum_gy, inv_count) - x_hat * mul_scalar(sum_gy_x_hat, inv_count)) * scale;
+             }
+             if (weight.defined() && weight.requires_grad()) gw = reshape(sum_gy_x_hat, n.param_shape);
+             if (bias.defined() && bias.requires_grad()) gb = reshape(sum_gy, n.param_shape);
+           } else {
+             if (x.requires_grad()) {
+               const Tensor g_hat = weight.defined() ? gy * reshape(weight, n.affine_shape) : gy;
+               gx = r * (g_hat - ::evenflow::mean(g_hat, n.reduce_dims, true) -
+                         x_hat * ::evenflow::mean(g_hat * x_hat, n.reduce_dims, true));
+             }
+             if (weight.defined() && weight.requires_grad()) gw = sum_to_param(n, gy * x_hat);
+             if (bias.defined() && bias.requires_grad()) gb = sum_to_param(n, gy);
+           }
+           return Grads{gx, gw, gb};
+         });
+  return out;
+}
+
+}  // namespace
 
 Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
                   const Tensor& running_var, bool training, double momentum, double eps) {
@@ -620,33 +709,31 @@ Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, con
     EF_CHECK(t.dim() == 1 && t.size(0) == c, "batch_norm: ", what, " has shape ", shape_str(t.shape()), ", expected [",
              c, "]");
   }
-  Tensor centered, inv_std;
   if (training) {
     const int64_t n = x.numel() / c;
     EF_CHECK(n > 1, "batch_norm: expected more than 1 value per channel when training, got input shape ",
              shape_str(x.shape()));
-    const Tensor mu = mean(x, dims, true);
-    centered = x - mu;
-    const Tensor v = mean(square(centered), dims, true);
-    inv_std = rsqrt(v + eps);
+    const Normalization geometry{
+        "batch_norm", {.outer = x.size(0), .groups = c, .inner = n / x.size(0), .eps = eps, .affine_per_group = true},
+        stat_shape,   dims,
+        stat_shape,   dims,
+        {c}};
+    const Normalized out = normalize(geometry, x, weight, bias);
     if (running_mean.defined() || running_var.defined()) {
       NoGradGuard no_grad;
       if (running_mean.defined()) {
         running_mean.mul_(1.0 - momentum);
-        running_mean.add_(reshape(mu.detach(), {c}), momentum);
+        running_mean.add_(reshape(out.mean, {c}), momentum);
       }
       if (running_var.defined()) {
         running_var.mul_(1.0 - momentum);
-        running_var.add_(reshape(v.detach(), {c}), momentum * static_cast<double>(n) / static_cast<double>(n - 1));
+        running_var.add_(reshape(out.var, {c}), momentum * static_cast<double>(n) / static_cast<double>(n - 1));
       }
     }
-  } else {
-    EF_CHECK(running_mean.defined() && running_var.defined(),
-             "batch_norm: eval mode needs running_mean and running_var");
-    centered = x - reshape(running_mean, stat_shape);
-    inv_std = rsqrt(reshape(running_var, stat_shape) + eps);
+    return out.y;
   }
-  Tensor y = centered * inv_std;
+  EF_CHECK(running_mean.defined() && running_var.defined(), "batch_norm: eval mode needs running_mean and running_var");
+  Tensor y = (x - reshape(running_mean, stat_shape)) * rsqrt(reshape(running_var, stat_shape) + eps);
   if (weight.defined()) y = y * reshape(weight, stat_shape);
   if (bias.defined()) y = y + reshape(bias, stat_shape);
   return y;
@@ -659,19 +746,30 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
   EF_CHECK(k >= 1 && k <= x.dim() && Shape(x.shape().end() - k, x.shape().end()) == normalized_shape,
            "layer_norm: input shape ", shape_str(x.shape()), " does not end with normalized_shape ",
            shape_str(normalized_shape));
+  int64_t features = 1;
+  for (int64_t s : normalized_shape) features *= s;
+  EF_CHECK(features > 0, "layer_norm: normalized_shape ", shape_str(normalized_shape), " has no elements");
   for (auto [t, what] : {std::pair{weight, "weight"}, std::pair{bias, "bias"}}) {
     if (!t.defined()) continue;
     detail::check_compatible("layer_norm", x, t, "input", what);
     EF_CHECK(t.shape() == normalized_shape, "layer_norm: ", what, " has shape ", shape_str(t.shape()), ", expected ",
              shape_str(normalized_shape));
   }
-  Shape dims;
-  for (int64_t i = x.dim() - k; i < x.dim(); ++i) dims.push_back(i);
-  const Tensor centered = x - mean(x, dims, true);
-  Tensor y = centered * rsqrt(mean(square(centered), dims, true) + eps);
-  if (weight.defined()) y = y * weight;
-  if (bias.defined()) y = y + bias;
-  return y;
+  Shape stat_shape = x.shape(), reduce_dims, leading_dims;
+  for (int64_t i = 0; i < x.dim(); ++i) {
+    if (i < x.dim() - k) {
+      leading_dims.push_back(i);
+    } else {
+      stat_shape[static_cast<size_t>(i)] = 1;
+      reduce_dims.push_back(i);
+    }
+  }
+  const Normalization geometry{
+      "layer_norm",     {.outer = 1, .groups = x.numel() / features, .inner = features, .eps = eps},
+      stat_shape,       reduce_dims,
+      normalized_shape, leading_dims,
+      normalized_shape};
+  return normalize(geometry, x, weight, bias).y;
 }
 
 }  // namespace evenflow

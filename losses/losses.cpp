@@ -15,21 +15,15 @@ Tensor index_scalar(int64_t v, const Device& d) {
   return from_int_vector({v}, {}, d);
 }
 
-// Targets are data, so a class out of range is the caller's mistake (an ef::Error here), not an
-// invalid index deep inside gather. The check reads two numbers back from the device.
-void check_class_range(const char* loss, const Tensor& target, const Tensor& valid_int, int64_t classes,
-                       int64_t ignore_index) {
-  if (target.numel() == 0) return;
-  NoGradGuard no_grad;
-  const Tensor kept =
-      to_dtype(where(valid_int, target, zeros({}, {.dtype = kInt64, .device = target.device()})), kFloat64);
-  const std::vector<double> hi_lo = stack({amax(kept), amax(neg(kept))}, 0).to_vector();
-  const auto hi = static_cast<int64_t>(hi_lo[0]), lo = static_cast<int64_t>(-hi_lo[1]);
-  const int64_t bad = hi >= classes ? hi : lo;
-  EF_CHECK(lo >= 0 && hi < classes, loss, ": target holds class ", bad, ", outside [0, ", classes, ") for logits with ",
-           classes, " classes",
-           ignore_index == kNoIgnore ? std::string(" (no ignore_index)")
-                                     : evenflow::detail::str_cat(" (ignore_index ", ignore_index, ")"));
+// Targets are data, so a class out of range is the caller's mistake (an ef::Error here, or on a GPU
+// at its next synchronization), not an invalid index deep inside gather.
+void check_class_range(const char* loss, const Tensor& target, int64_t classes, int64_t ignore_index) {
+  check_index_range(target, classes, ignore_index, [loss = std::string(loss), classes, ignore_index](int64_t bad) {
+    return evenflow::detail::str_cat(
+        loss, ": target holds class ", bad, ", outside [0, ", classes, ") for logits with ", classes, " classes",
+        ignore_index == kNoIgnore ? std::string(" (no ignore_index)")
+                                  : evenflow::detail::str_cat(" (ignore_index ", ignore_index, ")"));
+  });
 }
 
 }  // namespace
@@ -38,8 +32,8 @@ ClassTarget class_target(const char* loss, const Tensor& target, int64_t classes
                          DType mask_dtype) {
   EF_CHECK(target.defined(), loss, ": target is undefined");
   EF_CHECK(target.dtype() == kInt64, loss, ": target must hold int64 class indices, got ", dtype_name(target.dtype()));
+  check_class_range(loss, target, classes, ignore_index);
   const Tensor valid_int = ne(target, index_scalar(ignore_index, target.device()));
-  check_class_range(loss, target, valid_int, classes, ignore_index);
   const Tensor clean = where(valid_int, target, index_scalar(0, target.device()));
   return {to_dtype(valid_int, mask_dtype), clean};
 }

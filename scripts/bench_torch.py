@@ -80,6 +80,20 @@ def main():
                time_it(lambda: torch.nn.functional.conv2d(xg, wg, padding=pad).backward(gy), dev, a.min_seconds),
                3 * flops, "GFLOP/s")
 
+    for name, shape, features in [("layer_norm_8192x1024", (8192, 1024), 1024),
+                                  ("batch_norm_32x64x56x56", (32, 64, 56, 56), 64)]:
+        if a.only and a.only not in name:
+            continue
+        x, gy = torch.randn(*shape, **kw), torch.randn(*shape, **kw)
+        w, b = torch.ones(features, **kw).requires_grad_(), torch.zeros(features, **kw).requires_grad_()
+        F = torch.nn.functional
+        norm = (lambda t: F.layer_norm(t, (features,), w, b)) if name.startswith("layer") else \
+            (lambda t: F.batch_norm(t, None, None, w, b, training=True))
+        with torch.no_grad():
+            report(name + "_fwd", time_it(lambda: norm(x), dev, a.min_seconds), x.numel(), "Gelem/s")
+        xg = x.clone().requires_grad_()
+        report(name + "_fwdbwd", time_it(lambda: norm(xg).backward(gy), dev, a.min_seconds), x.numel(), "Gelem/s")
+
     if not a.only or a.only in "add_bandwidth":
         n = 1 << 26
         x, y = torch.randn(n, **kw), torch.randn(n, **kw)

@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -539,6 +540,50 @@ void softmax_typed(T* out, const T* x, int64_t rows, int64_t cols, bool log) {
   }
 }
 
+// Normalization (NormArgs in backend.h). Groups are independent, so threads take whole groups; a
+// group's outer x inner elements are read three times (mean, variance, output), each pass over
+// rows of `inner` contiguous elements.
+template <typename T>
+void normalize_typed(const NormArgs& a, T* y, T* mean_out, T* var_out, const T* x, const T* w, const T* b) {
+  const int64_t n = a.outer * a.inner, stride = a.groups * a.inner;
+  [[maybe_unused]] const int nt = threads_for(a.groups * n);
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
+  for (int64_t g = 0; g < a.groups; ++g) {
+    const T* xg = x + g * a.inner;
+    T* yg = y + g * a.inner;
+    acc_t<T> sum = 0;
+    for (int64_t o = 0; o < a.outer; ++o)
+      for (int64_t i = 0; i < a.inner; ++i) sum += xg[o * stride + i];
+    const auto mean = static_cast<T>(sum / static_cast<acc_t<T>>(n));
+    acc_t<T> squares = 0;
+    for (int64_t o = 0; o < a.outer; ++o) {
+      for (int64_t i = 0; i < a.inner; ++i) {
+        const T d = xg[o * stride + i] - mean;
+        squares += static_cast<T>(d * d);
+      }
+    }
+    const auto var = static_cast<T>(squares / static_cast<acc_t<T>>(n));
+    const T rstd = T(1) / std::sqrt(static_cast<T>(var + static_cast<T>(a.eps)));
+    mean_out[g] = mean;
+    var_out[g] = var;
+    // Per-group affine parameters are one number for the whole group; per-feature ones vary along i.
+    const T gw = w != nullptr && a.affine_per_group ? w[g] : T(1),
+            gb = b != nullptr && a.affine_per_group ? b[g] : T(0);
+    const T* fw = w != nullptr && !a.affine_per_group ? w : nullptr;
+    const T* fb = b != nullptr && !a.affine_per_group ? b : nullptr;
+    for (int64_t o = 0; o < a.outer; ++o) {
+      const T* xr = xg + o * stride;
+      T* yr = yg + o * stride;
+      for (int64_t i = 0; i < a.inner; ++i) {
+        T v = static_cast<T>(xr[i] - mean) * rstd;
+        if (w != nullptr) v *= fw != nullptr ? fw[i] : gw;
+        if (b != nullptr) v += fb != nullptr ? fb[i] : gb;
+        yr[i] = v;
+      }
+    }
+  }
+}
+
 // The common 2x2, stride-2 window without padding or dilation, 8 outputs at a time: the general
 // loop's comparisons become unpredictable branches on real data (GCC does not turn them into
 // selects), which made it ~45 cycles an output; vector selects take a few. Same rule as the general
@@ -705,18 +750,23 @@ void adam_typed(const AdamArgs& a, int64_t n, T* p, const T* grad, T* m, T* v, T
 // Indexing. Indices are checked before any parallel loop: an exception must not leave an OpenMP
 // region.
 
-void check_indices(const char* op, const int64_t* idx, int64_t n, int dim, int64_t size) {
-  int64_t lo = std::numeric_limits<int64_t>::max(), hi = std::numeric_limits<int64_t>::min();
+// The first element of idx[0, n) outside [0, size) and other than `allowed`, if any. The common
+// case, none, takes one parallel pass.
+std::optional<int64_t> first_out_of_range(const int64_t* idx, int64_t n, int64_t size,
+                                          std::optional<int64_t> allowed = std::nullopt) {
+  const auto bad = [&](int64_t v) { return (v < 0 || v >= size) && v != allowed; };
+  int64_t count = 0;
   [[maybe_unused]] const int nt = threads_for(n);
-#pragma omp parallel for num_threads(nt) if (nt > 1) reduction(min : lo) reduction(max : hi)
-  for (int64_t i = 0; i < n; ++i) {
-    lo = std::min(lo, idx[i]);
-    hi = std::max(hi, idx[i]);
-  }
-  if (lo >= 0 && hi < size) return;
-  for (int64_t i = 0; i < n; ++i)
-    EF_CHECK(idx[i] >= 0 && idx[i] < size, op, ": index ", idx[i], " is out of range for dim ", dim, " of size ", size,
-             " (valid range [0, ", size - 1, "])");
+#pragma omp parallel for num_threads(nt) if (nt > 1) reduction(+ : count)
+  for (int64_t i = 0; i < n; ++i) count += bad(idx[i]);
+  if (count == 0) return std::nullopt;
+  return *std::find_if(idx, idx + n, bad);
+}
+
+void check_indices(const char* op, const int64_t* idx, int64_t n, int dim, int64_t size) {
+  const std::optional<int64_t> bad = first_out_of_range(idx, n, size);
+  EF_CHECK(!bad, op, ": index ", *bad, " is out of range for dim ", dim, " of size ", size, " (valid range [0, ",
+           size - 1, "])");
 }
 
 // The 1-D index of index_select / index_add as an index view shaped like `like`: stride 1 along
@@ -842,6 +892,17 @@ class CpuBackend final : public Backend {
     });
   }
 
+  void normalize(const NormArgs& args, const View& y, const View& mean, const View& var, const View& x,
+                 const View& weight, const View& bias) override {
+    EF_ASSERT(x.is_contiguous() && y.is_contiguous() && mean.is_contiguous() && var.is_contiguous(),
+              "normalize: expects contiguous views");
+    EF_DISPATCH_FLOAT(x.dtype, "normalize", [&] {
+      normalize_typed<scalar_t>(args, static_cast<scalar_t*>(y.data), static_cast<scalar_t*>(mean.data),
+                                static_cast<scalar_t*>(var.data), static_cast<const scalar_t*>(x.data),
+                                static_cast<const scalar_t*>(weight.data), static_cast<const scalar_t*>(bias.data));
+    });
+  }
+
   void max_pool2d(const PoolArgs& args, const View& out, const View& indices, const View& x) override {
     EF_ASSERT(out.is_contiguous() && indices.is_contiguous() && x.is_contiguous() && indices.dtype == DType::Int64,
               "max_pool2d: expects contiguous views and int64 indices");
@@ -868,6 +929,14 @@ class CpuBackend final : public Backend {
                            static_cast<scalar_t*>(exp_avg_sq.data),
                            args.amsgrad ? static_cast<scalar_t*>(max_exp_avg_sq.data) : nullptr);
     });
+  }
+
+  void check_index_range(const View& index, int64_t size, int64_t allowed,
+                         std::function<std::string(int64_t)> describe) override {
+    EF_ASSERT(index.is_contiguous() && index.dtype == DType::Int64, "check_index_range: expects contiguous int64");
+    const std::optional<int64_t> bad =
+        first_out_of_range(static_cast<const int64_t*>(index.data), index.numel(), size, allowed);
+    EF_CHECK(!bad, describe(*bad));
   }
 
   void gather(const View& out, const View& x, int dim, const View& index) override {

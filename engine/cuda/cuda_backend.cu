@@ -154,16 +154,16 @@ void CudaBackend::synchronize() {
 // Note [Index checks]
 // An indexing kernel (gather, scatter_add, index_select, index_add: cross-entropy, max-pool
 // backward, nearest upsampling) that meets an index out of range sets a flag instead of writing
-// out of bounds. Waiting for every such kernel to read its flag would stop the host at every one;
-// instead each queued kernel gets its own flag (a ring of kIndexFlags in page-locked host memory,
-// mapped into the device's address space, written by the device only on a bad index), and the
-// flags are read at the next natural synchronization: synchronize() and copy_to_host(), the ways
-// values reach the host (item(), .to(cpu()), a loss read for printing). The first bad index
-// queued before that synchronization throws ef::Error there, naming the op, the index, the dim
-// and its size: an error reported where the program next looks at the device, not lost, and no
-// cost otherwise. A kernel queued when all flags are pending first waits for the stream.
+// out of bounds, and so does check_index_range (a loss's targets, checked before they index). Waiting for every such
+// kernel to read its flag would stop the host at every one; instead each queued kernel gets its own flag (a ring of
+// kIndexFlags in page-locked host memory, mapped into the device's address space, written by the device only on a bad
+// index), and the flags are read at the next natural synchronization: synchronize() and copy_to_host(), the ways values
+// reach the host (item(), .to(cpu()), a loss read for printing). The first bad index queued before that synchronization
+// throws ef::Error there, naming the op, the index, the dim and its size: an error reported where the program next
+// looks at the device, not lost, and no cost otherwise. A kernel queued when all flags are pending first waits for the
+// stream.
 
-int64_t* CudaBackend::index_check_flag(const char* op, int dim, int64_t dim_size) const {
+int64_t* CudaBackend::index_check_flag(std::function<std::string(int64_t)> describe) const {
   std::unique_lock<std::mutex> lock(index_mu_);
   if (index_flags_ == nullptr) {
     void* flags = nullptr;
@@ -182,7 +182,7 @@ int64_t* CudaBackend::index_check_flag(const char* op, int dim, int64_t dim_size
     lock.lock();
   }
   const uint64_t sequence = index_sequence_++;
-  index_launches_.push_back({sequence, op, dim, dim_size});
+  index_launches_.push_back({sequence, std::move(describe)});
   return index_flags_device_ + 2 * (sequence % kIndexFlags);
 }
 
@@ -204,8 +204,8 @@ void CudaBackend::check_indices(uint64_t queued_before) const {
       const IndexLaunch& l = index_launches_.front();
       int64_t* flag = index_flags_ + 2 * (l.sequence % kIndexFlags);
       if (flag[0] != 0 && error.empty()) {
-        error = ::evenflow::detail::str_cat(l.op, ": index ", flag[1], " is out of range for dim ", l.dim, " of size ",
-                                            l.dim_size, " (found on ", name(), " at the next synchronization)");
+        error =
+            ::evenflow::detail::str_cat(l.describe(flag[1]), " (found on ", name(), " at the next synchronization)");
       }
       flag[0] = flag[1] = 0;
       index_launches_.pop_front();

@@ -7,6 +7,7 @@
 #include <array>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
@@ -58,10 +59,14 @@ class CudaBackend final : public Backend {
   void unary(UnaryOp op, const View& out, const View& x, double a, double b) override;
   void binary(BinaryOp op, const View& out, const View& x, const View& y) override;
   void where(const View& out, const View& cond, const View& x, const View& y) override;
+  void check_index_range(const View& index, int64_t size, int64_t allowed,
+                         std::function<std::string(int64_t)> describe) override;
   void adam(const AdamArgs& args, const View& param, const View& grad, const View& exp_avg, const View& exp_avg_sq,
             const View& max_exp_avg_sq) override;
   void reduce(ReduceOp op, const View& out, const View& x) override;
   void gemm(const GemmArgs& args) override;
+  void normalize(const NormArgs& args, const View& y, const View& mean, const View& var, const View& x,
+                 const View& weight, const View& bias) override;
   void softmax(const View& out, const View& x, bool log) override;
   void max_pool2d(const PoolArgs& args, const View& out, const View& indices, const View& x) override;
   void gather(const View& out, const View& x, int dim, const View& index) override;
@@ -94,10 +99,10 @@ class CudaBackend final : public Backend {
   void* scratch(const Lock& held, size_t nbytes);
   std::map<ConvKey, ConvAlgo>& conv_algos(const Lock& held);
 
-  // Note [Index checks]: the flag an indexing kernel about to be queued sets on a bad index
-  // ({1, the index}, two int64 in page-locked host memory), remembered with `op`, `dim` and
-  // `dim_size` for the error the next synchronization throws.
-  int64_t* index_check_flag(const char* op, int dim, int64_t dim_size) const;
+  // Note [Index checks]: the flag a kernel about to be queued sets on a bad index ({1, the index},
+  // two int64 in page-locked host memory), remembered with `describe`, which makes the message of
+  // the error the next synchronization throws from the index.
+  int64_t* index_check_flag(std::function<std::string(int64_t)> describe) const;
 
  private:
   // Waits for the stream, then throws ef::Error for the first bad index of the indexing kernels
@@ -127,9 +132,7 @@ class CudaBackend final : public Backend {
   // Note [Index checks]. Mutable: bookkeeping of queued work, kept by const kernel launchers.
   struct IndexLaunch {
     uint64_t sequence;  // its flag is flags[sequence % kIndexFlags]
-    const char* op;
-    int dim;
-    int64_t dim_size;
+    std::function<std::string(int64_t)> describe;
   };
   static constexpr uint64_t kIndexFlags = 1024;
   mutable std::mutex index_mu_;

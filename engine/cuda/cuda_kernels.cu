@@ -547,7 +547,8 @@ __device__ __forceinline__ T group_all_reduce(T v, Combine combine, T* shared) {
   return v;
 }
 
-constexpr int kWideSoftmaxThreads = 512;
+// Threads of a group that is a whole block: wide softmax rows, normalization groups.
+constexpr int kBlockGroupThreads = 512;
 
 // One group of K threads per row (K = 32 for rows of up to 1024 columns, else one block per row).
 // Numerically stable: exp(x - max). Groups are whole warps or the whole block, so the row loop's
@@ -572,6 +573,49 @@ __global__ void softmax_kernel(T* out, const T* x, int64_t rows, int64_t cols, b
       for (int64_t c = lane; c < cols; c += K) yr[c] = xr[c] - max - log_sum;
     } else {
       for (int64_t c = lane; c < cols; c += K) yr[c] = scalar::exp_(xr[c] - max) / sum;
+    }
+  }
+}
+
+// --- Normalization --------------------------------------------------------------------------------------
+
+// NormArgs (backend.h): one group of K threads per statistic group, as in softmax_kernel (K = 32 for
+// layer norm rows of up to 1024 features, else the whole block). Element j of a group is
+// x[(j / inner) * groups * inner + g * inner + j % inner]; I (uint32_t where every offset fits) keeps
+// that division cheap. Three passes over the group: mean, variance about it, output.
+template <int K, typename I, typename T>
+__global__ void normalize_kernel(NormArgs a, T* y, T* mean_out, T* var_out, const T* x, const T* w, const T* b) {
+  __shared__ T shared[K / 32];
+  const int groups_per_block = static_cast<int>(blockDim.x) / K;
+  const int lane = static_cast<int>(threadIdx.x) % K;
+  const I inner = static_cast<I>(a.inner), n = static_cast<I>(a.outer * a.inner);
+  const I stride = static_cast<I>(a.groups * a.inner);
+  for (int64_t g = static_cast<int64_t>(blockIdx.x) * groups_per_block + threadIdx.x / K; g < a.groups;
+       g += static_cast<int64_t>(gridDim.x) * groups_per_block) {
+    const T* xg = x + g * a.inner;
+    T* yg = y + g * a.inner;
+    T sum = 0;
+    for (I j = lane; j < n; j += K) sum += xg[j / inner * stride + j % inner];
+    sum = group_all_reduce<K>(sum, SumOf{}, shared);
+    const T mean = sum / static_cast<T>(n);
+    T squares = 0;
+    for (I j = lane; j < n; j += K) {
+      const T d = xg[j / inner * stride + j % inner] - mean;
+      squares += d * d;
+    }
+    squares = group_all_reduce<K>(squares, SumOf{}, shared);
+    const T var = squares / static_cast<T>(n);
+    const T rstd = T(1) / scalar::sqrt_(var + static_cast<T>(a.eps));
+    if (lane == 0) {
+      mean_out[g] = mean;
+      var_out[g] = var;
+    }
+    for (I j = lane; j < n; j += K) {
+      const I i = j % inner, at = j / inner * stride + i;
+      T v = (xg[at] - mean) * rstd;
+      if (w != nullptr) v *= w[a.affine_per_group ? static_cast<I>(g) : i];
+      if (b != nullptr) v += b[a.affine_per_group ? static_cast<I>(g) : i];
+      yg[at] = v;
     }
   }
 }
@@ -655,8 +699,21 @@ __global__ void scatter_add_kernel(I n, Indexer<3> ix, const T* src, const int64
 // (Note [Index checks] in cuda_backend.cu).
 template <typename Launch>
 void with_index_check(const CudaBackend& be, const char* op, int dim, int64_t dim_size, Launch&& launch) {
-  launch(be.index_check_flag(op, dim, dim_size));
+  launch(be.index_check_flag([op, dim, dim_size](int64_t bad) {
+    return ::evenflow::detail::str_cat(op, ": index ", bad, " is out of range for dim ", dim, " of size ", dim_size);
+  }));
   EF_CUDA_CHECK_LAUNCH();
+}
+
+__global__ void check_index_range_kernel(int64_t n, const int64_t* index, int64_t size, int64_t allowed,
+                                         int64_t* error) {
+  for (int64_t i = thread_index(); i < n; i += grid_stride()) {
+    const int64_t j = index[i];
+    if ((j < 0 || j >= size) && j != allowed) {
+      error[1] = j;
+      error[0] = 1;
+    }
+  }
 }
 
 // out[o] = x[... index(o) on dim ...]; index_strides address the index tensor over out's shape.
@@ -825,8 +882,38 @@ void CudaBackend::softmax(const View& out, const View& x, bool log) {
       softmax_kernel<32, scalar_t><<<grid, kThreads, 0, stream_>>>(y, xp, rows, cols, log);
     } else {
       const int grid = static_cast<int>(std::min<int64_t>(rows, INT32_MAX));
-      softmax_kernel<kWideSoftmaxThreads, scalar_t><<<grid, kWideSoftmaxThreads, 0, stream_>>>(y, xp, rows, cols, log);
+      softmax_kernel<kBlockGroupThreads, scalar_t><<<grid, kBlockGroupThreads, 0, stream_>>>(y, xp, rows, cols, log);
     }
+    EF_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void CudaBackend::normalize(const NormArgs& args, const View& y, const View& mean, const View& var, const View& x,
+                            const View& weight, const View& bias) {
+  activate();
+  EF_ASSERT(x.is_contiguous() && y.is_contiguous() && mean.is_contiguous() && var.is_contiguous(),
+            "normalize: expects contiguous views");
+  if (args.groups == 0 || args.outer * args.inner == 0) return;
+  EF_DISPATCH_FLOAT(x.dtype, "normalize", [&] {
+    auto* yp = static_cast<scalar_t*>(y.data);
+    auto* mp = static_cast<scalar_t*>(mean.data);
+    auto* vp = static_cast<scalar_t*>(var.data);
+    const auto* xp = static_cast<const scalar_t*>(x.data);
+    const auto* wp = static_cast<const scalar_t*>(weight.data);
+    const auto* bp = static_cast<const scalar_t*>(bias.data);
+    // Offsets reach outer * groups * inner, plus one stride of the loop.
+    with_index_type(x.numel() + args.groups * args.inner, [&](auto index) {
+      using I = decltype(index);
+      if (args.outer == 1 && args.inner <= 1024) {
+        constexpr int kGroupsPerBlock = kThreads / 32;
+        const int grid = static_cast<int>(std::min<int64_t>(ceil_div(args.groups, kGroupsPerBlock), INT32_MAX));
+        normalize_kernel<32, I, scalar_t><<<grid, kThreads, 0, stream_>>>(args, yp, mp, vp, xp, wp, bp);
+      } else {
+        const int grid = static_cast<int>(std::min<int64_t>(args.groups, INT32_MAX));
+        normalize_kernel<kBlockGroupThreads, I, scalar_t>
+            <<<grid, kBlockGroupThreads, 0, stream_>>>(args, yp, mp, vp, xp, wp, bp);
+      }
+    });
     EF_CUDA_CHECK_LAUNCH();
   });
 }
@@ -869,6 +956,17 @@ void CudaBackend::scatter_add(const View& out, int dim, const View& index, const
   activate();
   EF_ASSERT(index.ndim == src.ndim, "scatter_add: index has ", index.ndim, " dims, src ", src.ndim);
   launch_scatter_add(*this, "scatter_add", out, dim, index, index.strides, src);
+}
+
+void CudaBackend::check_index_range(const View& index, int64_t size, int64_t allowed,
+                                    std::function<std::string(int64_t)> describe) {
+  activate();
+  EF_ASSERT(index.is_contiguous() && index.dtype == DType::Int64, "check_index_range: expects contiguous int64");
+  const int64_t n = index.numel();
+  if (n == 0) return;
+  check_index_range_kernel<<<grid_for(*this, n), kThreads, 0, stream_>>>(
+      n, static_cast<const int64_t*>(index.data), size, allowed, index_check_flag(std::move(describe)));
+  EF_CUDA_CHECK_LAUNCH();
 }
 
 void CudaBackend::index_select(const View& out, const View& x, int dim, const View& index) {

@@ -146,6 +146,12 @@ std::vector<OpCase> build() {
   add_case("batch_norm", {{{4, 3}}, {{3}}, {{3}}, {{3}}, {{3}, P}},
            [](const V& x) { return batch_norm(x[0], x[1], x[2], x[3], x[4], false); });
   add_case("layer_norm", {{{2, 3, 4}}, {{4}}, {{4}}}, [](const V& x) { return layer_norm(x[0], {4}, x[1], x[2]); });
+  add_case("batch_norm", {{{3, 2, 2, 3}}}, [](const V& x) { return batch_norm(x[0], {}, {}, {}, {}, true); });
+  add_case("batch_norm", {{{5, 2, 3}}, {{2}}}, [](const V& x) { return batch_norm(x[0], x[1], {}, {}, {}, true); });
+  add_case("layer_norm", {{{2, 3, 4}}}, [](const V& x) { return layer_norm(x[0], {3, 4}); });
+  add_case("layer_norm", {{{5}}, {{5}}, {{5}}}, [](const V& x) { return layer_norm(x[0], {5}, x[1], x[2]); });
+  add_case("layer_norm", {{{4, 3}}, {{4}}},
+           [](const V& x) { return layer_norm(transpose(x[0], 0, 1), {4}, {}, x[1]); });
   return t;
 }
 

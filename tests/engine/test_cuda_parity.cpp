@@ -124,6 +124,10 @@ std::vector<OpCase> realistic_cases() {
            [](const V& x) { return batch_norm(x[0], x[1], x[2], Tensor(), Tensor(), true); });
   add_case("layer_norm", {{{256, 4096}}, {{4096}}, {{4096}}},
            [](const V& x) { return layer_norm(x[0], {4096}, x[1], x[2]); });
+  // Note [Fused normalization]: a warp per row (up to 1024 features) and a block per channel whose
+  // planes are narrower than the block.
+  add_case("layer_norm", {{{8192, 96}}, {{96}}, {{96}}}, [](const V& x) { return layer_norm(x[0], {96}, x[1], x[2]); });
+  add_case("batch_norm", {{{256, 32, 7, 7}}}, [](const V& x) { return batch_norm(x[0], {}, {}, {}, {}, true); });
   add_case("max_pool2d", {{{32, 64, 56, 56}}}, [](const V& x) {
     return max_pool2d(x[0], {.kernel = {3, 3}, .stride = {{2, 2}}, .padding = {1, 1}});
   });
@@ -260,7 +264,7 @@ TEST_CASE("cuda: an allocation failure is an ef::Error with the device's statist
   CHECK(zeros({4}, {.device = cuda(0)}).to_vector() == std::vector<double>(4, 0.0));
 }
 
-TEST_CASE("cuda: a bad index is reported at the next synchronization, naming the op, and only once") {
+TEST_CASE("cuda: a bad index is reported at the next synchronization, named, and only once") {
   if (!cuda_devices_available()) return;
   const Device d = cuda(0);
   const Tensor x = arange(0, 6, 1, {.dtype = kFloat64}).reshape({2, 3}).to(d);
@@ -279,4 +283,11 @@ TEST_CASE("cuda: a bad index is reported at the next synchronization, naming the
           synchronize(d);
         }).find("index_select: index 7 is out of range for dim 0 of size 2") == 0);
   synchronize(d);  // nothing left
+  // Data checked before use (a loss's targets): not at the call, at the next synchronization, with
+  // the caller's message; the allowed value (an ignore_index) passes.
+  const Tensor targets = from_int_vector({0, -100, 4, 2}, {4}).to(d);
+  check_index_range(targets, 3, -100, [](int64_t v) { return "targets: class " + std::to_string(v); });
+  CHECK(error_of([&] { synchronize(d); }).find("targets: class 4") == 0);
+  check_index_range(targets, 5, -100, [](int64_t v) { return "targets: class " + std::to_string(v); });
+  synchronize(d);
 }

@@ -100,3 +100,48 @@ TEST_CASE("norm: where the norm is 0 its gradient is 0, to second order, and a N
   CHECK(std::isnan(norm(from_vector({0, nan}, {2}, {.dtype = kFloat64})).item()));
   CHECK(std::isnan(norm(from_vector({0, nan}, {2}, {.dtype = kFloat64}), 3.0).item()));
 }
+
+// Note [Fused normalization]: the kernel against the unfused formula it replaced, forward, running
+// statistics and backward, with and without create_graph (which computes the statistics again).
+TEST_CASE("layer_norm and batch_norm: the fused kernel equals the unfused formula") {
+  manual_seed(cpu(), 11);
+  for (const DType dtype : {kFloat64, kFloat32}) {
+    CAPTURE(dtype_name(dtype));
+    const TensorOptions o{.dtype = dtype};
+    const double tol = dtype == kFloat64 ? 1e-12 : 2e-5;
+    auto unfused = [](const Tensor& x, const Shape& dims, const Tensor& w, const Tensor& b, double eps) {
+      const Tensor centered = x - mean(x, dims, true);
+      return centered * rsqrt(mean(square(centered), dims, true) + eps) * w + b;
+    };
+    for (const bool create_graph : {false, true}) {
+      CAPTURE(create_graph);
+      // Layer norm over the last two dims of a [3, 4, 5] input (with a mean far from 0).
+      const Tensor x = add_scalar(randn({3, 4, 5}, o), 3.0).requires_grad_();
+      const Tensor w = randn({4, 5}, o).requires_grad_(), b = randn({4, 5}, o).requires_grad_();
+      const Tensor gy = randn({3, 4, 5}, o);
+      const Tensor y = layer_norm(x, {4, 5}, w, b, 1e-3);
+      const Tensor ref = unfused(x, {1, 2}, w, b, 1e-3);
+      CHECK(compare(y, ref, tol, tol).empty());
+      const auto g = grad({y}, {x, w, b}, {gy}, {.create_graph = create_graph});
+      const auto g_ref = grad({ref}, {x, w, b}, {gy}, {.create_graph = create_graph});
+      for (size_t i = 0; i < 3; ++i) CHECK_MESSAGE(compare(g[i], g_ref[i], tol, tol).empty(), "input " << i);
+      if (create_graph) {
+        const auto gg = grad({sum(square(g[0]))}, {x, w});
+        const auto gg_ref = grad({sum(square(g_ref[0]))}, {x, w});
+        for (size_t i = 0; i < 2; ++i) CHECK_MESSAGE(compare(gg[i], gg_ref[i], tol, tol).empty(), "input " << i);
+      }
+    }
+    // Batch norm in training on [4, 3, 2, 5], running statistics updated like the unfused ones.
+    const Tensor x = add_scalar(mul_scalar(randn({4, 3, 2, 5}, o), 2.0), -1.0).requires_grad_();
+    const Tensor w = randn({3}, o).requires_grad_(), b = randn({3}, o).requires_grad_();
+    Tensor running_mean = zeros({3}, o), running_var = ones({3}, o);
+    const Tensor y = batch_norm(x, w, b, running_mean, running_var, true, 0.25, 1e-4);
+    const Tensor ref = unfused(x, {0, 2, 3}, reshape(w, {1, 3, 1, 1}), reshape(b, {1, 3, 1, 1}), 1e-4);
+    CHECK(compare(y, ref, tol, tol).empty());
+    NoGradGuard no_grad;
+    const Tensor batch_mean = reshape(mean(x, {0, 2, 3}), {3});
+    const Tensor batch_var = reshape(var(x, {0, 2, 3}, true), {3});  // unbiased, as PyTorch keeps it
+    CHECK(compare(running_mean, mul_scalar(batch_mean, 0.25), tol, tol).empty());
+    CHECK(compare(running_var, add_scalar(mul_scalar(batch_var, 0.25), 0.75), tol, tol).empty());
+  }
+}
