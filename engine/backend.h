@@ -9,6 +9,7 @@
 #include <functional>
 #include <initializer_list>
 #include <string>
+#include <vector>
 
 #include "evenflow/engine/dtype.h"
 #include "evenflow/engine/scalar_ops.h"
@@ -85,6 +86,12 @@ struct NormArgs {
   int64_t outer = 1, groups = 1, inner = 1;
   double eps = 1e-5;
   bool affine_per_group = false;
+};
+
+// One parameter's operands of the Adam step: contiguous views of one shape; max_exp_avg_sq is an
+// empty view (null data) without amsgrad.
+struct AdamOperands {
+  View param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq;
 };
 
 // 2-D convolution geometry, NCHW input, OIHW weight (O = c_out, I = c_in / groups).
@@ -194,10 +201,10 @@ class Backend {
   virtual void check_index_range(const View& index, int64_t size, int64_t allowed,
                                  std::function<std::string(int64_t)> describe) = 0;
 
-  // The fused optimizer step of AdamArgs, in place on param, exp_avg, exp_avg_sq (and
-  // max_exp_avg_sq when amsgrad; otherwise it is an empty view). All contiguous, one shape, one dtype.
-  virtual void adam(const AdamArgs& args, const View& param, const View& grad, const View& exp_avg,
-                    const View& exp_avg_sq, const View& max_exp_avg_sq) = 0;
+  // The fused optimizer step of AdamArgs on several parameters at once (a multi-tensor step: on
+  // CUDA a few kernel launches for a whole model rather than one per parameter), in place on each
+  // param, exp_avg, exp_avg_sq (and max_exp_avg_sq when amsgrad). One dtype throughout.
+  virtual void adam(const AdamArgs& args, const std::vector<AdamOperands>& params) = 0;
 
   // Fills a contiguous view with random::sample(kind, a, b, seed, offset + i).
   virtual void random(const View& out, RandomKind kind, double a, double b, uint64_t seed, uint64_t offset) = 0;

@@ -886,37 +886,58 @@ void mul_(const Tensor& x, double s) {
   bump(x);
 }
 
-void adam_(const AdamArgs& args, const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
-           const Tensor& exp_avg_sq, const Tensor& max_exp_avg_sq) {
-  check_inplace("adam_", param);
-  detail::check_float("adam_", param, "param");
-  std::vector<std::pair<const char*, const Tensor*>> operands{
-      {"grad", &grad}, {"exp_avg", &exp_avg}, {"exp_avg_sq", &exp_avg_sq}};
-  if (args.amsgrad) operands.emplace_back("max_exp_avg_sq", &max_exp_avg_sq);
-  for (const auto& [what, t] : operands) {
-    detail::check_compatible("adam_", param, *t, "param", what);
-    EF_CHECK(t->shape() == param.shape(), "adam_: ", what, " has shape ", shape_str(t->shape()), " but param has ",
-             shape_str(param.shape()));
-  }
-  if (param.numel() == 0) return;
-  // The kernel walks flat memory: strided operands go through contiguous copies, written back.
-  std::vector<Tensor> flat{param, grad.detach(), exp_avg, exp_avg_sq, args.amsgrad ? max_exp_avg_sq : param};
-  const bool copies = std::any_of(flat.begin(), flat.end(), [](const Tensor& t) { return !t.is_contiguous(); });
-  if (copies) {
-    NoGradGuard no_grad;
-    for (Tensor& t : flat) t = t.detach().contiguous();
-  }
-  backend_of(param).adam(args, flat[0].view(), flat[1].view(), flat[2].view(), flat[3].view(),
-                         args.amsgrad ? flat[4].view() : View{});
-  const Tensor* updated[] = {&param, &exp_avg, &exp_avg_sq, args.amsgrad ? &max_exp_avg_sq : nullptr};
-  const size_t slot[] = {0, 2, 3, 4};
-  for (size_t i = 0; i < 4; ++i) {
-    if (updated[i] == nullptr) continue;
-    if (copies && !updated[i]->is_contiguous()) {
-      NoGradGuard no_grad;
-      copy_(updated[i]->detach(), flat[slot[i]]);
+void adam_(const AdamArgs& args, const std::vector<AdamTensors>& params) {
+  if (params.empty()) return;
+  const Tensor& first = params[0].param;
+  // Operands are named ("grad 3") only in a message: this runs for every parameter at every step.
+  const auto label = [&](const char* what, size_t k) {
+    return params.size() == 1 ? std::string(what) : detail::str_cat(what, " ", k);
+  };
+  const auto compatible = [](const Tensor& a, const Tensor& b) {
+    return b.defined() && a.dtype() == b.dtype() && a.device() == b.device();
+  };
+  for (size_t k = 0; k < params.size(); ++k) {
+    const AdamTensors& t = params[k];
+    check_inplace("adam_", t.param);
+    if (!t.param.defined() || !is_floating(t.param.dtype()))
+      detail::check_float("adam_", t.param, label("param", k).c_str());
+    if (!compatible(first, t.param))
+      detail::check_compatible("adam_", first, t.param, "param 0", label("param", k).c_str());
+    for (const auto& [what, x] :
+         {std::pair{"grad", &t.grad}, std::pair{"exp_avg", &t.exp_avg}, std::pair{"exp_avg_sq", &t.exp_avg_sq},
+          std::pair{"max_exp_avg_sq", &t.max_exp_avg_sq}}) {
+      if (x == &t.max_exp_avg_sq && !args.amsgrad) continue;
+      if (!compatible(t.param, *x))
+        detail::check_compatible("adam_", t.param, *x, label("param", k).c_str(), label(what, k).c_str());
+      EF_CHECK(x->shape() == t.param.shape(), "adam_: ", label(what, k), " has shape ", shape_str(x->shape()), " but ",
+               label("param", k), " has ", shape_str(t.param.shape()));
     }
-    bump(*updated[i]);
+  }
+  // The kernel walks flat memory: strided operands go through contiguous copies, written back after.
+  NoGradGuard no_grad;
+  const auto dense = [](const Tensor& x) { return x.is_contiguous() ? x : x.detach().contiguous(); };
+  std::vector<AdamTensors> flat;
+  std::vector<AdamOperands> operands;
+  for (const AdamTensors& t : params) {
+    if (t.param.numel() == 0) continue;
+    flat.push_back({dense(t.param), dense(t.grad), dense(t.exp_avg), dense(t.exp_avg_sq),
+                    args.amsgrad ? dense(t.max_exp_avg_sq) : Tensor()});
+    const AdamTensors& f = flat.back();
+    operands.push_back({f.param.view(), f.grad.view(), f.exp_avg.view(), f.exp_avg_sq.view(),
+                        args.amsgrad ? f.max_exp_avg_sq.view() : View{}});
+  }
+  if (!operands.empty()) backend_of(first).adam(args, operands);
+  size_t j = 0;
+  for (const AdamTensors& t : params) {
+    if (t.param.numel() == 0) continue;
+    const AdamTensors& f = flat[j++];
+    for (const auto& [updated, used] :
+         {std::pair{&t.param, &f.param}, std::pair{&t.exp_avg, &f.exp_avg}, std::pair{&t.exp_avg_sq, &f.exp_avg_sq},
+          std::pair{&t.max_exp_avg_sq, &f.max_exp_avg_sq}}) {
+      if (updated == &t.max_exp_avg_sq && !args.amsgrad) continue;
+      if (!updated->is_contiguous()) copy_(updated->detach(), *used);
+      bump(*updated);
+    }
   }
 }
 

@@ -415,10 +415,15 @@ void copy_(const Tensor& dst, const Tensor& src);
 void add_(const Tensor& x, const Tensor& other, double alpha = 1.0);
 /// x ·= s; x is float32 or float64.
 void mul_(const Tensor& x, double s);
-/// One fused Adam/AdamW step (AdamArgs, engine/backend.h) on param, exp_avg, exp_avg_sq and, with
-/// amsgrad, max_exp_avg_sq: one pass instead of ten kernels. All on one device, one dtype, one shape.
-void adam_(const AdamArgs& args, const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
-           const Tensor& exp_avg_sq, const Tensor& max_exp_avg_sq = Tensor());
+/// One parameter's tensors for adam_: max_exp_avg_sq only with amsgrad.
+struct AdamTensors {
+  Tensor param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq;
+};
+/// One fused Adam/AdamW step (AdamArgs, engine/backend.h) on every entry's param, exp_avg,
+/// exp_avg_sq and, with amsgrad, max_exp_avg_sq: one pass over each instead of ten kernels, and the
+/// entries together (on CUDA one launch for up to 32 of them). One device and one dtype for all; an
+/// entry's tensors share its param's shape.
+void adam_(const AdamArgs& args, const std::vector<AdamTensors>& params);
 /// @}
 
 /// @name Operators

@@ -62,11 +62,13 @@ void Optimizer::step() {
   // Gradients match their parameter's shape, dtype and device: Tensor::set_grad and the engine's
   // accumulation guarantee it.
   NoGradGuard no_grad;
+  std::vector<Update> updates;
   for (size_t i = 0; i < params_.size(); ++i) {
     const Tensor g = params_[i].grad();
     if (!g.defined()) continue;
-    update(i, params_[i].detach(), g.detach(), ++state_[i].step);
+    updates.push_back({i, params_[i].detach(), g.detach(), ++state_[i].step});
   }
+  update(updates);
 }
 
 void Optimizer::zero_grad(bool set_to_none) {
@@ -161,21 +163,23 @@ SGD::SGD(std::vector<Tensor> params, const SGDOptions& o) : Optimizer("SGD", std
            o.momentum, " and dampening ", o.dampening);
 }
 
-void SGD::update(size_t i, const Tensor& p, const Tensor& g, int64_t /*step*/) {
-  Tensor d = o_.weight_decay != 0 ? g + p * o_.weight_decay : g;
-  if (o_.momentum != 0) {
-    bool first = false;
-    const Tensor buf = state_tensor(i, "momentum_buffer", [&] {
-      first = true;
-      return d.clone();  // the first step's buffer is the update itself, undamped
-    });
-    if (!first) {
-      buf.mul_(o_.momentum);
-      buf.add_(d, 1 - o_.dampening);
+void SGD::update(const std::vector<Update>& updates) {
+  for (const auto& [i, p, g, step] : updates) {
+    Tensor d = o_.weight_decay != 0 ? g + p * o_.weight_decay : g;
+    if (o_.momentum != 0) {
+      bool first = false;
+      const Tensor buf = state_tensor(i, "momentum_buffer", [&] {
+        first = true;
+        return d.clone();  // the first step's buffer is the update itself, undamped
+      });
+      if (!first) {
+        buf.mul_(o_.momentum);
+        buf.add_(d, 1 - o_.dampening);
+      }
+      d = o_.nesterov ? d + buf * o_.momentum : buf;
     }
-    d = o_.nesterov ? d + buf * o_.momentum : buf;
+    p.add_(d, -lr());
   }
-  p.add_(d, -lr());
 }
 
 // --- Adam, AdamW ----------------------------------------------------------------------------------------
@@ -201,24 +205,36 @@ std::vector<std::string> Adam::state_names() const {
   return {"exp_avg", "exp_avg_sq"};
 }
 
-void Adam::update(size_t i, const Tensor& p, const Tensor& g, int64_t step) {
+// Parameters that share a step count, device and dtype (usually all of a model's) take one
+// multi-tensor adam_.
+void Adam::update(const std::vector<Update>& updates) {
   const auto [beta1, beta2] = o_.betas;
-  const double bias_correction1 = 1 - std::pow(beta1, static_cast<double>(step));
-  const double bias_correction2_sqrt = std::sqrt(1 - std::pow(beta2, static_cast<double>(step)));
-  AdamArgs a;
-  a.decay = decoupled_ ? 1 - lr() * weight_decay_ : 1;
-  a.weight_decay = decoupled_ ? 0 : weight_decay_;
-  a.beta1 = beta1;
-  a.beta2 = beta2;
-  a.eps = o_.eps;
-  a.inv_bias_correction2_sqrt = 1.0 / bias_correction2_sqrt;
-  a.step = -lr() / bias_correction1;
-  a.amsgrad = o_.amsgrad;
-  const auto zeros = [&] { return zeros_like(p); };
-  const Tensor exp_avg = state_tensor(i, "exp_avg", zeros);
-  const Tensor exp_avg_sq = state_tensor(i, "exp_avg_sq", zeros);
-  const Tensor max_exp_avg_sq = o_.amsgrad ? state_tensor(i, "max_exp_avg_sq", zeros) : Tensor();
-  adam_(a, p, g, exp_avg, exp_avg_sq, max_exp_avg_sq);
+  std::vector<bool> done(updates.size(), false);
+  for (size_t first = 0; first < updates.size(); ++first) {
+    if (done[first]) continue;
+    const Update& u = updates[first];
+    const double bias_correction1 = 1 - std::pow(beta1, static_cast<double>(u.step));
+    const double bias_correction2_sqrt = std::sqrt(1 - std::pow(beta2, static_cast<double>(u.step)));
+    AdamArgs a;
+    a.decay = decoupled_ ? 1 - lr() * weight_decay_ : 1;
+    a.weight_decay = decoupled_ ? 0 : weight_decay_;
+    a.beta1 = beta1;
+    a.beta2 = beta2;
+    a.eps = o_.eps;
+    a.inv_bias_correction2_sqrt = 1.0 / bias_correction2_sqrt;
+    a.step = -lr() / bias_correction1;
+    a.amsgrad = o_.amsgrad;
+    std::vector<AdamTensors> group;
+    for (size_t k = first; k < updates.size(); ++k) {
+      const auto& [i, p, g, step] = updates[k];
+      if (done[k] || step != u.step || p.device() != u.param.device() || p.dtype() != u.param.dtype()) continue;
+      done[k] = true;
+      const auto zeros = [&] { return zeros_like(p); };
+      group.push_back({p, g, state_tensor(i, "exp_avg", zeros), state_tensor(i, "exp_avg_sq", zeros),
+                       o_.amsgrad ? state_tensor(i, "max_exp_avg_sq", zeros) : Tensor()});
+    }
+    adam_(a, group);
+  }
 }
 
 }  // namespace evenflow::optim

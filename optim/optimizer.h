@@ -51,9 +51,16 @@ class Optimizer {
   /// parameter is undefined, not float32 or float64, not a leaf, or given twice.
   Optimizer(const char* name, std::vector<Tensor> params, double lr);
 
-  /// Updates parameter i (detached) from its gradient g (detached); step is its update count,
-  /// already incremented (1 on the first update). Runs under NoGradGuard.
-  virtual void update(size_t i, const Tensor& p, const Tensor& g, int64_t step) = 0;
+  /// Parameter `index` (detached), its gradient (detached) and its update count, already
+  /// incremented (1 on the first update).
+  struct Update {
+    size_t index;
+    Tensor param, grad;
+    int64_t step;
+  };
+  /// Updates every parameter of `updates` (those with a gradient, in order), at once where the
+  /// optimizer can (Adam's multi-tensor step). Runs under NoGradGuard.
+  virtual void update(const std::vector<Update>& updates) = 0;
   /// The names of the state tensors this optimizer, as configured, keeps for every parameter it has
   /// updated (load_state requires each of them beside a step count).
   virtual std::vector<std::string> state_names() const = 0;
@@ -92,7 +99,7 @@ class SGD : public Optimizer {
   const SGDOptions& options() const { return o_; }  ///< the settings it was built with
 
  protected:
-  void update(size_t i, const Tensor& p, const Tensor& g, int64_t step) override;
+  void update(const std::vector<Update>& updates) override;
   std::vector<std::string> state_names() const override {
     return o_.momentum != 0 ? std::vector<std::string>{"momentum_buffer"} : std::vector<std::string>{};
   }
@@ -125,7 +132,7 @@ class Adam : public Optimizer {
   /// `name`: for error messages; `default_weight_decay`: used when o.weight_decay is nullopt;
   /// `decoupled`: AdamW's decay of p instead of the L2 term in the gradient.
   Adam(const char* name, std::vector<Tensor> params, const AdamOptions& o, double default_weight_decay, bool decoupled);
-  void update(size_t i, const Tensor& p, const Tensor& g, int64_t step) override;
+  void update(const std::vector<Update>& updates) override;
   std::vector<std::string> state_names() const override;
 
  private:

@@ -735,14 +735,26 @@ void adam_range(const scalar::AdamScalars<T> s, int64_t n, T* __restrict p, cons
   }
 }
 
+// Every parameter's elements as one range split evenly over the threads: a model of many small
+// tensors wakes the team once, not once per tensor.
 template <typename T>
-void adam_typed(const AdamArgs& a, int64_t n, T* p, const T* grad, T* m, T* v, T* v_max) {
+void adam_typed(const AdamArgs& a, const std::vector<AdamOperands>& params) {
   const auto scalars = scalar::adam_scalars<T>(a);
-  [[maybe_unused]] const int nt = threads_for(n * 8);
+  std::vector<int64_t> begin{0};  // params[k] holds elements [begin[k], begin[k + 1]) of the range
+  for (const AdamOperands& o : params) begin.push_back(begin.back() + o.param.numel());
+  const int64_t total = begin.back();
+  [[maybe_unused]] const int nt = threads_for(total * 8);
 #pragma omp parallel num_threads(nt) if (nt > 1)
   {
-    const int64_t t = thread_index(), team = team_size(), lo = n * t / team, hi = n * (t + 1) / team;
-    adam_range<T>(scalars, hi - lo, p + lo, grad + lo, m + lo, v + lo, v_max != nullptr ? v_max + lo : nullptr);
+    const int64_t t = thread_index(), team = team_size(), lo = total * t / team, hi = total * (t + 1) / team;
+    for (size_t k = 0; k < params.size(); ++k) {
+      const int64_t from = std::max(lo, begin[k]) - begin[k], to = std::min(hi, begin[k + 1]) - begin[k];
+      if (from >= to) continue;
+      const AdamOperands& o = params[k];
+      adam_range<T>(scalars, to - from, static_cast<T*>(o.param.data) + from, static_cast<const T*>(o.grad.data) + from,
+                    static_cast<T*>(o.exp_avg.data) + from, static_cast<T*>(o.exp_avg_sq.data) + from,
+                    a.amsgrad ? static_cast<T*>(o.max_exp_avg_sq.data) + from : nullptr);
+    }
   }
 }
 
@@ -921,14 +933,9 @@ class CpuBackend final : public Backend {
     });
   }
 
-  void adam(const AdamArgs& args, const View& param, const View& grad, const View& exp_avg, const View& exp_avg_sq,
-            const View& max_exp_avg_sq) override {
-    EF_DISPATCH_FLOAT(param.dtype, "adam", [&] {
-      adam_typed<scalar_t>(args, param.numel(), static_cast<scalar_t*>(param.data),
-                           static_cast<const scalar_t*>(grad.data), static_cast<scalar_t*>(exp_avg.data),
-                           static_cast<scalar_t*>(exp_avg_sq.data),
-                           args.amsgrad ? static_cast<scalar_t*>(max_exp_avg_sq.data) : nullptr);
-    });
+  void adam(const AdamArgs& args, const std::vector<AdamOperands>& params) override {
+    if (params.empty()) return;
+    EF_DISPATCH_FLOAT(params[0].param.dtype, "adam", [&] { adam_typed<scalar_t>(args, params); });
   }
 
   void check_index_range(const View& index, int64_t size, int64_t allowed,

@@ -61,8 +61,7 @@ class CudaBackend final : public Backend {
   void where(const View& out, const View& cond, const View& x, const View& y) override;
   void check_index_range(const View& index, int64_t size, int64_t allowed,
                          std::function<std::string(int64_t)> describe) override;
-  void adam(const AdamArgs& args, const View& param, const View& grad, const View& exp_avg, const View& exp_avg_sq,
-            const View& max_exp_avg_sq) override;
+  void adam(const AdamArgs& args, const std::vector<AdamOperands>& params) override;
   void reduce(ReduceOp op, const View& out, const View& x) override;
   void gemm(const GemmArgs& args) override;
   void normalize(const NormArgs& args, const View& y, const View& mean, const View& var, const View& x,

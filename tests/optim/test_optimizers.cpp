@@ -263,12 +263,52 @@ TEST_CASE("the fused Adam step updates strided parameters and state like contigu
   }
 }
 
+// The multi-tensor step groups parameters by step count, device and dtype: each must move exactly
+// as it would alone.
+TEST_CASE("Adam: one step over parameters of different step counts and dtypes equals each alone") {
+  manual_seed(5);
+  const std::vector<Tensor> init{randn({3, 4}), randn({5}, {.dtype = kFloat64}), randn({2, 2}), randn({70000})};
+  std::vector<Tensor> together, alone;
+  for (const Tensor& t : init) {
+    together.push_back(t.clone().requires_grad_());
+    alone.push_back(t.clone().requires_grad_());
+  }
+  AdamW joint(together, {.lr = 0.05, .amsgrad = true});
+  std::vector<std::unique_ptr<AdamW>> single;
+  for (const Tensor& t : alone)
+    single.push_back(std::make_unique<AdamW>(std::vector<Tensor>{t}, AdamOptions{.lr = 0.05, .amsgrad = true}));
+  for (int step = 0; step < 4; ++step) {
+    for (size_t k = 0; k < init.size(); ++k) {
+      // Parameter 2 gets a gradient every other step only, so its step count falls behind.
+      const bool has_grad = k != 2 || step % 2 == 0;
+      const Tensor g = has_grad ? randn(init[k].shape(), {.dtype = init[k].dtype()}) : Tensor();
+      together[k].set_grad(g);
+      alone[k].set_grad(g.defined() ? g.clone() : Tensor());
+      if (has_grad) single[k]->step();
+    }
+    joint.step();
+  }
+  for (size_t k = 0; k < init.size(); ++k) {
+    CAPTURE(k);
+    CHECK_MESSAGE(compare(together[k], alone[k], 0, 0).empty(), compare(together[k], alone[k], 0, 0));
+  }
+}
+
 TEST_CASE("adam_ names a mismatched operand") {
   const Tensor p = zeros({3}), g = zeros({4}), m = zeros({3}), v = zeros({3});
-  CHECK(error_of([&] { adam_(AdamArgs{}, p, g, m, v); }).find("adam_: grad has shape [4] but param has [3]") == 0);
   CHECK(error_of([&] {
-          adam_(AdamArgs{}, p, zeros({3}, {.dtype = kFloat64}), m, v);
+          adam_(AdamArgs{}, {{p, g, m, v, {}}});
+        }).find("adam_: grad has shape [4] but param has [3]") == 0);
+  CHECK(error_of([&] {
+          adam_(AdamArgs{}, {{p, zeros({3}, {.dtype = kFloat64}), m, v, {}}});
         }).find("adam_: param is float32") == 0);
+  // Several parameters: the entry is named, and they share a device and dtype.
+  CHECK(error_of([&] {
+          adam_(AdamArgs{}, {{p, zeros({3}), m, v, {}}, {p, g, m, v, {}}});
+        }).find("adam_: grad 1 has shape [4] but param 1 has [3]") == 0);
+  CHECK(error_of([&] {
+          adam_(AdamArgs{}, {{p, zeros({3}), m, v, {}}, {zeros({3}, {.dtype = kFloat64}), g, m, v, {}}});
+        }).find("adam_: param 0 is float32") == 0);
 }
 
 // Note [Adam moments flush to zero]: a parameter whose gradient stays 0 keeps exact zeros, never
