@@ -4,7 +4,10 @@
 // fails instead).
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <iostream>
+#include <map>
+#include <string>
 
 #include "tests/engine/op_table.h"
 #include "tests/testing/helpers.h"
@@ -213,6 +216,53 @@ TEST_CASE("cuda: tensors past 2^31 elements index with 64 bits") {
     const std::string what = e.what();
     if (what.find("out of memory") == std::string::npos) throw;
     MESSAGE("[skipped] needs 16 GiB free on cuda:0: " << what);
+  }
+}
+
+// The multi-tensor Adam step: more parameters than one launch takes (32), empty and large ones,
+// a strided one, amsgrad; three steps, against the CPU's.
+TEST_CASE("cuda parity: the multi-tensor Adam step") {
+  if (!cuda_devices_available()) return;
+  for (const DType dtype : {kFloat64, kFloat32}) {
+    CAPTURE(dtype_name(dtype));
+    manual_seed(cpu(), 21);
+    std::vector<Shape> shapes;
+    for (int k = 0; k < 40; ++k) shapes.push_back({k % 7, 3 + k});
+    shapes.push_back({1 << 20});
+    std::map<std::string, std::vector<Tensor>> on;  // "cpu" / "cuda": param, m, v, v_max per shape
+    std::vector<std::vector<Tensor>> grads(3);
+    for (const Shape& shape : shapes) {
+      const Tensor p = randn(shape, {.dtype = dtype});
+      for (auto& g : grads) g.push_back(randn(shape, {.dtype = dtype}));
+      for (const char* where : {"cpu", "cuda"}) {
+        const Device d = std::string(where) == "cpu" ? cpu() : cuda(0);
+        on[where].push_back(p.to(d));
+        for (int i = 0; i < 3; ++i) on[where].push_back(zeros(shape, {.dtype = dtype, .device = d}));
+      }
+    }
+    // One parameter strided: a transposed view of a [3 + k, k % 7] tensor.
+    for (const char* where : {"cpu", "cuda"}) on[where][4 * 5] = transpose(on[where][4 * 5].t().contiguous(), 0, 1);
+    for (int step = 1; step <= 3; ++step) {
+      const AdamArgs args{.decay = 0.999,
+                          .weight_decay = 0.01,
+                          .inv_bias_correction2_sqrt = 1.0 / std::sqrt(1 - std::pow(0.999, step)),
+                          .step = -1e-2 / (1 - std::pow(0.9, step)),
+                          .amsgrad = true};
+      for (const char* where : {"cpu", "cuda"}) {
+        std::vector<AdamTensors> list;
+        const std::vector<Tensor>& t = on[where];
+        for (size_t k = 0; k < shapes.size(); ++k) {
+          const Tensor g = grads[static_cast<size_t>(step - 1)][k].to(t[4 * k].device());
+          list.push_back({t[4 * k], g, t[4 * k + 1], t[4 * k + 2], t[4 * k + 3]});
+        }
+        adam_(args, list);
+      }
+    }
+    const double tol = dtype == kFloat64 ? 1e-12 : 1e-5;
+    for (size_t i = 0; i < on["cpu"].size(); ++i) {
+      CAPTURE(i);
+      CHECK(compare(on["cuda"][i].to(cpu()), on["cpu"][i], tol, tol).empty());
+    }
   }
 }
 
