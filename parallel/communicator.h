@@ -105,7 +105,13 @@ class Communicator {
   /// every tensor is defined, contiguous, on its rank's device, of one dtype. Gradient buckets use
   /// it from whichever thread finishes a bucket last, so no rank waits for another. Throws ef::Error
   /// when an argument breaks these rules or the communicator is aborted. Records no autograd node.
+  /// It may return before the sums are in place (NCCL: queued on side streams); join_in_place()
+  /// then orders every device's later work after them.
   virtual void all_reduce_in_place(const std::vector<std::vector<Tensor>>& per_rank) = 0;
+  /// Makes every local device's work queued from now on wait for the all_reduce_in_place calls made
+  /// so far (a no-op where those finish before returning). Throws ef::Error if the communicator
+  /// was aborted.
+  virtual void join_in_place() {}
 
   /// Makes every waiting and later call throw ef::Error with `why`, until reset().
   virtual void abort(const std::string& why) = 0;

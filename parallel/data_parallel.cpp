@@ -77,10 +77,9 @@ void broadcast_from_first_process(DeviceGroup& group, const std::vector<Tensor>&
 // (queue_backward_callback), so the gradients are synchronized when backward() returns, as with
 // PyTorch's DDP; an explicit finish() afterwards finds nothing left to do.
 //
-// With NCCL the buckets wait for finish(): a bucket reduce queued on the GPUs while one rank has a
-// collective of its own backward queued (SyncBatchNorm) could order the two differently on two GPUs
-// and deadlock them (Note [NCCL bucket reduce] in nccl_communicator.cu). Overlap there needs each
-// rank to mark its gradients ready on its own stream; until then NCCL groups reduce after backward.
+// With NCCL a bucket's reduce is queued on side streams and the call returns (Note [NCCL bucket
+// reduce] in nccl_communicator.cu); finish() then makes every device's later work wait for the sums
+// (Communicator::join_in_place), once backward has ended.
 //
 // Across processes (Note [Processes]) every process must reduce the buckets in the same order, and
 // the order in which a process's buckets complete depends on its threads' timing. So there a
@@ -93,7 +92,6 @@ class GradientSync : public std::enable_shared_from_this<GradientSync> {
       : params_(std::move(params)),
         names_(std::move(names)),
         comm_(std::move(comm)),
-        overlap_(std::string(comm_->kind()) != "nccl"),
         ordered_(comm_->processes()->size() > 1) {
     const size_t n = params_[0].size();
     bucket_of_.resize(n);
@@ -140,7 +138,7 @@ class GradientSync : public std::enable_shared_from_this<GradientSync> {
                "' received a gradient again after it was synchronized; run all but the last backward of an "
                "accumulation under no_sync(), and zero_grad() between steps");
       flag = 1;
-      if (--b.pending == 0 && overlap_) {
+      if (--b.pending == 0) {
         if (ordered_) {
           b.state = Bucket::Ready;
           cv_.notify_all();
@@ -170,20 +168,24 @@ class GradientSync : public std::enable_shared_from_this<GradientSync> {
         const std::string error = std::exchange(bucket_error_, std::string());
         EF_ERROR(error);
       }
-      return;
+    } else {
+      cv_.wait(lock, [&] {
+        for (const Bucket& b : buckets_)
+          if (b.state == Bucket::Reducing) return false;
+        return true;
+      });
+      for (Bucket& b : buckets_) {
+        if (b.state != Bucket::Waiting) continue;
+        b.state = Bucket::Reducing;
+        lock.unlock();
+        reduce(b);
+        lock.lock();
+      }
     }
-    cv_.wait(lock, [&] {
-      for (const Bucket& b : buckets_)
-        if (b.state == Bucket::Reducing) return false;
-      return true;
-    });
-    for (Bucket& b : buckets_) {
-      if (b.state != Bucket::Waiting) continue;
-      b.state = Bucket::Reducing;
-      lock.unlock();
-      reduce(b);
-      lock.lock();
-    }
+    lock.unlock();
+    // The sums may still be on their way (NCCL: side streams); the devices' later work waits for them.
+    comm_->join_in_place();
+    drop_unused_gradients();
   }
 
   void reset() {
@@ -196,6 +198,7 @@ class GradientSync : public std::enable_shared_from_this<GradientSync> {
     });
     next_ = 0;
     bucket_error_.clear();
+    with_grad_counts_.clear();
     for (auto& r : ready_) std::fill(r.begin(), r.end(), 0);
     for (Bucket& b : buckets_) {
       b.state = Bucket::Waiting;
@@ -213,11 +216,9 @@ class GradientSync : public std::enable_shared_from_this<GradientSync> {
 
   // Sums each parameter's gradients over ranks into every rank's gradient. A rank without one
   // (idle, or the parameter unused there) contributes zeros; a parameter no rank has stays without.
-  // One collective per bucket (per dtype, where a bucket mixes them), whose list ends with one
-  // value per parameter saying whether the rank has its gradient, so that every process learns with
-  // the same call which parameters any rank has (small integers, exact in the sum). A collective
-  // per parameter would pay its fixed cost per parameter: across processes, twice the time of
-  // the whole bucket for wgan_gp's critic (scripts/bench_processes.sh).
+  // One collective per bucket (per dtype, where a bucket mixes them). A collective per parameter
+  // would pay its fixed cost per parameter: across processes, twice the time of the whole bucket for
+  // wgan_gp's critic (scripts/bench_processes.sh).
   void reduce(Bucket& b) {
     std::string error;
     try {
@@ -244,9 +245,20 @@ class GradientSync : public std::enable_shared_from_this<GradientSync> {
     EF_CHECK(error.empty(), "data parallel: gradient all-reduce failed: ", error);
   }
 
-  // reduce() for parameters `js` of one dtype, in one collective.
-  void reduce_together(const std::vector<size_t>& js) {
+  // reduce() for parameters `js` of one dtype, in one collective. Which parameters some rank has a
+  // gradient of is known here in one process; across processes the list ends with one value per
+  // parameter saying whether the rank has its gradient (small integers, exact in the sum), so every
+  // process learns it from the same call, and reads it when backward has ended
+  // (drop_unused_gradients): reading it here would wait for the collective, in the middle of
+  // backward.
+  void reduce_together(std::vector<size_t> js) {
     NoGradGuard no_grad;
+    if (!ordered_) {
+      std::erase_if(js, [&](size_t j) {
+        return std::none_of(params_.begin(), params_.end(), [&](const auto& ps) { return ps[j].grad().defined(); });
+      });
+      if (js.empty()) return;
+    }
     std::vector<std::vector<Tensor>> lists;
     for (const auto& rank_params : params_) {
       std::vector<Tensor> list;
@@ -254,19 +266,38 @@ class GradientSync : public std::enable_shared_from_this<GradientSync> {
       for (size_t j : js) {
         const Tensor& p = rank_params[j];
         has_grad.push_back(p.grad().defined() ? 1.0 : 0.0);
-        if (!p.grad().defined()) p.set_grad(zeros_like(p));  // dropped again below if no rank has one
+        if (!p.grad().defined()) p.set_grad(zeros_like(p));  // dropped again after if no rank has one
         list.push_back(p.grad());
       }
-      const Tensor& first = rank_params[js[0]];
-      list.push_back(
-          from_vector(has_grad, {static_cast<int64_t>(js.size())}, {.dtype = first.dtype(), .device = first.device()}));
+      if (ordered_) {
+        const Tensor& first = rank_params[js[0]];
+        list.push_back(from_vector(has_grad, {static_cast<int64_t>(js.size())},
+                                   {.dtype = first.dtype(), .device = first.device()}));
+      }
       lists.push_back(std::move(list));
     }
     comm_->all_reduce_in_place(lists);
-    const Tensor ranks_with_grad = lists[0].back().to(cpu()).to(kFloat64);
-    for (size_t i = 0; i < js.size(); ++i) {
-      if (ranks_with_grad.data<double>()[i] != 0) continue;
-      for (const auto& rank_params : params_) rank_params[js[i]].set_grad(Tensor());
+    if (ordered_) {
+      std::lock_guard<std::mutex> lock(mu_);
+      with_grad_counts_.emplace_back(std::move(js), lists[0].back());
+    }
+  }
+
+  // After the collectives: a parameter no rank of any process had a gradient of loses the zeros
+  // reduce_together gave it (across processes; in one process it never got them).
+  void drop_unused_gradients() {
+    std::vector<std::pair<std::vector<size_t>, Tensor>> counts;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      counts.swap(with_grad_counts_);
+    }
+    NoGradGuard no_grad;
+    for (const auto& [js, count] : counts) {
+      const Tensor ranks_with_grad = count.to(cpu()).to(kFloat64);
+      for (size_t i = 0; i < js.size(); ++i) {
+        if (ranks_with_grad.data<double>()[i] != 0) continue;
+        for (const auto& rank_params : params_) rank_params[js[i]].set_grad(Tensor());
+      }
     }
   }
 
@@ -293,7 +324,6 @@ class GradientSync : public std::enable_shared_from_this<GradientSync> {
   std::vector<std::vector<Tensor>> params_;  // [rank][parameter]
   std::vector<std::string> names_;
   std::shared_ptr<Communicator> comm_;
-  bool overlap_;  // reduce buckets during backward (see above)
   bool ordered_;  // across processes: the bucket thread reduces them, in order (see above)
   std::vector<Bucket> buckets_;
   std::vector<size_t> bucket_of_;
@@ -302,8 +332,11 @@ class GradientSync : public std::enable_shared_from_this<GradientSync> {
   bool finish_queued_ = false;  // a pass will call finish() when it ends (guarded by mu_)
   size_t next_ = 0;             // the bucket the bucket thread reduces next (guarded by mu_)
   std::string bucket_error_;    // the bucket thread's first failure, for finish() (guarded by mu_)
-  bool stopping_ = false;       // guarded by mu_
-  std::thread bucket_thread_;   // only when ordered_
+  // Across processes: each reduced list's parameters and its count of ranks with a gradient of
+  // each, read by drop_unused_gradients (guarded by mu_).
+  std::vector<std::pair<std::vector<size_t>, Tensor>> with_grad_counts_;
+  bool stopping_ = false;      // guarded by mu_
+  std::thread bucket_thread_;  // only when ordered_
   std::mutex mu_;
   std::condition_variable cv_;
 };

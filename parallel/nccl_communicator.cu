@@ -1,16 +1,18 @@
 // NcclCommunicator: the Communicator for CUDA devices on distinct GPUs. Each rank's per-rank
 // collectives are NCCL calls made by that rank's thread on its device's stream, so they are ordered
 // with the engine's kernels; all_reduce_in_place is one NCCL group over a second set of NCCL
-// communicators, on a side stream per device. Every call waits for its collective to complete, which
-// is what turns a missing rank into a timeout and an error instead of a hang. Across processes
-// (Note [Processes] in process_group.h) each process holds the NCCL ranks of its own devices, global
-// ranks first_rank() .. first_rank() + local_size() - 1 of one NCCL communicator per set.
+// communicators, on a side stream per device. No call waits for its collective: a watchdog thread
+// watches them (Note [NCCL watchdog]). Across processes (Note [Processes] in process_group.h) each
+// process holds the NCCL ranks of its own devices, global ranks first_rank() .. first_rank() +
+// local_size() - 1 of one NCCL communicator per set.
 #include <nccl.h>
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -49,18 +51,27 @@ namespace {
 
 using cuda_backend::CudaBackend;
 
-// Note [Waiting for NCCL]
-// Every call waits on the calling thread until its collective has completed on the GPU(s): it records
-// an event after the NCCL call and polls it, together with ncclCommGetAsyncError, until timeout().
-// That is deliberate. A rank that never arrives leaves its peers' kernels spinning on their GPUs with
-// nothing failing on the host, so only a wait with a deadline notices; and the wait keeps the buffers
-// NCCL reads and writes alive until it is done with them (the caching allocator hands a freed block
-// out again at once). The price is that a collective does not overlap with the host work after it.
+// Note [NCCL watchdog]
+// A call queues its collective on a stream and returns: nothing waits on the host, so collectives
+// overlap with the host's work and with the kernels queued after them, as every other op does.
+// What notices a rank that never arrives (its peers' kernels spin on their GPUs and nothing fails on
+// the host) is the communicator's watchdog thread. It watches every queued collective through an
+// event recorded after it, polling NCCL's asynchronous errors meanwhile, until the event fires.
+// When a collective has not completed timeout() after it was queued (time spent queued behind other
+// work counts, as in PyTorch's watchdog), or NCCL reports an error, the watchdog reports the error
+// to this process's devices (CudaBackend::report_error: the next synchronization on each throws it,
+// so a loss read with item() fails instead of returning what an aborted collective left), then
+// aborts the communicator (Note [Aborting NCCL]); that ends the kernels still waiting for absent
+// peers, so blocked synchronizations return, and makes later calls throw. The watchdog also holds
+// the tensors a bucket reduce on a side stream reads and writes until it completes: the caching
+// allocator would otherwise hand their memory to the compute stream while the side stream still
+// uses it. Collectives on a device's own stream need no such care: the allocator reuses memory in
+// stream order.
 //
 // Note [Aborting NCCL]
-// NCCL has no timeout of its own. When a wait times out, or NCCL reports an error, abort() calls
-// ncclCommAbort on every handle of both sets: that stops kernels still waiting for absent peers, so
-// every rank's wait ends, and marks the communicator aborted, so that waiting and later calls throw.
+// NCCL has no timeout of its own. When the watchdog finds a collective late or failed, abort() calls
+// ncclCommAbort on every handle of both sets: that stops kernels still waiting for absent peers,
+// and marks the communicator aborted, so that later calls throw.
 // ncclCommAbort frees the handle, which must then not be in use on another thread: every use of a
 // handle, abort included, holds that handle's mutex, and an aborted handle is null. The mutexes are
 // per handle, not per set, because a first call on a handle may block inside NCCL until the peers
@@ -73,18 +84,18 @@ using cuda_backend::CudaBackend;
 // compute streams, so on each GPU the bucket reduce and those collectives come in a different order.
 // An NCCL kernel blocks until its peers arrive: if the bucket reduce shared a stream or a handle with
 // those collectives, GPU 0 could wait in the bucket reduce for GPU 1 while GPU 1 waits in a
-// SyncBatchNorm reduce for GPU 0. So the buckets get their own handles (a second set) and
-// a side stream per device. The side stream first waits for an event recorded on the compute stream
-// when the call is made, so the reduce reads finished gradients. That event also covers everything
-// else already queued there: a per-rank collective that another rank queued and that needs the
-// calling thread's rank to join it would hold up the bucket reduce too, and the call would end in a
-// timeout. So GradientSync calls it for NCCL groups only after backward (Note [Gradient buckets]).
-// Two handles of one GPU also need their kernels to run concurrently, which CUDA allows and NCCL
-// does not promise.
+// SyncBatchNorm reduce for GPU 0. So the buckets get their own handles (a second set) and a side
+// stream per device. The side stream first waits for an event recorded on the compute stream when
+// the call is made, so the reduce reads finished gradients (that event also covers later work
+// already queued there, which only delays the reduce). Nothing on a compute stream waits for a side
+// stream until join_in_place(), which GradientSync calls when backward has ended (Note [Gradient
+// buckets]): a compute stream that waited for a bucket during backward could hold back a
+// SyncBatchNorm collective that another GPU's bucket reduce waits behind. Two handles of one GPU
+// need their kernels to run concurrently, which CUDA allows and NCCL's few-SM kernels get.
 
-// Short collectives finish in microseconds; long waits should not keep a core busy.
-constexpr std::chrono::nanoseconds kFirstPollInterval = std::chrono::microseconds(5);
-constexpr std::chrono::nanoseconds kMaxPollInterval = std::chrono::milliseconds(1);
+// How often the watchdog looks at the collectives in flight: often enough that an error or a
+// timeout is noticed promptly, rarely enough to cost nothing (a few event queries).
+constexpr std::chrono::milliseconds kWatchInterval{1};
 
 ncclDataType_t nccl_type(DType t) {
   switch (t) {
@@ -113,10 +124,10 @@ struct Rank {
   Handle collectives;              // per-rank collectives, on the backend's stream
   Handle buckets;                  // all_reduce_in_place, on side_stream
   uint64_t sequence = 0;           // per-rank collectives since the last reset; guarded by collectives.mu
-  cudaEvent_t done = nullptr;      // recorded after this rank's latest per-rank collective
   cudaStream_t side_stream = nullptr;
-  cudaEvent_t ready = nullptr;        // the compute stream when all_reduce_in_place was called
-  cudaEvent_t bucket_done = nullptr;  // recorded after the bucket reduce on side_stream
+  cudaEvent_t ready = nullptr;           // the compute stream when all_reduce_in_place was called
+  cudaEvent_t bucket_done = nullptr;     // recorded after the latest bucket reduce on side_stream
+  std::vector<cudaEvent_t> free_events;  // for the watchdog, made on this GPU; guarded by watch_mu_
 };
 // Rank::collectives or Rank::buckets.
 using HandleSet = Handle Rank::*;
@@ -134,22 +145,34 @@ class NcclCommunicator final : public Communicator {
   Tensor all_gather(int rank, const Tensor& x) override;
   Tensor reduce_scatter(int rank, const Tensor& x) override;
   void all_reduce_in_place(const std::vector<std::vector<Tensor>>& per_rank) override;
+  void join_in_place() override;
   void abort(const std::string& why) override;
   void reset() override;
   bool aborted() const override;
 
  private:
-  // A collective whose completion a wait watches for.
-  struct Pending {
-    Handle* handle;
-    cudaEvent_t done;
+  // A queued collective the watchdog watches (Note [NCCL watchdog]).
+  struct Watched {
+    std::string what;
+    HandleSet set;
+    std::vector<std::pair<Rank*, cudaEvent_t>> done;  // per rank: an event recorded after it
+    std::vector<Tensor> keep_alive;                   // until it completes
+    std::chrono::steady_clock::time_point deadline;
   };
 
   // Makes one per-rank collective: enqueue(comm, stream) is the NCCL call, made for `rank` on its
   // device's stream; x is the (contiguous) input, named in messages.
   template <typename Enqueue>
   void run(const char* op, int rank, const Tensor& x, Enqueue enqueue);
-  void wait(const std::string& what, const std::vector<Pending>& collectives);
+  // An event of r's GPU (r's backend active) for the watchdog, and its hand-over.
+  cudaEvent_t take_event(Rank& r);
+  void watch(Watched w);
+  // The watchdog thread's loop, and one round of it over `batch`, whose completed entries it
+  // removes.
+  void watchdog();
+  void poll(std::deque<Watched>& batch);
+  // Reports `why` to this process's devices and aborts (Note [NCCL watchdog]).
+  void fail_watched(const std::string& what, const std::string& why);
   // NCCL's asynchronous error on h, as a message; empty if none.
   static std::string async_error(Handle& h);
   [[noreturn]] void fail(const std::string& what, const std::string& why);
@@ -169,6 +192,12 @@ class NcclCommunicator final : public Communicator {
   mutable std::mutex state_mu_;
   bool aborted_ = false;  // guarded by state_mu_, like abort_reason_
   std::string abort_reason_;
+  // The watchdog. Lock order: a handle's mutex before watch_mu_, never the reverse.
+  std::mutex watch_mu_;
+  std::condition_variable watch_cv_;
+  std::deque<Watched> watched_;  // in the order queued; guarded by watch_mu_
+  bool stop_watching_ = false;   // guarded by watch_mu_
+  std::thread watchdog_;
 };
 
 NcclCommunicator::NcclCommunicator(std::vector<Device> devices, const std::vector<CudaBackend*>& backends,
@@ -182,11 +211,10 @@ NcclCommunicator::NcclCommunicator(std::vector<Device> devices, const std::vecto
       physical_ids_.push_back(backend->physical_id());
       backend->activate();
       CUDA_CHECK(cudaStreamCreateWithFlags(&r.side_stream, cudaStreamNonBlocking));
-      for (cudaEvent_t* e : {&r.done, &r.ready, &r.bucket_done}) {
-        CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
-      }
+      for (cudaEvent_t* e : {&r.ready, &r.bucket_done}) CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
     }
     create_handles();
+    watchdog_ = std::thread([this] { watchdog(); });
   } catch (...) {
     release();
     throw;
@@ -258,16 +286,31 @@ ncclUniqueId NcclCommunicator::shared_unique_id() {
 }
 
 void NcclCommunicator::release() noexcept {
+  if (watchdog_.joinable()) {
+    {
+      std::lock_guard<std::mutex> lock(watch_mu_);
+      stop_watching_ = true;
+    }
+    watch_cv_.notify_all();
+    watchdog_.join();
+  }
   for (auto& r : ranks_) {
     // At process exit the CUDA runtime may already be gone, and with it everything we own.
     const cudaError_t set_device_status = cudaSetDevice(r->backend->physical_id());
     if (set_device_status == cudaErrorCudartUnloading) return;
     CUDA_CHECK_PRINT(set_device_status);
+    // Collectives still queued read and write memory the caching allocator may hand out again.
+    for (cudaStream_t stream : {r->backend->stream(), r->side_stream})
+      if (stream != nullptr) CUDA_CHECK_PRINT(cudaStreamSynchronize(stream));
     for (Handle* h : {&r->collectives, &r->buckets}) {
       if (h->comm != nullptr) NCCL_CHECK_PRINT(ncclCommDestroy(h->comm));
       h->comm = nullptr;
     }
-    for (cudaEvent_t e : {r->done, r->ready, r->bucket_done}) {
+    for (const Watched& w : watched_)
+      for (const auto& [rank, e] : w.done)
+        if (rank == r.get()) r->free_events.push_back(e);
+    for (cudaEvent_t e : r->free_events) CUDA_CHECK_PRINT(cudaEventDestroy(e));
+    for (cudaEvent_t e : {r->ready, r->bucket_done}) {
       if (e != nullptr) CUDA_CHECK_PRINT(cudaEventDestroy(e));
     }
     if (r->side_stream != nullptr) CUDA_CHECK_PRINT(cudaStreamDestroy(r->side_stream));
@@ -305,41 +348,102 @@ std::string NcclCommunicator::async_error(Handle& h) {
                          last != nullptr && *last != '\0' ? detail::str_cat(": ", last) : "");
 }
 
-// Note [Waiting for NCCL]; on a timeout or an error, the communicator is aborted first, so that the
-// other ranks stop waiting too.
-void NcclCommunicator::wait(const std::string& what, const std::vector<Pending>& collectives) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout();
-  std::chrono::nanoseconds interval = kFirstPollInterval;
-  std::vector<cudaEvent_t> running;
-  for (const Pending& p : collectives) running.push_back(p.done);
-  while (true) {
-    for (size_t i = 0; i < running.size();) {
-      const cudaError_t status = cudaEventQuery(running[i]);
-      if (status == cudaErrorNotReady) {
-        ++i;
-        continue;
-      }
-      if (status != cudaSuccess) {
-        (void)cudaGetLastError();
-        fail(what, detail::str_cat("CUDA error '", cudaGetErrorString(status), "' (", static_cast<int>(status),
-                                   ") while waiting for the collective"));
-      }
-      running[i] = running.back();
-      running.pop_back();
+cudaEvent_t NcclCommunicator::take_event(Rank& r) {
+  {
+    std::lock_guard<std::mutex> lock(watch_mu_);
+    if (!r.free_events.empty()) {
+      const cudaEvent_t e = r.free_events.back();
+      r.free_events.pop_back();
+      return e;
     }
-    for (const Pending& p : collectives) {
-      const std::string error = async_error(*p.handle);
-      if (!error.empty()) fail(what, error);
-    }
-    // A collective that completed on an aborted communicator may have been cut short.
-    throw_if_aborted(what);
-    if (running.empty()) return;
-    if (std::chrono::steady_clock::now() >= deadline) {
-      fail(what, detail::str_cat("timed out after ", timeout().count(), " ms"));
-    }
-    std::this_thread::sleep_for(interval);
-    interval = std::min(interval * 2, kMaxPollInterval);
   }
+  cudaEvent_t e = nullptr;
+  CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  return e;
+}
+
+void NcclCommunicator::watch(Watched w) {
+  {
+    std::lock_guard<std::mutex> lock(watch_mu_);
+    watched_.push_back(std::move(w));
+  }
+  watch_cv_.notify_all();
+}
+
+// Note [NCCL watchdog]. The entries are polled outside watch_mu_: polling takes handle mutexes, which
+// callers hold while they queue (the lock order).
+void NcclCommunicator::watchdog() {
+  std::deque<Watched> batch;
+  std::unique_lock<std::mutex> lock(watch_mu_);
+  while (true) {
+    watch_cv_.wait_for(lock, kWatchInterval, [&] { return stop_watching_; });
+    if (stop_watching_) {
+      // release() frees what is left, after waiting for the streams.
+      for (Watched& w : batch) watched_.push_back(std::move(w));
+      return;
+    }
+    // Entries queued since the last round go behind the ones still running.
+    for (Watched& w : watched_) batch.push_back(std::move(w));
+    watched_.clear();
+    if (batch.empty()) continue;
+    lock.unlock();
+    poll(batch);
+    lock.lock();
+  }
+}
+
+void NcclCommunicator::poll(std::deque<Watched>& batch) {
+  std::string failed_what, failure;
+  const auto now = std::chrono::steady_clock::now();
+  for (auto it = batch.begin(); it != batch.end();) {
+    bool complete = true;
+    for (const auto& [rank, event] : it->done) {
+      const cudaError_t status = cudaEventQuery(event);
+      if (status == cudaSuccess) continue;
+      complete = false;
+      if (status != cudaErrorNotReady) {
+        (void)cudaGetLastError();
+        if (failure.empty()) {
+          failed_what = it->what;
+          failure = detail::str_cat("CUDA error '", cudaGetErrorString(status), "' (", static_cast<int>(status),
+                                    ") while the collective ran");
+        }
+      }
+      break;
+    }
+    if (complete) {
+      {
+        std::lock_guard<std::mutex> lock(watch_mu_);
+        for (const auto& [rank, event] : it->done) rank->free_events.push_back(event);
+      }
+      it = batch.erase(it);  // drops keep_alive: its memory is free for any stream now
+      continue;
+    }
+    // An aborted communicator's collectives are cut short; they are watched only until they end.
+    if (failure.empty() && !aborted()) {
+      for (const auto& [rank, event] : it->done) {
+        const std::string error = async_error((*rank).*(it->set));
+        if (!error.empty()) {
+          failed_what = it->what;
+          failure = error;
+          break;
+        }
+      }
+      if (failure.empty() && now >= it->deadline) {
+        failed_what = it->what;
+        failure = detail::str_cat("timed out after ", timeout().count(), " ms (counted from when it was queued)");
+      }
+    }
+    ++it;
+  }
+  if (!failure.empty()) fail_watched(failed_what, failure);
+}
+
+void NcclCommunicator::fail_watched(const std::string& what, const std::string& why) {
+  if (aborted()) return;
+  const std::string message = detail::str_cat(what, ": ", why);
+  for (auto& r : ranks_) r->backend->report_error(message);
+  abort(message);
 }
 
 template <typename Enqueue>
@@ -348,6 +452,7 @@ void NcclCommunicator::run(const char* op, int rank, const Tensor& x, Enqueue en
   r.backend->activate();
   std::string what;
   std::string failure;
+  cudaEvent_t done = nullptr;
   {
     std::lock_guard<std::mutex> lock(r.collectives.mu);
     // NCCL cannot compare the ranks' calls cheaply, so a message names this rank's side of a stuck
@@ -358,15 +463,19 @@ void NcclCommunicator::run(const char* op, int rank, const Tensor& x, Enqueue en
     // Every rank passes the same shape, so every rank skips an empty collective.
     if (x.numel() == 0) return;
     try {
+      done = take_event(r);
       NCCL_CHECK(enqueue(r.collectives.comm, r.backend->stream()));
-      CUDA_CHECK(cudaEventRecord(r.done, r.backend->stream()));
+      CUDA_CHECK(cudaEventRecord(done, r.backend->stream()));
     } catch (const Error& e) {
       failure = e.what();
     }
   }
-  // The peers may already be waiting for this rank: abort rather than leave them to time out.
-  if (!failure.empty()) fail(what, failure);
-  wait(what, {{&r.collectives, r.done}});
+  if (!failure.empty()) {
+    if (done != nullptr) CUDA_CHECK_PRINT(cudaEventDestroy(done));
+    // The peers may already be waiting for this rank: abort rather than leave them to time out.
+    fail(what, failure);
+  }
+  watch({std::move(what), &Rank::collectives, {{&r, done}}, {}, std::chrono::steady_clock::now() + timeout()});
 }
 
 Tensor NcclCommunicator::all_reduce(int rank, const Tensor& x) {
@@ -444,7 +553,7 @@ void NcclCommunicator::all_reduce_in_place(const std::vector<std::vector<Tensor>
   for (const Tensor& x : first) count += count_of(x);
 
   std::lock_guard<std::mutex> in_place_lock(in_place_mu_);
-  const std::string what =
+  std::string what =
       detail::str_cat("nccl all_reduce_in_place (call ", in_place_sequence_++, " of ", first.size(), " tensors, ",
                       count, " ", dtype_name(first[0].dtype()), " values) on ", local_size(), " GPUs",
                       processes()->size() > 1 ? detail::str_cat(" of process ", processes()->rank()) : "");
@@ -453,12 +562,14 @@ void NcclCommunicator::all_reduce_in_place(const std::vector<std::vector<Tensor>
     return;
   }
   std::string failure;
+  std::vector<std::pair<Rank*, cudaEvent_t>> done;
   {
     auto locks = lock_all(&Rank::buckets);
     throw_if_aborted(what);
     try {
       for (auto& r : ranks_) {
         r->backend->activate();
+        done.emplace_back(r.get(), take_event(*r));
         CUDA_CHECK(cudaEventRecord(r->ready, r->backend->stream()));
         CUDA_CHECK(cudaStreamWaitEvent(r->side_stream, r->ready, 0));
       }
@@ -478,22 +589,34 @@ void NcclCommunicator::all_reduce_in_place(const std::vector<std::vector<Tensor>
       const ncclResult_t end_status = ncclGroupEnd();
       NCCL_CHECK(first_error);
       NCCL_CHECK(end_status);
-      for (auto& r : ranks_) CUDA_CHECK(cudaEventRecord(r->bucket_done, r->side_stream));
+      for (auto& [r, event] : done) {
+        CUDA_CHECK(cudaEventRecord(r->bucket_done, r->side_stream));
+        CUDA_CHECK(cudaEventRecord(event, r->side_stream));
+      }
     } catch (const Error& e) {
       failure = e.what();
     }
   }
-  try {
-    if (!failure.empty()) fail(what, failure);
-    std::vector<Pending> pending;
-    for (auto& r : ranks_) pending.push_back({&r->buckets, r->bucket_done});
-    wait(what, pending);
-  } catch (...) {
-    // The tensors go back to the caller, who may reuse them on the compute streams while an aborted
-    // reduce still runs on the side streams: order the compute streams after it.
+  if (!failure.empty()) {
+    // The tensors go back to the caller, who may reuse them on the compute streams while a reduce
+    // still runs on the side streams: order the compute streams after whatever was queued.
     for (auto& r : ranks_) CUDA_CHECK_PRINT(cudaStreamWaitEvent(r->backend->stream(), r->bucket_done, 0));
-    throw;
+    for (const auto& [r, event] : done) CUDA_CHECK_PRINT(cudaEventDestroy(event));
+    fail(what, failure);
   }
+  std::vector<Tensor> keep_alive;
+  for (const auto& list : per_rank) keep_alive.insert(keep_alive.end(), list.begin(), list.end());
+  watch({std::move(what), &Rank::buckets, std::move(done), std::move(keep_alive),
+         std::chrono::steady_clock::now() + timeout()});
+}
+
+void NcclCommunicator::join_in_place() {
+  std::lock_guard<std::mutex> in_place_lock(in_place_mu_);
+  for (auto& r : ranks_) {
+    r->backend->activate();
+    CUDA_CHECK(cudaStreamWaitEvent(r->backend->stream(), r->bucket_done, 0));
+  }
+  throw_if_aborted("nccl join_in_place");
 }
 
 // Note [Aborting NCCL].

@@ -196,10 +196,17 @@ void CudaBackend::synchronize_and_check() const {
   check_indices(queued_before);
 }
 
+void CudaBackend::report_error(const std::string& message) const {
+  std::lock_guard<std::mutex> lock(index_mu_);
+  if (reported_error_.empty()) reported_error_ = message;
+}
+
 void CudaBackend::check_indices(uint64_t queued_before) const {
   std::string error;
   {
     std::lock_guard<std::mutex> lock(index_mu_);
+    // A failed collective first: the values after it, indices included, may be garbage.
+    if (!reported_error_.empty()) error = std::exchange(reported_error_, std::string());
     while (!index_launches_.empty() && index_launches_.front().sequence < queued_before) {
       const IndexLaunch& l = index_launches_.front();
       int64_t* flag = index_flags_ + 2 * (l.sequence % kIndexFlags);

@@ -102,10 +102,13 @@ class CudaBackend final : public Backend {
   // two int64 in page-locked host memory), remembered with `describe`, which makes the message of
   // the error the next synchronization throws from the index.
   int64_t* index_check_flag(std::function<std::string(int64_t)> describe) const;
+  // An error about work queued on this device found by another thread (an NCCL collective that
+  // failed or timed out: Note [NCCL watchdog]); the next synchronization throws it, once.
+  void report_error(const std::string& message) const;
 
  private:
-  // Waits for the stream, then throws ef::Error for the first bad index of the indexing kernels
-  // queued before (Note [Index checks]).
+  // Waits for the stream, then throws ef::Error for a reported error (report_error) or else the
+  // first bad index of the indexing kernels queued before (Note [Index checks]).
   void synchronize_and_check() const;
   void check_indices(uint64_t queued_before) const;
   void check_held(const Lock& held) const;
@@ -139,6 +142,7 @@ class CudaBackend final : public Backend {
   mutable int64_t* index_flags_device_ = nullptr;   // the same memory, as kernels address it
   mutable std::deque<IndexLaunch> index_launches_;  // queued, not yet checked, in queue order
   mutable uint64_t index_sequence_ = 0;
+  mutable std::string reported_error_;  // report_error's first message, until thrown; guarded by index_mu_
 };
 
 }  // namespace evenflow::cuda_backend

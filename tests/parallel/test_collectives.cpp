@@ -5,6 +5,9 @@
 
 #include "evenflow/parallel/comm_ops.h"
 #include "evenflow/parallel/device_group.h"
+#if EF_NCCL
+#include "evenflow/parallel/nccl_communicator.h"
+#endif
 #include "tests/testing/gradcheck.h"
 #include "tests/testing/helpers.h"
 
@@ -175,4 +178,26 @@ TEST_CASE("comm ops: bad arguments are clear errors") {
   CHECK(error_of([&] {
           gather({zeros({2}), zeros({2}, {.dtype = kFloat64})}, cpu(0));
         }).find("tensor 1 is float64") != std::string::npos);
+}
+
+// Note [NCCL watchdog]: calls queue their collectives and return. One GPU is a one-rank NCCL
+// communicator, which still runs the whole path: events, the watchdog, the tensors it holds.
+TEST_CASE("nccl: collectives are queued without waiting, bucket reduces hold their tensors, join orders them") {
+#if EF_NCCL
+  if (!cuda_devices_available()) return;
+  const std::shared_ptr<Communicator> comm = make_nccl_communicator({cuda(0)});
+  CHECK(std::string(comm->kind()) == "nccl");
+  const Tensor x = arange(0, 1000, 1, {.dtype = kFloat64}).to(cuda(0));
+  Tensor y = x;
+  for (int i = 0; i < 3000; ++i) y = comm->all_reduce(0, y);  // one rank: the sum is y itself
+  CHECK(y.to(cpu()).to_vector() == x.to(cpu()).to_vector());
+  // Temporaries handed to in-place reduces and dropped at once: the watchdog keeps them until done.
+  for (int i = 0; i < 200; ++i)
+    comm->all_reduce_in_place({{full({1 << 16}, static_cast<double>(i), {.dtype = kFloat32, .device = cuda(0)})}});
+  const Tensor g = full({4096}, 2.0, {.dtype = kFloat32, .device = cuda(0)});
+  comm->all_reduce_in_place({{g}});
+  comm->join_in_place();
+  CHECK(g.to(cpu()).to_vector() == std::vector<double>(4096, 2.0));
+  synchronize(cuda(0));
+#endif
 }
