@@ -157,7 +157,8 @@ class NcclCommunicator final : public Communicator {
     HandleSet set;
     std::vector<std::pair<Rank*, cudaEvent_t>> done;  // per rank: an event recorded after it
     std::vector<Tensor> keep_alive;                   // until it completes
-    std::chrono::steady_clock::time_point deadline;
+    std::chrono::milliseconds timeout;                // timeout() when it was queued
+    std::chrono::steady_clock::time_point deadline;   // queued + timeout
   };
 
   // Makes one per-rank collective: enqueue(comm, stream) is the NCCL call, made for `rank` on its
@@ -293,6 +294,17 @@ void NcclCommunicator::release() noexcept {
     }
     watch_cv_.notify_all();
     watchdog_.join();
+    // A collective still waiting for a peer would keep the streams from draining below.
+    bool in_flight = false;
+    for (const Watched& w : watched_)
+      for (const auto& [rank, e] : w.done) in_flight = in_flight || cudaEventQuery(e) == cudaErrorNotReady;
+    (void)cudaGetLastError();
+    if (in_flight) {
+      try {
+        abort("the communicator was destroyed while collectives were in flight");
+      } catch (...) {  // only std::bad_alloc; the handles are destroyed below either way
+      }
+    }
   }
   for (auto& r : ranks_) {
     // At process exit the CUDA runtime may already be gone, and with it everything we own.
@@ -431,7 +443,7 @@ void NcclCommunicator::poll(std::deque<Watched>& batch) {
       }
       if (failure.empty() && now >= it->deadline) {
         failed_what = it->what;
-        failure = detail::str_cat("timed out after ", timeout().count(), " ms (counted from when it was queued)");
+        failure = detail::str_cat("timed out after ", it->timeout.count(), " ms (counted from when it was queued)");
       }
     }
     ++it;
@@ -475,7 +487,8 @@ void NcclCommunicator::run(const char* op, int rank, const Tensor& x, Enqueue en
     // The peers may already be waiting for this rank: abort rather than leave them to time out.
     fail(what, failure);
   }
-  watch({std::move(what), &Rank::collectives, {{&r, done}}, {}, std::chrono::steady_clock::now() + timeout()});
+  watch(
+      {std::move(what), &Rank::collectives, {{&r, done}}, {}, timeout(), std::chrono::steady_clock::now() + timeout()});
 }
 
 Tensor NcclCommunicator::all_reduce(int rank, const Tensor& x) {
@@ -606,7 +619,7 @@ void NcclCommunicator::all_reduce_in_place(const std::vector<std::vector<Tensor>
   }
   std::vector<Tensor> keep_alive;
   for (const auto& list : per_rank) keep_alive.insert(keep_alive.end(), list.begin(), list.end());
-  watch({std::move(what), &Rank::buckets, std::move(done), std::move(keep_alive),
+  watch({std::move(what), &Rank::buckets, std::move(done), std::move(keep_alive), timeout(),
          std::chrono::steady_clock::now() + timeout()});
 }
 
