@@ -43,8 +43,8 @@
     }                                                                                                            \
   } while (0)
 
-// ncclCommGetAsyncError's ncclInProgress and ncclGetLastError.
-static_assert(NCCL_VERSION_CODE >= NCCL_VERSION(2, 14, 0), "NcclCommunicator needs NCCL 2.14 or later");
+// ncclCommGetAsyncError's ncclInProgress, ncclGetLastError and ncclCommSplit.
+static_assert(NCCL_VERSION_CODE >= NCCL_VERSION(2, 18, 0), "NcclCommunicator needs NCCL 2.18 or later");
 
 namespace evenflow::parallel {
 namespace {
@@ -71,12 +71,19 @@ using cuda_backend::CudaBackend;
 // Note [Aborting NCCL]
 // NCCL has no timeout of its own. When the watchdog finds a collective late or failed, abort() calls
 // ncclCommAbort on every handle of both sets: that stops kernels still waiting for absent peers,
-// and marks the communicator aborted, so that later calls throw.
-// ncclCommAbort frees the handle, which must then not be in use on another thread: every use of a
-// handle, abort included, holds that handle's mutex, and an aborted handle is null. The mutexes are
-// per handle, not per set, because a first call on a handle may block inside NCCL until the peers
-// make the same call (NCCL connects ranks lazily): one mutex for a set would keep the peers out.
-// reset() re-creates both sets.
+// and marks the communicator aborted, so that later calls throw. reset() re-creates both sets.
+//
+// Note [One thread per GPU at a time]
+// NCCL's rule: operations must not be issued in parallel, from several threads, to communicators
+// on the same device. Here rank r's thread issues per-rank collectives on GPU r while the thread
+// that completes a bucket issues the bucket reduce on every GPU, so each GPU has a mutex (Rank::mu)
+// held while anything is issued there, or a handle is queried, aborted or replaced: ncclCommAbort
+// frees the handle, which must not then be in use on another thread, and an aborted handle is null.
+// Issuing does not wait for peers (NCCL_RUNTIME_CONNECT=0 connects every pair at init), so holding
+// the mutex is brief. The bucket set is made from the collectives set with ncclCommSplit (no second
+// bootstrap, no second unique id across processes), without splitShare: a split that shares its
+// parent's resources may not run its kernels beside the parent's, which Note [NCCL bucket reduce]
+// needs.
 //
 // Note [NCCL bucket reduce]
 // all_reduce_in_place is called from one thread for every rank, during backward, while the other
@@ -113,24 +120,21 @@ size_t count_of(const Tensor& x) {
   return static_cast<size_t>(x.numel());
 }
 
-// One NCCL handle and the mutex held while it is in use (Note [Aborting NCCL]).
-struct Handle {
-  std::mutex mu;
-  ncclComm_t comm = nullptr;  // null once aborted
-};
-
 struct Rank {
   CudaBackend* backend = nullptr;  // contexts are never destroyed
-  Handle collectives;              // per-rank collectives, on the backend's stream
-  Handle buckets;                  // all_reduce_in_place, on side_stream
-  uint64_t sequence = 0;           // per-rank collectives since the last reset; guarded by collectives.mu
+  // Held while anything is issued on this GPU (Note [One thread per GPU at a time]); guards the
+  // handles (null once aborted) and `sequence`.
+  std::mutex mu;
+  ncclComm_t collectives = nullptr;  // per-rank collectives, on the backend's stream
+  ncclComm_t buckets = nullptr;      // all_reduce_in_place, on side_stream
+  uint64_t sequence = 0;             // per-rank collectives since the last reset
   cudaStream_t side_stream = nullptr;
   cudaEvent_t ready = nullptr;           // the compute stream when all_reduce_in_place was called
   cudaEvent_t bucket_done = nullptr;     // recorded after the latest bucket reduce on side_stream
   std::vector<cudaEvent_t> free_events;  // for the watchdog, made on this GPU; guarded by watch_mu_
 };
 // Rank::collectives or Rank::buckets.
-using HandleSet = Handle Rank::*;
+using HandleSet = ncclComm_t Rank::*;
 
 class NcclCommunicator final : public Communicator {
  public:
@@ -174,13 +178,15 @@ class NcclCommunicator final : public Communicator {
   void poll(std::deque<Watched>& batch);
   // Reports `why` to this process's devices and aborts (Note [NCCL watchdog]).
   void fail_watched(const std::string& what, const std::string& why);
-  // NCCL's asynchronous error on h, as a message; empty if none.
-  static std::string async_error(Handle& h);
+  // NCCL's asynchronous error on r's handle of `set`, as a message; empty if none.
+  static std::string async_error(Rank& r, HandleSet set);
   [[noreturn]] void fail(const std::string& what, const std::string& why);
   void throw_if_aborted(const std::string& what);
-  std::vector<std::unique_lock<std::mutex>> lock_all(HandleSet set);
-  // Both sets of handles: from ncclCommInitAll in one process, from ncclCommInitRank on an id
-  // shared through processes() across several. The caller holds every handle's mutex.
+  // Every GPU's mutex, in rank order.
+  std::vector<std::unique_lock<std::mutex>> lock_all();
+  // Both sets of handles: the collectives set from ncclCommInitAll in one process, from
+  // ncclCommInitRank on an id shared through processes() across several; the bucket set split from
+  // it. The caller holds every GPU's mutex.
   void create_handles();
   // A new NCCL unique id, made by process 0 and sent to every process on processes().
   ncclUniqueId shared_unique_id();
@@ -224,12 +230,12 @@ NcclCommunicator::NcclCommunicator(std::vector<Device> devices, const std::vecto
 
 void NcclCommunicator::create_handles() {
   for (auto& r : ranks_) {
-    for (Handle* h : {&r->collectives, &r->buckets}) {
-      if (h->comm != nullptr) NCCL_CHECK_PRINT(ncclCommDestroy(h->comm));  // left by a failed reset
-      h->comm = nullptr;
+    for (ncclComm_t* h : {&r->collectives, &r->buckets}) {
+      if (*h != nullptr) NCCL_CHECK_PRINT(ncclCommDestroy(*h));  // left by a failed reset
+      *h = nullptr;
     }
   }
-  for (HandleSet set : {&Rank::collectives, &Rank::buckets}) {
+  {
     std::vector<ncclComm_t> comms(ranks_.size(), nullptr);
     if (processes()->size() == 1) {
       NCCL_CHECK(ncclCommInitAll(comms.data(), local_size(), physical_ids_.data()));
@@ -263,8 +269,25 @@ void NcclCommunicator::create_handles() {
       NCCL_CHECK(first_error);
       NCCL_CHECK(end_status);
     }
-    for (size_t r = 0; r < ranks_.size(); ++r) ((*ranks_[r]).*set).comm = comms[r];
+    for (size_t r = 0; r < ranks_.size(); ++r) ranks_[r]->collectives = comms[r];
   }
+  // The bucket set: one split of the collectives set, every local rank in one group (each call
+  // waits for the other ranks' calls), closed even when a call fails.
+  ncclResult_t first_error = ncclSuccess;
+  NCCL_CHECK(ncclGroupStart());
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    if (cudaSetDevice(physical_ids_[r]) != cudaSuccess) {
+      (void)cudaGetLastError();
+      if (first_error == ncclSuccess) first_error = ncclUnhandledCudaError;
+      continue;
+    }
+    const ncclResult_t status =
+        ncclCommSplit(ranks_[r]->collectives, 0, first_rank() + static_cast<int>(r), &ranks_[r]->buckets, nullptr);
+    if (first_error == ncclSuccess) first_error = status;
+  }
+  const ncclResult_t end_status = ncclGroupEnd();
+  NCCL_CHECK(first_error);
+  NCCL_CHECK(end_status);
 }
 
 ncclUniqueId NcclCommunicator::shared_unique_id() {
@@ -314,9 +337,9 @@ void NcclCommunicator::release() noexcept {
     // Collectives still queued read and write memory the caching allocator may hand out again.
     for (cudaStream_t stream : {r->backend->stream(), r->side_stream})
       if (stream != nullptr) CUDA_CHECK_PRINT(cudaStreamSynchronize(stream));
-    for (Handle* h : {&r->collectives, &r->buckets}) {
-      if (h->comm != nullptr) NCCL_CHECK_PRINT(ncclCommDestroy(h->comm));
-      h->comm = nullptr;
+    for (ncclComm_t* h : {&r->collectives, &r->buckets}) {
+      if (*h != nullptr) NCCL_CHECK_PRINT(ncclCommDestroy(*h));
+      *h = nullptr;
     }
     for (const Watched& w : watched_)
       for (const auto& [rank, e] : w.done)
@@ -329,9 +352,9 @@ void NcclCommunicator::release() noexcept {
   }
 }
 
-std::vector<std::unique_lock<std::mutex>> NcclCommunicator::lock_all(HandleSet set) {
+std::vector<std::unique_lock<std::mutex>> NcclCommunicator::lock_all() {
   std::vector<std::unique_lock<std::mutex>> locks;
-  for (auto& r : ranks_) locks.emplace_back(((*r).*set).mu);
+  for (auto& r : ranks_) locks.emplace_back(r->mu);
   return locks;
 }
 
@@ -346,16 +369,17 @@ void NcclCommunicator::fail(const std::string& what, const std::string& why) {
   EF_ERROR(message);
 }
 
-std::string NcclCommunicator::async_error(Handle& h) {
-  std::lock_guard<std::mutex> lock(h.mu);
-  if (h.comm == nullptr) return "";  // aborted: throw_if_aborted reports why
+std::string NcclCommunicator::async_error(Rank& r, HandleSet set) {
+  std::lock_guard<std::mutex> lock(r.mu);
+  const ncclComm_t comm = r.*set;
+  if (comm == nullptr) return "";  // aborted: throw_if_aborted reports why
   ncclResult_t async = ncclSuccess;
-  const ncclResult_t status = ncclCommGetAsyncError(h.comm, &async);
+  const ncclResult_t status = ncclCommGetAsyncError(comm, &async);
   if (status != ncclSuccess) {
     return detail::str_cat("ncclCommGetAsyncError failed: ", ncclGetErrorString(status));
   }
   if (async == ncclSuccess || async == ncclInProgress) return "";
-  const char* last = ncclGetLastError(h.comm);
+  const char* last = ncclGetLastError(comm);
   return detail::str_cat("NCCL error '", ncclGetErrorString(async), "' (", static_cast<int>(async), ")",
                          last != nullptr && *last != '\0' ? detail::str_cat(": ", last) : "");
 }
@@ -434,7 +458,7 @@ void NcclCommunicator::poll(std::deque<Watched>& batch) {
     // An aborted communicator's collectives are cut short; they are watched only until they end.
     if (failure.empty() && !aborted()) {
       for (const auto& [rank, event] : it->done) {
-        const std::string error = async_error((*rank).*(it->set));
+        const std::string error = async_error(*rank, it->set);
         if (!error.empty()) {
           failed_what = it->what;
           failure = error;
@@ -466,7 +490,7 @@ void NcclCommunicator::run(const char* op, int rank, const Tensor& x, Enqueue en
   std::string failure;
   cudaEvent_t done = nullptr;
   {
-    std::lock_guard<std::mutex> lock(r.collectives.mu);
+    std::lock_guard<std::mutex> lock(r.mu);
     // NCCL cannot compare the ranks' calls cheaply, so a message names this rank's side of a stuck
     // one by its sequence number instead (the calls of one collective share it on every rank).
     what = detail::str_cat("nccl ", op, " (call ", r.sequence++, " of ", shape_str(x.shape()), " ",
@@ -476,7 +500,7 @@ void NcclCommunicator::run(const char* op, int rank, const Tensor& x, Enqueue en
     if (x.numel() == 0) return;
     try {
       done = take_event(r);
-      NCCL_CHECK(enqueue(r.collectives.comm, r.backend->stream()));
+      NCCL_CHECK(enqueue(r.collectives, r.backend->stream()));
       CUDA_CHECK(cudaEventRecord(done, r.backend->stream()));
     } catch (const Error& e) {
       failure = e.what();
@@ -577,7 +601,7 @@ void NcclCommunicator::all_reduce_in_place(const std::vector<std::vector<Tensor>
   std::string failure;
   std::vector<std::pair<Rank*, cudaEvent_t>> done;
   {
-    auto locks = lock_all(&Rank::buckets);
+    auto locks = lock_all();
     throw_if_aborted(what);
     try {
       for (auto& r : ranks_) {
@@ -595,7 +619,7 @@ void NcclCommunicator::all_reduce_in_place(const std::vector<std::vector<Tensor>
         for (size_t r = 0; r < ranks_.size() && first_error == ncclSuccess; ++r) {
           const Tensor& x = per_rank[r][i];
           if (x.numel() == 0) continue;
-          first_error = ncclAllReduce(x.data_ptr(), x.data_ptr(), count_of(x), type, ncclSum, ranks_[r]->buckets.comm,
+          first_error = ncclAllReduce(x.data_ptr(), x.data_ptr(), count_of(x), type, ncclSum, ranks_[r]->buckets,
                                       ranks_[r]->side_stream);
         }
       }
@@ -641,10 +665,10 @@ void NcclCommunicator::abort(const std::string& why) {
     abort_reason_ = why.empty() ? "no reason given" : why;
   }
   for (auto& r : ranks_) {
-    for (Handle* h : {&r->collectives, &r->buckets}) {
-      std::lock_guard<std::mutex> lock(h->mu);
-      if (h->comm != nullptr) NCCL_CHECK_PRINT(ncclCommAbort(h->comm));
-      h->comm = nullptr;
+    std::lock_guard<std::mutex> lock(r->mu);
+    for (ncclComm_t* h : {&r->collectives, &r->buckets}) {
+      if (*h != nullptr) NCCL_CHECK_PRINT(ncclCommAbort(*h));
+      *h = nullptr;
     }
   }
 }
@@ -661,8 +685,7 @@ bool NcclCommunicator::aborted() const {
 // reset; in one process reset() re-creates the handles on its own.
 void NcclCommunicator::reset() {
   std::lock_guard<std::mutex> in_place_lock(in_place_mu_);
-  auto collective_locks = lock_all(&Rank::collectives);
-  auto bucket_locks = lock_all(&Rank::buckets);
+  auto locks = lock_all();
   bool aborted = false;
   std::string reason;
   {
