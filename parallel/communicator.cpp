@@ -344,7 +344,8 @@ void LocalCommunicator::reset() {
 }
 
 std::shared_ptr<Communicator> make_communicator(const std::vector<Device>& devices,
-                                                std::shared_ptr<ProcessGroup> processes) {
+                                                std::shared_ptr<ProcessGroup> processes,
+                                                [[maybe_unused]] const std::shared_ptr<Communicator>& parent) {
   EF_CHECK(!devices.empty(), "make_communicator: no devices given");
   bool all_cuda = true, any_cuda = false;
   std::set<int> gpus;
@@ -359,7 +360,8 @@ std::shared_ptr<Communicator> make_communicator(const std::vector<Device>& devic
 #if EF_NCCL
   const bool several_processes = processes && processes->size() > 1;
   if (all_cuda && (devices.size() > 1 || several_processes) && gpus.size() == devices.size())
-    return make_nccl_communicator(devices, std::move(processes));
+    return make_nccl_communicator(devices, std::move(processes),
+                                  parent && std::string(parent->kind()) == "nccl" ? parent : nullptr);
 #endif
   return std::make_shared<LocalCommunicator>(devices, std::move(processes));
 }

@@ -185,8 +185,11 @@ class LocalCommunicator final : public Communicator {
 };
 
 /// NCCL for distinct GPUs, otherwise local; across processes when `processes` has several (it
-/// becomes the communicator's channel). Throws ef::Error for an empty or mixed device list.
+/// becomes the communicator's channel). `parent`, optional, is a communicator of this process over
+/// a device list that starts with `devices` (a DeviceGroup's, for fewer active ranks): an NCCL one
+/// is split from it rather than created anew. Throws ef::Error for an empty or mixed device list.
 std::shared_ptr<Communicator> make_communicator(const std::vector<Device>& devices,
-                                                std::shared_ptr<ProcessGroup> processes = nullptr);
+                                                std::shared_ptr<ProcessGroup> processes = nullptr,
+                                                const std::shared_ptr<Communicator>& parent = nullptr);
 
 }  // namespace evenflow::parallel

@@ -78,10 +78,17 @@ const std::shared_ptr<Communicator>& DeviceGroup::comm(int active) {
   EF_CHECK(k == size() || processes_->size() == 1, "DeviceGroup: ", k, " active ranks of ", size(),
            ": across processes every device of every process takes part (give each at least one item)");
   std::lock_guard<std::mutex> lock(mu_);
+  return comm_locked(k);
+}
+
+// Fewer active ranks (a last batch smaller than the group, in one process) get a communicator
+// derived from the whole group's: for NCCL a split of its handles, not a second full set.
+const std::shared_ptr<Communicator>& DeviceGroup::comm_locked(int k) {
   std::shared_ptr<Communicator>& c = comms_[static_cast<size_t>(k - 1)];
   if (!c) {
+    const std::shared_ptr<Communicator> parent = k < size() ? comm_locked(size()) : nullptr;
     c = make_communicator(std::vector<Device>(devices_.begin(), devices_.begin() + k),
-                          processes_->size() > 1 ? processes_->duplicate() : nullptr);
+                          processes_->size() > 1 ? processes_->duplicate() : nullptr, parent);
     c->set_timeout(timeout_);
   }
   return c;

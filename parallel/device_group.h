@@ -78,6 +78,8 @@ class DeviceGroup {
   void set_timeout(std::chrono::milliseconds timeout);
 
  private:
+  const std::shared_ptr<Communicator>& comm_locked(int k);  ///< comm(k) with mu_ held
+
   std::vector<Device> devices_;
   std::shared_ptr<ProcessGroup> processes_;
   std::vector<std::shared_ptr<Communicator>> comms_;  ///< comms_[k - 1]: over ranks 0..k-1, made on first use

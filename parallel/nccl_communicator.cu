@@ -83,7 +83,8 @@ using cuda_backend::CudaBackend;
 // the mutex is brief. The bucket set is made from the collectives set with ncclCommSplit (no second
 // bootstrap, no second unique id across processes), without splitShare: a split that shares its
 // parent's resources may not run its kernels beside the parent's, which Note [NCCL bucket reduce]
-// needs.
+// needs. A communicator over fewer of a group's GPUs (a last batch smaller than the group) splits its
+// collectives set from the group's communicator (split_first) rather than bootstrapping a new one.
 //
 // Note [NCCL bucket reduce]
 // all_reduce_in_place is called from one thread for every rank, during backward, while the other
@@ -139,7 +140,7 @@ using HandleSet = ncclComm_t Rank::*;
 class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(std::vector<Device> devices, const std::vector<CudaBackend*>& backends,
-                   std::shared_ptr<ProcessGroup> processes);
+                   std::shared_ptr<ProcessGroup> processes, std::shared_ptr<NcclCommunicator> parent);
   ~NcclCommunicator() override { release(); }
   const char* kind() const override { return "nccl"; }
 
@@ -190,10 +191,15 @@ class NcclCommunicator final : public Communicator {
   void create_handles();
   // A new NCCL unique id, made by process 0 and sent to every process on processes().
   ncclUniqueId shared_unique_id();
+  // Handles over this communicator's first k ranks, split from its collectives set (every rank
+  // takes part; the others get none). Throws ef::Error if it is aborted or NCCL fails.
+  std::vector<ncclComm_t> split_first(int k);
   void release() noexcept;
 
   std::vector<std::unique_ptr<Rank>> ranks_;
   std::vector<int> physical_ids_;
+  // The communicator this one's collectives set is split from, if any (make_nccl_communicator).
+  std::shared_ptr<NcclCommunicator> parent_;
   std::mutex in_place_mu_;          // one all_reduce_in_place at a time: they share the ranks' events
   uint64_t in_place_sequence_ = 0;  // guarded by in_place_mu_
   mutable std::mutex state_mu_;
@@ -208,8 +214,8 @@ class NcclCommunicator final : public Communicator {
 };
 
 NcclCommunicator::NcclCommunicator(std::vector<Device> devices, const std::vector<CudaBackend*>& backends,
-                                   std::shared_ptr<ProcessGroup> processes)
-    : Communicator(std::move(devices), std::move(processes)) {
+                                   std::shared_ptr<ProcessGroup> processes, std::shared_ptr<NcclCommunicator> parent)
+    : Communicator(std::move(devices), std::move(processes)), parent_(std::move(parent)) {
   try {
     for (CudaBackend* backend : backends) {
       ranks_.push_back(std::make_unique<Rank>());
@@ -237,7 +243,9 @@ void NcclCommunicator::create_handles() {
   }
   {
     std::vector<ncclComm_t> comms(ranks_.size(), nullptr);
-    if (processes()->size() == 1) {
+    if (parent_ != nullptr && !parent_->aborted()) {
+      comms = parent_->split_first(local_size());
+    } else if (processes()->size() == 1) {
       NCCL_CHECK(ncclCommInitAll(comms.data(), local_size(), physical_ids_.data()));
     } else {
       const ncclUniqueId id = shared_unique_id();
@@ -307,6 +315,33 @@ ncclUniqueId NcclCommunicator::shared_unique_id() {
            received.empty() ? " (process 0 could not create one)" : "");
   std::memcpy(&id, received.data(), sizeof id);
   return id;
+}
+
+std::vector<ncclComm_t> NcclCommunicator::split_first(int k) {
+  auto locks = lock_all();
+  throw_if_aborted("nccl split");
+  std::vector<ncclComm_t> out(ranks_.size(), nullptr);
+  ncclResult_t first_error = ncclSuccess;
+  NCCL_CHECK(ncclGroupStart());
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    if (cudaSetDevice(physical_ids_[r]) != cudaSuccess) {
+      (void)cudaGetLastError();
+      if (first_error == ncclSuccess) first_error = ncclUnhandledCudaError;
+      continue;
+    }
+    const int color = static_cast<int>(r) < k ? 0 : NCCL_SPLIT_NOCOLOR;
+    const ncclResult_t status = ncclCommSplit(ranks_[r]->collectives, color, static_cast<int>(r), &out[r], nullptr);
+    if (first_error == ncclSuccess) first_error = status;
+  }
+  const ncclResult_t end_status = ncclGroupEnd();
+  if (first_error != ncclSuccess || end_status != ncclSuccess) {
+    for (ncclComm_t c : out)
+      if (c != nullptr) NCCL_CHECK_PRINT(ncclCommDestroy(c));
+  }
+  NCCL_CHECK(first_error);
+  NCCL_CHECK(end_status);
+  out.resize(static_cast<size_t>(k));
+  return out;
 }
 
 void NcclCommunicator::release() noexcept {
@@ -712,8 +747,19 @@ void NcclCommunicator::reset() {
 }  // namespace
 
 std::shared_ptr<Communicator> make_nccl_communicator(const std::vector<Device>& devices,
-                                                     std::shared_ptr<ProcessGroup> processes) {
+                                                     std::shared_ptr<ProcessGroup> processes,
+                                                     std::shared_ptr<Communicator> parent) {
   EF_CHECK(!devices.empty(), "make_nccl_communicator: no devices given");
+  auto nccl_parent = std::dynamic_pointer_cast<NcclCommunicator>(parent);
+  if (parent != nullptr) {
+    EF_CHECK(nccl_parent != nullptr, "make_nccl_communicator: the parent is a ", parent->kind(),
+             " communicator, not an NCCL one");
+    EF_CHECK(parent->processes()->size() == 1 && (processes == nullptr || processes->size() == 1),
+             "make_nccl_communicator: a communicator across processes cannot be split from a parent");
+    EF_CHECK(parent->devices().size() >= devices.size() &&
+                 std::equal(devices.begin(), devices.end(), parent->devices().begin()),
+             "make_nccl_communicator: the parent's devices do not start with ", devices.front().str(), ", ...");
+  }
   std::vector<CudaBackend*> backends;
   std::set<int> gpus;
   for (const Device& d : devices) {
@@ -729,7 +775,7 @@ std::shared_ptr<Communicator> make_nccl_communicator(const std::vector<Device>& 
   // Connect every pair at init rather than at a first collective (NCCL 2.22+ connects lazily, inside
   // a call that blocks on the host without a timeout until the peer makes it too). A user's setting wins.
   setenv("NCCL_RUNTIME_CONNECT", "0", 0);
-  return std::make_shared<NcclCommunicator>(devices, backends, std::move(processes));
+  return std::make_shared<NcclCommunicator>(devices, backends, std::move(processes), std::move(nccl_parent));
 }
 
 }  // namespace evenflow::parallel

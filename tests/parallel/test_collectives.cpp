@@ -198,6 +198,12 @@ TEST_CASE("nccl: collectives are queued without waiting, bucket reduces hold the
   comm->all_reduce_in_place({{g}});
   comm->join_in_place();
   CHECK(g.to(cpu()).to_vector() == std::vector<double>(4096, 2.0));
+  // A communicator split from it (as a DeviceGroup's for fewer active ranks is).
+  const std::shared_ptr<Communicator> child = make_nccl_communicator({cuda(0)}, nullptr, comm);
+  CHECK(child->all_reduce(0, x).to(cpu()).to_vector() == x.to(cpu()).to_vector());
+  CHECK(error_of([&] {
+          make_nccl_communicator({cuda(0)}, nullptr, make_communicator({cpu(0), cpu(1)}));
+        }).find("the parent is a local communicator") != std::string::npos);
   synchronize(cuda(0));
 #endif
 }
