@@ -152,6 +152,17 @@ class GradientSync : public std::enable_shared_from_this<GradientSync> {
   }
 
   void finish() {
+    // Whatever happens below, the devices' later work must wait for the sums already queued (NCCL:
+    // on side streams), since the gradients they write stay in use.
+    struct Join {
+      Communicator& comm;
+      ~Join() {
+        try {
+          comm.join_in_place();
+        } catch (const std::exception&) {  // an aborted communicator: the failure is reported already
+        }
+      }
+    } join{*comm_};
     std::unique_lock<std::mutex> lock(mu_);
     finish_queued_ = false;
     if (ordered_) {
@@ -183,7 +194,7 @@ class GradientSync : public std::enable_shared_from_this<GradientSync> {
       }
     }
     lock.unlock();
-    // The sums may still be on their way (NCCL: side streams); the devices' later work waits for them.
+    // The sums may still be on their way (NCCL: side streams): their counts are read after the join.
     comm_->join_in_place();
     drop_unused_gradients();
   }

@@ -8,11 +8,13 @@
 #include <nccl.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -71,7 +73,15 @@ using cuda_backend::CudaBackend;
 // Note [Aborting NCCL]
 // NCCL has no timeout of its own. When the watchdog finds a collective late or failed, abort() calls
 // ncclCommAbort on every handle of both sets: that stops kernels still waiting for absent peers,
-// and marks the communicator aborted, so that later calls throw. reset() re-creates both sets.
+// and marks the communicator aborted, so that later calls throw. reset() re-creates both sets, and
+// clears the errors the watchdog reported to the devices. The collectives queued before an abort
+// are still watched until they end (their memory stays held), but no longer judged: a generation
+// number, raised by every abort, tells them apart from those queued after a reset. A thread
+// issuing on a GPU holds its mutex (Note [One thread per GPU at a time]) and may be stuck there
+// behind a GPU that waits for an absent peer (a full launch queue); abort() waits for the mutex
+// only kAbortLockWait, then aborts regardless, since only ncclCommAbort frees such a GPU. The
+// handles are atomics, read once per call, so nulling them then is no data race; NCCL may still
+// see the stuck call return an error.
 //
 // Note [One thread per GPU at a time]
 // NCCL's rule: operations must not be issued in parallel, from several threads, to communicators
@@ -101,6 +111,11 @@ using cuda_backend::CudaBackend;
 // SyncBatchNorm collective that another GPU's bucket reduce waits behind. Two handles of one GPU
 // need their kernels to run concurrently, which CUDA allows and NCCL's few-SM kernels get.
 
+// How long abort() waits for a GPU's mutex before aborting without it (Note [Aborting NCCL]), and
+// how long a communicator being destroyed waits, past the timeout, for its collectives to end.
+constexpr std::chrono::milliseconds kAbortLockWait{500};
+constexpr std::chrono::seconds kDrainGrace{10};
+
 // How often the watchdog looks at the collectives in flight: often enough that an error or a
 // timeout is noticed promptly, rarely enough to cost nothing (a few event queries).
 constexpr std::chrono::milliseconds kWatchInterval{1};
@@ -121,21 +136,34 @@ size_t count_of(const Tensor& x) {
   return static_cast<size_t>(x.numel());
 }
 
+// The mutex of Note [One thread per GPU at a time] for GPU `physical_id`, one per GPU for the whole
+// process (a communicator split from another shares its GPUs). Never destroyed: communicators may
+// outlive static destruction.
+std::timed_mutex& gpu_mutex(int physical_id) {
+  static std::mutex registry_mu;
+  static auto* registry = new std::map<int, std::unique_ptr<std::timed_mutex>>();
+  std::lock_guard<std::mutex> lock(registry_mu);
+  std::unique_ptr<std::timed_mutex>& m = (*registry)[physical_id];
+  if (!m) m = std::make_unique<std::timed_mutex>();
+  return *m;
+}
+
 struct Rank {
   CudaBackend* backend = nullptr;  // contexts are never destroyed
-  // Held while anything is issued on this GPU (Note [One thread per GPU at a time]); guards the
-  // handles (null once aborted) and `sequence`.
-  std::mutex mu;
-  ncclComm_t collectives = nullptr;  // per-rank collectives, on the backend's stream
-  ncclComm_t buckets = nullptr;      // all_reduce_in_place, on side_stream
-  uint64_t sequence = 0;             // per-rank collectives since the last reset
+  // Held while anything is issued on this GPU (Note [One thread per GPU at a time]); guards
+  // `sequence` and the use of the handles. The handles are atomic because abort() may null them
+  // without the mutex (Note [Aborting NCCL]).
+  std::timed_mutex* mu = nullptr;
+  std::atomic<ncclComm_t> collectives = nullptr;  // per-rank collectives, on the backend's stream
+  std::atomic<ncclComm_t> buckets = nullptr;      // all_reduce_in_place, on side_stream
+  uint64_t sequence = 0;                          // per-rank collectives since the last reset
   cudaStream_t side_stream = nullptr;
   cudaEvent_t ready = nullptr;           // the compute stream when all_reduce_in_place was called
   cudaEvent_t bucket_done = nullptr;     // recorded after the latest bucket reduce on side_stream
   std::vector<cudaEvent_t> free_events;  // for the watchdog, made on this GPU; guarded by watch_mu_
 };
 // Rank::collectives or Rank::buckets.
-using HandleSet = ncclComm_t Rank::*;
+using HandleSet = std::atomic<ncclComm_t> Rank::*;
 
 class NcclCommunicator final : public Communicator {
  public:
@@ -156,6 +184,10 @@ class NcclCommunicator final : public Communicator {
   bool aborted() const override;
 
  private:
+  uint64_t generation() const {
+    std::lock_guard<std::mutex> lock(state_mu_);
+    return generation_;
+  }
   // A queued collective the watchdog watches (Note [NCCL watchdog]).
   struct Watched {
     std::string what;
@@ -164,6 +196,7 @@ class NcclCommunicator final : public Communicator {
     std::vector<Tensor> keep_alive;                   // until it completes
     std::chrono::milliseconds timeout;                // timeout() when it was queued
     std::chrono::steady_clock::time_point deadline;   // queued + timeout
+    uint64_t generation;                              // generation() when it was queued
   };
 
   // Makes one per-rank collective: enqueue(comm, stream) is the NCCL call, made for `rank` on its
@@ -179,12 +212,15 @@ class NcclCommunicator final : public Communicator {
   void poll(std::deque<Watched>& batch);
   // Reports `why` to this process's devices and aborts (Note [NCCL watchdog]).
   void fail_watched(const std::string& what, const std::string& why);
-  // NCCL's asynchronous error on r's handle of `set`, as a message; empty if none.
+  // NCCL's asynchronous error on r's handle of `set`, as a message; empty if none (or if r's GPU is
+  // busy: the watchdog asks again).
   static std::string async_error(Rank& r, HandleSet set);
   [[noreturn]] void fail(const std::string& what, const std::string& why);
   void throw_if_aborted(const std::string& what);
   // Every GPU's mutex, in rank order.
-  std::vector<std::unique_lock<std::mutex>> lock_all();
+  // The mutex of every GPU this communicator's handles were split from or are (its parent's, which
+  // include its own), in rank order.
+  std::vector<std::unique_lock<std::timed_mutex>> lock_all();
   // Both sets of handles: the collectives set from ncclCommInitAll in one process, from
   // ncclCommInitRank on an id shared through processes() across several; the bucket set split from
   // it. The caller holds every GPU's mutex.
@@ -192,9 +228,13 @@ class NcclCommunicator final : public Communicator {
   // A new NCCL unique id, made by process 0 and sent to every process on processes().
   ncclUniqueId shared_unique_id();
   // Handles over this communicator's first k ranks, split from its collectives set (every rank
-  // takes part; the others get none). Throws ef::Error if it is aborted or NCCL fails.
+  // takes part; the others get none). The caller holds every GPU's mutex. Throws ef::Error if it
+  // is aborted or NCCL fails.
   std::vector<ncclComm_t> split_first(int k);
   void release() noexcept;
+  // Throws ef::Error unless every GPU can be made current: checked before a group whose calls wait
+  // for each other, where a rank skipped would leave the others waiting.
+  void check_devices() const;
 
   std::vector<std::unique_ptr<Rank>> ranks_;
   std::vector<int> physical_ids_;
@@ -203,13 +243,16 @@ class NcclCommunicator final : public Communicator {
   std::mutex in_place_mu_;          // one all_reduce_in_place at a time: they share the ranks' events
   uint64_t in_place_sequence_ = 0;  // guarded by in_place_mu_
   mutable std::mutex state_mu_;
-  bool aborted_ = false;  // guarded by state_mu_, like abort_reason_
+  bool aborted_ = false;  // guarded by state_mu_, like abort_reason_ and generation_
   std::string abort_reason_;
+  uint64_t generation_ = 0;  // aborts so far: collectives queued before the latest are only waited for
   // The watchdog. Lock order: a handle's mutex before watch_mu_, never the reverse.
   std::mutex watch_mu_;
   std::condition_variable watch_cv_;
-  std::deque<Watched> watched_;  // in the order queued; guarded by watch_mu_
-  bool stop_watching_ = false;   // guarded by watch_mu_
+  std::deque<Watched> watched_;         // queued, not yet taken by the watchdog; guarded by watch_mu_
+  size_t in_flight_ = 0;                // watched collectives not yet complete; guarded by watch_mu_
+  std::condition_variable drained_cv_;  // in_flight_ reached 0
+  bool stop_watching_ = false;          // guarded by watch_mu_
   std::thread watchdog_;
 };
 
@@ -221,12 +264,16 @@ NcclCommunicator::NcclCommunicator(std::vector<Device> devices, const std::vecto
       ranks_.push_back(std::make_unique<Rank>());
       Rank& r = *ranks_.back();
       r.backend = backend;
+      r.mu = &gpu_mutex(backend->physical_id());
       physical_ids_.push_back(backend->physical_id());
       backend->activate();
       CUDA_CHECK(cudaStreamCreateWithFlags(&r.side_stream, cudaStreamNonBlocking));
       for (cudaEvent_t* e : {&r.ready, &r.bucket_done}) CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
     }
-    create_handles();
+    {
+      auto locks = lock_all();
+      create_handles();
+    }
     watchdog_ = std::thread([this] { watchdog(); });
   } catch (...) {
     release();
@@ -236,9 +283,9 @@ NcclCommunicator::NcclCommunicator(std::vector<Device> devices, const std::vecto
 
 void NcclCommunicator::create_handles() {
   for (auto& r : ranks_) {
-    for (ncclComm_t* h : {&r->collectives, &r->buckets}) {
-      if (*h != nullptr) NCCL_CHECK_PRINT(ncclCommDestroy(*h));  // left by a failed reset
-      *h = nullptr;
+    for (std::atomic<ncclComm_t>* h : {&r->collectives, &r->buckets}) {
+      const ncclComm_t c = h->exchange(nullptr);
+      if (c != nullptr) NCCL_CHECK_PRINT(ncclCommDestroy(c));  // left by a failed reset
     }
   }
   {
@@ -281,19 +328,18 @@ void NcclCommunicator::create_handles() {
   }
   // The bucket set: one split of the collectives set, every local rank in one group (each call
   // waits for the other ranks' calls), closed even when a call fails.
+  check_devices();
+  std::vector<ncclComm_t> buckets(ranks_.size(), nullptr);
   ncclResult_t first_error = ncclSuccess;
   NCCL_CHECK(ncclGroupStart());
   for (size_t r = 0; r < ranks_.size(); ++r) {
-    if (cudaSetDevice(physical_ids_[r]) != cudaSuccess) {
-      (void)cudaGetLastError();
-      if (first_error == ncclSuccess) first_error = ncclUnhandledCudaError;
-      continue;
-    }
+    (void)cudaSetDevice(physical_ids_[r]);  // checked above
     const ncclResult_t status =
-        ncclCommSplit(ranks_[r]->collectives, 0, first_rank() + static_cast<int>(r), &ranks_[r]->buckets, nullptr);
+        ncclCommSplit(ranks_[r]->collectives, 0, first_rank() + static_cast<int>(r), &buckets[r], nullptr);
     if (first_error == ncclSuccess) first_error = status;
   }
   const ncclResult_t end_status = ncclGroupEnd();
+  for (size_t r = 0; r < ranks_.size(); ++r) ranks_[r]->buckets = buckets[r];
   NCCL_CHECK(first_error);
   NCCL_CHECK(end_status);
 }
@@ -318,17 +364,13 @@ ncclUniqueId NcclCommunicator::shared_unique_id() {
 }
 
 std::vector<ncclComm_t> NcclCommunicator::split_first(int k) {
-  auto locks = lock_all();
   throw_if_aborted("nccl split");
+  check_devices();
   std::vector<ncclComm_t> out(ranks_.size(), nullptr);
   ncclResult_t first_error = ncclSuccess;
   NCCL_CHECK(ncclGroupStart());
   for (size_t r = 0; r < ranks_.size(); ++r) {
-    if (cudaSetDevice(physical_ids_[r]) != cudaSuccess) {
-      (void)cudaGetLastError();
-      if (first_error == ncclSuccess) first_error = ncclUnhandledCudaError;
-      continue;
-    }
+    (void)cudaSetDevice(physical_ids_[r]);  // checked above
     const int color = static_cast<int>(r) < k ? 0 : NCCL_SPLIT_NOCOLOR;
     const ncclResult_t status = ncclCommSplit(ranks_[r]->collectives, color, static_cast<int>(r), &out[r], nullptr);
     if (first_error == ncclSuccess) first_error = status;
@@ -344,10 +386,21 @@ std::vector<ncclComm_t> NcclCommunicator::split_first(int k) {
   return out;
 }
 
+void NcclCommunicator::check_devices() const {
+  for (int id : physical_ids_) {
+    const cudaError_t status = cudaSetDevice(id);
+    if (status != cudaSuccess) (void)cudaGetLastError();
+    EF_CHECK(status == cudaSuccess, "nccl: cudaSetDevice(", id, ") failed: CUDA error '", cudaGetErrorString(status),
+             "' (", static_cast<int>(status), ")");
+  }
+}
+
 void NcclCommunicator::release() noexcept {
   if (watchdog_.joinable()) {
     {
-      std::lock_guard<std::mutex> lock(watch_mu_);
+      // Collectives still queued complete first, or fail through the watchdog at their deadline.
+      std::unique_lock<std::mutex> lock(watch_mu_);
+      drained_cv_.wait_for(lock, timeout() + kDrainGrace, [&] { return in_flight_ == 0; });
       stop_watching_ = true;
     }
     watch_cv_.notify_all();
@@ -372,9 +425,9 @@ void NcclCommunicator::release() noexcept {
     // Collectives still queued read and write memory the caching allocator may hand out again.
     for (cudaStream_t stream : {r->backend->stream(), r->side_stream})
       if (stream != nullptr) CUDA_CHECK_PRINT(cudaStreamSynchronize(stream));
-    for (ncclComm_t* h : {&r->collectives, &r->buckets}) {
-      if (*h != nullptr) NCCL_CHECK_PRINT(ncclCommDestroy(*h));
-      *h = nullptr;
+    for (std::atomic<ncclComm_t>* h : {&r->collectives, &r->buckets}) {
+      const ncclComm_t c = h->exchange(nullptr);
+      if (c != nullptr) NCCL_CHECK_PRINT(ncclCommDestroy(c));
     }
     for (const Watched& w : watched_)
       for (const auto& [rank, e] : w.done)
@@ -387,9 +440,9 @@ void NcclCommunicator::release() noexcept {
   }
 }
 
-std::vector<std::unique_lock<std::mutex>> NcclCommunicator::lock_all() {
-  std::vector<std::unique_lock<std::mutex>> locks;
-  for (auto& r : ranks_) locks.emplace_back(r->mu);
+std::vector<std::unique_lock<std::timed_mutex>> NcclCommunicator::lock_all() {
+  std::vector<std::unique_lock<std::timed_mutex>> locks;
+  for (int id : parent_ != nullptr ? parent_->physical_ids_ : physical_ids_) locks.emplace_back(gpu_mutex(id));
   return locks;
 }
 
@@ -405,7 +458,10 @@ void NcclCommunicator::fail(const std::string& what, const std::string& why) {
 }
 
 std::string NcclCommunicator::async_error(Rank& r, HandleSet set) {
-  std::lock_guard<std::mutex> lock(r.mu);
+  // A thread issuing there holds the GPU's mutex, and may be stuck behind the GPU: then the next
+  // round asks again, and the deadline, checked without the mutex, still fires.
+  std::unique_lock<std::timed_mutex> lock(*r.mu, std::try_to_lock);
+  if (!lock.owns_lock()) return "";
   const ncclComm_t comm = r.*set;
   if (comm == nullptr) return "";  // aborted: throw_if_aborted reports why
   ncclResult_t async = ncclSuccess;
@@ -434,16 +490,16 @@ cudaEvent_t NcclCommunicator::take_event(Rank& r) {
 }
 
 void NcclCommunicator::watch(Watched w) {
-  {
-    std::lock_guard<std::mutex> lock(watch_mu_);
-    watched_.push_back(std::move(w));
-  }
-  watch_cv_.notify_all();
+  std::lock_guard<std::mutex> lock(watch_mu_);
+  watched_.push_back(std::move(w));
+  ++in_flight_;
 }
 
 // Note [NCCL watchdog]. The entries are polled outside watch_mu_: polling takes handle mutexes, which
 // callers hold while they queue (the lock order).
 void NcclCommunicator::watchdog() {
+  // Its CUDA calls (event queries) would otherwise make GPU 0 current, and create a context there.
+  if (cudaSetDevice(physical_ids_[0]) != cudaSuccess) (void)cudaGetLastError();
   std::deque<Watched> batch;
   std::unique_lock<std::mutex> lock(watch_mu_);
   while (true) {
@@ -471,27 +527,30 @@ void NcclCommunicator::poll(std::deque<Watched>& batch) {
     for (const auto& [rank, event] : it->done) {
       const cudaError_t status = cudaEventQuery(event);
       if (status == cudaSuccess) continue;
-      complete = false;
-      if (status != cudaErrorNotReady) {
-        (void)cudaGetLastError();
-        if (failure.empty()) {
-          failed_what = it->what;
-          failure = detail::str_cat("CUDA error '", cudaGetErrorString(status), "' (", static_cast<int>(status),
-                                    ") while the collective ran");
-        }
+      if (status == cudaErrorNotReady) {
+        complete = false;
+        break;
       }
-      break;
+      // A CUDA error is sticky: the device is lost, its queue will not run. Reported, then dropped.
+      (void)cudaGetLastError();
+      if (failure.empty()) {
+        failed_what = it->what;
+        failure = detail::str_cat("CUDA error '", cudaGetErrorString(status), "' (", static_cast<int>(status),
+                                  ") while the collective ran");
+      }
     }
     if (complete) {
       {
         std::lock_guard<std::mutex> lock(watch_mu_);
         for (const auto& [rank, event] : it->done) rank->free_events.push_back(event);
+        if (--in_flight_ == 0) drained_cv_.notify_all();
       }
       it = batch.erase(it);  // drops keep_alive: its memory is free for any stream now
       continue;
     }
-    // An aborted communicator's collectives are cut short; they are watched only until they end.
-    if (failure.empty() && !aborted()) {
+    // Collectives queued before an abort are cut short: they are only waited for, so that their
+    // memory is not handed out while they run.
+    if (failure.empty() && !aborted() && it->generation == generation()) {
       for (const auto& [rank, event] : it->done) {
         const std::string error = async_error(*rank, it->set);
         if (!error.empty()) {
@@ -525,7 +584,7 @@ void NcclCommunicator::run(const char* op, int rank, const Tensor& x, Enqueue en
   std::string failure;
   cudaEvent_t done = nullptr;
   {
-    std::lock_guard<std::mutex> lock(r.mu);
+    std::lock_guard<std::timed_mutex> lock(*r.mu);
     // NCCL cannot compare the ranks' calls cheaply, so a message names this rank's side of a stuck
     // one by its sequence number instead (the calls of one collective share it on every rank).
     what = detail::str_cat("nccl ", op, " (call ", r.sequence++, " of ", shape_str(x.shape()), " ",
@@ -546,8 +605,13 @@ void NcclCommunicator::run(const char* op, int rank, const Tensor& x, Enqueue en
     // The peers may already be waiting for this rank: abort rather than leave them to time out.
     fail(what, failure);
   }
-  watch(
-      {std::move(what), &Rank::collectives, {{&r, done}}, {}, timeout(), std::chrono::steady_clock::now() + timeout()});
+  watch({std::move(what),
+         &Rank::collectives,
+         {{&r, done}},
+         {},
+         timeout(),
+         std::chrono::steady_clock::now() + timeout(),
+         generation()});
 }
 
 Tensor NcclCommunicator::all_reduce(int rank, const Tensor& x) {
@@ -679,7 +743,7 @@ void NcclCommunicator::all_reduce_in_place(const std::vector<std::vector<Tensor>
   std::vector<Tensor> keep_alive;
   for (const auto& list : per_rank) keep_alive.insert(keep_alive.end(), list.begin(), list.end());
   watch({std::move(what), &Rank::buckets, std::move(done), std::move(keep_alive), timeout(),
-         std::chrono::steady_clock::now() + timeout()});
+         std::chrono::steady_clock::now() + timeout(), generation()});
 }
 
 void NcclCommunicator::join_in_place() {
@@ -697,13 +761,15 @@ void NcclCommunicator::abort(const std::string& why) {
     std::lock_guard<std::mutex> lock(state_mu_);
     if (aborted_) return;
     aborted_ = true;
+    ++generation_;
     abort_reason_ = why.empty() ? "no reason given" : why;
   }
   for (auto& r : ranks_) {
-    std::lock_guard<std::mutex> lock(r->mu);
-    for (ncclComm_t* h : {&r->collectives, &r->buckets}) {
-      if (*h != nullptr) NCCL_CHECK_PRINT(ncclCommAbort(*h));
-      *h = nullptr;
+    std::unique_lock<std::timed_mutex> lock(*r->mu, std::defer_lock);
+    (void)lock.try_lock_for(kAbortLockWait);
+    for (std::atomic<ncclComm_t>* h : {&r->collectives, &r->buckets}) {
+      const ncclComm_t c = h->exchange(nullptr);
+      if (c != nullptr) NCCL_CHECK_PRINT(ncclCommAbort(c));
     }
   }
 }
@@ -740,7 +806,10 @@ void NcclCommunicator::reset() {
     aborted_ = false;
     abort_reason_.clear();
   }
-  for (auto& r : ranks_) r->sequence = 0;
+  for (auto& r : ranks_) {
+    r->sequence = 0;
+    r->backend->clear_reported_error();
+  }
   in_place_sequence_ = 0;
 }
 

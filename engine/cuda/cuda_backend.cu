@@ -201,6 +201,11 @@ void CudaBackend::report_error(const std::string& message) const {
   if (reported_error_.empty()) reported_error_ = message;
 }
 
+void CudaBackend::clear_reported_error() const {
+  std::lock_guard<std::mutex> lock(index_mu_);
+  reported_error_.clear();
+}
+
 void CudaBackend::check_indices(uint64_t queued_before) const {
   std::string error;
   {

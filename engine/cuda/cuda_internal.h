@@ -105,6 +105,8 @@ class CudaBackend final : public Backend {
   // An error about work queued on this device found by another thread (an NCCL collective that
   // failed or timed out: Note [NCCL watchdog]); the next synchronization throws it, once.
   void report_error(const std::string& message) const;
+  // Forgets a reported error not yet thrown (its communicator was reset: Note [Aborting NCCL]).
+  void clear_reported_error() const;
 
  private:
   // Waits for the stream, then throws ef::Error for a reported error (report_error) or else the
