@@ -94,7 +94,7 @@ using cuda_backend::CudaBackend;
 // bootstrap, no second unique id across processes), without splitShare: a split that shares its
 // parent's resources may not run its kernels beside the parent's, which Note [NCCL bucket reduce]
 // needs. A communicator over fewer of a group's GPUs (a last batch smaller than the group) splits its
-// collectives set from the group's communicator (split_first) rather than bootstrapping a new one.
+// collectives set from the group's communicator (split) rather than bootstrapping a new one.
 //
 // Note [NCCL bucket reduce]
 // all_reduce_in_place is called from one thread for every rank, during backward, while the other
@@ -227,10 +227,12 @@ class NcclCommunicator final : public Communicator {
   void create_handles();
   // A new NCCL unique id, made by process 0 and sent to every process on processes().
   ncclUniqueId shared_unique_id();
-  // Handles over this communicator's first k ranks, split from its collectives set (every rank
-  // takes part; the others get none). The caller holds every GPU's mutex. Throws ef::Error if it
-  // is aborted or NCCL fails.
-  std::vector<ncclComm_t> split_first(int k);
+  // Handles split from the collectives set: rank r's joins new communicator colors[r]
+  // (NCCL_SPLIT_NOCOLOR: none, a null handle), the ranks keeping their order. Every local rank takes
+  // part, in one group (each call waits for the others), closed even when a call fails; on a
+  // failure the handles made are destroyed. The caller holds every GPU's mutex. Throws ef::Error if
+  // the communicator is aborted or NCCL fails.
+  std::vector<ncclComm_t> split(const std::vector<int>& colors);
   void release() noexcept;
   // Throws ef::Error unless every GPU can be made current: checked before a group whose calls wait
   // for each other, where a rank skipped would leave the others waiting.
@@ -291,7 +293,11 @@ void NcclCommunicator::create_handles() {
   {
     std::vector<ncclComm_t> comms(ranks_.size(), nullptr);
     if (parent_ != nullptr && !parent_->aborted()) {
-      comms = parent_->split_first(local_size());
+      // The parent's first local_size() GPUs are this one's; the others take no part.
+      std::vector<int> colors(parent_->ranks_.size(), NCCL_SPLIT_NOCOLOR);
+      std::fill_n(colors.begin(), local_size(), 0);
+      comms = parent_->split(colors);
+      comms.resize(ranks_.size());
     } else if (processes()->size() == 1) {
       NCCL_CHECK(ncclCommInitAll(comms.data(), local_size(), physical_ids_.data()));
     } else {
@@ -326,22 +332,9 @@ void NcclCommunicator::create_handles() {
     }
     for (size_t r = 0; r < ranks_.size(); ++r) ranks_[r]->collectives = comms[r];
   }
-  // The bucket set: one split of the collectives set, every local rank in one group (each call
-  // waits for the other ranks' calls), closed even when a call fails.
-  check_devices();
-  std::vector<ncclComm_t> buckets(ranks_.size(), nullptr);
-  ncclResult_t first_error = ncclSuccess;
-  NCCL_CHECK(ncclGroupStart());
-  for (size_t r = 0; r < ranks_.size(); ++r) {
-    (void)cudaSetDevice(physical_ids_[r]);  // checked above
-    const ncclResult_t status =
-        ncclCommSplit(ranks_[r]->collectives, 0, first_rank() + static_cast<int>(r), &buckets[r], nullptr);
-    if (first_error == ncclSuccess) first_error = status;
-  }
-  const ncclResult_t end_status = ncclGroupEnd();
+  // The bucket set: one split of the collectives set.
+  const std::vector<ncclComm_t> buckets = split(std::vector<int>(ranks_.size(), 0));
   for (size_t r = 0; r < ranks_.size(); ++r) ranks_[r]->buckets = buckets[r];
-  NCCL_CHECK(first_error);
-  NCCL_CHECK(end_status);
 }
 
 ncclUniqueId NcclCommunicator::shared_unique_id() {
@@ -363,7 +356,7 @@ ncclUniqueId NcclCommunicator::shared_unique_id() {
   return id;
 }
 
-std::vector<ncclComm_t> NcclCommunicator::split_first(int k) {
+std::vector<ncclComm_t> NcclCommunicator::split(const std::vector<int>& colors) {
   throw_if_aborted("nccl split");
   check_devices();
   std::vector<ncclComm_t> out(ranks_.size(), nullptr);
@@ -371,8 +364,8 @@ std::vector<ncclComm_t> NcclCommunicator::split_first(int k) {
   NCCL_CHECK(ncclGroupStart());
   for (size_t r = 0; r < ranks_.size(); ++r) {
     (void)cudaSetDevice(physical_ids_[r]);  // checked above
-    const int color = static_cast<int>(r) < k ? 0 : NCCL_SPLIT_NOCOLOR;
-    const ncclResult_t status = ncclCommSplit(ranks_[r]->collectives, color, static_cast<int>(r), &out[r], nullptr);
+    const ncclResult_t status =
+        ncclCommSplit(ranks_[r]->collectives, colors[r], first_rank() + static_cast<int>(r), &out[r], nullptr);
     if (first_error == ncclSuccess) first_error = status;
   }
   const ncclResult_t end_status = ncclGroupEnd();
@@ -382,7 +375,6 @@ std::vector<ncclComm_t> NcclCommunicator::split_first(int k) {
   }
   NCCL_CHECK(first_error);
   NCCL_CHECK(end_status);
-  out.resize(static_cast<size_t>(k));
   return out;
 }
 
