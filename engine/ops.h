@@ -417,7 +417,11 @@ void add_(const Tensor& x, const Tensor& other, double alpha = 1.0);
 void mul_(const Tensor& x, double s);
 /// One parameter's tensors for adam_: max_exp_avg_sq only with amsgrad.
 struct AdamTensors {
-  Tensor param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq;
+  Tensor param;           ///< updated in place
+  Tensor grad;            ///< its gradient
+  Tensor exp_avg;         ///< first moment, updated in place
+  Tensor exp_avg_sq;      ///< second moment, updated in place
+  Tensor max_exp_avg_sq;  ///< amsgrad's running maximum of the second moment, updated in place
 };
 /// One fused Adam/AdamW step (AdamArgs, engine/backend.h) on every entry's param, exp_avg,
 /// exp_avg_sq and, with amsgrad, max_exp_avg_sq: one pass over each instead of ten kernels, and the

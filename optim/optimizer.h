@@ -51,12 +51,12 @@ class Optimizer {
   /// parameter is undefined, not float32 or float64, not a leaf, or given twice.
   Optimizer(const char* name, std::vector<Tensor> params, double lr);
 
-  /// Parameter `index` (detached), its gradient (detached) and its update count, already
-  /// incremented (1 on the first update).
+  /// One parameter's update: its update count is already incremented (1 on the first update).
   struct Update {
-    size_t index;
-    Tensor param, grad;
-    int64_t step;
+    size_t index;  ///< the parameter's place in params()
+    Tensor param;  ///< the parameter, detached
+    Tensor grad;   ///< its gradient, detached
+    int64_t step;  ///< its update count, this update included
   };
   /// Updates every parameter of `updates` (those with a gradient, in order), at once where the
   /// optimizer can (Adam's multi-tensor step). Runs under NoGradGuard.
