@@ -175,6 +175,14 @@ class Backend {
   // The fused normalization forward of NormArgs (Note [Fused normalization] in ops_nn.cpp).
   virtual void normalize(const NormArgs& args, const View& y, const View& mean, const View& var, const View& x,
                          const View& weight, const View& bias) = 0;
+  // Its first-order gradient, for a backward whose own graph is not needed: with x̂ = (x - mean)·rstd
+  // and ĝ = gy·weight over a group's n elements,
+  //   gx = rstd·(ĝ - Σĝ/n - x̂·Σ(ĝ·x̂)/n),  gw = Σ gy·x̂,  gb = Σ gy
+  // (gw and gb summed over everything but the affine dim). gy and x are contiguous like normalize's
+  // x; mean and rstd contiguous [groups]; weight as in normalize. gx, gw and gb (shaped like x,
+  // weight, bias) are overwritten, each skipped when its data is null.
+  virtual void normalize_backward(const NormArgs& args, const View& gx, const View& gw, const View& gb, const View& gy,
+                                  const View& x, const View& mean, const View& rstd, const View& weight) = 0;
 
   // Softmax or log-softmax over the last dim of a contiguous [rows, cols] view.
   virtual void softmax(const View& out, const View& x, bool log) = 0;

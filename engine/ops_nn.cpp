@@ -619,11 +619,12 @@ namespace {
 // layer_norm, and batch_norm in training, normalize by statistics of their own input. The forward
 // is one backend kernel (Backend::normalize) writing the output and the statistics in three passes
 // over memory, where the composite (mean, sub, square, mean, add, rsqrt, mul, mul, add) made about
-// ten, each with a temporary. The backward stays in differentiable ops, so that double backward
-// (gradient penalties) works. Over the n elements of a group, with x̂ = (x - μ)·r and ĝ = gy·w,
+// ten, each with a temporary. Over the n elements of a group, with x̂ = (x - μ)·r and ĝ = gy·w,
 //   gx = r·(ĝ - mean(ĝ) - x̂·mean(ĝ·x̂)),  gw = Σ gy·x̂,  gb = Σ gy.
-// μ and r are the kernel's, except under create_graph, where they are computed again from x with
-// differentiable ops, so that the second derivative sees their dependence on x.
+// A backward that needs no graph of its own (no create_graph) computes that in one kernel too
+// (Backend::normalize_backward: two passes). Under create_graph it is differentiable ops, so that
+// double backward (gradient penalties) works, with μ and r computed again from x, so that the
+// second derivative sees their dependence on x; the kernel's μ and r serve otherwise.
 struct Normalization {
   const char* op;
   NormArgs args;
@@ -637,6 +638,26 @@ struct Normalization {
 // The sum of t over n.affine_dims, shaped like weight.
 Tensor sum_to_param(const Normalization& n, const Tensor& t) {
   return reshape(n.affine_dims.empty() ? t : sum(t, n.affine_dims), n.param_shape);
+}
+
+// The first-order gradients of normalize (no graph of them needed): one backend kernel.
+detail::Grads normalize_backward(const Normalization& n, const Tensor& gy, const Tensor& x, const Tensor& mean,
+                                 const Tensor& rstd, const Tensor& weight, const Tensor& bias) {
+  const Tensor xc = x.contiguous(), gyc = gy.contiguous();
+  Tensor gx, gw, gb;
+  if (x.requires_grad()) gx = detail::empty_like_shape(x, x.shape());
+  if (weight.defined() && weight.requires_grad()) gw = detail::empty_like_shape(x, n.param_shape);
+  if (bias.defined() && bias.requires_grad()) gb = detail::empty_like_shape(x, n.param_shape);
+  if (x.numel() > 0) {
+    const auto view_or_none = [](const Tensor& t) { return t.defined() ? t.view() : View{}; };
+    backend_of(x).normalize_backward(n.args, view_or_none(gx), view_or_none(gw), view_or_none(gb), gyc.view(),
+                                     xc.view(), mean.view(), rstd.view(),
+                                     weight.defined() ? weight.contiguous().view() : View{});
+  } else {
+    for (Tensor* t : {&gw, &gb})
+      if (t->defined()) t->fill_(0.0);
+  }
+  return {gx, gw, gb};
 }
 
 // y, and the group statistics μ and biased variance in n.stat_shape (Note [Fused normalization]).
@@ -658,8 +679,9 @@ Normalized normalize(const Normalization& n, const Tensor& x_in, const Tensor& w
   if (weight.defined()) saved.push_back(weight);
   record(n.op, {out.y}, {x_in, weight, bias}, saved,
          [x = x_in, weight, bias, mean = out.mean, rstd, n](const Grads& g) {
+           if (!grad_enabled()) return normalize_backward(n, g[0], x, mean, rstd, weight, bias);
            Tensor mu = mean, r = rstd;
-           if (grad_enabled() && x.requires_grad()) {
+           if (x.requires_grad()) {
              mu = ::evenflow::mean(x, n.reduce_dims, true);
              r = rsqrt(add_scalar(::evenflow::mean(square(x - mu), n.reduce_dims, true), n.args.eps));
            }

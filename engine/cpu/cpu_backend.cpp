@@ -584,6 +584,70 @@ void normalize_typed(const NormArgs& a, T* y, T* mean_out, T* var_out, const T* 
   }
 }
 
+// Backend::normalize_backward. Two passes over a group: the sums, then gx. Per-feature gw and gb
+// (layer norm) add up over groups, so each thread keeps its own row of them, summed at the end.
+template <typename T>
+void normalize_backward_typed(const NormArgs& a, T* gx, T* gw, T* gb, const T* gy, const T* x, const T* mean,
+                              const T* rstd, const T* w) {
+  const int64_t n = a.outer * a.inner, stride = a.groups * a.inner;
+  const bool feature_sums = !a.affine_per_group && (gw != nullptr || gb != nullptr);
+  const int nt = threads_for(a.groups * n * 2);
+  std::vector<acc_t<T>> partial(feature_sums ? static_cast<size_t>(nt) * 2 * static_cast<size_t>(a.inner) : 0, 0);
+#pragma omp parallel num_threads(nt) if (nt > 1)
+  {
+    acc_t<T>* part_w = feature_sums ? partial.data() + thread_index() * 2 * a.inner : nullptr;
+    acc_t<T>* part_b = feature_sums ? part_w + a.inner : nullptr;
+#pragma omp for schedule(static)
+    for (int64_t g = 0; g < a.groups; ++g) {
+      const T* xg = x + g * a.inner;
+      const T* gyg = gy + g * a.inner;
+      const T m = mean[g], r = rstd[g];
+      // A per-group weight factors out of the sums: they are taken without it (gw and gb), then scaled.
+      const T* fw = w != nullptr && !a.affine_per_group ? w : nullptr;
+      acc_t<T> sum_g = 0, sum_g_x_hat = 0;  // Σĝ, Σĝ·x̂ (per group: Σgy, Σgy·x̂)
+      for (int64_t o = 0; o < a.outer; ++o) {
+        for (int64_t i = 0; i < a.inner; ++i) {
+          const T x_hat = (xg[o * stride + i] - m) * r, dy = gyg[o * stride + i];
+          const T g_hat = fw != nullptr ? dy * fw[i] : dy;
+          sum_g += g_hat;
+          sum_g_x_hat += g_hat * x_hat;
+          if (feature_sums) {
+            part_w[i] += dy * x_hat;
+            part_b[i] += dy;
+          }
+        }
+      }
+      T group_w = 1;
+      if (a.affine_per_group) {
+        if (gw != nullptr) gw[g] = static_cast<T>(sum_g_x_hat);
+        if (gb != nullptr) gb[g] = static_cast<T>(sum_g);
+        if (w != nullptr) group_w = w[g];
+      }
+      if (gx == nullptr) continue;
+      const T mean_g = static_cast<T>(sum_g / static_cast<acc_t<T>>(n)) * group_w;
+      const T mean_g_x_hat = static_cast<T>(sum_g_x_hat / static_cast<acc_t<T>>(n)) * group_w;
+      T* gxg = gx + g * a.inner;
+      for (int64_t o = 0; o < a.outer; ++o) {
+        for (int64_t i = 0; i < a.inner; ++i) {
+          const T x_hat = (xg[o * stride + i] - m) * r, dy = gyg[o * stride + i];
+          const T g_hat = dy * (fw != nullptr ? fw[i] : group_w);
+          gxg[o * stride + i] = r * (g_hat - mean_g - x_hat * mean_g_x_hat);
+        }
+      }
+    }
+  }
+  if (!feature_sums) return;
+  for (int64_t i = 0; i < a.inner; ++i) {
+    acc_t<T> sw = 0, sb = 0;
+    for (int t = 0; t < nt; ++t) {
+      sw += partial[static_cast<size_t>(t * 2 * a.inner + i)];
+      sb += partial[static_cast<size_t>(t * 2 * a.inner + a.inner + i)];
+    }
+    if (gw != nullptr) gw[i] = static_cast<T>(sw);
+    if (gb != nullptr) gb[i] = static_cast<T>(sb);
+  }
+}
+
 // The common 2x2, stride-2 window without padding or dilation, 8 outputs at a time: the general
 // loop's comparisons become unpredictable branches on real data (GCC does not turn them into
 // selects), which made it ~45 cycles an output; vector selects take a few. Same rule as the general
@@ -912,6 +976,19 @@ class CpuBackend final : public Backend {
       normalize_typed<scalar_t>(args, static_cast<scalar_t*>(y.data), static_cast<scalar_t*>(mean.data),
                                 static_cast<scalar_t*>(var.data), static_cast<const scalar_t*>(x.data),
                                 static_cast<const scalar_t*>(weight.data), static_cast<const scalar_t*>(bias.data));
+    });
+  }
+
+  void normalize_backward(const NormArgs& args, const View& gx, const View& gw, const View& gb, const View& gy,
+                          const View& x, const View& mean, const View& rstd, const View& weight) override {
+    EF_ASSERT(x.is_contiguous() && gy.is_contiguous() && mean.is_contiguous() && rstd.is_contiguous(),
+              "normalize_backward: expects contiguous views");
+    EF_DISPATCH_FLOAT(x.dtype, "normalize_backward", [&] {
+      using T = scalar_t;
+      normalize_backward_typed<T>(args, static_cast<T*>(gx.data), static_cast<T*>(gw.data), static_cast<T*>(gb.data),
+                                  static_cast<const T*>(gy.data), static_cast<const T*>(x.data),
+                                  static_cast<const T*>(mean.data), static_cast<const T*>(rstd.data),
+                                  static_cast<const T*>(weight.data));
     });
   }
 

@@ -620,6 +620,65 @@ __global__ void normalize_kernel(NormArgs a, T* y, T* mean_out, T* var_out, cons
   }
 }
 
+// Backend::normalize_backward: one group of K threads per statistic group, as normalize_kernel;
+// two passes (the sums, then gx). A per-group weight factors out of the sums (taken without it:
+// gw and gb per group). Per-feature gw and gb (layer norm) sum over groups: feature_sums_kernel.
+template <int K, typename I, typename T>
+__global__ void normalize_backward_kernel(NormArgs a, T* gx, T* gw, T* gb, const T* gy, const T* x, const T* mean,
+                                          const T* rstd, const T* w) {
+  __shared__ T shared[K / 32];
+  const int groups_per_block = static_cast<int>(blockDim.x) / K;
+  const int lane = static_cast<int>(threadIdx.x) % K;
+  const I inner = static_cast<I>(a.inner), n = static_cast<I>(a.outer * a.inner);
+  const I stride = static_cast<I>(a.groups * a.inner);
+  const T* fw = w != nullptr && !a.affine_per_group ? w : nullptr;
+  for (int64_t g = static_cast<int64_t>(blockIdx.x) * groups_per_block + threadIdx.x / K; g < a.groups;
+       g += static_cast<int64_t>(gridDim.x) * groups_per_block) {
+    const T* xg = x + g * a.inner;
+    const T* gyg = gy + g * a.inner;
+    const T m = mean[g], r = rstd[g];
+    T sum_g = 0, sum_g_x_hat = 0;
+    for (I j = lane; j < n; j += K) {
+      const I i = j % inner, at = j / inner * stride + i;
+      const T x_hat = (xg[at] - m) * r, g_hat = fw != nullptr ? gyg[at] * fw[i] : gyg[at];
+      sum_g += g_hat;
+      sum_g_x_hat += g_hat * x_hat;
+    }
+    sum_g = group_all_reduce<K>(sum_g, SumOf{}, shared);
+    sum_g_x_hat = group_all_reduce<K>(sum_g_x_hat, SumOf{}, shared);
+    T group_w = 1;
+    if (a.affine_per_group) {
+      if (lane == 0 && gw != nullptr) gw[g] = sum_g_x_hat;
+      if (lane == 0 && gb != nullptr) gb[g] = sum_g;
+      if (w != nullptr) group_w = w[g];
+    }
+    if (gx == nullptr) continue;
+    const T mean_g = sum_g / static_cast<T>(n) * group_w, mean_g_x_hat = sum_g_x_hat / static_cast<T>(n) * group_w;
+    T* gxg = gx + g * a.inner;
+    for (I j = lane; j < n; j += K) {
+      const I i = j % inner, at = j / inner * stride + i;
+      const T x_hat = (xg[at] - m) * r, g_hat = gyg[at] * (fw != nullptr ? fw[i] : group_w);
+      gxg[at] = r * (g_hat - mean_g - x_hat * mean_g_x_hat);
+    }
+  }
+}
+
+// Per-feature gw = Σ gy·x̂ and gb = Σ gy over the groups (rows) of a layer norm: a thread per
+// feature, adjacent threads reading adjacent features of a row.
+template <typename T>
+__global__ void feature_sums_kernel(NormArgs a, T* gw, T* gb, const T* gy, const T* x, const T* mean, const T* rstd) {
+  for (int64_t i = thread_index(); i < a.inner; i += grid_stride()) {
+    T sw = 0, sb = 0;
+    for (int64_t g = 0; g < a.groups; ++g) {
+      const int64_t at = g * a.inner + i;
+      sw += gy[at] * ((x[at] - mean[g]) * rstd[g]);
+      sb += gy[at];
+    }
+    if (gw != nullptr) gw[i] = sw;
+    if (gb != nullptr) gb[i] = sb;
+  }
+}
+
 // --- Max pooling --------------------------------------------------------------------------------------
 
 // One thread per output. Positions in the padding are skipped (padding never wins); among real
@@ -955,6 +1014,50 @@ void CudaBackend::normalize(const NormArgs& args, const View& y, const View& mea
       }
     });
     EF_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void CudaBackend::normalize_backward(const NormArgs& args, const View& gx, const View& gw, const View& gb,
+                                     const View& gy, const View& x, const View& mean, const View& rstd,
+                                     const View& weight) {
+  activate();
+  EF_ASSERT(x.is_contiguous() && gy.is_contiguous() && mean.is_contiguous() && rstd.is_contiguous(),
+            "normalize_backward: expects contiguous views");
+  if (args.groups == 0 || args.outer * args.inner == 0) return;
+  EF_DISPATCH_FLOAT(x.dtype, "normalize_backward", [&] {
+    using T = scalar_t;
+    auto* gxp = static_cast<T*>(gx.data);
+    auto* gwp = static_cast<T*>(gw.data);
+    auto* gbp = static_cast<T*>(gb.data);
+    const auto* gyp = static_cast<const T*>(gy.data);
+    const auto* xp = static_cast<const T*>(x.data);
+    const auto* mp = static_cast<const T*>(mean.data);
+    const auto* rp = static_cast<const T*>(rstd.data);
+    const auto* wp = static_cast<const T*>(weight.data);
+    // The group kernel writes gx, and per-group gw and gb; per-feature ones need the rows summed.
+    T* group_gw = args.affine_per_group ? gwp : nullptr;
+    T* group_gb = args.affine_per_group ? gbp : nullptr;
+    if (gxp != nullptr || group_gw != nullptr || group_gb != nullptr) {
+      with_index_type(x.numel() + args.groups * args.inner, [&](auto index) {
+        using I = decltype(index);
+        if (args.outer == 1 && args.inner <= 1024) {
+          constexpr int kGroupsPerBlock = kThreads / 32;
+          const int grid = static_cast<int>(std::min<int64_t>(ceil_div(args.groups, kGroupsPerBlock), INT32_MAX));
+          normalize_backward_kernel<32, I, T>
+              <<<grid, kThreads, 0, stream_>>>(args, gxp, group_gw, group_gb, gyp, xp, mp, rp, wp);
+        } else {
+          const int grid = static_cast<int>(std::min<int64_t>(args.groups, INT32_MAX));
+          normalize_backward_kernel<kBlockGroupThreads, I, T>
+              <<<grid, kBlockGroupThreads, 0, stream_>>>(args, gxp, group_gw, group_gb, gyp, xp, mp, rp, wp);
+        }
+      });
+      EF_CUDA_CHECK_LAUNCH();
+    }
+    if (!args.affine_per_group && (gwp != nullptr || gbp != nullptr)) {
+      EF_ASSERT(args.outer == 1, "normalize_backward: per-feature weights need outer == 1");
+      feature_sums_kernel<T><<<grid_for(*this, args.inner), kThreads, 0, stream_>>>(args, gwp, gbp, gyp, xp, mp, rp);
+      EF_CUDA_CHECK_LAUNCH();
+    }
   });
 }
 

@@ -101,8 +101,9 @@ TEST_CASE("norm: where the norm is 0 its gradient is 0, to second order, and a N
   CHECK(std::isnan(norm(from_vector({0, nan}, {2}, {.dtype = kFloat64}), 3.0).item()));
 }
 
-// Note [Fused normalization]: the kernel against the unfused formula it replaced, forward, running
-// statistics and backward, with and without create_graph (which computes the statistics again).
+// Note [Fused normalization]: the kernels against the unfused formula they replaced: forward, running
+// statistics, the first-order backward kernel (also for the affine parameters alone), and the
+// differentiable backward of create_graph (which computes the statistics again).
 TEST_CASE("layer_norm and batch_norm: the fused kernel equals the unfused formula") {
   manual_seed(cpu(), 11);
   for (const DType dtype : {kFloat64, kFloat32}) {
@@ -125,6 +126,11 @@ TEST_CASE("layer_norm and batch_norm: the fused kernel equals the unfused formul
       const auto g = grad({y}, {x, w, b}, {gy}, {.create_graph = create_graph});
       const auto g_ref = grad({ref}, {x, w, b}, {gy}, {.create_graph = create_graph});
       for (size_t i = 0; i < 3; ++i) CHECK_MESSAGE(compare(g[i], g_ref[i], tol, tol).empty(), "input " << i);
+      // Only the affine parameters' gradients (the input needs none).
+      const Tensor x_const = x.detach();
+      const auto g_affine = grad({layer_norm(x_const, {4, 5}, w, b, 1e-3)}, {w, b}, {gy});
+      const auto g_affine_ref = grad({unfused(x_const, {1, 2}, w, b, 1e-3)}, {w, b}, {gy});
+      for (size_t i = 0; i < 2; ++i) CHECK(compare(g_affine[i], g_affine_ref[i], tol, tol).empty());
       if (create_graph) {
         const auto gg = grad({sum(square(g[0]))}, {x, w});
         const auto gg_ref = grad({sum(square(g_ref[0]))}, {x, w});
@@ -138,6 +144,12 @@ TEST_CASE("layer_norm and batch_norm: the fused kernel equals the unfused formul
     const Tensor y = batch_norm(x, w, b, running_mean, running_var, true, 0.25, 1e-4);
     const Tensor ref = unfused(x, {0, 2, 3}, reshape(w, {1, 3, 1, 1}), reshape(b, {1, 3, 1, 1}), 1e-4);
     CHECK(compare(y, ref, tol, tol).empty());
+    const Tensor gy = randn({4, 3, 2, 5}, o);
+    const auto g = grad({y}, {x, w, b}, {gy});
+    const auto g_ref = grad({ref}, {x, w, b}, {gy});
+    for (size_t i = 0; i < 3; ++i) CHECK_MESSAGE(compare(g[i], g_ref[i], tol, tol).empty(), "input " << i);
+    const auto g_affine = grad({batch_norm(x.detach(), w, b, {}, {}, true, 0.25, 1e-4)}, {w, b}, {gy});
+    for (size_t i = 0; i < 2; ++i) CHECK(compare(g_affine[i], g_ref[i + 1], tol, tol).empty());
     NoGradGuard no_grad;
     const Tensor batch_mean = reshape(mean(x, {0, 2, 3}), {3});
     const Tensor batch_var = reshape(var(x, {0, 2, 3}, true), {3});  // unbiased, as PyTorch keeps it
