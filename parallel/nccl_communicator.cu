@@ -95,6 +95,10 @@ using cuda_backend::CudaBackend;
 // parent's resources may not run its kernels beside the parent's, which Note [NCCL bucket reduce]
 // needs. A communicator over fewer of a group's GPUs (a last batch smaller than the group) splits its
 // collectives set from the group's communicator (split) rather than bootstrapping a new one.
+// Not yet seen on a GPU, so a risk to watch: NCCL warns that a CUDA call which synchronizes a device
+// (cudaFree: the caching allocator makes it when an allocation fails and it empties its cache)
+// waits for the NCCL kernels there; a rank's thread doing so while its GPU's collective waits for a
+// rank whose thread waits on it would hang until the watchdog's timeout aborts the communicator.
 //
 // Note [NCCL bucket reduce]
 // all_reduce_in_place is called from one thread for every rank, during backward, while the other
