@@ -1,7 +1,7 @@
 // The CUDA backend's device side: one CudaBackend per logical CUDA device, owning a non-blocking
 // stream on its GPU, lazily created cuBLAS/cuDNN handles bound to that stream, and a scratch buffer
 // for library workspaces. Here: construction, memory, host and peer copies, library state, and the
-// entry points of cuda_backend.h. The kernels are in cuda_kernels.cu, convolutions in cuda_conv.cu.
+// entry points of cuda_backend.h. The kernels are in cuda_<family>.cu, convolutions in cuda_conv.cu.
 #include <cstring>
 #include <memory>
 #include <set>
@@ -12,8 +12,22 @@
 
 namespace evenflow::cuda_backend {
 
+// The flags of Note [Index checks]: page-locked host memory, mapped into the device's address space,
+// made on the first indexing kernel (with the device current).
+static std::pair<int64_t*, int64_t*> allocate_index_flags() {
+  void* flags = nullptr;
+  constexpr size_t kBytes = DeferredErrors::kSlots * 2 * sizeof(int64_t);
+  CUDA_CHECK(cudaHostAlloc(&flags, kBytes, cudaHostAllocMapped | cudaHostAllocPortable));
+  std::memset(flags, 0, kBytes);
+  void* device_flags = nullptr;
+  const cudaError_t map_status = cudaHostGetDevicePointer(&device_flags, flags, 0);
+  if (map_status != cudaSuccess) CUDA_CHECK_PRINT(cudaFreeHost(flags));
+  CUDA_CHECK(map_status);
+  return {static_cast<int64_t*>(flags), static_cast<int64_t*>(device_flags)};
+}
+
 CudaBackend::CudaBackend(int logical_index, int physical_id)
-    : logical_index_(logical_index), physical_id_(physical_id) {
+    : logical_index_(logical_index), physical_id_(physical_id), deferred_errors_(allocate_index_flags) {
   activate();
   CUDA_CHECK(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, physical_id_));
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
@@ -31,7 +45,7 @@ CudaBackend::~CudaBackend() {
   for (auto& [size_class, buffers] : staging_free_) {
     for (void* buffer : buffers) CUDA_CHECK_PRINT(cudaFreeHost(buffer));
   }
-  if (index_flags_ != nullptr) CUDA_CHECK_PRINT(cudaFreeHost(index_flags_));
+  if (deferred_errors_.flags() != nullptr) CUDA_CHECK_PRINT(cudaFreeHost(deferred_errors_.flags()));
   CUDA_CHECK_PRINT(cudaStreamDestroy(stream_));
 }
 
@@ -149,80 +163,17 @@ void CudaBackend::synchronize() {
   synchronize_and_check();
 }
 
-// --- Index checks ----------------------------------------------------------------------------------
+// --- Deferred errors (Note [Index checks] in deferred_errors.h) -----------------------------------
 
-// Note [Index checks]
-// An indexing kernel (gather, scatter_add, index_select, index_add: cross-entropy, max-pool
-// backward, nearest upsampling) that meets an index out of range sets a flag instead of writing
-// out of bounds, and so does check_index_range (a loss's targets, checked before they index). Waiting for every such
-// kernel to read its flag would stop the host at every one; instead each queued kernel gets its own flag (a ring of
-// kIndexFlags in page-locked host memory, mapped into the device's address space, written by the device only on a bad
-// index), and the flags are read at the next natural synchronization: synchronize() and copy_to_host(), the ways values
-// reach the host (item(), .to(cpu()), a loss read for printing). The first bad index queued before that synchronization
-// throws ef::Error there, naming the op, the index, the dim and its size: an error reported where the program next
-// looks at the device, not lost, and no cost otherwise. A kernel queued when all flags are pending first waits for the
-// stream.
-
-int64_t* CudaBackend::index_check_flag(std::function<std::string(int64_t)> describe) const {
-  std::unique_lock<std::mutex> lock(index_mu_);
-  if (index_flags_ == nullptr) {
-    void* flags = nullptr;
-    CUDA_CHECK(cudaHostAlloc(&flags, kIndexFlags * 2 * sizeof(int64_t), cudaHostAllocMapped | cudaHostAllocPortable));
-    std::memset(flags, 0, kIndexFlags * 2 * sizeof(int64_t));
-    void* device_flags = nullptr;
-    const cudaError_t map_status = cudaHostGetDevicePointer(&device_flags, flags, 0);
-    if (map_status != cudaSuccess) CUDA_CHECK_PRINT(cudaFreeHost(flags));
-    CUDA_CHECK(map_status);
-    index_flags_ = static_cast<int64_t*>(flags);
-    index_flags_device_ = static_cast<int64_t*>(device_flags);
-  }
-  if (index_launches_.size() == kIndexFlags) {
-    lock.unlock();
-    synchronize_and_check();  // checks every pending kernel: all were queued before
-    lock.lock();
-  }
-  const uint64_t sequence = index_sequence_++;
-  index_launches_.push_back({sequence, std::move(describe)});
-  return index_flags_device_ + 2 * (sequence % kIndexFlags);
+DeferredErrors::Slot CudaBackend::index_check(std::function<std::string(int64_t)> describe) const {
+  return deferred_errors_.reserve(std::move(describe), [this] { synchronize_and_check(); });
 }
 
 void CudaBackend::synchronize_and_check() const {
-  uint64_t queued_before = 0;
-  {
-    std::lock_guard<std::mutex> lock(index_mu_);
-    queued_before = index_sequence_;
-  }
+  const uint64_t mark = deferred_errors_.mark();
   CUDA_CHECK(cudaStreamSynchronize(stream_));
-  check_indices(queued_before);
-}
-
-void CudaBackend::report_error(const std::string& message) const {
-  std::lock_guard<std::mutex> lock(index_mu_);
-  if (reported_error_.empty()) reported_error_ = message;
-}
-
-void CudaBackend::clear_reported_error() const {
-  std::lock_guard<std::mutex> lock(index_mu_);
-  reported_error_.clear();
-}
-
-void CudaBackend::check_indices(uint64_t queued_before) const {
-  std::string error;
-  {
-    std::lock_guard<std::mutex> lock(index_mu_);
-    // A failed collective first: the values after it, indices included, may be garbage.
-    if (!reported_error_.empty()) error = std::exchange(reported_error_, std::string());
-    while (!index_launches_.empty() && index_launches_.front().sequence < queued_before) {
-      const IndexLaunch& l = index_launches_.front();
-      int64_t* flag = index_flags_ + 2 * (l.sequence % kIndexFlags);
-      if (flag[0] != 0 && error.empty()) {
-        error =
-            ::evenflow::detail::str_cat(l.describe(flag[1]), " (found on ", name(), " at the next synchronization)");
-      }
-      flag[0] = flag[1] = 0;
-      index_launches_.pop_front();
-    }
-  }
+  const std::string error = deferred_errors_.take_errors(
+      mark, ::evenflow::detail::str_cat(" (found on ", name(), " at the next synchronization)"));
   EF_CHECK(error.empty(), error);
 }
 
@@ -357,6 +308,20 @@ class StreamMark {
 
 }  // namespace
 
+// Note [Peer copies and collectives]
+// A copy between devices orders itself on both streams: after the source's queued work (which may
+// still be writing src) and before the source's later work (which may overwrite src or reuse its
+// memory), and before the destination's later work. So the source's stream waits for the copy, and
+// the copy runs behind whatever the destination's stream had queued. If that includes an NCCL
+// collective still waiting for the source's rank, whose thread issues its part only after this
+// copy, the two GPUs wait on each other: a hang that only the NCCL watchdog's timeout ends (as an
+// ef::Error, Note [NCCL watchdog]). PyTorch's device-to-device copy orders the two streams the same
+// way. The rule that keeps it from happening: copies between the GPUs of an NCCL communicator are
+// made outside the ranks' tasks (DataParallelModel's scatter of the inputs and broadcast of the
+// buffers run on the caller before the ranks start), or by data dependence after the collectives the
+// destination queued (a loss reduced to the first device depends on every rank's forward). Logical
+// devices of one GPU (EF_CUDA_DEVICES=0,0) use the local communicator, never NCCL. Not yet exercised
+// on two GPUs.
 void copy_peer(Backend& dst_backend, void* dst, Backend& src_backend, const void* src, size_t nbytes) {
   auto* to = dynamic_cast<CudaBackend*>(&dst_backend);
   auto* from = dynamic_cast<CudaBackend*>(&src_backend);

@@ -22,7 +22,8 @@ int physical_device_count(std::string* why_none);
 // waiting on the host: the copy runs after the work queued on both devices, and the work either
 // device queues afterwards runs after the copy, so either side may free or overwrite its buffer
 // right away (its memory is reused only through its device's stream: the caching allocator is per
-// logical device, each with one stream).
+// logical device, each with one stream). Between the GPUs of an NCCL communicator, see Note [Peer
+// copies and collectives] in cuda_backend.cu.
 void copy_peer(Backend& dst_backend, void* dst, Backend& src_backend, const void* src, size_t nbytes);
 
 }  // namespace evenflow::cuda_backend

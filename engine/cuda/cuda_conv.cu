@@ -50,6 +50,11 @@ int as_int(int64_t v, const char* op) {
 // (plain fp32 FMA kernels) and algorithms reporting tensor-op math are skipped, so the backends agree
 // within float rounding. float64 keeps the default: its tensor-core path (DMMA) is full IEEE double.
 void set_descriptors(ConvDescs& d, const ConvArgs& a, DType dtype, const CudaMath& settings, const char* op) {
+  // The legacy API indexes each tensor with 32-bit integers.
+  for (const int64_t elements : {a.n * a.c_in * a.h * a.w, a.n * a.c_out * a.oh * a.ow}) {
+    EF_CHECK(elements <= INT_MAX, op, ": a tensor of ", elements,
+             " elements is too large for cuDNN (at most 2^31 - 1)");
+  }
   const cudnnDataType_t type = dtype == DType::Float32 ? CUDNN_DATA_FLOAT : CUDNN_DATA_DOUBLE;
   CUDNN_CHECK(cudnnSetTensor4dDescriptor(d.x.get(), CUDNN_TENSOR_NCHW, type, as_int(a.n, op), as_int(a.c_in, op),
                                          as_int(a.h, op), as_int(a.w, op)));
@@ -152,40 +157,54 @@ ConvKey conv_key(int pass, DType dtype, const ConvArgs& a, const CudaMath& math)
 
 // Note [cuDNN algorithm choice]
 // Per shape and math setting, once (cached in the backend): cuDNN's heuristics rank the algorithms
-// by expected speed (no benchmarking, so the first call is cheap); we take the first that is
-// supported, uses tensor-op math on float32 only where TF32 is allowed (Note [cuDNN math for
-// float32]) and whose workspace we can allocate. With cuda_math().deterministic (PyTorch's
-// cudnn.deterministic) only algorithms that repeat bit for bit qualify, and if none does that is an
-// error; without it (the default) the fastest wins, atomics in the backward passes included.
+// by expected speed (no benchmarking, so the first call is cheap). The candidates are those cuDNN
+// supports that use tensor-op math on float32 only where TF32 is allowed (Note [cuDNN math for
+// float32]; never CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION, which may compute in float16); with
+// cuda_math().deterministic (PyTorch's cudnn.deterministic) only algorithms that repeat bit for bit,
+// and if none does that is an error; without it (the default) the fastest wins, atomics in the
+// backward passes included. The first candidate whose workspace we can allocate and that runs is
+// cached; one that fails at its call (a heuristic's choice may still be refused for the actual
+// operands: PyTorch tries the next one too) gives way to the next.
 template <typename Pass>
-ConvAlgo choose_algo(CudaBackend& be, const CudaBackend::Lock& lock, cudnnHandle_t h, ConvDescs& d, DType dtype,
-                     const ConvKey& key, const CudaMath& settings) {
-  auto& cache = be.conv_algos(lock);
-  if (const auto it = cache.find(key); it != cache.end()) return it->second;
+std::vector<ConvAlgo> candidate_algos(cudnnHandle_t h, const ConvDescs& d, DType dtype, const CudaMath& settings) {
   int max_count = 0;
   CUDNN_CHECK(Pass::max_count(h, &max_count));
   std::vector<typename Pass::Perf> perf(static_cast<size_t>(std::max(max_count, 1)));
   int returned = 0;
   CUDNN_CHECK(Pass::heuristics(h, d, static_cast<int>(perf.size()), &returned, perf.data()));
-  const bool fma_only = dtype == DType::Float32 && !settings.allow_tf32_conv;
+  const bool f32 = dtype == DType::Float32, fma_only = f32 && !settings.allow_tf32_conv;
+  std::vector<ConvAlgo> out;
   for (int i = 0; i < returned; ++i) {
     const auto& p = perf[static_cast<size_t>(i)];
     if (p.status != CUDNN_STATUS_SUCCESS) continue;
     if (settings.deterministic && p.determinism != CUDNN_DETERMINISTIC) continue;
-    const bool tensor_op = p.mathType == CUDNN_TENSOR_OP_MATH || p.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION;
-    if (fma_only && tensor_op) continue;
+    if (f32 && p.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION) continue;
+    if (fma_only && p.mathType == CUDNN_TENSOR_OP_MATH) continue;
     // Without TF32, float32 runs with FMA math: cuDNN's "default" would permit TF32.
     const cudnnMathType_t math = fma_only ? CUDNN_FMA_MATH : p.mathType;
     CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv.get(), math));
     size_t workspace = 0;
     if (Pass::workspace(h, d, p.algo, &workspace) != CUDNN_STATUS_SUCCESS) continue;
-    if (workspace > 0 && be.scratch(lock, workspace) == nullptr) continue;
-    const ConvAlgo choice{static_cast<int>(p.algo), static_cast<int>(math), workspace};
-    cache.emplace(key, choice);
-    return choice;
+    out.push_back({static_cast<int>(p.algo), static_cast<int>(math), workspace});
   }
-  EF_ERROR(Pass::kName, ": cuDNN has no usable ", settings.deterministic ? "deterministic " : "",
-           "algorithm for this shape on ", be.name(), " (or not enough memory for its workspace)");
+  return out;
+}
+
+// Runs one algorithm; the status of cuDNN's call (our own failures throw).
+template <typename Pass>
+cudnnStatus_t run_algo(CudaBackend& be, const CudaBackend::Lock& lock, cudnnHandle_t h, const ConvDescs& d,
+                       const ConvAlgo& algo, DType dtype, const View& out, const View& in_a, const View& in_b) {
+  CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv.get(), static_cast<cudnnMathType_t>(algo.math_type)));
+  void* workspace = be.scratch(lock, algo.workspace);
+  EF_CHECK(algo.workspace == 0 || workspace != nullptr, Pass::kName, ": out of memory on ", be.name(),
+           " for a cuDNN workspace of ", algo.workspace, " bytes");
+  const float one_f = 1.0f, zero_f = 0.0f;  // alpha and beta: float for float data, double for double
+  const double one_d = 1.0, zero_d = 0.0;
+  const bool f32 = dtype == DType::Float32;
+  const void* alpha = f32 ? static_cast<const void*>(&one_f) : static_cast<const void*>(&one_d);
+  const void* beta = f32 ? static_cast<const void*>(&zero_f) : static_cast<const void*>(&zero_d);
+  return Pass::run(h, d, static_cast<typename Pass::Algo>(algo.algo), workspace, algo.workspace, alpha, beta, out.data,
+                   in_a.data, in_b.data);
 }
 
 template <typename Pass>
@@ -209,18 +228,28 @@ void run_conv(CudaBackend& be, const ConvArgs& a, DType dtype, const View& out, 
 
   const CudaBackend::Lock lock = be.lock_libraries();
   const cudnnHandle_t h = be.cudnn(lock);
-  const ConvAlgo algo = choose_algo<Pass>(be, lock, h, d, dtype, key, settings);
-  CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv.get(), static_cast<cudnnMathType_t>(algo.math_type)));
-  void* workspace = be.scratch(lock, algo.workspace);
-  EF_CHECK(algo.workspace == 0 || workspace != nullptr, Pass::kName, ": out of memory on ", be.name(),
-           " for a cuDNN workspace of ", algo.workspace, " bytes");
-  const float one_f = 1.0f, zero_f = 0.0f;  // alpha and beta: float for float data, double for double
-  const double one_d = 1.0, zero_d = 0.0;
-  const bool f32 = dtype == DType::Float32;
-  const void* alpha = f32 ? static_cast<const void*>(&one_f) : static_cast<const void*>(&one_d);
-  const void* beta = f32 ? static_cast<const void*>(&zero_f) : static_cast<const void*>(&zero_d);
-  CUDNN_CHECK(Pass::run(h, d, static_cast<typename Pass::Algo>(algo.algo), workspace, algo.workspace, alpha, beta,
-                        out.data, in_a.data, in_b.data));
+  auto& cache = be.conv_algos(lock);
+  if (const auto it = cache.find(key); it != cache.end()) {
+    CUDNN_CHECK(run_algo<Pass>(be, lock, h, d, it->second, dtype, out, in_a, in_b));
+    return;
+  }
+  cudnnStatus_t last = CUDNN_STATUS_NOT_SUPPORTED;
+  bool workspace_too_large = false;
+  for (const ConvAlgo& algo : candidate_algos<Pass>(h, d, dtype, settings)) {
+    if (algo.workspace > 0 && be.scratch(lock, algo.workspace) == nullptr) {
+      workspace_too_large = true;
+      continue;
+    }
+    last = run_algo<Pass>(be, lock, h, d, algo, dtype, out, in_a, in_b);
+    if (last == CUDNN_STATUS_SUCCESS) {
+      cache.emplace(key, algo);
+      return;
+    }
+  }
+  EF_ERROR(Pass::kName, ": cuDNN has no usable ", settings.deterministic ? "deterministic " : "",
+           "algorithm for this shape on ", be.name(),
+           workspace_too_large ? " (some need more workspace memory than is free)" : "", "; the last one tried said '",
+           cudnnGetErrorString(last), "'");
 }
 
 }  // namespace

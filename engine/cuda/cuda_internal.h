@@ -1,12 +1,12 @@
-// The CudaBackend class, shared by the three files that implement it: cuda_backend.cu (device,
-// stream, memory, copies, library handles), cuda_kernels.cu (elementwise ops, reductions, softmax,
-// pooling, indexing, random numbers, gemm) and cuda_conv.cu (cuDNN convolutions). Only .cu files
-// include this header; the rest of the engine sees cuda_backend.h.
+// The CudaBackend class, shared by the files that implement it: cuda_backend.cu (device, stream,
+// memory, copies, library handles, index checks), one file per kernel family (cuda_elementwise.cu,
+// cuda_unary.cu, cuda_reduce.cu, cuda_normalization.cu, cuda_indexing.cu, cuda_pooling.cu,
+// cuda_adam.cu, cuda_gemm.cu) and cuda_conv.cu (cuDNN convolutions). Only .cu files include this
+// header; the rest of the engine sees cuda_backend.h.
 #pragma once
 
 #include <array>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -15,6 +15,7 @@
 
 #include "evenflow/engine/backend.h"
 #include "evenflow/engine/cuda/cuda_check.h"
+#include "evenflow/engine/cuda/deferred_errors.h"
 #include "evenflow/engine/device.h"
 
 namespace evenflow::cuda_backend {
@@ -52,7 +53,7 @@ class CudaBackend final : public Backend {
   void copy_to_host(void* dst, const void* src, size_t nbytes) override;
   void synchronize() override;
 
-  // Kernels (cuda_kernels.cu).
+  // Kernels (one file per family: cuda_<family>.cu).
   void fill(const View& out, double value) override;
   void arange(const View& out, double start, double step) override;
   void copy(const View& out, const View& x) override;
@@ -76,8 +77,9 @@ class CudaBackend final : public Backend {
   void index_add(const View& out, int dim, const View& index, const View& src) override;
   void random(const View& out, RandomKind kind, double a, double b, uint64_t seed, uint64_t offset) override;
 
-  // Convolutions (cuda_conv.cu).
   void max_pool2d_backward(const PoolArgs& args, const View& gx, const View& gy, const View& indices) override;
+
+  // Convolutions (cuda_conv.cu).
   void conv2d(const ConvArgs& args, const View& y, const View& x, const View& w, const View& bias) override;
   void conv2d_input_grad(const ConvArgs& args, const View& gx, const View& gy, const View& w) override;
   void conv2d_weight_grad(const ConvArgs& args, const View& gw, const View& x, const View& gy) override;
@@ -100,21 +102,20 @@ class CudaBackend final : public Backend {
   void* scratch(const Lock& held, size_t nbytes);
   std::map<ConvKey, ConvAlgo>& conv_algos(const Lock& held);
 
-  // Note [Index checks]: the flag a kernel about to be queued sets on a bad index ({1, the index},
-  // two int64 in page-locked host memory), remembered with `describe`, which makes the message of
-  // the error the next synchronization throws from the index.
-  int64_t* index_check_flag(std::function<std::string(int64_t)> describe) const;
+  // Note [Index checks]: reserves the flag of an indexing kernel about to be queued, with `describe`,
+  // which makes the message of the error the next synchronization throws from the bad index. Queue
+  // the kernel while the slot is alive.
+  DeferredErrors::Slot index_check(std::function<std::string(int64_t)> describe) const;
   // An error about work queued on this device found by another thread (an NCCL collective that
   // failed or timed out: Note [NCCL watchdog]); the next synchronization throws it, once.
-  void report_error(const std::string& message) const;
+  void report_error(const std::string& message) const { deferred_errors_.report(message); }
   // Forgets a reported error not yet thrown (its communicator was reset: Note [Aborting NCCL]).
-  void clear_reported_error() const;
+  void clear_reported_error() const { deferred_errors_.clear_reported(); }
 
  private:
   // Waits for the stream, then throws ef::Error for a reported error (report_error) or else the
   // first bad index of the indexing kernels queued before (Note [Index checks]).
   void synchronize_and_check() const;
-  void check_indices(uint64_t queued_before) const;
   void check_held(const Lock& held) const;
   // Page-locked staging buffers for copy_from_host (Note [Host-to-device copies]).
   void* acquire_staging(size_t size_class);
@@ -135,18 +136,8 @@ class CudaBackend final : public Backend {
   std::mutex staging_mu_;
   std::map<size_t, std::vector<void*>> staging_free_;  // by size class
 
-  // Note [Index checks]. Mutable: bookkeeping of queued work, kept by const kernel launchers.
-  struct IndexLaunch {
-    uint64_t sequence;  // its flag is flags[sequence % kIndexFlags]
-    std::function<std::string(int64_t)> describe;
-  };
-  static constexpr uint64_t kIndexFlags = 1024;
-  mutable std::mutex index_mu_;
-  mutable int64_t* index_flags_ = nullptr;          // kIndexFlags x 2, page-locked, mapped
-  mutable int64_t* index_flags_device_ = nullptr;   // the same memory, as kernels address it
-  mutable std::deque<IndexLaunch> index_launches_;  // queued, not yet checked, in queue order
-  mutable uint64_t index_sequence_ = 0;
-  mutable std::string reported_error_;  // report_error's first message, until thrown; guarded by index_mu_
+  // Mutable: bookkeeping of queued work, kept by const kernel launchers.
+  mutable DeferredErrors deferred_errors_;
 };
 
 }  // namespace evenflow::cuda_backend

@@ -1,0 +1,58 @@
+// The CUDA backend's matrix products through cuBLAS (row-major, batched, strided).
+#include "evenflow/engine/cuda/cuda_launch.cuh"
+
+namespace evenflow::cuda_backend {
+
+// Note [Row-major gemm on cuBLAS]
+// cuBLAS is column-major. A row-major matrix with row stride ld is, read column-major with leading
+// dimension ld, its own transpose. So the row-major C = op(A)·op(B)  [m,k]x[k,n]  is the
+// column-major Cᵀ = op(B)ᵀ·op(A)ᵀ  [n,k]x[k,m]: pass B first, then A, swap m and n, and keep each
+// operand's transpose flag. Batch strides may be 0 (an operand shared by every batch).
+// Float32 runs on TF32 tensor cores only where cuda_math().allow_tf32_matmul allows it (off by
+// default, as in PyTorch): otherwise CUBLAS_COMPUTE_32F, true fp32 FMA, so results agree with the CPU
+// backend within float rounding.
+void CudaBackend::gemm(const GemmArgs& g) {
+  activate();
+  EF_CHECK(is_floating(g.dtype), "gemm: dtype ", dtype_name(g.dtype),
+           " is not supported (float32 or float64 expected)");
+  if (g.m == 0 || g.n == 0 || g.batch == 0) return;
+  if (g.k == 0) {  // C = beta·C; cuBLAS wants k >= 1
+    View c;
+    c.data = g.c;
+    c.dtype = g.dtype;
+    c.ndim = 3;
+    c.shape[0] = g.batch;
+    c.shape[1] = g.m;
+    c.shape[2] = g.n;
+    c.strides[0] = g.stride_c;
+    c.strides[1] = g.ldc;
+    c.strides[2] = 1;
+    if (g.beta == 0.0)
+      fill(c, 0.0);
+    else
+      unary(UnaryOp::MulScalar, c, c, g.beta, 0.0);
+    return;
+  }
+  // cuBLAS checks ld >= (row-major) columns even for a single-row matrix, whose ld we never use.
+  auto ld_of = [](int64_t ld, int64_t rows, int64_t cols) { return rows <= 1 ? std::max<int64_t>({ld, cols, 1}) : ld; };
+  const int64_t lda = ld_of(g.lda, g.trans_a ? g.k : g.m, g.trans_a ? g.m : g.k);
+  const int64_t ldb = ld_of(g.ldb, g.trans_b ? g.n : g.k, g.trans_b ? g.k : g.n);
+  const int64_t ldc = ld_of(g.ldc, g.m, g.n);
+  const bool f32 = g.dtype == DType::Float32;
+  const float alpha_f = static_cast<float>(g.alpha), beta_f = static_cast<float>(g.beta);
+  const void* alpha = f32 ? static_cast<const void*>(&alpha_f) : static_cast<const void*>(&g.alpha);
+  const void* beta = f32 ? static_cast<const void*>(&beta_f) : static_cast<const void*>(&g.beta);
+  const cudaDataType type = f32 ? CUDA_R_32F : CUDA_R_64F;
+  // Note [CUDA math settings] (engine/device.h): TF32 for float32 products only when allowed.
+  const cublasComputeType_t compute = !f32                            ? CUBLAS_COMPUTE_64F
+                                      : cuda_math().allow_tf32_matmul ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                                                      : CUBLAS_COMPUTE_32F;
+
+  const Lock lock = lock_libraries();
+  CUBLAS_CHECK(cublasGemmStridedBatchedEx_64(cublas(lock), g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                             g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, g.n, g.m, g.k, alpha, g.b, type,
+                                             ldb, g.stride_b, g.a, type, lda, g.stride_a, beta, g.c, type, ldc,
+                                             g.stride_c, g.batch, compute, CUBLAS_GEMM_DEFAULT));
+}
+
+}  // namespace evenflow::cuda_backend

@@ -1,0 +1,272 @@
+// The CUDA backend's row and group normalizations: softmax and log-softmax, and the fused layer
+// norm / batch norm forward and first-order backward (Note [Fused normalization]).
+#include "evenflow/engine/cuda/cuda_launch.cuh"
+
+namespace evenflow::cuda_backend {
+namespace {
+
+// --- Softmax ------------------------------------------------------------------------------------------
+
+// NaN wins from either side, so that every thread of a group reduces to the same maximum (the
+// plain a > b ? a : b is not symmetric in NaN); a row holding a NaN then gives NaN, as in PyTorch.
+struct MaxOf {
+  template <typename T>
+  __device__ T operator()(T a, T b) const {
+    return a > b || scalar::isnan_(a) ? a : b;
+  }
+};
+struct SumOf {
+  template <typename T>
+  __device__ T operator()(T a, T b) const {
+    return a + b;
+  }
+};
+
+// Combines v over a group of K threads (K = 32: one warp; K > 32: the whole block, K threads);
+// every thread of the group gets the result. `shared` holds K / 32 values.
+template <int K, typename T, typename Combine>
+__device__ __forceinline__ T group_all_reduce(T v, Combine combine, T* shared) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) v = combine(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  if constexpr (K > 32) {
+    const int warp = static_cast<int>(threadIdx.x) / 32;
+    __syncthreads();  // the previous call's readers are done with `shared`
+    if (threadIdx.x % 32 == 0) shared[warp] = v;
+    __syncthreads();
+    v = shared[0];
+    for (int w = 1; w < K / 32; ++w) v = combine(v, shared[w]);
+  }
+  return v;
+}
+
+// Threads of a group that is a whole block: wide softmax rows, normalization groups.
+constexpr int kBlockGroupThreads = 512;
+
+// One group of K threads per row (K = 32 for rows of up to 1024 columns, else one block per row).
+// Numerically stable: exp(x - max). Groups are whole warps or the whole block, so the row loop's
+// condition is uniform where the group synchronizes.
+template <int K, typename T>
+__global__ void softmax_kernel(T* out, const T* x, int64_t rows, int64_t cols, bool log) {
+  __shared__ T shared[K / 32];
+  const int rows_per_block = static_cast<int>(blockDim.x) / K;
+  const int lane = static_cast<int>(threadIdx.x) % K;
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * rows_per_block + threadIdx.x / K; row < rows;
+       row += static_cast<int64_t>(gridDim.x) * rows_per_block) {
+    const T* xr = x + row * cols;
+    T* yr = out + row * cols;
+    T max = -std::numeric_limits<T>::infinity();
+    for (int64_t c = lane; c < cols; c += K) max = MaxOf{}(max, xr[c]);
+    max = group_all_reduce<K>(max, MaxOf{}, shared);
+    T sum = 0;
+    for (int64_t c = lane; c < cols; c += K) sum += scalar::exp_(xr[c] - max);
+    sum = group_all_reduce<K>(sum, SumOf{}, shared);
+    if (log) {
+      const T log_sum = scalar::log_(sum);
+      for (int64_t c = lane; c < cols; c += K) yr[c] = xr[c] - max - log_sum;
+    } else {
+      for (int64_t c = lane; c < cols; c += K) yr[c] = scalar::exp_(xr[c] - max) / sum;
+    }
+  }
+}
+
+// --- Normalization --------------------------------------------------------------------------------------
+
+// NormArgs (backend.h): one group of K threads per statistic group, as in softmax_kernel (K = 32 for
+// layer norm rows of up to 1024 features, else the whole block). Element j of a group is
+// x[(j / inner) * groups * inner + g * inner + j % inner]; I (uint32_t where every offset fits) keeps
+// that division cheap. Three passes over the group: mean, variance about it, output.
+template <int K, typename I, typename T>
+__global__ void normalize_kernel(NormArgs a, T* y, T* mean_out, T* var_out, const T* x, const T* w, const T* b) {
+  __shared__ T shared[K / 32];
+  const int groups_per_block = static_cast<int>(blockDim.x) / K;
+  const int lane = static_cast<int>(threadIdx.x) % K;
+  const I inner = static_cast<I>(a.inner), n = static_cast<I>(a.outer * a.inner);
+  const I stride = static_cast<I>(a.groups * a.inner);
+  for (int64_t g = static_cast<int64_t>(blockIdx.x) * groups_per_block + threadIdx.x / K; g < a.groups;
+       g += static_cast<int64_t>(gridDim.x) * groups_per_block) {
+    const T* xg = x + g * a.inner;
+    T* yg = y + g * a.inner;
+    T sum = 0;
+    for (I j = lane; j < n; j += K) sum += xg[j / inner * stride + j % inner];
+    sum = group_all_reduce<K>(sum, SumOf{}, shared);
+    const T mean = sum / static_cast<T>(n);
+    T squares = 0;
+    for (I j = lane; j < n; j += K) {
+      const T d = xg[j / inner * stride + j % inner] - mean;
+      squares += d * d;
+    }
+    squares = group_all_reduce<K>(squares, SumOf{}, shared);
+    const T var = squares / static_cast<T>(n);
+    const T rstd = T(1) / scalar::sqrt_(var + static_cast<T>(a.eps));
+    if (lane == 0) {
+      mean_out[g] = mean;
+      var_out[g] = var;
+    }
+    for (I j = lane; j < n; j += K) {
+      const I i = j % inner, at = j / inner * stride + i;
+      T v = (xg[at] - mean) * rstd;
+      if (w != nullptr) v *= w[a.affine_per_group ? static_cast<I>(g) : i];
+      if (b != nullptr) v += b[a.affine_per_group ? static_cast<I>(g) : i];
+      yg[at] = v;
+    }
+  }
+}
+
+// Backend::normalize_backward: one group of K threads per statistic group, as normalize_kernel;
+// two passes (the sums, then gx). A per-group weight factors out of the sums (taken without it:
+// gw and gb per group). Per-feature gw and gb (layer norm) sum over groups: feature_sums_kernel.
+template <int K, typename I, typename T>
+__global__ void normalize_backward_kernel(NormArgs a, T* gx, T* gw, T* gb, const T* gy, const T* x, const T* mean,
+                                          const T* rstd, const T* w) {
+  __shared__ T shared[K / 32];
+  const int groups_per_block = static_cast<int>(blockDim.x) / K;
+  const int lane = static_cast<int>(threadIdx.x) % K;
+  const I inner = static_cast<I>(a.inner), n = static_cast<I>(a.outer * a.inner);
+  const I stride = static_cast<I>(a.groups * a.inner);
+  const T* fw = w != nullptr && !a.affine_per_group ? w : nullptr;
+  for (int64_t g = static_cast<int64_t>(blockIdx.x) * groups_per_block + threadIdx.x / K; g < a.groups;
+       g += static_cast<int64_t>(gridDim.x) * groups_per_block) {
+    const T* xg = x + g * a.inner;
+    const T* gyg = gy + g * a.inner;
+    const T m = mean[g], r = rstd[g];
+    T sum_g = 0, sum_g_x_hat = 0;
+    for (I j = lane; j < n; j += K) {
+      const I i = j % inner, at = j / inner * stride + i;
+      const T x_hat = (xg[at] - m) * r, g_hat = fw != nullptr ? gyg[at] * fw[i] : gyg[at];
+      sum_g += g_hat;
+      sum_g_x_hat += g_hat * x_hat;
+    }
+    sum_g = group_all_reduce<K>(sum_g, SumOf{}, shared);
+    sum_g_x_hat = group_all_reduce<K>(sum_g_x_hat, SumOf{}, shared);
+    T group_w = 1;
+    if (a.affine_per_group) {
+      if (lane == 0 && gw != nullptr) gw[g] = sum_g_x_hat;
+      if (lane == 0 && gb != nullptr) gb[g] = sum_g;
+      if (w != nullptr) group_w = w[g];
+    }
+    if (gx == nullptr) continue;
+    const T mean_g = sum_g / static_cast<T>(n) * group_w, mean_g_x_hat = sum_g_x_hat / static_cast<T>(n) * group_w;
+    T* gxg = gx + g * a.inner;
+    for (I j = lane; j < n; j += K) {
+      const I i = j % inner, at = j / inner * stride + i;
+      const T x_hat = (xg[at] - m) * r, g_hat = gyg[at] * (fw != nullptr ? fw[i] : group_w);
+      gxg[at] = r * (g_hat - mean_g - x_hat * mean_g_x_hat);
+    }
+  }
+}
+
+// Per-feature gw = Σ gy·x̂ and gb = Σ gy over the groups (rows) of a layer norm: a thread per
+// feature, adjacent threads reading adjacent features of a row.
+template <typename T>
+__global__ void feature_sums_kernel(NormArgs a, T* gw, T* gb, const T* gy, const T* x, const T* mean, const T* rstd) {
+  for (int64_t i = thread_index(); i < a.inner; i += grid_stride()) {
+    T sw = 0, sb = 0;
+    for (int64_t g = 0; g < a.groups; ++g) {
+      const int64_t at = g * a.inner + i;
+      sw += gy[at] * ((x[at] - mean[g]) * rstd[g]);
+      sb += gy[at];
+    }
+    if (gw != nullptr) gw[i] = sw;
+    if (gb != nullptr) gb[i] = sb;
+  }
+}
+
+}  // namespace
+
+void CudaBackend::softmax(const View& out, const View& x, bool log) {
+  activate();
+  EF_ASSERT(out.dtype == x.dtype && x.ndim >= 1 && out.is_contiguous() && x.is_contiguous(),
+            "softmax: operands must be contiguous and of one dtype");
+  const int64_t cols = x.shape[x.ndim - 1];
+  if (x.numel() == 0) return;
+  const int64_t rows = x.numel() / cols;
+  EF_DISPATCH_FLOAT(x.dtype, "softmax", [&] {
+    auto* y = static_cast<scalar_t*>(out.data);
+    const auto* xp = static_cast<const scalar_t*>(x.data);
+    if (cols <= 1024) {
+      constexpr int kRowsPerBlock = kThreads / 32;
+      const int grid = static_cast<int>(std::min<int64_t>(ceil_div(rows, kRowsPerBlock), INT32_MAX));
+      softmax_kernel<32, scalar_t><<<grid, kThreads, 0, stream_>>>(y, xp, rows, cols, log);
+    } else {
+      const int grid = static_cast<int>(std::min<int64_t>(rows, INT32_MAX));
+      softmax_kernel<kBlockGroupThreads, scalar_t><<<grid, kBlockGroupThreads, 0, stream_>>>(y, xp, rows, cols, log);
+    }
+    EF_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void CudaBackend::normalize(const NormArgs& args, const View& y, const View& mean, const View& var, const View& x,
+                            const View& weight, const View& bias) {
+  activate();
+  EF_ASSERT(x.is_contiguous() && y.is_contiguous() && mean.is_contiguous() && var.is_contiguous(),
+            "normalize: expects contiguous views");
+  if (args.groups == 0 || args.outer * args.inner == 0) return;
+  EF_DISPATCH_FLOAT(x.dtype, "normalize", [&] {
+    auto* yp = static_cast<scalar_t*>(y.data);
+    auto* mp = static_cast<scalar_t*>(mean.data);
+    auto* vp = static_cast<scalar_t*>(var.data);
+    const auto* xp = static_cast<const scalar_t*>(x.data);
+    const auto* wp = static_cast<const scalar_t*>(weight.data);
+    const auto* bp = static_cast<const scalar_t*>(bias.data);
+    // Offsets reach outer * groups * inner, plus one stride of the loop.
+    with_index_type(x.numel() + args.groups * args.inner, [&](auto index) {
+      using I = decltype(index);
+      if (args.outer == 1 && args.inner <= 1024) {
+        constexpr int kGroupsPerBlock = kThreads / 32;
+        const int grid = static_cast<int>(std::min<int64_t>(ceil_div(args.groups, kGroupsPerBlock), INT32_MAX));
+        normalize_kernel<32, I, scalar_t><<<grid, kThreads, 0, stream_>>>(args, yp, mp, vp, xp, wp, bp);
+      } else {
+        const int grid = static_cast<int>(std::min<int64_t>(args.groups, INT32_MAX));
+        normalize_kernel<kBlockGroupThreads, I, scalar_t>
+            <<<grid, kBlockGroupThreads, 0, stream_>>>(args, yp, mp, vp, xp, wp, bp);
+      }
+    });
+    EF_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void CudaBackend::normalize_backward(const NormArgs& args, const View& gx, const View& gw, const View& gb,
+                                     const View& gy, const View& x, const View& mean, const View& rstd,
+                                     const View& weight) {
+  activate();
+  EF_ASSERT(x.is_contiguous() && gy.is_contiguous() && mean.is_contiguous() && rstd.is_contiguous(),
+            "normalize_backward: expects contiguous views");
+  if (args.groups == 0 || args.outer * args.inner == 0) return;
+  EF_DISPATCH_FLOAT(x.dtype, "normalize_backward", [&] {
+    using T = scalar_t;
+    auto* gxp = static_cast<T*>(gx.data);
+    auto* gwp = static_cast<T*>(gw.data);
+    auto* gbp = static_cast<T*>(gb.data);
+    const auto* gyp = static_cast<const T*>(gy.data);
+    const auto* xp = static_cast<const T*>(x.data);
+    const auto* mp = static_cast<const T*>(mean.data);
+    const auto* rp = static_cast<const T*>(rstd.data);
+    const auto* wp = static_cast<const T*>(weight.data);
+    // The group kernel writes gx, and per-group gw and gb; per-feature ones need the rows summed.
+    T* group_gw = args.affine_per_group ? gwp : nullptr;
+    T* group_gb = args.affine_per_group ? gbp : nullptr;
+    if (gxp != nullptr || group_gw != nullptr || group_gb != nullptr) {
+      with_index_type(x.numel() + args.groups * args.inner, [&](auto index) {
+        using I = decltype(index);
+        if (args.outer == 1 && args.inner <= 1024) {
+          constexpr int kGroupsPerBlock = kThreads / 32;
+          const int grid = static_cast<int>(std::min<int64_t>(ceil_div(args.groups, kGroupsPerBlock), INT32_MAX));
+          normalize_backward_kernel<32, I, T>
+              <<<grid, kThreads, 0, stream_>>>(args, gxp, group_gw, group_gb, gyp, xp, mp, rp, wp);
+        } else {
+          const int grid = static_cast<int>(std::min<int64_t>(args.groups, INT32_MAX));
+          normalize_backward_kernel<kBlockGroupThreads, I, T>
+              <<<grid, kBlockGroupThreads, 0, stream_>>>(args, gxp, group_gw, group_gb, gyp, xp, mp, rp, wp);
+        }
+      });
+      EF_CUDA_CHECK_LAUNCH();
+    }
+    if (!args.affine_per_group && (gwp != nullptr || gbp != nullptr)) {
+      EF_ASSERT(args.outer == 1, "normalize_backward: per-feature weights need outer == 1");
+      feature_sums_kernel<T><<<grid_for(*this, args.inner), kThreads, 0, stream_>>>(args, gwp, gbp, gyp, xp, mp, rp);
+      EF_CUDA_CHECK_LAUNCH();
+    }
+  });
+}
+
+}  // namespace evenflow::cuda_backend

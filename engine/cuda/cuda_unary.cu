@@ -1,0 +1,15 @@
+// The CUDA backend's unary ops (every UnaryOp of scalar_ops.h, float32 and float64): the largest
+// family of kernel instantiations, in a file of its own so that it compiles beside the others.
+#include "evenflow/engine/cuda/cuda_elementwise.cuh"
+
+namespace evenflow::cuda_backend {
+
+void CudaBackend::unary(UnaryOp op, const View& out, const View& x, double a, double b) {
+  activate();
+  EF_ASSERT(out.dtype == x.dtype, "unary: output ", dtype_name(out.dtype), ", input ", dtype_name(x.dtype));
+  EF_DISPATCH_FLOAT(out.dtype, "unary op", [&] {
+    visit_unary(op, [&](auto fn) { map<scalar_t, scalar_t>(*this, BoundUnary<decltype(fn)>{fn, a, b}, out, x); });
+  });
+}
+
+}  // namespace evenflow::cuda_backend
