@@ -205,7 +205,7 @@ class Backend {
   // Checks data about to be used as indices (a loss's class targets): every element of the
   // contiguous int64 `index` must lie in [0, size) or equal `allowed`. For the first that does not,
   // ef::Error(describe(value)) is thrown: at once on the CPU; on CUDA at the next synchronization
-  // (Note [Index checks] in cuda/cuda_backend.cu), so that the check does not stop the device's queue.
+  // (Note [Index checks] in cuda/deferred_errors.h), so that the check does not stop the device's queue.
   virtual void check_index_range(const View& index, int64_t size, int64_t allowed,
                                  std::function<std::string(int64_t)> describe) = 0;
 
