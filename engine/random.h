@@ -1,6 +1,8 @@
 // Counter-based random numbers (Philox4x32-10, Salmon et al., SC'11). Element i of a draw with
 // (seed, offset) depends only on (seed, offset + i), so the CPU and CUDA backends produce the same
-// numbers for the same generator state, and a draw can be split across threads freely.
+// numbers for the same generator state, and a draw can be split across threads freely. The same to
+// the last bit for uniform and Bernoulli draws; normal draws go through log and cos, whose CUDA and
+// glibc implementations may differ in the last bit or two (relative error about 1e-16).
 #pragma once
 
 #include <cstdint>
@@ -40,14 +42,25 @@ EF_HD inline double uniform01(uint32_t hi, uint32_t lo) {
   return (static_cast<double>(bits & ((uint64_t{1} << 53) - 1)) + 1.0) * (1.0 / 9007199254740992.0);
 }
 
+// a + b·c rounded twice, as the CPU computes it (GCC contracts nothing here: ISO C++ mode, and
+// cpu_backend.cpp is built with -ffp-contract=off); nvcc would otherwise fuse it into one FMA and
+// round once, and uniform draws would differ between the backends in the last bit.
+EF_HD inline double add_product(double a, double b, double c) {
+#ifdef __CUDA_ARCH__
+  return __dadd_rn(a, __dmul_rn(b, c));
+#else
+  return a + b * c;
+#endif
+}
+
 // Sample i of a draw. kind: 0 uniform in [a, b), 1 normal(mean a, std b), 2 bernoulli(p = a).
 EF_HD inline double sample(int kind, double a, double b, uint64_t seed, uint64_t index) {
   const Philox4 r = philox(seed, index);
   const double u = uniform01(r.v[0], r.v[1]);
-  if (kind == 0) return a + (b - a) * (1.0 - u);
+  if (kind == 0) return add_product(a, b - a, 1.0 - u);
   if (kind == 1) {
     const double u2 = uniform01(r.v[2], r.v[3]);
-    return a + b * ::sqrt(-2.0 * ::log(u)) * ::cos(6.283185307179586 * u2);
+    return add_product(a, b * ::sqrt(-2.0 * ::log(u)), ::cos(6.283185307179586 * u2));
   }
   return (1.0 - u) < a ? 1.0 : 0.0;
 }

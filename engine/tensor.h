@@ -95,17 +95,19 @@ class Tensor {
   /// @}
 
   /// @name Raw data
-  /// Device memory for CUDA tensors.
   /// @{
 
-  /// The address of element 0 (the storage's block plus offset()).
+  /// The address of element 0 (the storage's block plus offset()): device memory for a CUDA tensor.
   void* data_ptr() const;
-  /// The address of element 0 as a `T*` (float, double or int64_t). `data<T>()` checks T against
-  /// dtype: ef::Error when they differ.
+  /// The address of element 0 of a CPU tensor as a `T*` (float, double or int64_t), for the host to
+  /// read and write. ef::Error when T is not the dtype, or when the tensor is on a CUDA device (its
+  /// memory is not the host's: copy it with .to(cpu()) first, or take data_ptr()).
   template <typename T>
   T* data() const {
     EF_CHECK(dtype() == dtype_of<T>::value, "data<", dtype_name(dtype_of<T>::value), ">() on a ", dtype_name(dtype()),
              " tensor");
+    EF_CHECK(device().is_cpu(), "data<", dtype_name(dtype()), ">() on a tensor of ", device().str(),
+             ": the host cannot read device memory (.to(cpu()) first, or data_ptr() for the device address)");
     return static_cast<T*>(data_ptr());
   }
   /// The address, dtype, shape and strides as the backends take them (ef::Error past kMaxDims dims).

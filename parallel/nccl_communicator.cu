@@ -115,6 +115,12 @@ using cuda_backend::CudaBackend;
 // SyncBatchNorm collective that another GPU's bucket reduce waits behind. Two handles of one GPU
 // need their kernels to run concurrently, which CUDA allows and NCCL's few-SM kernels get.
 
+// NCCL connects every pair at init rather than at a first collective (NCCL 2.22+ connects lazily,
+// inside a call that blocks on the host without a timeout until the peer makes it too); a user's
+// setting wins. Set while the program starts, one thread alone: setenv races with any getenv on
+// another thread, and NCCL reads its settings once.
+[[maybe_unused]] const bool kConnectAtInit = setenv("NCCL_RUNTIME_CONNECT", "0", 0) == 0;
+
 // How long abort() waits for a GPU's mutex before aborting without it (Note [Aborting NCCL]), and
 // how long a communicator being destroyed waits, past the timeout, for its collectives to end.
 constexpr std::chrono::milliseconds kAbortLockWait{500};
@@ -837,9 +843,6 @@ std::shared_ptr<Communicator> make_nccl_communicator(const std::vector<Device>& 
              "communicator");
     backends.push_back(backend);
   }
-  // Connect every pair at init rather than at a first collective (NCCL 2.22+ connects lazily, inside
-  // a call that blocks on the host without a timeout until the peer makes it too). A user's setting wins.
-  setenv("NCCL_RUNTIME_CONNECT", "0", 0);
   return std::make_shared<NcclCommunicator>(devices, backends, std::move(processes), std::move(nccl_parent));
 }
 

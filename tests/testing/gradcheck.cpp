@@ -49,6 +49,43 @@ std::string compare(const Tensor& a, const Tensor& b, double atol, double rtol) 
   return os.str();
 }
 
+std::string compare_normwise(const Tensor& a, const Tensor& b, double tol) {
+  if (a.shape() != b.shape()) return "shape " + shape_str(a.shape()) + " vs " + shape_str(b.shape());
+  const std::vector<double> va = a.detach().to_vector(), vb = b.detach().to_vector();
+  std::ostringstream os;
+  os.precision(10);
+  double err2 = 0, ref2 = 0;
+  size_t finite = 0;
+  for (size_t i = 0; i < va.size(); ++i) {
+    if (std::isfinite(vb[i])) {
+      if (!std::isfinite(va[i])) {
+        os << "element " << i << ": " << va[i] << " vs reference " << vb[i];
+        return os.str();
+      }
+      err2 += (va[i] - vb[i]) * (va[i] - vb[i]);
+      ref2 += vb[i] * vb[i];
+      ++finite;
+    } else if (std::isnan(va[i]) != std::isnan(vb[i]) || (std::isinf(vb[i]) && va[i] != vb[i])) {
+      os << "element " << i << ": " << va[i] << " vs reference " << vb[i];
+      return os.str();
+    }
+  }
+  const double err = std::sqrt(err2), ref = std::sqrt(ref2);
+  if (err > tol * ref) {
+    os << "normwise relative error " << (ref > 0 ? err / ref : err) << " exceeds " << tol;
+    return os.str();
+  }
+  const double element_limit = 10 * tol * (finite > 0 ? ref / std::sqrt(static_cast<double>(finite)) : 0.0);
+  for (size_t i = 0; i < va.size(); ++i) {
+    if (std::isfinite(vb[i]) && std::fabs(va[i] - vb[i]) > element_limit) {
+      os << "element " << i << ": " << va[i] << " vs reference " << vb[i] << ", an error over 10 x " << tol
+         << " x rms(reference) = " << element_limit;
+      return os.str();
+    }
+  }
+  return "";
+}
+
 std::string gradcheck(const Fn& fn, const std::vector<Tensor>& inputs_in, const GradcheckOptions& o) {
   std::vector<Tensor> inputs = fresh_leaves(inputs_in);
   Tensor out = fn(inputs);

@@ -31,4 +31,14 @@ Fn first_derivative(const Fn& fn, size_t num_inputs);
 // mismatch, or empty.
 std::string compare(const Tensor& a, const Tensor& b, double atol, double rtol);
 
+// Note [Normwise comparison]
+// For results of long sums (a GEMM or convolution over K terms, a reduction of millions), rounding
+// error does not scale with each element: it is about u·√K·rms(terms) for every element alike, so an
+// element near zero carries the same absolute error as a large one and an element-wise rtol fails it
+// (TF32, u = 2^-11: a conv weight gradient over K = 100352 terms has errors of ~0.13 on elements of
+// any size). What bounds such error is the norm: ‖a − b‖₂ <= tol·‖b‖₂. A normwise check alone could
+// hide a few wrong elements in a large tensor, so each element is also held to 10·tol·rms(b) (rounding
+// error is far inside that; a wrong index or a missed tile is not). NaN and infinities must match.
+std::string compare_normwise(const Tensor& a, const Tensor& b, double tol);
+
 }  // namespace evenflow::testing

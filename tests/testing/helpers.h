@@ -31,15 +31,26 @@ std::string error_of(F&& f) {
 // True when at least `needed` CUDA (logical) devices are visible. Otherwise the calling test is
 // skipped, saying why -- or fails when EF_REQUIRE_CUDA=1 (scripts/gpu_check.sh sets it), so that a
 // GPU run cannot pass with its CUDA tests skipped. EF_CUDA_DEVICES=0,0 gives one GPU two devices.
+inline bool cuda_required() {
+  const char* require = std::getenv("EF_REQUIRE_CUDA");
+  return require != nullptr && std::string(require) == "1";
+}
+
+// Skips the calling test, saying why -- or fails it under EF_REQUIRE_CUDA=1: a GPU run must not
+// pass with part of its CUDA checks skipped.
+#define EF_SKIP_CUDA_TEST(why)                                                        \
+  do {                                                                                \
+    if (::evenflow::testing::cuda_required()) FAIL("EF_REQUIRE_CUDA=1, but " << why); \
+    MESSAGE("[skipped] " << why);                                                     \
+  } while (0)
+
 inline bool cuda_devices_available(int needed = 1) {
   const int have = cuda_device_count();
   if (have >= needed) return true;
-  std::string why = "needs " + std::to_string(needed) + " CUDA device(s) (EF_CUDA_DEVICES=0,0 makes two of one GPU), " +
-                    std::to_string(have) + " visible";
+  std::string why = "this test needs " + std::to_string(needed) +
+                    " CUDA device(s) (EF_CUDA_DEVICES=0,0 makes two of one GPU), " + std::to_string(have) + " visible";
   if (have == 0) why += ": " + cuda_unavailable_reason();
-  const char* require = std::getenv("EF_REQUIRE_CUDA");
-  if (require != nullptr && std::string(require) == "1") FAIL("EF_REQUIRE_CUDA=1, but this test " << why);
-  MESSAGE("[skipped] " << why);
+  EF_SKIP_CUDA_TEST(why);
   return false;
 }
 
