@@ -5,12 +5,14 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "evenflow/io/safetensors.h"
+#include "tests/testing/helpers.h"
 #include "tests/train/app_runner.h"
 
 using evenflow::testing::first_line;
@@ -69,6 +71,31 @@ TEST_CASE("classify: --steps writes valid outputs and --resume continues exactly
 
 TEST_CASE("classify: data-parallel on three CPU devices, float64, resumes exactly") {
   check_resume("--devices cpu:3 --dtype float64");
+}
+
+// The GPU check's data-parallel stage (scripts/gpu_check.sh, EF_CUDA_DEVICES=0,0): dropout, the
+// convolutions and the gradient all-reduce on two CUDA logical devices train what one CPU device
+// does, in float64 (1e-9: CUDA's sums run in another order than the CPU's).
+TEST_CASE("classify: two CUDA logical devices train what one CPU device does (float64)") {
+  if (!evenflow::testing::cuda_devices_available(2)) return;
+  TempDir data, one, two;
+  write_fashion_split(data, "train", 40, 0);
+  write_fashion_split(data, "t10k", 20, 3);
+  const std::string common = "--data " + data.path().string() +
+                             " --batch-size 4 --epochs 1 --workers 1 --threads 1 --print-loss --steps 6 " +
+                             "--dtype float64 ";
+  const Result a = run_app(EF_CLASSIFY_BIN, common + "--devices cpu --out " + one.path().string());
+  const Result b = run_app(EF_CLASSIFY_BIN, common + "--devices cuda:0,1 --out " + two.path().string());
+  REQUIRE_MESSAGE(a.rc == 0, a.output);
+  REQUIRE_MESSAGE(b.rc == 0, b.output);
+  const auto la = step_losses(a.output), lb = step_losses(b.output);
+  REQUIRE(la.size() == 6);
+  REQUIRE(lb.size() == la.size());
+  for (size_t i = 0; i < la.size(); ++i) {
+    CAPTURE(la[i].first);
+    const double x = std::stod(la[i].second), y = std::stod(lb[i].second);
+    CHECK(std::abs(y - x) <= 1e-9 * (1.0 + std::abs(x)));
+  }
 }
 
 TEST_CASE("classify: bad arguments exit 2 with a one-line message") {

@@ -9,6 +9,7 @@
 
 #include "apps/common/fashion_cnn.h"
 #include "evenflow/io/checkpoint.h"
+#include "tests/testing/helpers.h"
 #include "tests/train/app_runner.h"
 
 using namespace evenflow::testing;
@@ -102,6 +103,31 @@ TEST_CASE("wgan_gp: three CPU devices equal one device (float64)") {
       CAPTURE(la[i].first);
       CHECK(lb[i].first == la[i].first);
       CHECK(std::abs(lb[i].second - la[i].second) <= 1e-10 * (1.0 + std::abs(la[i].second)));
+    }
+  }
+}
+
+// The GPU check's data-parallel stage (scripts/gpu_check.sh, EF_CUDA_DEVICES=0,0): the critic's
+// penalty, SyncBatchNorm's collectives and the generator step on two CUDA logical devices give the
+// losses of one CPU device. CUDA and the CPU round float64 differently (cuDNN's and cuBLAS's sums
+// in another order), hence 1e-9 rather than the CPU's 1e-10.
+TEST_CASE("wgan_gp: two CUDA logical devices equal one CPU device (float64)") {
+  if (!cuda_devices_available(2)) return;
+  Data data;
+  for (const char* variant : {"--norm syncbn --penalty wgan-gp", "--norm layernorm --penalty dragan"}) {
+    CAPTURE(variant);
+    TempDir one, two;
+    const std::string common = data.args() + variant + " --dtype float64 --steps 2 --critic-steps 2 --print-loss ";
+    const AppResult a = run_wgan(common + "--devices cpu --out " + one.path().string());
+    const AppResult b = run_wgan(common + "--devices cuda:0,1 --out " + two.path().string());
+    REQUIRE_MESSAGE(a.rc == 0, a.output);
+    REQUIRE_MESSAGE(b.rc == 0, b.output);
+    const auto la = labelled_losses(a.output), lb = labelled_losses(b.output);
+    REQUIRE(la.size() == 6);
+    REQUIRE(lb.size() == la.size());
+    for (size_t i = 0; i < la.size(); ++i) {
+      CAPTURE(la[i].first);
+      CHECK(std::abs(lb[i].second - la[i].second) <= 1e-9 * (1.0 + std::abs(la[i].second)));
     }
   }
 }
