@@ -57,8 +57,13 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads, "intra-op threads on CPU (default: all cores)")->check(CLI::NonNegativeNumber);
   app.add_option("--min-seconds", min_seconds, "time budget per case")->check(CLI::PositiveNumber & ef::apps::finite());
   app.add_option("--only", only, "run only cases whose name contains this");
+  std::string tf32 = "conv";
+  app.add_option("--tf32", tf32,
+                 "CUDA float32 on TF32 tensor cores: conv (convolutions only, the default, as PyTorch's), all or none")
+      ->check(CLI::IsMember({"conv", "all", "none"}));
   return ef::apps::run_program(app, argc, argv, "bench_engine", [&] {
     const ef::Device d(device);
+    ef::set_cuda_math({.allow_tf32_conv = tf32 != "none", .allow_tf32_matmul = tf32 == "all"});
     if (threads > 0) ef::set_num_threads(threads);
     const ef::TensorOptions o{.dtype = ef::kFloat32, .device = d};
     ef::manual_seed(d, 0);

@@ -37,7 +37,7 @@ echo "== PyTorch $("$python" -c 'import torch; print(torch.__version__)')" >&2
 
 # metrics.csv: epoch,step,train_loss,test_loss,test_accuracy,seconds,images_per_s
 awk -F, 'NR > 1 { print $6, $5 }' "$out/ef/metrics.csv" > "$out/ef.txt"
-awk '{ print $4, $8 }' "$out/torch.txt" > "$out/th.txt"
+awk '$1 == "epoch" { print $4, $8 }' "$out/torch.txt" > "$out/th.txt"
 echo
 printf '%-6s %12s %12s %8s %10s %10s\n' epoch "evenflow s" "pytorch s" ratio "ef acc" "torch acc"
 paste -d' ' "$out/ef.txt" "$out/th.txt" | awk '{ printf "%-6d %12.2f %12.2f %8.2f %10.4f %10.4f\n", NR, $1, $3, $1 / $3, $2, $4 }'

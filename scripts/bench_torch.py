@@ -8,6 +8,8 @@ import time
 
 import torch
 
+from torch_tf32 import CHOICES, set_tf32
+
 
 def time_it(fn, device, min_seconds):
     def sync():
@@ -40,14 +42,13 @@ def main():
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--min-seconds", type=float, default=1.0)
     p.add_argument("--only", default="")
+    p.add_argument("--tf32", default="conv", choices=CHOICES, help="as bench_engine's --tf32 (torch_tf32.py)")
     a = p.parse_args()
     if a.threads > 0:
         torch.set_num_threads(a.threads)
     dev = a.device
-    # Full-precision float32 on both sides (no TF32), as evenflow computes.
     if dev.startswith("cuda"):
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
+        print(set_tf32(a.tf32), file=sys.stderr)
         torch.backends.cudnn.benchmark = True
     torch.manual_seed(0)
     kw = dict(device=dev, dtype=torch.float32)

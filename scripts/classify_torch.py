@@ -4,7 +4,8 @@
 Dropout(0.4)-Linear(1024,10)), Adam, batch size and thread count, reading the same FashionMNIST IDX
 files (gzip or raw). Prints one line per epoch:
     epoch <e> seconds <training seconds> images_per_s <x> test_accuracy <fraction>
-Runs with Debian's python3-torch (1.13); needs only torch and numpy."""
+Runs with Debian's python3-torch (1.13); needs only torch and numpy. On a GPU, TF32 in convolutions
+only (--tf32 conv, PyTorch's default and evenflow's)."""
 import argparse
 import time
 
@@ -14,6 +15,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from fashion_idx import read_idx  # scripts/fashion_idx.py
+from torch_tf32 import CHOICES, set_tf32  # scripts/torch_tf32.py
 
 
 def load(root, split):
@@ -38,11 +40,14 @@ def main():
     p.add_argument("--device", default="cpu")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--limit-steps", type=int, default=0, help="stop after this many steps in all (smoke runs)")
+    p.add_argument("--tf32", default="conv", choices=CHOICES, help="on a GPU: as evenflow's setting (torch_tf32.py)")
     a = p.parse_args()
     if a.threads > 0:
         torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
     device = torch.device(a.device)
+    if device.type == "cuda":
+        print(set_tf32(a.tf32), flush=True)
     x_train, y_train = load(a.data, "train")
     x_test, y_test = load(a.data, "t10k")
     model = make_model().to(device)

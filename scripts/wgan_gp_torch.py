@@ -14,9 +14,9 @@ baseline, whatever number of devices evenflow is given.
              -mean D(G(z)), with the critic frozen. Adam(lr 1e-4, betas (0, 0.9)) for both networks.
              Each loss is read with .item(), as the app does (it logs them).
 
-Arithmetic as evenflow's: float32 without TF32 (evenflow's cuDNN and cuBLAS calls use FMA math), unless
---tf32. cudnn.benchmark is on (the shapes never change; the warm-up steps pay for the search) unless
---no-cudnn-benchmark (evenflow takes cuDNN's heuristic choice, deterministic algorithms first).
+Arithmetic as evenflow's: float32 with TF32 in convolutions only, the default of both (--tf32 conv; all
+or none must match the evenflow run's setting). cudnn.benchmark is on (the shapes never change; the
+warm-up steps pay for the search) unless --no-cudnn-benchmark (evenflow takes cuDNN's heuristic choice).
 
 Timing: --warmup generator steps, then --steps timed ones (torch.cuda.synchronize() at both ends on
 CUDA). Prints one line:
@@ -33,6 +33,7 @@ import torch
 import torch.nn as nn
 
 from fashion_idx import read_idx  # scripts/fashion_idx.py
+from torch_tf32 import CHOICES, set_tf32  # scripts/torch_tf32.py
 
 
 def load_train_images(root):
@@ -122,7 +123,8 @@ def main():
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="one device: cuda, cuda:N, cpu")
     p.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: torch's default)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--tf32", action="store_true", help="allow TF32 in cuDNN and cuBLAS (evenflow does not)")
+    p.add_argument("--tf32", default="conv", choices=CHOICES,
+                   help="conv (default: PyTorch's and evenflow's), all or none (torch_tf32.py)")
     p.add_argument("--no-cudnn-benchmark", action="store_true", help="cuDNN's heuristic algorithms, no search")
     a = p.parse_args()
     for name in ("steps", "batch_size", "critic_steps", "width", "z_dim"):
@@ -138,8 +140,7 @@ def main():
     device = torch.device(a.device)
     cuda = device.type == "cuda"
     if cuda:
-        torch.backends.cuda.matmul.allow_tf32 = a.tf32
-        torch.backends.cudnn.allow_tf32 = a.tf32
+        print(set_tf32(a.tf32))
         torch.backends.cudnn.benchmark = not a.no_cudnn_benchmark
 
     reals = RealBatches(load_train_images(a.data), a.batch_size, device)
