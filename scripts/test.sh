@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up, builds and runs every test: the formatting check, the API reference (no undocumented
-# public declaration), the full suite (CUDA compiled and linked, warnings as errors), the installs
+# public declaration), the full suite (CUDA compiled and linked, warnings as errors), the GPU
+# check's preparation (scripts/gpu_check.sh --prepare: a rehearsal of the GPU build), the installs
 # and the example project, the threaded tests again under ThreadSanitizer, the CPU suite (the
 # programs' bad-input table included) under AddressSanitizer + UBSan, and the readers of untrusted
 # files under libFuzzer (60 s each). CUDA tests skip, saying why, where no GPU is visible.
@@ -9,7 +10,7 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 
 echo "== format check"
-git ls-files '*.h' '*.cpp' '*.cu' | xargs clang-format --dry-run -Werror
+git ls-files '*.h' '*.cpp' '*.cu' '*.cuh' | xargs clang-format --dry-run -Werror
 
 echo "== API reference (Doxygen; any warning fails)"
 bash scripts/docs.sh
@@ -18,6 +19,9 @@ echo "== build (Release, warnings as errors)"
 BUILD_DIR=build bash scripts/build.sh -DEF_WERROR=ON
 echo "== tests"
 (cd build && ctest --output-on-failure --timeout 900 -j "$(nproc)")
+
+echo "== the GPU check's preparation, rehearsed: the GPU build against build-deps/ alone (docs/gpu.md)"
+bash scripts/gpu_check.sh --prepare
 
 echo "== installs (with CUDA, CPU-only) and the example project built against each with find_package"
 bash scripts/test_install.sh
