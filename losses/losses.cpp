@@ -201,8 +201,18 @@ Tensor focal_loss(const Tensor& logits, const Tensor& target, const FocalOptions
   EF_CHECK(o.gamma >= 0, "focal_loss: gamma must be non-negative, got ", o.gamma);
   const Tensor log_pt = pick_target(log_softmax(logits, 1), t.clean);
   Tensor per = neg(log_pt);
-  // γ = 0 is cross-entropy; pow(x, 0) would still put 0·x^-1 (NaN at x = 0) into the gradient.
-  if (o.gamma != 0) per = per * pow(1.0 - exp(log_pt), o.gamma);
+  // Note [Focal loss at saturated pixels]
+  // Where p_t rounds to 1 (a logit gap of ~17 in float32, ~37 in float64), u = 1 - p_t is exactly
+  // 0, and pow(u, γ)'s derivative γ·u^(γ-1) is infinite for γ < 1 (its second derivative for γ < 2):
+  // times the zero derivative of u, NaN. The loss there is 0 with zero derivatives of every order
+  // (it behaves as u^(γ+1)), so the factor is taken as the constant 0 (γ > 0) and pow only ever sees
+  // a nonzero u: where() alone would not do, as the unselected branch's NaN still reaches the
+  // gradient (0·NaN). γ = 0 is cross-entropy, with no factor at all.
+  if (o.gamma != 0) {
+    const Tensor u = 1.0 - exp(log_pt);
+    const Tensor saturated = eq(u, zeros_like(u));
+    per = per * where(saturated, zeros_like(u), pow(where(saturated, ones_like(u), u), o.gamma));
+  }
   if (o.alpha.defined()) per = per * take_class(o.alpha, t.clean);
   per = masked(per, t.valid);
   if (o.reduction != Reduction::Mean) return reduce(per, o.reduction);

@@ -4,6 +4,7 @@
 // gradgradcheck there checks third derivatives of the critic.
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <set>
 
 #include "tests/losses/loss_fixture.h"
@@ -95,4 +96,29 @@ TEST_CASE("gradcheck: Wasserstein losses; penalties w.r.t. the critic's paramete
 
 TEST_CASE("gradgradcheck: Wasserstein losses; penalties w.r.t. the critic's parameters") {
   CHECK(check_all(kGan, gradgradcheck) == 5);
+}
+
+// Note [Focal loss at saturated pixels]: pixels whose target probability rounds to 1 (logit gaps
+// of 40 in float64, 20 in float32) beside ordinary ones, for γ on both sides of 1 and 2.
+TEST_CASE("focal_loss at saturated pixels: finite to second order, gradcheck and gradgradcheck, every gamma") {
+  const Tensor target = from_int_vector({0, 2, 1, 2}, {4});
+  for (const double gamma : {0.0, 0.25, 0.5, 1.0, 1.5, 2.0, 3.0}) {
+    CAPTURE(gamma);
+    for (const DType dtype : {kFloat64, kFloat32}) {
+      const double gap = dtype == kFloat64 ? 40.0 : 20.0;
+      std::vector<double> v = {gap, 0.0, 0.0, 0.3, -0.2, 0.1, 0.0, gap, -1.0, 0.0, 0.5, 0.2};
+      const Tensor logits = from_vector(v, {4, 3}, {.dtype = dtype}).requires_grad_(true);
+      const Tensor loss = losses::focal_loss(logits, target, {.gamma = gamma});
+      const Tensor g = grad({loss}, {logits}, {}, {.create_graph = true})[0];
+      const Tensor gg = grad({sum(square(g))}, {logits})[0];
+      for (const Tensor& t : {loss, g, gg}) {
+        for (const double x : t.to_vector()) CHECK(std::isfinite(x));
+      }
+    }
+    const Fn focal = [&](const std::vector<Tensor>& x) { return losses::focal_loss(x[0], target, {.gamma = gamma}); };
+    const Tensor at =
+        from_vector({40.0, 0.0, 0.0, 0.3, -0.2, 0.1, 0.0, 40.0, -1.0, 0.0, 0.5, 0.2}, {4, 3}, {.dtype = kFloat64});
+    CHECK(gradcheck(focal, {at}) == "");
+    CHECK(gradgradcheck(focal, {at}) == "");
+  }
 }
