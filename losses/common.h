@@ -50,4 +50,26 @@ Tensor nonzero(const Tensor& d);
 // The dims after the class dim of a [N, C, d1, ...] tensor: {2, 3, ...}.
 Shape spatial_dims(const Tensor& logits);
 
+// A loss before its reduction: the per-element (or per-image) losses and the divisor of their mean,
+// undefined for the plain mean over them. Every loss computes this once; its function reduces it
+// (reduced) and its loss object's parts() sums it (parts_of), so both agree by construction.
+struct Unreduced {
+  Tensor losses;
+  Tensor divisor;
+};
+Tensor reduced(const Unreduced& u, Reduction reduction);
+LossParts parts_of(const Unreduced& u);
+
+// The per-element losses of each loss, checked as the public function checks them.
+Unreduced weighted_nll(const char* loss, const Tensor& input, bool take_log_softmax, const Tensor& target,
+                       const CrossEntropyOptions& o, double smoothing);
+Unreduced focal(const Tensor& logits, const Tensor& target, const FocalOptions& o);
+Unreduced dice(const Tensor& logits, const Tensor& target, const DiceOptions& o);
+Unreduced lovasz(const Tensor& logits, const Tensor& target, const LovaszOptions& o);
+Unreduced ohem(const Tensor& logits, const Tensor& target, const OhemOptions& o);
+Unreduced squared_error(const Tensor& input, const Tensor& target);
+Unreduced absolute_error(const Tensor& input, const Tensor& target);
+Unreduced smooth_l1(const Tensor& input, const Tensor& target, double beta);
+Unreduced bce_with_logits(const Tensor& logits, const Tensor& target, const BceOptions& o);
+
 }  // namespace evenflow::losses::detail

@@ -54,14 +54,10 @@ Tensor critic_gradient(const char* loss, const Critic& critic, const Tensor& x) 
   return reshape(g, {n, -1});
 }
 
-// λ·mean (|g|₂ - 1)². sqrt has an infinite derivative at 0, so a zero gradient takes the
-// subgradient 0 there, as torch's norm does (the inner where keeps sqrt's argument away from 0).
+// λ·mean (|g|₂ - 1)², per sample: the engine's norm, whose gradient at a zero g is the subgradient
+// 0, as torch's (Note [Norm at zero] in engine/ops.cpp), and which keeps a NaN a NaN.
 Tensor unit_norm_penalty(const Tensor& g, double lambda) {
-  const Tensor sq = sum(square(g), {1});
-  const Tensor zero = zeros({}, {.dtype = g.dtype(), .device = g.device()});
-  const Tensor positive = gt(sq, zero);
-  const Tensor norms = where(positive, sqrt(where(positive, sq, ones_like(sq))), zero);
-  return mean(square(norms - 1.0)) * lambda;
+  return mean(square(norm(g, 2.0, {1}) - 1.0)) * lambda;
 }
 
 }  // namespace

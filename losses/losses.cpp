@@ -130,8 +130,12 @@ Tensor pick_target(const Tensor& log_probs, const Tensor& clean) {
 // element
 //   valid · [(1-ε)·w[t]·(-log p_t) + ε/C · Σ_c w[c]·(-log p_c)],
 // and Mean divides the sum by Σ valid·w[t], the same divisor for both terms.
-Tensor weighted_nll(const char* loss, const Tensor& input, bool take_log_softmax, const Tensor& target,
-                    const CrossEntropyOptions& o, double smoothing) {
+}  // namespace
+
+namespace detail {
+
+Unreduced weighted_nll(const char* loss, const Tensor& input, bool take_log_softmax, const Tensor& target,
+                       const CrossEntropyOptions& o, double smoothing) {
   const detail::ClassTarget t = detail::class_target(loss, input, target, o.ignore_index);
   detail::check_class_weight(loss, "weight", o.weight, input);
   EF_CHECK(smoothing >= 0 && smoothing <= 1, loss, ": label_smoothing must be in [0, 1], got ", smoothing);
@@ -144,20 +148,90 @@ Tensor weighted_nll(const char* loss, const Tensor& input, bool take_log_softmax
     const Tensor all = o.weight.defined() ? log_probs * per_class_view(o.weight, log_probs.dim()) : log_probs;
     per = per * (1.0 - smoothing) - sum(all, {1}) * (smoothing / static_cast<double>(classes));
   }
-  per = masked(per, t.valid);
-  switch (o.reduction) {
-    case Reduction::None:
-      return per;
-    case Reduction::Sum:
-      return sum(per);
-    case Reduction::Mean:
-      break;
-  }
-  const Tensor divisor = weight_t.defined() ? sum(masked(weight_t, t.valid)) : sum(t.valid);
-  return sum(per) / nonzero(divisor);
+  return {masked(per, t.valid), weight_t.defined() ? sum(masked(weight_t, t.valid)) : sum(t.valid)};
 }
 
-}  // namespace
+Unreduced focal(const Tensor& logits, const Tensor& target, const FocalOptions& o) {
+  const detail::ClassTarget t = class_target("focal_loss", logits, target, o.ignore_index);
+  check_class_weight("focal_loss", "alpha", o.alpha, logits);
+  EF_CHECK(o.gamma >= 0, "focal_loss: gamma must be non-negative, got ", o.gamma);
+  const Tensor log_pt = pick_target(log_softmax(logits, 1), t.clean);
+  Tensor per = neg(log_pt);
+  // Note [Focal loss at saturated pixels]
+  // Where p_t rounds to 1 (a logit gap of ~17 in float32, ~37 in float64), u = 1 - p_t is exactly
+  // 0, and pow(u, γ)'s derivative γ·u^(γ-1) is infinite for γ < 1 (its second derivative for γ < 2):
+  // times the zero derivative of u, NaN. The loss there is 0 with zero derivatives of every order
+  // (it behaves as u^(γ+1)), so the factor is taken as the constant 0 (γ > 0) and pow only ever sees
+  // a nonzero u: where() alone would not do, as the unselected branch's NaN still reaches the
+  // gradient (0·NaN). γ = 0 is cross-entropy, with no factor at all.
+  if (o.gamma != 0) {
+    const Tensor u = 1.0 - exp(log_pt);
+    const Tensor saturated = eq(u, zeros_like(u));
+    per = per * where(saturated, zeros_like(u), pow(where(saturated, ones_like(u), u), o.gamma));
+  }
+  if (o.alpha.defined()) per = per * take_class(o.alpha, t.clean);
+  return {masked(per, t.valid), sum(t.valid)};
+}
+
+Unreduced squared_error(const Tensor& input, const Tensor& target) {
+  check_same_float("mse_loss", input, target, "input", "target");
+  return {square(input - target), {}};
+}
+
+Unreduced absolute_error(const Tensor& input, const Tensor& target) {
+  check_same_float("l1_loss", input, target, "input", "target");
+  return {abs(input - target), {}};
+}
+
+Unreduced smooth_l1(const Tensor& input, const Tensor& target, double beta) {
+  check_same_float("smooth_l1_loss", input, target, "input", "target");
+  EF_CHECK(beta >= 0, "smooth_l1_loss: beta must be non-negative, got ", beta);
+  const Tensor d = input - target;
+  const Tensor ad = abs(d);
+  if (beta == 0) return {ad, {}};  // as torch: the quadratic part vanishes
+  const Tensor quadratic = lt(ad, scalar_tensor(beta, {.dtype = d.dtype(), .device = d.device()}));
+  return {where(quadratic, square(d) * (0.5 / beta), ad - 0.5 * beta), {}};
+}
+
+Unreduced bce_with_logits(const Tensor& logits, const Tensor& target, const BceOptions& o) {
+  const char* loss = "binary_cross_entropy_with_logits";
+  check_same_float(loss, logits, target, "logits", "target");
+  for (const auto& [w, what] : {std::pair{o.weight, "weight"}, std::pair{o.pos_weight, "pos_weight"}}) {
+    if (!w.defined()) continue;
+    EF_CHECK(w.dtype() == logits.dtype() && w.device() == logits.device(), loss, ": ", what, " is ", w.str(),
+             " but logits are ", logits.str());
+    bool broadcasts = w.dim() <= logits.dim();
+    for (int64_t i = 1; broadcasts && i <= w.dim(); ++i) broadcasts = w.size(-i) == 1 || w.size(-i) == logits.size(-i);
+    EF_CHECK(broadcasts, loss, ": ", what, " of shape ", shape_str(w.shape()), " does not broadcast to logits ",
+             shape_str(logits.shape()));
+  }
+  // softplus(-x) = m + log(e^-m + e^(-x-m)) for any m; m = max(-x, 0) keeps both exponents ≤ 0. The
+  // identity holds for every m, so m is a detached constant and the derivatives stay exact.
+  const Tensor m = relu(neg(logits.detach()));
+  const Tensor softplus_neg = m + log(exp(neg(m)) + exp(neg(logits) - m));
+  const Tensor log_weight = o.pos_weight.defined() ? (o.pos_weight - 1.0) * target + 1.0 : Tensor();
+  Tensor per = (1.0 - target) * logits + (log_weight.defined() ? log_weight * softplus_neg : softplus_neg);
+  if (o.weight.defined()) per = per * o.weight;
+  return {per, {}};
+}
+
+Tensor reduced(const Unreduced& u, Reduction reduction) {
+  if (reduction != Reduction::Mean || !u.divisor.defined()) return reduce(u.losses, reduction);
+  return sum(u.losses) / nonzero(u.divisor);
+}
+
+LossParts parts_of(const Unreduced& u) {
+  const Tensor total = sum(u.losses);
+  const Tensor weight = u.divisor.defined() ? u.divisor.detach()
+                                            : full({}, static_cast<double>(u.losses.numel()),
+                                                   {.dtype = total.dtype(), .device = total.device()});
+  return LossParts(total, weight);
+}
+
+}  // namespace detail
+
+using detail::parts_of;
+using detail::reduced;
 
 Tensor reduce(const Tensor& losses, Reduction reduction) {
   EF_CHECK(losses.defined(), "reduce: losses are undefined");
@@ -173,11 +247,11 @@ Tensor reduce(const Tensor& losses, Reduction reduction) {
 }
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, const CrossEntropyOptions& o) {
-  return weighted_nll("cross_entropy", logits, true, target, o, o.label_smoothing);
+  return reduced(detail::weighted_nll("cross_entropy", logits, true, target, o, o.label_smoothing), o.reduction);
 }
 
 Tensor nll_loss(const Tensor& log_probs, const Tensor& target, const CrossEntropyOptions& o) {
-  return weighted_nll("nll_loss", log_probs, false, target, o, 0.0);
+  return reduced(detail::weighted_nll("nll_loss", log_probs, false, target, o, 0.0), o.reduction);
 }
 
 Tensor valid_weight(const Tensor& target, int64_t ignore_index, const Tensor& weight) {
@@ -196,69 +270,121 @@ Tensor valid_weight(const Tensor& target, int64_t ignore_index, const Tensor& we
 }
 
 Tensor focal_loss(const Tensor& logits, const Tensor& target, const FocalOptions& o) {
-  const detail::ClassTarget t = detail::class_target("focal_loss", logits, target, o.ignore_index);
-  detail::check_class_weight("focal_loss", "alpha", o.alpha, logits);
-  EF_CHECK(o.gamma >= 0, "focal_loss: gamma must be non-negative, got ", o.gamma);
-  const Tensor log_pt = pick_target(log_softmax(logits, 1), t.clean);
-  Tensor per = neg(log_pt);
-  // Note [Focal loss at saturated pixels]
-  // Where p_t rounds to 1 (a logit gap of ~17 in float32, ~37 in float64), u = 1 - p_t is exactly
-  // 0, and pow(u, γ)'s derivative γ·u^(γ-1) is infinite for γ < 1 (its second derivative for γ < 2):
-  // times the zero derivative of u, NaN. The loss there is 0 with zero derivatives of every order
-  // (it behaves as u^(γ+1)), so the factor is taken as the constant 0 (γ > 0) and pow only ever sees
-  // a nonzero u: where() alone would not do, as the unselected branch's NaN still reaches the
-  // gradient (0·NaN). γ = 0 is cross-entropy, with no factor at all.
-  if (o.gamma != 0) {
-    const Tensor u = 1.0 - exp(log_pt);
-    const Tensor saturated = eq(u, zeros_like(u));
-    per = per * where(saturated, zeros_like(u), pow(where(saturated, ones_like(u), u), o.gamma));
-  }
-  if (o.alpha.defined()) per = per * take_class(o.alpha, t.clean);
-  per = masked(per, t.valid);
-  if (o.reduction != Reduction::Mean) return reduce(per, o.reduction);
-  return sum(per) / nonzero(sum(t.valid));
+  return reduced(detail::focal(logits, target, o), o.reduction);
 }
 
 Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
-  detail::check_same_float("mse_loss", input, target, "input", "target");
-  return reduce(square(input - target), reduction);
+  return reduced(detail::squared_error(input, target), reduction);
 }
 
 Tensor l1_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
-  detail::check_same_float("l1_loss", input, target, "input", "target");
-  return reduce(abs(input - target), reduction);
+  return reduced(detail::absolute_error(input, target), reduction);
 }
 
 Tensor smooth_l1_loss(const Tensor& input, const Tensor& target, double beta, Reduction reduction) {
-  detail::check_same_float("smooth_l1_loss", input, target, "input", "target");
-  EF_CHECK(beta >= 0, "smooth_l1_loss: beta must be non-negative, got ", beta);
-  const Tensor d = input - target;
-  const Tensor ad = abs(d);
-  if (beta == 0) return reduce(ad, reduction);  // as torch: the quadratic part vanishes
-  const Tensor quadratic = lt(ad, scalar_tensor(beta, {.dtype = d.dtype(), .device = d.device()}));
-  return reduce(where(quadratic, square(d) * (0.5 / beta), ad - 0.5 * beta), reduction);
+  return reduced(detail::smooth_l1(input, target, beta), reduction);
 }
 
 Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& target, const BceOptions& o) {
-  const char* loss = "binary_cross_entropy_with_logits";
-  detail::check_same_float(loss, logits, target, "logits", "target");
-  for (const auto& [w, what] : {std::pair{o.weight, "weight"}, std::pair{o.pos_weight, "pos_weight"}}) {
-    if (!w.defined()) continue;
-    EF_CHECK(w.dtype() == logits.dtype() && w.device() == logits.device(), loss, ": ", what, " is ", w.str(),
-             " but logits are ", logits.str());
-    bool broadcasts = w.dim() <= logits.dim();
-    for (int64_t i = 1; broadcasts && i <= w.dim(); ++i) broadcasts = w.size(-i) == 1 || w.size(-i) == logits.size(-i);
-    EF_CHECK(broadcasts, loss, ": ", what, " of shape ", shape_str(w.shape()), " does not broadcast to logits ",
-             shape_str(logits.shape()));
+  return reduced(detail::bce_with_logits(logits, target, o), o.reduction);
+}
+
+// --- LossParts and the loss objects ------------------------------------------------------------------
+
+LossParts::LossParts(const Tensor& sum, const Tensor& weight) {
+  EF_CHECK(sum.defined() && sum.numel() == 1 && weight.defined() && weight.numel() == 1,
+           "LossParts: the sum and the weight must be one-element tensors, got ",
+           sum.defined() ? sum.str() : "undefined", " and ", weight.defined() ? weight.str() : "undefined");
+  EF_CHECK(sum.dtype() == weight.dtype() && sum.device() == weight.device(), "LossParts: the sum is ", sum.str(),
+           " but the weight is ", weight.str());
+  terms.push_back({reshape(sum, {}), reshape(weight.detach(), {})});
+}
+
+LossParts LossParts::operator+(const LossParts& other) const {
+  LossParts out = *this;
+  out.terms.insert(out.terms.end(), other.terms.begin(), other.terms.end());
+  return out;
+}
+
+LossParts LossParts::operator*(double factor) const {
+  LossParts out = *this;
+  for (Term& t : out.terms) t.sum = t.sum * factor;
+  return out;
+}
+
+Tensor LossParts::value() const {
+  EF_CHECK(!terms.empty(), "LossParts::value: no terms");
+  Tensor total;
+  for (const Term& t : terms) {
+    const Tensor v = t.sum / nonzero(t.weight);
+    total = total.defined() ? total + v : v;
   }
-  // softplus(-x) = m + log(e^-m + e^(-x-m)) for any m; m = max(-x, 0) keeps both exponents ≤ 0. The
-  // identity holds for every m, so m is a detached constant and the derivatives stay exact.
-  const Tensor m = relu(neg(logits.detach()));
-  const Tensor softplus_neg = m + log(exp(neg(m)) + exp(neg(logits) - m));
-  const Tensor log_weight = o.pos_weight.defined() ? (o.pos_weight - 1.0) * target + 1.0 : Tensor();
-  Tensor per = (1.0 - target) * logits + (log_weight.defined() ? log_weight * softplus_neg : softplus_neg);
-  if (o.weight.defined()) per = per * o.weight;
-  return reduce(per, o.reduction);
+  return total;
+}
+
+// A loss object's tensors (class weights) go with the output to its device, differentiably, so that
+// one object serves every device of a DataParallelCriterion, as a replicated torch loss module does.
+namespace {
+Tensor on_device_of(const Tensor& t, const Tensor& output) {
+  return t.defined() && output.defined() && t.device() != output.device() ? t.to(output.device()) : t;
+}
+CrossEntropyOptions on_device_of(CrossEntropyOptions o, const Tensor& output) {
+  o.weight = on_device_of(o.weight, output);
+  return o;
+}
+FocalOptions on_device_of(FocalOptions o, const Tensor& output) {
+  o.alpha = on_device_of(o.alpha, output);
+  return o;
+}
+BceOptions on_device_of(BceOptions o, const Tensor& output) {
+  o.weight = on_device_of(o.weight, output);
+  o.pos_weight = on_device_of(o.pos_weight, output);
+  return o;
+}
+}  // namespace
+
+Tensor CrossEntropyLoss::operator()(const Tensor& logits, const Tensor& target) const {
+  return cross_entropy(logits, target, on_device_of(options, logits));
+}
+LossParts CrossEntropyLoss::parts(const Tensor& logits, const Tensor& target) const {
+  const CrossEntropyOptions o = on_device_of(options, logits);
+  return parts_of(detail::weighted_nll("cross_entropy", logits, true, target, o, o.label_smoothing));
+}
+Tensor NllLoss::operator()(const Tensor& log_probs, const Tensor& target) const {
+  return nll_loss(log_probs, target, on_device_of(options, log_probs));
+}
+LossParts NllLoss::parts(const Tensor& log_probs, const Tensor& target) const {
+  return parts_of(detail::weighted_nll("nll_loss", log_probs, false, target, on_device_of(options, log_probs), 0.0));
+}
+Tensor FocalLoss::operator()(const Tensor& logits, const Tensor& target) const {
+  return focal_loss(logits, target, on_device_of(options, logits));
+}
+LossParts FocalLoss::parts(const Tensor& logits, const Tensor& target) const {
+  return parts_of(detail::focal(logits, target, on_device_of(options, logits)));
+}
+Tensor MseLoss::operator()(const Tensor& input, const Tensor& target) const {
+  return mse_loss(input, target, reduction);
+}
+LossParts MseLoss::parts(const Tensor& input, const Tensor& target) const {
+  return parts_of(detail::squared_error(input, target));
+}
+Tensor L1Loss::operator()(const Tensor& input, const Tensor& target) const {
+  return l1_loss(input, target, reduction);
+}
+LossParts L1Loss::parts(const Tensor& input, const Tensor& target) const {
+  return parts_of(detail::absolute_error(input, target));
+}
+Tensor SmoothL1Loss::operator()(const Tensor& input, const Tensor& target) const {
+  return smooth_l1_loss(input, target, beta, reduction);
+}
+LossParts SmoothL1Loss::parts(const Tensor& input, const Tensor& target) const {
+  return parts_of(detail::smooth_l1(input, target, beta));
+}
+Tensor BceWithLogitsLoss::operator()(const Tensor& logits, const Tensor& target) const {
+  return binary_cross_entropy_with_logits(logits, target, on_device_of(options, logits));
+}
+LossParts BceWithLogitsLoss::parts(const Tensor& logits, const Tensor& target) const {
+  return parts_of(detail::bce_with_logits(logits, target, on_device_of(options, logits)));
 }
 
 }  // namespace evenflow::losses

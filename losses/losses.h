@@ -4,19 +4,25 @@
 /// Semantics follow torch.nn.functional where a PyTorch counterpart exists; differences are stated.
 ///
 /// Note [Losses across devices]
-/// DataParallelCriterion weights each device's loss by its chunk size, which is exact for losses that
-/// are means over samples (or images). A pixel mean with ignore_index is a mean over the *valid*
-/// pixels of the whole batch: compute each device's Reduction::Sum with ChunkWeighting::None and
-/// divide by the batch's valid weight (valid_weight(), computed once on the whole target), and N
-/// devices give exactly the one-device loss. focal_loss's mean is over valid elements unweighted by
-/// alpha: divide its Sum by valid_weight(target, ignore_index). Dice, Lovász-softmax and OHEM are
-/// per-image losses averaged over images for the same reason. The gradient penalties are means over
-/// samples given the same random draws (eps, noise; and DRAGAN's real_std, a whole-batch statistic).
+/// A loss that is a mean is a sum divided by a weight: cross_entropy's by Σ weight[target] over the
+/// non-ignored elements, focal_loss's by their count, mse_loss's by the element count, a per-image
+/// loss's (Dice, Lovász-softmax, OHEM) by the number of images. Split a batch into chunks and the
+/// chunks' means, weighted by their sizes, are no longer the batch's mean once the weight is not
+/// the sample count (a chunk of mostly ignored pixels, class weights); the sums and the weights,
+/// though, add up. So every mean loss also comes as its parts (LossParts: the sum, differentiable,
+/// and the weight, a constant), through the loss objects below (CrossEntropyLoss{...}.parts(x, t)),
+/// and DataParallelCriterion adds the parts of every chunk on every device and process, then
+/// divides once: the whole batch's loss at any split, device or process count, to any order. A loss
+/// of several terms (ce + dice) is the sum of their parts, each divided by its own weight. The
+/// Wasserstein losses and the gradient penalties are means over samples given the same random draws
+/// (eps, noise; and DRAGAN's real_std, a whole-batch statistic): chunk-size weighting, what the
+/// criterion does for a loss given as a plain tensor, is exact for them.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <vector>
 
 #include "evenflow/engine/ops.h"
 
@@ -26,6 +32,27 @@ namespace evenflow::losses {
 /// they are, Mean their mean (a loss may define its own divisor; over zero elements: 0), Sum their
 /// sum.
 enum class Reduction { None, Mean, Sum };
+
+/// A loss as the parts of one or more weighted means (Note [Losses across devices]): its value is
+/// Σ sum / weight over its terms, a term of weight 0 counting 0. Parts of chunks add term by term.
+struct LossParts {
+  /// One weighted mean.
+  struct Term {
+    Tensor sum;     ///< 0-d, differentiable
+    Tensor weight;  ///< 0-d, the sum's dtype and device, a constant (no gradient)
+  };
+  std::vector<Term> terms;  ///< one per mean the loss adds
+
+  LossParts() = default;
+  /// One term. ef::Error unless both are defined one-element tensors of one dtype and device.
+  LossParts(const Tensor& sum, const Tensor& weight);
+  /// The terms of both, this loss's first: the parts of the sum of the two losses.
+  LossParts operator+(const LossParts& other) const;
+  /// Every term's sum scaled by `factor`: the parts of the loss times `factor`.
+  LossParts operator*(double factor) const;
+  /// Σ sum / weight: the loss.
+  Tensor value() const;
+};
 
 /// An ignore_index that ignores no target (INT64_MIN, which no class index equals).
 inline constexpr int64_t kNoIgnore = INT64_MIN;
@@ -53,8 +80,8 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, const CrossEntr
 /// torch.nn.functional.nll_loss on log-probabilities, same conventions (label_smoothing unused).
 Tensor nll_loss(const Tensor& log_probs, const Tensor& target, const CrossEntropyOptions& o = {});
 
-/// Σ weight[target] over non-ignored elements: the divisor of cross_entropy's mean (Note [Losses
-/// across devices]). A 0-d float64 tensor on target's device. `target` is int64; `weight`, when
+/// Σ weight[target] over non-ignored elements: the divisor of cross_entropy's mean (the weight of
+/// CrossEntropyLoss::parts). A 0-d float64 tensor on target's device. `target` is int64; `weight`, when
 /// given, a 1-D float tensor [C] on target's device, and then every non-ignored class must be in
 /// [0, C) (ef::Error otherwise).
 Tensor valid_weight(const Tensor& target, int64_t ignore_index = -100, const Tensor& weight = {});
@@ -208,5 +235,79 @@ Tensor r1_penalty(const Critic& critic, const Tensor& real, const R1Options& o =
 
 /// The reduction of per-element (or per-sample) losses; Mean over zero elements is 0.
 Tensor reduce(const Tensor& losses, Reduction reduction);
+
+/// @name Loss objects
+/// Each mean loss with its options as one value, as torch.nn's loss modules are: called on
+/// (output, target) it gives the function of the same name; parts() gives its sum and the weight
+/// its mean divides by (the options' reduction does not apply), what DataParallelCriterion adds
+/// over the chunks before it divides (Note [Losses across devices]). So
+/// `DataParallelCriterion criterion(model, losses::CrossEntropyLoss{{.ignore_index = 255}})` gives
+/// the whole batch's loss on any number of devices. An object's tensors (class weights) follow the
+/// output to its device (differentiably), so one object serves every device. Errors as the
+/// functions'.
+/// @{
+
+/// cross_entropy with its options.
+struct CrossEntropyLoss {
+  CrossEntropyOptions options = {};                                     ///< as cross_entropy's
+  Tensor operator()(const Tensor& logits, const Tensor& target) const;  ///< cross_entropy
+  LossParts parts(const Tensor& logits, const Tensor& target) const;    ///< Σ losses, Σ weight[target]
+};
+/// nll_loss with its options (label_smoothing unused).
+struct NllLoss {
+  CrossEntropyOptions options = {};                                        ///< as nll_loss's
+  Tensor operator()(const Tensor& log_probs, const Tensor& target) const;  ///< nll_loss
+  LossParts parts(const Tensor& log_probs, const Tensor& target) const;    ///< Σ losses, Σ weight[target]
+};
+/// focal_loss with its options.
+struct FocalLoss {
+  FocalOptions options = {};                                            ///< as focal_loss's
+  Tensor operator()(const Tensor& logits, const Tensor& target) const;  ///< focal_loss
+  LossParts parts(const Tensor& logits, const Tensor& target) const;    ///< Σ losses, the valid count
+};
+/// dice_loss with its options.
+struct DiceLoss {
+  DiceOptions options = {};                                             ///< as dice_loss's
+  Tensor operator()(const Tensor& logits, const Tensor& target) const;  ///< dice_loss
+  LossParts parts(const Tensor& logits, const Tensor& target) const;    ///< Σ over images, the image count
+};
+/// lovasz_softmax with its options.
+struct LovaszSoftmaxLoss {
+  LovaszOptions options = {};                                           ///< as lovasz_softmax's
+  Tensor operator()(const Tensor& logits, const Tensor& target) const;  ///< lovasz_softmax
+  LossParts parts(const Tensor& logits, const Tensor& target) const;    ///< Σ over images, the image count
+};
+/// ohem_cross_entropy with its options.
+struct OhemCrossEntropyLoss {
+  OhemOptions options = {};                                             ///< as ohem_cross_entropy's
+  Tensor operator()(const Tensor& logits, const Tensor& target) const;  ///< ohem_cross_entropy
+  LossParts parts(const Tensor& logits, const Tensor& target) const;    ///< Σ over images, the image count
+};
+/// mse_loss with its reduction.
+struct MseLoss {
+  Reduction reduction = Reduction::Mean;                               ///< as mse_loss's
+  Tensor operator()(const Tensor& input, const Tensor& target) const;  ///< mse_loss
+  LossParts parts(const Tensor& input, const Tensor& target) const;    ///< Σ losses, the element count
+};
+/// l1_loss with its reduction.
+struct L1Loss {
+  Reduction reduction = Reduction::Mean;                               ///< as l1_loss's
+  Tensor operator()(const Tensor& input, const Tensor& target) const;  ///< l1_loss
+  LossParts parts(const Tensor& input, const Tensor& target) const;    ///< Σ losses, the element count
+};
+/// smooth_l1_loss with its β and reduction.
+struct SmoothL1Loss {
+  double beta = 1.0;                                                   ///< as smooth_l1_loss's
+  Reduction reduction = Reduction::Mean;                               ///< as smooth_l1_loss's
+  Tensor operator()(const Tensor& input, const Tensor& target) const;  ///< smooth_l1_loss
+  LossParts parts(const Tensor& input, const Tensor& target) const;    ///< Σ losses, the element count
+};
+/// binary_cross_entropy_with_logits with its options.
+struct BceWithLogitsLoss {
+  BceOptions options = {};                                              ///< as binary_cross_entropy_with_logits's
+  Tensor operator()(const Tensor& logits, const Tensor& target) const;  ///< binary_cross_entropy_with_logits
+  LossParts parts(const Tensor& logits, const Tensor& target) const;    ///< Σ losses, the element count
+};
+/// @}
 
 }  // namespace evenflow::losses

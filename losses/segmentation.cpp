@@ -1,5 +1,5 @@
 // Per-image segmentation losses: soft Dice, Lovász-softmax, OHEM cross-entropy. Each is a loss per
-// image averaged over images, so chunk-size weighting across devices is exact (Note [Losses across
+// image averaged over images (its parts: the sum over images and their count, Note [Losses across
 // devices] in losses.h). Lovász-softmax and OHEM make a discrete choice per image (a sort, a
 // selection) on the host from values read back without gradient; the choice is a constant of the
 // graph and the loss is engine ops on top of it, so it is differentiable to any order.
@@ -31,7 +31,9 @@ std::vector<int64_t> valid_pixels(const std::vector<int64_t>& target, int64_t n,
 
 }  // namespace
 
-Tensor dice_loss(const Tensor& logits, const Tensor& target, const DiceOptions& o) {
+namespace detail {
+
+Unreduced dice(const Tensor& logits, const Tensor& target, const DiceOptions& o) {
   const detail::ClassTarget t = detail::class_target("dice_loss", logits, target, o.ignore_index, 3);
   EF_CHECK(o.smooth >= 0, "dice_loss: smooth must be non-negative, got ", o.smooth);
   const Shape dims = detail::spatial_dims(logits);
@@ -44,7 +46,7 @@ Tensor dice_loss(const Tensor& logits, const Tensor& target, const DiceOptions& 
   const Tensor dice = (intersection * 2.0 + o.smooth) / nonzero(denominator);
   const Tensor has_valid =
       gt(squeeze(sum(valid, dims), 1), zeros({}, {.dtype = logits.dtype(), .device = logits.device()}));
-  return reduce(masked(1.0 - mean(dice, {1}), has_valid), o.reduction);
+  return {masked(1.0 - mean(dice, {1}), has_valid), {}};
 }
 
 // Note [Lovász-softmax as a weighted sum]
@@ -54,7 +56,7 @@ Tensor dice_loss(const Tensor& logits, const Tensor& target, const DiceOptions& 
 // so the loss is sum(errors·W) with a constant W built on the host: one elementwise product for all
 // images and classes instead of a gather per class, with the same derivatives (no tie among the
 // errors; at a tie the Lovász extension has a kink and any order gives a valid subgradient).
-Tensor lovasz_softmax(const Tensor& logits, const Tensor& target, const LovaszOptions& o) {
+Unreduced lovasz(const Tensor& logits, const Tensor& target, const LovaszOptions& o) {
   const detail::ClassTarget t = detail::class_target("lovasz_softmax", logits, target, o.ignore_index);
   const int64_t n_images = logits.size(0), classes = logits.size(1), pixels = pixels_per_image(logits);
   const Tensor probs = reshape(softmax(logits, 1), {n_images, classes, pixels});
@@ -96,13 +98,13 @@ Tensor lovasz_softmax(const Tensor& logits, const Tensor& target, const LovaszOp
     }
   }
   const Tensor w = from_vector(weights, errors.shape(), {.dtype = logits.dtype(), .device = logits.device()});
-  return reduce(sum(errors * w, {1, 2}), o.reduction);
+  return {sum(errors * w, {1, 2}), {}};
 }
 
 // The selection of OhemCrossEntropy2d (PSPNet, OCNet), per image: with q the softmax probability of
 // the target class at the image's V valid pixels, keep all of them if V ≤ min_kept; otherwise keep
 // q ≤ threshold, raising the threshold to the min_kept-th smallest q when fewer would be kept.
-Tensor ohem_cross_entropy(const Tensor& logits, const Tensor& target, const OhemOptions& o) {
+Unreduced ohem(const Tensor& logits, const Tensor& target, const OhemOptions& o) {
   const detail::ClassTarget t = detail::class_target("ohem_cross_entropy", logits, target, o.ignore_index);
   EF_CHECK(o.min_kept >= 0, "ohem_cross_entropy: min_kept must be non-negative, got ", o.min_kept);
   const int64_t n_images = logits.size(0), pixels = pixels_per_image(logits);
@@ -139,7 +141,38 @@ Tensor ohem_cross_entropy(const Tensor& logits, const Tensor& target, const Ohem
   }
   const TensorOptions opts{.dtype = logits.dtype(), .device = logits.device()};
   const Tensor kept = from_vector(keep, {n_images, pixels}, opts);
-  return reduce(sum(masked(ce, kept), {1}) / from_vector(kept_count, {n_images}, opts), o.reduction);
+  return {sum(masked(ce, kept), {1}) / from_vector(kept_count, {n_images}, opts), {}};
+}
+
+}  // namespace detail
+
+Tensor dice_loss(const Tensor& logits, const Tensor& target, const DiceOptions& o) {
+  return detail::reduced(detail::dice(logits, target, o), o.reduction);
+}
+Tensor lovasz_softmax(const Tensor& logits, const Tensor& target, const LovaszOptions& o) {
+  return detail::reduced(detail::lovasz(logits, target, o), o.reduction);
+}
+Tensor ohem_cross_entropy(const Tensor& logits, const Tensor& target, const OhemOptions& o) {
+  return detail::reduced(detail::ohem(logits, target, o), o.reduction);
+}
+
+Tensor DiceLoss::operator()(const Tensor& logits, const Tensor& target) const {
+  return dice_loss(logits, target, options);
+}
+LossParts DiceLoss::parts(const Tensor& logits, const Tensor& target) const {
+  return detail::parts_of(detail::dice(logits, target, options));
+}
+Tensor LovaszSoftmaxLoss::operator()(const Tensor& logits, const Tensor& target) const {
+  return lovasz_softmax(logits, target, options);
+}
+LossParts LovaszSoftmaxLoss::parts(const Tensor& logits, const Tensor& target) const {
+  return detail::parts_of(detail::lovasz(logits, target, options));
+}
+Tensor OhemCrossEntropyLoss::operator()(const Tensor& logits, const Tensor& target) const {
+  return ohem_cross_entropy(logits, target, options);
+}
+LossParts OhemCrossEntropyLoss::parts(const Tensor& logits, const Tensor& target) const {
+  return detail::parts_of(detail::ohem(logits, target, options));
 }
 
 }  // namespace evenflow::losses
