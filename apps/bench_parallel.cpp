@@ -51,12 +51,6 @@ std::shared_ptr<ef::nn::Module> make_net(const Config& c) {
                                               ef::nn::Conv2d(16, c.classes, 1, {}, o));
 }
 
-// Per-pixel cross-entropy, the mean over every pixel of the batch (or chunk):
-// logits [n, C, H, W], labels [n, H, W] int64 -> -mean log_softmax(logits)[label].
-ef::Tensor pixel_cross_entropy(const ef::Tensor& logits, const ef::Tensor& labels) {
-  return ef::neg(ef::mean(ef::gather(ef::log_softmax(logits, 1), 1, ef::unsqueeze(labels, 1))));
-}
-
 // The same batch for every mode and device count: images from cpu:0's generator, labels from a
 // host generator, both seeded by the step number.
 std::pair<ef::Tensor, ef::Tensor> make_batch(const Config& c, int step) {
@@ -71,7 +65,7 @@ std::pair<ef::Tensor, ef::Tensor> make_batch(const Config& c, int step) {
 
 Result run(const Config& c, Mode mode, const std::vector<ef::Device>& devices, const std::string& name) {
   par::DataParallelModel model(make_net(c), devices);
-  par::DataParallelCriterion criterion(model, pixel_cross_entropy);
+  par::DataParallelCriterion criterion(model, ef::losses::CrossEntropyLoss{});  // per-pixel, the whole batch's mean
   par::ReplicatedOptimizer<ef::optim::SGD> opt(model, ef::optim::SGDOptions{.lr = 0.01});
   Result r{.name = name, .devices = devices, .peak_bytes = std::vector<size_t>(devices.size(), 0)};
   std::vector<double> times;

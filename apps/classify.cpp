@@ -26,6 +26,7 @@
 #include "evenflow/engine/ops.h"
 #include "evenflow/io/checkpoint.h"
 #include "evenflow/layers/layers.h"
+#include "evenflow/losses/losses.h"
 #include "evenflow/optim/optim.h"
 #include "evenflow/parallel/data_parallel.h"
 
@@ -43,11 +44,6 @@ struct Args : evenflow::apps::RunOptions {
   int64_t steps = 0;  // 0: no limit
 };
 
-// Mean cross-entropy of logits [N, C] against labels [N]: -mean(log_softmax(x)[i, label_i]).
-ef::Tensor cross_entropy(const ef::Tensor& logits, const ef::Tensor& labels) {
-  return ef::neg(ef::mean(ef::gather(ef::log_softmax(logits, 1), 1, labels.unsqueeze(1))));
-}
-
 struct Evaluation {
   double loss = 0, accuracy = 0;
 };
@@ -59,7 +55,7 @@ Evaluation evaluate(nn::Module& model, ef::data::DataLoader& loader, ef::DType d
   for (ef::data::Batch& b : loader.epoch(0)) {
     const ef::Tensor logits = model(b.images.to(dtype));
     const auto count = static_cast<double>(b.labels.numel());
-    loss_sum += cross_entropy(logits, b.labels).item() * count;
+    loss_sum += ef::losses::cross_entropy(logits, b.labels).item() * count;
     correct += ef::sum(ef::eq(ef::argmax(logits, 1).to(ef::kFloat64), b.labels.to(ef::kFloat64))).item();
     n += count;
   }
@@ -122,7 +118,7 @@ int run(const Args& a) {
 
   ef::manual_seed(a.seed);
   ef::parallel::DataParallelModel model(evenflow::apps::make_fashion_cnn({.dtype = dtype}), devices);
-  ef::parallel::DataParallelCriterion criterion(model, cross_entropy);
+  ef::parallel::DataParallelCriterion criterion(model, ef::losses::CrossEntropyLoss{});
   ef::parallel::ReplicatedOptimizer<ef::optim::Adam> opt(model, ef::optim::AdamOptions{.lr = a.lr});
   ef::io::TrainingProgress progress;
   std::vector<evenflow::apps::MetricsRow> rows;

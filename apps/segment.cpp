@@ -184,11 +184,11 @@ Evaluation evaluate(nn::Module& model, ef::data::DataLoader& loader, const std::
   seg::Confusion confusion;
   double loss_sum = 0, images = 0;
   for (ef::data::Batch& b : loader.epoch(0)) {
-    const seg::BatchTotals totals = seg::batch_totals(b.labels);
     const ef::Tensor labels = b.labels.to(device);
     const ef::Tensor logits = model(b.images.to(dtype).to(device));
-    loss_sum += seg::segmentation_loss(spec, logits, labels, totals).item() * static_cast<double>(totals.images);
-    images += static_cast<double>(totals.images);
+    const auto n = static_cast<double>(b.labels.size(0));
+    loss_sum += seg::segmentation_loss(spec, logits, labels).value().item() * n;
+    images += n;
     confusion.add(ef::argmax(logits, 1), labels);
   }
   model.train();
@@ -230,8 +230,10 @@ Outcome train(const Args& a, const Setup& s, const std::string& spec, const fs::
   std::shared_ptr<nn::Module> net = seg::make_model({.dtype = s.dtype});
   if (s.devices.size() > 1 || job->size() > 1) net = ef::parallel::convert_sync_batchnorm(net);
   ef::parallel::DataParallelModel model(net, s.devices);
-  // Note [Segmentation losses on devices]: the shares carry their own weights.
-  ef::parallel::DataParallelCriterion criterion(model, nullptr, ef::parallel::ChunkWeighting::None);
+  // The loss of the whole batch, whatever the split (segmentation_loss's parts).
+  ef::parallel::DataParallelCriterion criterion(model, [&](const ef::Tensor& logits, const ef::Tensor& target) {
+    return seg::segmentation_loss(spec, logits, target);
+  });
   ef::parallel::ReplicatedOptimizer<ef::optim::Adam> opt(model, ef::optim::AdamOptions{.lr = a.lr});
   ef::io::TrainingProgress progress;
   std::vector<Row> rows;
@@ -275,22 +277,7 @@ Outcome train(const Args& a, const Setup& s, const std::string& spec, const fs::
         t0 = Clock::now();
         continue;
       }
-      seg::BatchTotals totals = seg::batch_totals(b.labels);
-      if (job->size() > 1) {
-        // The whole batch's, over every process's part (counts: exact in float64).
-        const ef::Tensor t =
-            ef::from_vector({static_cast<double>(totals.images), totals.valid_pixels}, {2}, {.dtype = ef::kFloat64});
-        model.group().processes().all_reduce(t);
-        totals = {.images = static_cast<int64_t>(t.to_vector()[0]), .valid_pixels = t.to_vector()[1]};
-      }
-      const auto logits = model(model.scatter(b.images.to(s.dtype)));
-      const auto targets = model.scatter(b.labels);
-      const ef::Tensor loss = criterion(
-          [&](int rank) {
-            const auto r = static_cast<size_t>(rank);
-            return seg::segmentation_loss(spec, logits[r], targets[r], totals);
-          },
-          logits);
+      const ef::Tensor loss = criterion(model(model.scatter(b.images.to(s.dtype))), model.scatter(b.labels));
       opt.zero_grad();
       loss.backward();
       opt.step();
@@ -299,7 +286,7 @@ Outcome train(const Args& a, const Setup& s, const std::string& spec, const fs::
       apps::check_finite_loss(l, progress.step, "training loss");
       ++steps;
       loss_sum += l;
-      images += totals.images;
+      images += b.labels.size(0);
       const auto t1 = Clock::now();
       seconds += std::chrono::duration<double>(t1 - t0).count();
       t0 = t1;

@@ -434,15 +434,13 @@ int run(const Args& a) {
         fakes = gen(zs);
       }
       std::vector<Tensor> distance(reals.size());
-      const Tensor loss = criterion(
-          [&](int r) {
-            nn::Module& d = critic.replica(r);
-            const Tensor d_real = d(reals[r]), d_fake = d(fakes[r]);
-            distance[static_cast<size_t>(r)] = (ef::mean(d_real) - ef::mean(d_fake)).detach();
-            return ef::losses::wasserstein_critic_loss(d_real, d_fake) +
-                   penalty(a, d, reals[r], fakes[r], epss[r], noises[r], real_std);
-          },
-          reals);
+      const Tensor loss = criterion([&](int r) {
+        nn::Module& d = critic.replica(r);
+        const Tensor d_real = d(reals[r]), d_fake = d(fakes[r]);
+        distance[static_cast<size_t>(r)] = (ef::mean(d_real) - ef::mean(d_fake)).detach();
+        return ef::losses::wasserstein_critic_loss(d_real, d_fake) +
+               penalty(a, d, reals[r], fakes[r], epss[r], noises[r], real_std);
+      });
       opt_d.zero_grad();
       loss.backward();
       opt_d.step();
@@ -457,8 +455,9 @@ int run(const Args& a) {
       const auto zs = gen.scatter(z);
       set_critic_trainable(false);
       const auto fakes = gen(zs);
+      // Weighed by the critic's current batch, the last real batch: the same size, split the same way.
       const Tensor loss =
-          criterion([&](int r) { return ef::losses::wasserstein_generator_loss(critic.replica(r)(fakes[r])); }, fakes);
+          criterion([&](int r) { return ef::losses::wasserstein_generator_loss(critic.replica(r)(fakes[r])); });
       opt_g.zero_grad();
       loss.backward();
       opt_g.step();

@@ -15,8 +15,10 @@
 namespace evenflow {
 
 namespace {
+// Grad mode, per thread as in PyTorch: a NoGradGuard on one thread leaves the others recording.
+// DeviceGroup::run and the backward engine carry the caller's mode to the workers that run its tasks.
 thread_local bool tls_grad_enabled = true;
-}
+}  // namespace
 
 bool grad_enabled() {
   return tls_grad_enabled;
@@ -236,6 +238,8 @@ std::vector<Tensor> take_grads(GraphTask& task, Node* node) {
   return grads;
 }
 
+// The graph task whose node this thread is running: a grad() called inside a node (a backward that
+// differentiates) starts a task of its own and restores this one after (run_node).
 thread_local GraphTask* tls_running_task = nullptr;
 
 void run_node(const std::shared_ptr<GraphTask>& task, Node* node) {

@@ -419,6 +419,9 @@ static Tensor random_tensor(const char* op, const Shape& shape, RandomKind kind,
   return t;
 }
 
+// The rows of the whole batch this thread's tensors hold, set by BatchRowsGuard for the duration of a
+// rank's task (DataParallelModel, DataParallelCriterion): per thread because every rank's task runs
+// on its own device's worker at once, each drawing for its own rows. nullptr: plain draws.
 static thread_local const BatchRows* tls_batch_rows = nullptr;
 
 BatchRowsGuard::BatchRowsGuard(const BatchRows& rows) : previous_(tls_batch_rows), rows_(rows) {

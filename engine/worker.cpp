@@ -5,8 +5,10 @@
 namespace evenflow {
 
 namespace {
+// The worker whose thread this is (nullptr on any other thread): Worker::current(), so that a task
+// that waits for others on its own worker's queue runs them instead of deadlocking.
 thread_local Worker* tls_current_worker = nullptr;
-}
+}  // namespace
 
 Worker::Worker(std::string name) : name_(std::move(name)) {
   thread_ = std::thread([this] {

@@ -26,7 +26,7 @@ std::vector<int64_t> process_batch_sizes(DeviceGroup& group, const PerDevice<Ten
 
 // Which rows of the whole batch (over every process) each rank's tensor holds, dim 0 of each in
 // rank order, for the draws per sample (Note [Random numbers per sample] in engine/tensor.h).
-std::vector<BatchRows> batch_rows(DeviceGroup& group, const PerDevice<Tensor>& parts) {
+std::vector<BatchRows> rows_of(DeviceGroup& group, const PerDevice<Tensor>& parts) {
   const std::vector<int64_t> sizes = process_batch_sizes(group, parts);
   int64_t start = 0, total = 0;
   for (size_t p = 0; p < sizes.size(); ++p) {
@@ -387,11 +387,13 @@ DataParallelModel::~DataParallelModel() {
     for (const Tensor& p : m->parameters()) set_post_accumulate_hook(p, nullptr);
 }
 
-PerDevice<Tensor> DataParallelModel::scatter(const Tensor& batch) const {
+PerDevice<Tensor> DataParallelModel::scatter(const Tensor& batch) {
   EF_CHECK(batch.defined() && batch.dim() >= 1, "DataParallelModel::scatter: needs a batch with a leading dim");
   const std::vector<int64_t> sizes = split_sizes(batch.size(0), group_->size());
-  return parallel::scatter(
+  PerDevice<Tensor> chunks = parallel::scatter(
       batch, sizes, std::vector<Device>(devices().begin(), devices().begin() + static_cast<ptrdiff_t>(sizes.size())));
+  batch_rows_ = rows_of(*group_, chunks);
+  return chunks;
 }
 
 PerDevice<Tensor> DataParallelModel::forward(const PerDevice<Tensor>& inputs) {
@@ -412,7 +414,8 @@ PerDevice<Tensor> DataParallelModel::forward(const PerDevice<Tensor>& inputs) {
       for (size_t i = 0; i < sources.size(); ++i) targets[i].copy_(sources[i].to(targets[i].device()));
     }
   }
-  const std::vector<BatchRows> rows = batch_rows(*group_, inputs);
+  const std::vector<BatchRows> rows = rows_of(*group_, inputs);
+  batch_rows_ = rows;
   return map(k, [&](nn::Module& replica, int rank) {
     std::optional<BatchRowsGuard> guard;  // none for a 0-d or empty input: it holds no rows
     if (rows[static_cast<size_t>(rank)].count > 0) guard.emplace(rows[static_cast<size_t>(rank)]);
@@ -423,6 +426,7 @@ PerDevice<Tensor> DataParallelModel::forward(const PerDevice<Tensor>& inputs) {
 PerDevice<Tensor> DataParallelModel::map(int active, const std::function<Tensor(nn::Module&, int)>& fn) {
   EF_CHECK(active >= 1 && active <= size(), "DataParallelModel::map: ", active, " active devices of ", size());
   PerDevice<Tensor> out(static_cast<size_t>(active));
+  group_->share_first_generator(active);
   group_->run([&](int rank) { out[static_cast<size_t>(rank)] = fn(*replicas_[static_cast<size_t>(rank)], rank); },
               active);
   return out;
@@ -480,8 +484,15 @@ void DataParallelModel::check_replicas() const {
 
 // --- DataParallelCriterion ---------------------------------------------------------------------------
 
-DataParallelCriterion::DataParallelCriterion(DataParallelModel& model, Loss loss, ChunkWeighting weighting)
-    : model_(model), loss_(std::move(loss)), weighting_(weighting) {}
+DataParallelCriterion::DataParallelCriterion(DataParallelModel& model) : model_(model) {}
+
+DataParallelCriterion::DataParallelCriterion(DataParallelModel& model, PartsLoss loss)
+    : model_(model), loss_(std::move(loss)) {}
+
+DataParallelCriterion::DataParallelCriterion(DataParallelModel& model, MeanLoss loss)
+    : model_(model), loss_([loss = std::move(loss)](const Tensor& output, const Tensor& target) {
+        return mean_over_samples(loss(output, target), output.size(0));
+      }) {}
 
 Tensor DataParallelCriterion::operator()(const PerDevice<Tensor>& outputs, const PerDevice<Tensor>& targets) const {
   EF_CHECK(loss_ != nullptr, "DataParallelCriterion: constructed without a loss; pass one, or a per-rank function");
@@ -493,46 +504,99 @@ Tensor DataParallelCriterion::operator()(const PerDevice<Tensor>& outputs, const
     EF_CHECK(targets[r].defined() && targets[r].device() == outputs[r].device(), "DataParallelCriterion: target ", r,
              " is not on output ", r, "'s device ", outputs[r].device().str());
   }
-  return (*this)(
-      [&](int rank) { return loss_(outputs[static_cast<size_t>(rank)], targets[static_cast<size_t>(rank)]); }, outputs);
+  const std::vector<BatchRows> rows = rows_of(model_.group(), outputs);
+  return combine(
+      rows, [&](int rank) { return loss_(outputs[static_cast<size_t>(rank)], targets[static_cast<size_t>(rank)]); });
 }
 
-Tensor DataParallelCriterion::operator()(const RankLoss& fn, const PerDevice<Tensor>& chunks) const {
-  const int k = static_cast<int>(chunks.size());
+Tensor DataParallelCriterion::operator()(const std::function<losses::LossParts(int rank)>& fn) const {
+  return combine(current_rows(), fn);
+}
+
+Tensor DataParallelCriterion::operator()(const std::function<Tensor(int rank)>& fn) const {
+  const std::vector<BatchRows> rows = current_rows();
+  return combine(rows, [&](int rank) { return mean_over_samples(fn(rank), rows[static_cast<size_t>(rank)].count); });
+}
+
+std::vector<BatchRows> DataParallelCriterion::current_rows() const {
+  std::vector<BatchRows> rows = model_.batch_rows();
+  EF_CHECK(!rows.empty(), "DataParallelCriterion: the model has no current batch: scatter one with model.scatter(x)");
+  while (!rows.empty() && rows.back().count == 0) rows.pop_back();  // ranks the batch does not reach
+  return rows;
+}
+
+losses::LossParts DataParallelCriterion::mean_over_samples(const Tensor& mean, int64_t samples) {
+  EF_CHECK(mean.defined() && mean.numel() == 1, "DataParallelCriterion: a loss must be a one-element tensor, got ",
+           mean.defined() ? shape_str(mean.shape()) : "undefined");
+  const auto n = static_cast<double>(samples);
+  return losses::LossParts(mean * n, full({}, n, {.dtype = mean.dtype(), .device = mean.device()}));
+}
+
+// Note [Combining losses across devices]
+// Each rank returns its chunk's parts, term t as (sum_rt, weight_rt). Within the process the sums
+// are added on devices[0] by the differentiable reduce_add and the weights (constants) beside them;
+// across processes both are summed again (Note [Loss across processes]). The loss is
+// Σ_t S_t / W_t with S_t and W_t the job's sums: the whole batch's loss, whatever the split.
+Tensor DataParallelCriterion::combine(const std::vector<BatchRows>& rows,
+                                      const std::function<losses::LossParts(int rank)>& fn) const {
+  const int k = static_cast<int>(rows.size());
   EF_CHECK(k >= 1 && k <= model_.size(), "DataParallelCriterion: ", k, " chunks for ", model_.size(), " devices");
-  std::vector<int64_t> chunk_sizes;
-  for (int r = 0; r < k; ++r) {
-    const Tensor& c = chunks[static_cast<size_t>(r)];
-    EF_CHECK(c.defined() && c.dim() >= 1 && c.size(0) > 0, "DataParallelCriterion: chunk ", r,
-             " must be a tensor with a non-empty batch dim, got ", c.defined() ? shape_str(c.shape()) : "undefined");
-    chunk_sizes.push_back(c.size(0));
-  }
   DeviceGroup& group = model_.group();
-  const std::vector<BatchRows> rows = batch_rows(group, chunks);
-  const int64_t total = rows[0].total;  // the whole batch's, over every process
-  std::vector<Tensor> losses(static_cast<size_t>(k));
-  model_.group().run(
+  std::vector<losses::LossParts> parts(static_cast<size_t>(k));
+  group.share_first_generator(k);
+  group.run(
       [&](int rank) {
-        Tensor l;
+        const Device device = model_.devices()[static_cast<size_t>(rank)];
+        losses::LossParts p;
         {
-          const BatchRowsGuard guard(rows[static_cast<size_t>(rank)]);
-          l = fn(rank);
+          std::optional<BatchRowsGuard> guard;  // none for a rank without rows of the batch
+          if (rows[static_cast<size_t>(rank)].count > 0) guard.emplace(rows[static_cast<size_t>(rank)]);
+          p = fn(rank);
         }
-        EF_CHECK(l.defined() && l.numel() == 1, "DataParallelCriterion: the loss on ",
-                 model_.devices()[static_cast<size_t>(rank)].str(), " is not a scalar (shape ",
-                 l.defined() ? shape_str(l.shape()) : "undefined", ")");
-        EF_CHECK(l.device() == model_.devices()[static_cast<size_t>(rank)], "DataParallelCriterion: the loss of rank ",
-                 rank, " is on ", l.device().str(), ", not on its device ",
-                 model_.devices()[static_cast<size_t>(rank)].str());
-        l = reshape(l, {});
-        if (weighting_ == ChunkWeighting::BySize) {
-          l = mul_scalar(l, static_cast<double>(chunk_sizes[static_cast<size_t>(rank)]) / static_cast<double>(total));
+        EF_CHECK(!p.terms.empty(), "DataParallelCriterion: the loss on ", device.str(), " has no terms");
+        for (const losses::LossParts::Term& t : p.terms) {
+          EF_CHECK(t.sum.defined() && t.sum.numel() == 1 && t.weight.defined() && t.weight.numel() == 1,
+                   "DataParallelCriterion: the loss on ", device.str(), " is not a scalar");
+          EF_CHECK(t.sum.device() == device, "DataParallelCriterion: the loss of rank ", rank, " is on ",
+                   t.sum.device().str(), ", not on its device ", device.str());
         }
-        losses[static_cast<size_t>(rank)] = l;
+        parts[static_cast<size_t>(rank)] = std::move(p);
       },
       k);
-  const Tensor local = reduce_add(losses, model_.devices()[0]);
-  if (group.processes().size() == 1) return local;
+  const size_t terms = parts[0].terms.size();
+  for (int r = 1; r < k; ++r) {
+    EF_CHECK(parts[static_cast<size_t>(r)].terms.size() == terms, "DataParallelCriterion: the loss on ",
+             model_.devices()[static_cast<size_t>(r)].str(), " has ", parts[static_cast<size_t>(r)].terms.size(),
+             " terms, on ", model_.devices()[0].str(), " ", terms);
+  }
+  const Device first = model_.devices()[0];
+  std::vector<Tensor> sums(terms), weights(terms);
+  for (size_t t = 0; t < terms; ++t) {
+    std::vector<Tensor> s, w;
+    for (const losses::LossParts& p : parts) {
+      s.push_back(p.terms[t].sum);
+      w.push_back(p.terms[t].weight);
+    }
+    sums[t] = reduce_add(s, first);
+    NoGradGuard no_grad;
+    weights[t] = reduce_add(w, first);
+  }
+  const bool one_process = group.processes().size() == 1;
+  if (!one_process) {
+    // The job's weights: one all_reduce of every term's (constants, exact in float64 for counts).
+    NoGradGuard no_grad;
+    const Tensor all = host_copy(to_dtype(stack(weights, 0), kFloat64));
+    group.processes().all_reduce(all);
+    for (size_t t = 0; t < terms; ++t)
+      weights[t] = reshape(narrow(all, 0, static_cast<int64_t>(t), 1), {}).to(sums[t].dtype()).to(first);
+  }
+  Tensor local;
+  for (size_t t = 0; t < terms; ++t) {
+    const Tensor w = weights[t];
+    const Tensor v = sums[t] / (w + eq(w, zeros_like(w)));  // a term of weight 0 (its sum is 0) counts 0
+    local = local.defined() ? local + v : v;
+  }
+  if (one_process) return local;
   // Note [Loss across processes]
   // Every process returns the whole job's loss, but differentiates only its own part: its
   // replicas' gradients, summed over every rank by the gradient sync, are then the whole batch's,
@@ -549,7 +613,7 @@ Tensor DataParallelCriterion::gathered(const PerDevice<Tensor>& outputs, const P
   EF_CHECK(!outputs.empty() && outputs.size() == targets.size(), "DataParallelCriterion::gathered: ", outputs.size(),
            " outputs and ", targets.size(), " targets");
   const Device first = model_.devices()[0];
-  return loss_(gather(outputs, first), gather(targets, first));
+  return loss_(gather(outputs, first), gather(targets, first)).value();
 }
 
 }  // namespace evenflow::parallel

@@ -8,18 +8,19 @@
 ///
 ///     DataParallelModel model(make_net(), parallel::devices("cpu:4"));
 ///     ReplicatedOptimizer<optim::Adam> opt(model, optim::AdamOptions{.lr = 1e-3});
-///     DataParallelCriterion criterion(model, cross_entropy);
+///     DataParallelCriterion criterion(model, losses::CrossEntropyLoss{});
 ///     auto x = model.scatter(images);                  // chunks 3, 3, 2, 2 for a batch of 10
 ///     auto y = model.scatter(labels);
-///     Tensor loss = criterion(model(x), y);            // chunk-weighted sum on device 0 = whole-batch loss
+///     Tensor loss = criterion(model(x), y);            // the whole batch's loss, on device 0
 ///     opt.zero_grad();
 ///     loss.backward();                                 // every device at once; gradient buckets
 ///                                                      // all-reduced as soon as they are complete
 ///     opt.step();                                      // waits for the buckets; every replica steps
 ///
-/// Exactness. A criterion's per-device loss is a mean over its chunk; weighting device i's loss by
-/// n_i / n makes the sum the whole batch's mean, so its gradients, summed over replicas (the bucket
-/// all-reduce is a sum, in rank order, identical on every replica), are the whole batch's. Every
+/// Exactness. The criterion adds every chunk's loss sum and weight before it divides (Note [Losses
+/// across devices] in losses.h), so the loss is the whole batch's, and its gradients, summed over
+/// replicas (the bucket all-reduce is a sum, in rank order, identical on every replica), are the
+/// whole batch's. Every
 /// replica then applies the same update to the same values with its own optimizer state, so replicas
 /// stay bitwise identical without re-broadcasting weights (check_replicas() verifies it).
 ///
@@ -30,12 +31,14 @@
 #pragma once
 
 #include <atomic>
+#include <concepts>
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "evenflow/layers/module.h"
+#include "evenflow/losses/losses.h"
 #include "evenflow/optim/optimizer.h"
 #include "evenflow/parallel/comm_ops.h"
 #include "evenflow/parallel/device_group.h"
@@ -80,8 +83,13 @@ class DataParallelModel {
   nn::Module& replica(int rank) { return *replicas_.at(static_cast<size_t>(rank)); }
 
   /// A batch split along dim 0 over the devices (split_sizes), differentiably (comm_ops scatter).
-  /// Throws ef::Error for an undefined or 0-d `batch`, or one with no items.
-  PerDevice<Tensor> scatter(const Tensor& batch) const;
+  /// It becomes the model's current batch (batch_rows). Throws ef::Error for an undefined or 0-d
+  /// `batch`, or one with no items.
+  PerDevice<Tensor> scatter(const Tensor& batch);
+  /// The current batch: which rows of the job's whole batch (over every process) each rank holds,
+  /// as the last scatter (or forward) split it; empty before the first. What the per-rank forms of
+  /// DataParallelCriterion weigh and draw per sample by.
+  const std::vector<BatchRows>& batch_rows() const { return batch_rows_; }
   /// Each active device's replica on its input, concurrently; outputs stay on their devices. In
   /// training mode it first copies replica 0's buffers to the others (see the file's notes). Throws
   /// ef::Error unless there are 1 to size() inputs, input r defined and on devices()[r] (scatter
@@ -133,51 +141,70 @@ class DataParallelModel {
   std::unique_ptr<DeviceGroup> group_;
   std::vector<std::shared_ptr<nn::Module>> replicas_;
   std::shared_ptr<GradientSync> sync_;
-};
-
-/// How per-device losses are combined into one scalar on devices[0].
-enum class ChunkWeighting {
-  BySize,  ///< device i's loss times n_i / n: per-chunk means give the whole batch's mean (default)
-  None,    ///< plain sum: per-chunk sums give the whole batch's sum
+  std::vector<BatchRows> batch_rows_;
 };
 
 /// A loss computed on every device of a DataParallelModel, each on its own chunk, and combined into
-/// one differentiable scalar on devices[0] (Note [Data-parallel step], Note [Losses across devices]
-/// in losses.h). Holds a reference to the model, which must outlive it.
+/// one differentiable scalar on devices[0]: the whole batch's loss (Note [Data-parallel step]).
+/// Exact by default: a loss given as parts (a loss object of losses.h, or a function returning
+/// losses::LossParts) has its sums and weights added over every chunk of every device and process
+/// before one division (Note [Losses across devices] in losses.h); a loss given as a plain tensor is
+/// taken as a mean over its chunk's samples (dim 0) and weighted by the chunk's share of the batch,
+/// exact for such means (the Wasserstein losses, the gradient penalties, a mean over images). Holds
+/// a reference to the model, which must outlive it.
 class DataParallelCriterion {
  public:
-  /// A loss of one chunk: a scalar (one element) on the chunk's device.
-  using Loss = std::function<Tensor(const Tensor& output, const Tensor& target)>;
-  /// A loss computed by rank `rank` on its device: a scalar (one element) on that device.
-  using RankLoss = std::function<Tensor(int rank)>;
+  /// A loss of one chunk as parts: (output, target) on the chunk's device.
+  using PartsLoss = std::function<losses::LossParts(const Tensor& output, const Tensor& target)>;
+  /// A loss of one chunk that is a mean over its samples: a one-element tensor on the chunk's device.
+  using MeanLoss = std::function<Tensor(const Tensor& output, const Tensor& target)>;
 
-  /// Runs on `model`'s devices (and its group, so SyncBatchNorm layers called inside a loss
-  /// synchronize across the devices too). `loss` serves the (outputs, targets) forms; the per-rank
-  /// form needs none.
-  explicit DataParallelCriterion(DataParallelModel& model, Loss loss = nullptr,
-                                 ChunkWeighting weighting = ChunkWeighting::BySize);
+  /// Runs on `model`'s devices and group (so SyncBatchNorm layers called inside a loss synchronize
+  /// across the devices too), with no (output, target) loss: use the per-rank forms.
+  explicit DataParallelCriterion(DataParallelModel& model);
+  /// With a loss given as parts.
+  DataParallelCriterion(DataParallelModel& model, PartsLoss loss);
+  /// With a loss that is a mean over each chunk's samples.
+  DataParallelCriterion(DataParallelModel& model, MeanLoss loss);
+  /// With a loss object of losses.h (CrossEntropyLoss{...}, FocalLoss{...}, ...): its parts.
+  template <typename L>
+  requires requires(const L& l, const Tensor& x) {
+    { l.parts(x, x) } -> std::same_as<losses::LossParts>;
+  }
+  DataParallelCriterion(DataParallelModel& model, L loss)
+      : DataParallelCriterion(
+            model, PartsLoss([loss](const Tensor& out, const Tensor& target) { return loss.parts(out, target); })) {}
 
-  /// loss(outputs[i], targets[i]) on each device, concurrently, then the weighted ReduceAdd on
-  /// devices[0]. The chunk size n_i is outputs[i].size(0). Throws ef::Error when constructed
-  /// without a loss, for unequal numbers of outputs and targets, an undefined or 0-d output, or a
-  /// target not on its output's device.
+  /// The loss on each (outputs[i], targets[i]), concurrently on the devices, combined. Throws
+  /// ef::Error when constructed without a loss, for unequal numbers of outputs and targets, an
+  /// undefined or 0-d output, or a target not on its output's device.
   Tensor operator()(const PerDevice<Tensor>& outputs, const PerDevice<Tensor>& targets) const;
-  /// Any per-device loss: fn(rank) on ranks 0..chunks.size()-1, each on its device's worker; it may
-  /// run the model's replica(rank) and call grad(..., create_graph=true) there (a gradient penalty).
-  /// `chunks` is the batch as model.scatter split it (any of its scattered tensors): chunk i's size
-  /// n_i = chunks[i].size(0) weights rank i's loss as above. Throws ef::Error unless there are 1 to
-  /// model.size() chunks, each with a non-empty dim 0, and each loss is a one-element tensor on
-  /// its rank's device; an exception thrown by fn is rethrown as ef::Error naming the device.
-  Tensor operator()(const RankLoss& fn, const PerDevice<Tensor>& chunks) const;
+  /// Any per-device loss as parts: fn(rank) on every rank the model's current batch reaches (its
+  /// last scatter: DataParallelModel::batch_rows), each on its device's worker, where it may run
+  /// the model's replica(rank) and call grad(..., create_graph=true) (a gradient penalty); random
+  /// draws per sample see the rank's rows of the batch. Throws ef::Error before any scatter, when
+  /// the ranks' parts have different numbers of terms or are not on their ranks' devices; an
+  /// exception thrown by fn is rethrown as ef::Error naming the device.
+  Tensor operator()(const std::function<losses::LossParts(int rank)>& fn) const;
+  /// The same for a loss that is a mean over the rank's chunk of the current batch (a one-element
+  /// tensor on the rank's device), weighted by the chunk's share of the batch.
+  Tensor operator()(const std::function<Tensor(int rank)>& fn) const;
   /// The torch DataParallel pattern, for comparison only: outputs and targets gathered on
   /// devices[0] and the loss computed there, once, on the whole batch. Throws ef::Error when
   /// constructed without a loss or for no outputs or unequal numbers of outputs and targets.
   Tensor gathered(const PerDevice<Tensor>& outputs, const PerDevice<Tensor>& targets) const;
 
  private:
+  // The model's current batch, without the ranks it does not reach.
+  std::vector<BatchRows> current_rows() const;
+  // A mean over `samples` samples as parts: (mean·samples, samples).
+  static losses::LossParts mean_over_samples(const Tensor& mean, int64_t samples);
+  // fn's parts on ranks 0..rows.size()-1, each with its rows, combined (Note [Combining losses
+  // across devices] in data_parallel.cpp).
+  Tensor combine(const std::vector<BatchRows>& rows, const std::function<losses::LossParts(int rank)>& fn) const;
+
   DataParallelModel& model_;
-  Loss loss_;
-  ChunkWeighting weighting_;
+  PartsLoss loss_;
 };
 
 /// One optimizer per replica, each on its own device with its own state, stepping concurrently on

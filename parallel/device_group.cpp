@@ -11,6 +11,9 @@
 namespace evenflow::parallel {
 
 namespace {
+// The group and rank whose task this thread is running (DeviceGroup::run), or nullptr: what a
+// collective inside a task (SyncBatchNorm, all_reduce) reads to find its communicator and rank, and
+// what refuses a run() nested inside a task.
 thread_local const RankContext* tls_rank = nullptr;
 
 std::vector<int> parse_indices(const std::string& list, const std::string& spec) {
@@ -102,6 +105,12 @@ void DeviceGroup::set_timeout(std::chrono::milliseconds timeout) {
     if (c) c->set_timeout(timeout);
 }
 
+void DeviceGroup::share_first_generator(int active) {
+  const int k = active < 0 ? size() : active;
+  const GeneratorState start = generator_state(devices_[0]);
+  for (int rank = 1; rank < k; ++rank) set_generator_state(devices_[static_cast<size_t>(rank)], start);
+}
+
 // Note [Group failures]
 // A rank that throws may leave others waiting for it in a collective; aborting the communicators
 // wakes them with an error, so every task returns and none is left blocked on a worker. The first
@@ -119,11 +128,6 @@ void DeviceGroup::run(const std::function<void(int rank)>& task, int active) {
     for (auto& c : comms_)
       if (c && c->aborted()) c->reset();
   }
-
-  // Every rank starts where rank 0's generator is, so that draws stay alike on every rank (Note
-  // [Random numbers per sample] in tensor.h).
-  const GeneratorState start = generator_state(devices_[0]);
-  for (int rank = 1; rank < k; ++rank) set_generator_state(devices_[static_cast<size_t>(rank)], start);
 
   std::mutex mu;
   std::condition_variable cv;

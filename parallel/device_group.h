@@ -68,6 +68,11 @@ class DeviceGroup {
   /// reset, and the first failure is rethrown as ef::Error naming its device. The group is then
   /// usable again. Must not be called from inside a task of a group.
   void run(const std::function<void(int rank)>& task, int active = -1);
+  /// Sets the generators of ranks 1..active-1 (default all) to rank 0's state, so that every rank
+  /// draws as rank 0 would and per-sample draws (batch_rand, dropout) depend on the sample alone
+  /// (Note [Random numbers per sample] in engine/tensor.h). DataParallelModel's forward and map and
+  /// DataParallelCriterion call it before their tasks; run() itself leaves generators alone.
+  void share_first_generator(int active = -1);
 
   /// The communicator over the first `active` ranks (all by default); shared with the autograd nodes
   /// of collectives recorded through it. A negative `active` means all; otherwise it must be in

@@ -145,36 +145,25 @@ std::vector<std::string> loss_terms(const std::string& spec) {
   }
 }
 
-BatchTotals batch_totals(const Tensor& target) {
-  return {.images = target.size(0), .valid_pixels = losses::valid_weight(target, kIgnore).item()};
-}
-
-Tensor segmentation_loss(const std::string& spec, const Tensor& logits, const Tensor& target,
-                         const BatchTotals& batch) {
+losses::LossParts segmentation_loss(const std::string& spec, const Tensor& logits, const Tensor& target) {
   EF_CHECK(logits.dim() == 4 && logits.size(1) == kClasses && target.dim() == 3 && target.size(0) == logits.size(0),
            "segmentation_loss: expected logits [n, ", kClasses, ", H, W] and target [n, H, W], got ",
            shape_str(logits.shape()), " and ", shape_str(target.shape()));
-  EF_CHECK(batch.images >= logits.size(0), "segmentation_loss: a chunk of ", logits.size(0), " images from a batch of ",
-           batch.images);
-  // A batch with no scored pixel has pixel sums of 0; any positive divisor keeps them 0.
-  const double pixels = batch.valid_pixels > 0 ? batch.valid_pixels : 1.0;
-  const double image_share = static_cast<double>(logits.size(0)) / static_cast<double>(batch.images);
-  Tensor total;
+  losses::LossParts total;
   for (const std::string& term : loss_terms(spec)) {
-    Tensor l;
+    losses::LossParts l;
     if (term == "ce") {
-      l = losses::cross_entropy(logits, target, {.ignore_index = kIgnore, .reduction = losses::Reduction::Sum}) /
-          pixels;
+      l = losses::CrossEntropyLoss{{.ignore_index = kIgnore}}.parts(logits, target);
     } else if (term == "focal") {
-      l = losses::focal_loss(logits, target, {.ignore_index = kIgnore, .reduction = losses::Reduction::Sum}) / pixels;
+      l = losses::FocalLoss{{.ignore_index = kIgnore}}.parts(logits, target);
     } else if (term == "dice") {
-      l = losses::dice_loss(logits, target, {.ignore_index = kIgnore}) * image_share;
+      l = losses::DiceLoss{{.ignore_index = kIgnore}}.parts(logits, target);
     } else if (term == "lovasz") {
-      l = losses::lovasz_softmax(logits, target, {.ignore_index = kIgnore}) * image_share;
+      l = losses::LovaszSoftmaxLoss{{.ignore_index = kIgnore}}.parts(logits, target);
     } else {
-      l = losses::ohem_cross_entropy(logits, target, {.ignore_index = kIgnore}) * image_share;
+      l = losses::OhemCrossEntropyLoss{{.ignore_index = kIgnore}}.parts(logits, target);
     }
-    total = total.defined() ? total + l : l;
+    total = total + l;
   }
   return total;
 }

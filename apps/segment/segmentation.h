@@ -13,6 +13,7 @@
 #include "apps/common/image.h"
 #include "evenflow/data/dataset.h"
 #include "evenflow/layers/layers.h"
+#include "evenflow/losses/losses.h"
 
 namespace evenflow::segment {
 
@@ -61,22 +62,11 @@ const std::vector<std::string>& compare_specs();
 // The terms of a spec ("ce+dice" -> {"ce", "dice"}); ef::Error naming an unknown term.
 std::vector<std::string> loss_terms(const std::string& spec);
 
-// What a chunk's loss needs to know about the whole batch (computed once, before scattering).
-struct BatchTotals {
-  int64_t images = 0;
-  double valid_pixels = 0;  // pixels not kIgnore (losses::valid_weight)
-};
-BatchTotals batch_totals(const Tensor& target);
-
-// Note [Segmentation losses on devices]
-// segmentation_loss returns a chunk's share of the loss of spec on the whole batch, so that the
-// shares of a batch's chunks, summed with ChunkWeighting::None, are the loss one device computes
-// on the whole batch (Note [Losses across devices] in losses/losses.h): a pixel-mean term (ce,
-// focal) is the chunk's Reduction::Sum over the batch's valid pixels, a per-image term (dice,
-// lovasz, ohem) is the chunk's mean over its images times its share of the batch's images (the
-// chunk-size weighting, done here because a sum such as ce+dice mixes both kinds). Terms add
-// with weight 1. logits [n, kClasses, H, W], target int64 [n, H, W] with kIgnore.
-Tensor segmentation_loss(const std::string& spec, const Tensor& logits, const Tensor& target, const BatchTotals& batch);
+// The loss of spec (its terms added with weight 1) on logits [n, kClasses, H, W] and an int64 target
+// [n, H, W] with kIgnore, as parts (Note [Losses across devices] in losses/losses.h): a chunk's
+// parts, added over the chunks by DataParallelCriterion, give the loss of the whole batch, each
+// term divided by its own weight (valid pixels for ce and focal, images for dice, lovasz, ohem).
+losses::LossParts segmentation_loss(const std::string& spec, const Tensor& logits, const Tensor& target);
 
 // A confusion matrix over kClasses, accumulated batch by batch; kIgnore pixels are left out.
 class Confusion {

@@ -653,6 +653,8 @@ void* thread_workspace(size_t bytes) {
     size_t size = 0;
     ~Buffer() { std::free(data); }
   };
+  // One scratch buffer per thread (each OpenMP or worker thread runs its own im2col), grown as
+  // needed and freed when the thread ends: no allocation per convolution.
   thread_local Buffer buf;
   if (buf.size < bytes) {
     std::free(buf.data);

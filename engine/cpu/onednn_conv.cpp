@@ -51,6 +51,8 @@ const dnnl::engine& cpu_engine() {
 }
 
 dnnl::stream& thread_stream() {
+  // A oneDNN stream per thread: primitives executed on one stream from two threads at once would race,
+  // and every CPU device's worker runs convolutions concurrently.
   thread_local dnnl::stream stream(cpu_engine());
   return stream;
 }

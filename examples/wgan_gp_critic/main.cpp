@@ -40,16 +40,14 @@ int main(int argc, char** argv) try {
     const auto reals = model.scatter(real), fakes = model.scatter(fake), epss = model.scatter(eps);
 
     par::PerDevice<ef::Tensor> distance(reals.size());
-    const ef::Tensor loss = criterion(
-        [&](int r) {
-          nn::Module& d = model.replica(r);
-          const ef::Tensor d_real = d(reals[r]), d_fake = d(fakes[r]);
-          distance[r] = (ef::mean(d_real) - ef::mean(d_fake)).detach();
-          const ef::losses::Critic as_function = [&d](const ef::Tensor& x) { return d(x); };
-          return ef::losses::wasserstein_critic_loss(d_real, d_fake) +
-                 ef::losses::wgan_gp_penalty(as_function, reals[r], fakes[r], {.lambda = 10.0, .eps = epss[r]});
-        },
-        reals);
+    const ef::Tensor loss = criterion([&](int r) {
+      nn::Module& d = model.replica(r);
+      const ef::Tensor d_real = d(reals[r]), d_fake = d(fakes[r]);
+      distance[r] = (ef::mean(d_real) - ef::mean(d_fake)).detach();
+      const ef::losses::Critic as_function = [&d](const ef::Tensor& x) { return d(x); };
+      return ef::losses::wasserstein_critic_loss(d_real, d_fake) +
+             ef::losses::wgan_gp_penalty(as_function, reals[r], fakes[r], {.lambda = 10.0, .eps = epss[r]});
+    });
     opt.zero_grad();
     loss.backward();  // gradients are synchronized on every replica when this returns
     opt.step();

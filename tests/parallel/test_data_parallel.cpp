@@ -230,8 +230,7 @@ void check_penalty_step(const std::string& spec) {
     for (const Tensor& t : reals) sizes.push_back(t.size(0));
     CHECK(sizes == split_sizes(7, model.size()));
 
-    const Tensor loss =
-        criterion([&](int r) { return critic_loss(model.replica(r), reals[r], fakes[r], epss[r]); }, reals);
+    const Tensor loss = criterion([&](int r) { return critic_loss(model.replica(r), reals[r], fakes[r], epss[r]); });
     loss.backward();
     const Tensor want = critic_loss(*reference, real, fake, eps);
     want.backward();
@@ -287,14 +286,12 @@ TEST_CASE("data parallel: a gradient penalty has the exact expected gradient") {
   DataParallelCriterion criterion(model);
   manual_seed(cpu(), 23);
   const auto xs = model.scatter(randn({5, 4}, {.dtype = kFloat64}));
-  const Tensor loss = criterion(
-      [&](int r) {
-        Tensor x = xs[r].detach();
-        x.requires_grad_(true);
-        const Tensor g = grad({sum(model.replica(r)(x))}, {x}, {}, {.create_graph = true})[0];
-        return mean(square(norm(g, 2.0, {1}) - 1.0)) * 3.0;
-      },
-      xs);
+  const Tensor loss = criterion([&](int r) {
+    Tensor x = xs[r].detach();
+    x.requires_grad_(true);
+    const Tensor g = grad({sum(model.replica(r)(x))}, {x}, {}, {.create_graph = true})[0];
+    return mean(square(norm(g, 2.0, {1}) - 1.0)) * 3.0;
+  });
   loss.backward();
   const Tensor w = net->tensor("weight").detach();
   const double n = norm(w).item();
@@ -303,21 +300,33 @@ TEST_CASE("data parallel: a gradient penalty has the exact expected gradient") {
   for (int r = 0; r < 3; ++r) check_close(model.replica(r).tensor("weight").grad(), expected, "weight gradient");
 }
 
-TEST_CASE("data parallel: the per-rank criterion takes its weights from the chunks and names a bad one") {
+TEST_CASE("data parallel: the per-rank criterion weighs by the current batch and names what is wrong") {
   auto net = std::make_shared<nn::Linear>(4, 1, false, f64);
   DataParallelModel model(net, devices("cpu:2"));
   DataParallelCriterion criterion(model);
-  const auto xs = model.scatter(randn({5, 4}, {.dtype = kFloat64}));  // chunks of 3 and 2
-  // Rank r's loss is r + 1: weighted 3/5 and 2/5.
-  const Tensor loss =
-      criterion([&](int r) { return full({}, r + 1.0, {.dtype = kFloat64, .device = xs[r].device()}); }, xs);
-  CHECK(loss.item() == doctest::Approx(1.0 * 3 / 5 + 2.0 * 2 / 5).epsilon(1e-15));
   const auto constant = [&](int r) { return zeros({}, {.dtype = kFloat64, .device = model.devices()[r]}); };
-  std::string msg = error_of([&] { criterion(constant, {xs[0], Tensor()}); });
-  CHECK_MESSAGE(msg.find("chunk 1 must be a tensor with a non-empty batch dim, got undefined") != std::string::npos,
-                msg);
-  msg = error_of([&] { criterion(constant, {xs[0], xs[1], xs[1]}); });
-  CHECK_MESSAGE(msg.find("3 chunks for 2 devices") != std::string::npos, msg);
+  std::string msg = error_of([&] { criterion(constant); });
+  CHECK_MESSAGE(msg.find("the model has no current batch: scatter one") != std::string::npos, msg);
+  const auto xs = model.scatter(randn({5, 4}, {.dtype = kFloat64}));  // chunks of 3 and 2
+  // Rank r's loss, a mean over its chunk, is r + 1: weighted 3/5 and 2/5.
+  const Tensor loss =
+      criterion([&](int r) { return full({}, r + 1.0, {.dtype = kFloat64, .device = xs[r].device()}); });
+  CHECK(loss.item() == doctest::Approx(1.0 * 3 / 5 + 2.0 * 2 / 5).epsilon(1e-15));
+  // As parts: sums 1 and 2 over weights 4 and 1 (a chunk's own weight, not its size): 3 / 5.
+  const Tensor parts = criterion([&](int r) {
+    const TensorOptions o{.dtype = kFloat64, .device = model.devices()[r]};
+    return losses::LossParts(full({}, r + 1.0, o), full({}, r == 0 ? 4.0 : 1.0, o));
+  });
+  CHECK(parts.item() == doctest::Approx(3.0 / 5).epsilon(1e-15));
+  msg = error_of([&] {
+    criterion([&](int r) {
+      const Tensor one = full({}, 1.0, {.dtype = kFloat64, .device = model.devices()[r]});
+      return r == 0 ? losses::LossParts(one, one) : losses::LossParts(one, one) + losses::LossParts(one, one);
+    });
+  });
+  CHECK_MESSAGE(msg.find("the loss on cpu:1 has 2 terms, on cpu:0 1") != std::string::npos, msg);
+  msg = error_of([&] { criterion([&](int) { return zeros({}, {.dtype = kFloat64}); }); });
+  CHECK_MESSAGE(msg.find("the loss of rank 1 is on cpu:0, not on its device cpu:1") != std::string::npos, msg);
 }
 
 TEST_CASE("data parallel: replicas stay bitwise identical and follow the one-device run") {
@@ -515,7 +524,7 @@ std::pair<std::vector<double>, nn::NamedTensors> train_critic_with_dropout(const
     const Tensor real = randn({7, 6}, {.dtype = kFloat64}), fake = randn({7, 6}, {.dtype = kFloat64});
     const auto reals = model.scatter(real), fakes = model.scatter(fake);
     opt.zero_grad();
-    const Tensor loss = criterion([&](int r) { return loss_of(model.replica(r), reals[r], fakes[r]); }, reals);
+    const Tensor loss = criterion([&](int r) { return loss_of(model.replica(r), reals[r], fakes[r]); });
     loss.backward();
     opt.step();
     losses_seen.push_back(loss.item());
@@ -575,10 +584,114 @@ TEST_CASE("data parallel: every rank runs its backward collectives in one order,
   };
   const auto reals = model.scatter(real), fakes = model.scatter(fake), epss = model.scatter(eps);
   REQUIRE(reals[3].size(0) == 1);
-  const Tensor loss = criterion([&](int r) { return loss_of(model.replica(r), reals[r], fakes[r], epss[r]); }, reals);
+  const Tensor loss = criterion([&](int r) { return loss_of(model.replica(r), reals[r], fakes[r], epss[r]); });
   loss.backward();
   const Tensor want = loss_of(*reference, real, fake, eps);
   want.backward();
   check_close(loss, want, "loss");
   check_grads(model, *reference);
+}
+
+// --- The criterion exact by default (Note [Losses across devices] in losses/losses.h) ---------------
+
+namespace {
+
+// One loss of losses.h as DataParallelCriterion takes it, its one-device value, and its target.
+struct CriterionCase {
+  std::string name;
+  std::function<DataParallelCriterion(DataParallelModel&)> make;
+  std::function<Tensor(const Tensor& logits, const Tensor& target)> one_device;
+  bool class_target = true;
+};
+
+std::vector<CriterionCase> criterion_cases(const Tensor& class_weight) {
+  using namespace losses;
+  constexpr int64_t kIgnore = 255, kClasses = 3;
+  std::vector<CriterionCase> out;
+  auto add = [&](std::string name, auto loss, bool class_target = true) {
+    out.push_back({std::move(name), [loss](DataParallelModel& m) { return DataParallelCriterion(m, loss); },
+                   [loss](const Tensor& x, const Tensor& t) { return loss(x, t); }, class_target});
+  };
+  add("cross_entropy", CrossEntropyLoss{{.ignore_index = kIgnore, .weight = class_weight, .label_smoothing = 0.1}});
+  add("nll_loss", NllLoss{{.ignore_index = kIgnore, .weight = class_weight}});
+  add("focal_loss", FocalLoss{{.gamma = 1.5, .alpha = class_weight, .ignore_index = kIgnore}});
+  add("dice_loss", DiceLoss{{.ignore_index = kIgnore}});
+  add("lovasz_softmax", LovaszSoftmaxLoss{{.ignore_index = kIgnore}});
+  add("ohem_cross_entropy", OhemCrossEntropyLoss{{.threshold = 0.5, .min_kept = 4, .ignore_index = kIgnore}});
+  add("mse_loss", MseLoss{}, false);
+  add("l1_loss", L1Loss{}, false);
+  add("smooth_l1_loss", SmoothL1Loss{.beta = 0.5}, false);
+  add("binary_cross_entropy_with_logits", BceWithLogitsLoss{{.pos_weight = reshape(class_weight, {kClasses, 1, 1})}},
+      false);
+  return out;
+}
+
+}  // namespace
+
+// Logits x·w (w a leaf on the first device, broadcast differentiably) of 7 images split 3, 2, 2 over
+// cpu:3, the first chunk mostly ignored pixels: the loss, its gradient and a second-order gradient
+// (of |∇w|²) equal one device's on the whole batch, for every loss; the chunk-size weighting of a
+// plain mean, what the criterion did before, is off for the pixel means.
+TEST_CASE("data parallel: the criterion gives the whole batch's loss for every loss, to second order") {
+  manual_seed(cpu(), 31);
+  constexpr int64_t kIgnore = 255, kClasses = 3;
+  const Tensor x = randn({7, kClasses, 4, 4}, {.dtype = kFloat64});
+  const Tensor w0 = add_scalar(rand({kClasses}, {.dtype = kFloat64}), 0.5);
+  std::vector<int64_t> labels;
+  for (int64_t i = 0; i < 7 * 16; ++i) {
+    const bool mostly_ignored = i < 3 * 16 && i % 16 != 0;  // the first chunk: one valid pixel per image
+    labels.push_back(mostly_ignored || i % 7 == 3 ? kIgnore : i % kClasses);
+  }
+  const Tensor class_target = from_int_vector(labels, {7, 4, 4});
+  const Tensor float_target = rand({7, kClasses, 4, 4}, {.dtype = kFloat64});
+  const Tensor class_weight = from_vector({0.2, 1.0, 3.0}, {kClasses}, {.dtype = kFloat64});
+
+  // Value, gradient and second-order gradient with respect to w of loss(w).
+  const auto derivatives = [](const Tensor& w, const std::function<Tensor(const Tensor&)>& loss) {
+    const Tensor leaf = w.detach().requires_grad_(true);
+    const Tensor l = loss(leaf);
+    const Tensor g = grad({l}, {leaf}, {}, {.create_graph = true})[0];
+    // l1's gradient is piecewise constant in w: no graph, a second derivative of 0.
+    const Tensor gg = g.requires_grad() ? grad({sum(square(g))}, {leaf})[0] : zeros_like(leaf);
+    return std::vector<Tensor>{l.detach().to(cpu()), g.detach().to(cpu()), gg.to(cpu())};
+  };
+  const auto logits_of = [](const Tensor& xi, const Tensor& wi) { return xi * reshape(wi, {1, -1, 1, 1}); };
+
+  DataParallelModel model(std::make_shared<nn::Linear>(1, 1, false, f64), devices("cpu:3"));
+  for (const CriterionCase& c : criterion_cases(class_weight)) {
+    CAPTURE(c.name);
+    const Tensor target = c.class_target ? class_target : float_target;
+    const auto one = derivatives(w0, [&](const Tensor& w) {
+      const Tensor logits = logits_of(x, w);
+      return c.one_device(c.name == "nll_loss" ? log_softmax(logits, 1) : logits, target);
+    });
+    const DataParallelCriterion criterion = c.make(model);
+    const auto xs = model.scatter(x), ts = model.scatter(target);
+    const auto on_devices = [&](const Tensor& w) {
+      const std::vector<Tensor> ws = broadcast(w, model.devices());
+      PerDevice<Tensor> outputs;
+      for (size_t r = 0; r < xs.size(); ++r) {
+        const Tensor logits = logits_of(xs[r], ws[r]);
+        outputs.push_back(c.name == "nll_loss" ? log_softmax(logits, 1) : logits);
+      }
+      return criterion(outputs, ts);
+    };
+    const auto three = derivatives(w0, on_devices);
+    for (size_t i = 0; i < one.size(); ++i) {
+      CAPTURE(i);
+      const std::string diff = compare(three[i], one[i], 1e-12, 1e-10);
+      CHECK_MESSAGE(diff.empty(), diff);
+    }
+    if (c.name == "cross_entropy" || c.name == "focal_loss") {
+      // Before: each chunk's mean weighted by its size, 3/7 for a chunk of 3 valid pixels.
+      const DataParallelCriterion by_size(model, DataParallelCriterion::MeanLoss(c.one_device));
+      const auto sized = derivatives(w0, [&](const Tensor& w) {
+        const std::vector<Tensor> ws = broadcast(w, model.devices());
+        PerDevice<Tensor> outputs;
+        for (size_t r = 0; r < xs.size(); ++r) outputs.push_back(logits_of(xs[r], ws[r]));
+        return by_size(outputs, ts);
+      });
+      CHECK(compare(sized[0], one[0], 1e-3, 1e-3) != "");
+    }
+  }
 }

@@ -156,7 +156,7 @@ std::pair<std::vector<double>, nn::NamedTensors> train_critic(bool across_proces
     const auto reals = model.scatter(narrow(real, 0, share.start, share.count));
     const auto fakes = model.scatter(narrow(fake, 0, share.start, share.count));
     opt.zero_grad();
-    const Tensor loss = criterion([&](int r) { return loss_of(model.replica(r), reals[r], fakes[r]); }, reals);
+    const Tensor loss = criterion([&](int r) { return loss_of(model.replica(r), reals[r], fakes[r]); });
     loss.backward();
     opt.step();
     losses_seen.push_back(loss.item());
@@ -216,9 +216,9 @@ TEST_CASE("processes: no_sync accumulates micro-batches, and the last backward s
   const auto xa = my_chunks(a), xb = my_chunks(b);
   {
     const auto pause = model.no_sync();
-    criterion([&](int r) { return loss_of(model.replica(r)(xa[r])); }, xa).backward();
+    criterion([&](int r) { return loss_of(model.replica(r)(xa[r])); }).backward();
   }
-  criterion([&](int r) { return loss_of(model.replica(r)(xb[r])); }, xb).backward();
+  criterion([&](int r) { return loss_of(model.replica(r)(xb[r])); }).backward();
   const std::vector<Tensor> want = reference->parameters();
   for (int r = 0; r < model.size(); ++r) {
     const std::vector<Tensor> got = model.replica(r).parameters();

@@ -105,15 +105,9 @@ TEST_CASE("segment: segmentation_loss on three CPU devices equals one device, lo
   // One step of each spec: its loss and the weight's gradient, on `devices`.
   const auto step = [&](const std::string& spec, const std::string& devices) {
     ef::parallel::DataParallelModel model(conv->clone(), ef::parallel::devices(devices));
-    ef::parallel::DataParallelCriterion criterion(model, nullptr, ef::parallel::ChunkWeighting::None);
-    const seg::BatchTotals totals = seg::batch_totals(target);
-    const auto logits = model(model.scatter(images));
-    const auto targets = model.scatter(target);
-    const ef::Tensor loss = criterion(
-        [&](int r) {
-          return seg::segmentation_loss(spec, logits[static_cast<size_t>(r)], targets[static_cast<size_t>(r)], totals);
-        },
-        logits);
+    ef::parallel::DataParallelCriterion criterion(
+        model, [&](const ef::Tensor& logits, const ef::Tensor& t) { return seg::segmentation_loss(spec, logits, t); });
+    const ef::Tensor loss = criterion(model(model.scatter(images)), model.scatter(target));
     loss.backward();
     std::vector<double> out{loss.item()};
     for (const double g : model.module().parameters().front().grad().to_vector()) out.push_back(g);
