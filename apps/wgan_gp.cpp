@@ -286,6 +286,7 @@ int run(const Args& a) {
   if (have_classifier) {
     fid.net = ef::apps::make_fashion_cnn();  // float32, as classify saves it, whatever --dtype is
     ef::io::load_module(*fid.net, a.classifier);
+    ef::io::check_finite(*fid.net, "--classifier " + a.classifier);
     fid.net->to(first);
     fid.noise = fid_noise;
     fid.reference = ef::apps::feature_stats(fid.features(dataset_images(test_set, test_set.size(), dtype, first)));

@@ -1,6 +1,7 @@
 // Module and training checkpoints (see checkpoint.h, Note [Training checkpoints]).
 #include "evenflow/io/checkpoint.h"
 
+#include <cmath>
 #include <set>
 #include <utility>
 
@@ -60,6 +61,15 @@ void save_module(const nn::Module& module, const std::string& path,
 
 LoadReport load_module(nn::Module& module, const std::string& path, bool strict) {
   return load_into(load_safetensors(path), module.state_dict(), strict);
+}
+
+void check_finite(const nn::Module& module, const std::string& source) {
+  for (const auto& [name, t] : module.state_dict()) {
+    if (!is_floating(t.dtype())) continue;
+    const std::vector<double> v = t.to_vector();
+    for (size_t i = 0; i < v.size(); ++i)
+      EF_CHECK(std::isfinite(v[i]), source, ": '", name, "' holds ", v[i], " at element ", i);
+  }
 }
 
 namespace {
@@ -138,6 +148,12 @@ TrainingCheckpoint load_training_checkpoint(const std::string& path, const std::
     previous_models[i] = copy_of(parts[i].model->state_dict());
     previous_optimizers[i] = copy_of(parts[i].optimizer->state());
   }
+  const auto restore = [&](size_t changed_parts) {
+    for (size_t i = 0; i < changed_parts; ++i) {
+      parts[i].model->load_state_dict(previous_models[i]);
+      parts[i].optimizer->load_state(previous_optimizers[i]);
+    }
+  };
   size_t changed = 0;
   try {
     for (const CheckpointPart& part : parts) {
@@ -148,11 +164,12 @@ TrainingCheckpoint load_training_checkpoint(const std::string& path, const std::
       load_into(model_part, prefixed(model_prefix, part.model->state_dict()), true);
       part.optimizer->load_state(with_prefix(file, part_prefix(part, kOptimPrefix), true));
     }
+  } catch (const Error& e) {
+    restore(changed);
+    // The model's and optimizer's checks name the key; the file is named here.
+    throw Error(detail::str_cat("load_training_checkpoint: ", path, ": ", e.what()));
   } catch (...) {
-    for (size_t i = 0; i < changed; ++i) {
-      parts[i].model->load_state_dict(previous_models[i]);
-      parts[i].optimizer->load_state(previous_optimizers[i]);
-    }
+    restore(changed);
     throw;
   }
   for (const auto& [d, state] : generators) set_generator_state(d, state);

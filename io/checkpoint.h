@@ -39,6 +39,10 @@ void save_module(const nn::Module& module, const std::string& path,
                  const std::map<std::string, std::string>& metadata = {});
 /// Copies a module file's tensors into the module (see load_into for strict and the report).
 LoadReport load_module(nn::Module& module, const std::string& path, bool strict = true);
+/// ef::Error naming `source` (a file, an option) and the first parameter or buffer of `module`
+/// that holds NaN or an infinity, with the element: weights a run could not use (a classifier whose
+/// features would make every distance NaN).
+void check_finite(const nn::Module& module, const std::string& source);
 
 /// The loop counters a training checkpoint keeps.
 struct TrainingProgress {

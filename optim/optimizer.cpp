@@ -135,6 +135,7 @@ void Optimizer::load_state(const NamedTensors& state) {
     EF_CHECK(t.shape() == p.shape() && t.dtype() == p.dtype(), name_, ".load_state: \"", key, "\" is ",
              shape_str(t.shape()), " ", dtype_name(t.dtype()), " but parameter ", i, " is ", shape_str(p.shape()), " ",
              dtype_name(p.dtype()));
+    check_state_values(key, n, t);
     loaded[i].tensors.emplace_back(n, t.detach().clone().to(p.device()));
   }
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -151,6 +152,8 @@ void Optimizer::load_state(const NamedTensors& state) {
   if (lr) set_lr(*lr);
   state_ = std::move(loaded);
 }
+
+void Optimizer::check_state_values(const std::string&, const std::string&, const Tensor&) const {}
 
 // --- SGD ------------------------------------------------------------------------------------------------
 
@@ -199,6 +202,17 @@ Adam::Adam(const char* name, std::vector<Tensor> params, const AdamOptions& o, d
 }
 
 AdamW::AdamW(std::vector<Tensor> params, const AdamOptions& o) : Adam("AdamW", std::move(params), o, 1e-2, true) {}
+
+void Adam::check_state_values(const std::string& key, const std::string& name, const Tensor& t) const {
+  const std::vector<double> v = t.to_vector();
+  const bool second_moment = name == "exp_avg_sq" || name == "max_exp_avg_sq";
+  for (size_t j = 0; j < v.size(); ++j) {
+    EF_CHECK(std::isfinite(v[j]), name_, ".load_state: \"", key, "\" holds ", v[j], " at element ", j,
+             ": a moment is finite");
+    EF_CHECK(!second_moment || v[j] >= 0, name_, ".load_state: \"", key, "\" holds ", v[j], " at element ", j,
+             ": a second moment (a mean of squares) is never negative");
+  }
+}
 
 std::vector<std::string> Adam::state_names() const {
   if (o_.amsgrad) return {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};

@@ -64,6 +64,9 @@ class Optimizer {
   /// The names of the state tensors this optimizer, as configured, keeps for every parameter it has
   /// updated (load_state requires each of them beside a step count).
   virtual std::vector<std::string> state_names() const = 0;
+  /// Checks a state tensor load_state is given (already known by name, shape and dtype) for values
+  /// this optimizer could never have written; ef::Error naming `key`. Default: none.
+  virtual void check_state_values(const std::string& key, const std::string& name, const Tensor& t) const;
 
   /// Parameter i's state tensor `name` (a handle: update it in place), made by init() on first use.
   Tensor state_tensor(size_t i, const std::string& name, const std::function<Tensor()>& init);
@@ -134,6 +137,9 @@ class Adam : public Optimizer {
   Adam(const char* name, std::vector<Tensor> params, const AdamOptions& o, double default_weight_decay, bool decoupled);
   void update(const std::vector<Update>& updates) override;
   std::vector<std::string> state_names() const override;
+  /// Every moment finite, the second moments (exp_avg_sq, max_exp_avg_sq) non-negative: a negative
+  /// one would put the square root of a negative number into every later step.
+  void check_state_values(const std::string& key, const std::string& name, const Tensor& t) const override;
 
  private:
   AdamOptions o_;

@@ -98,6 +98,36 @@ TEST_CASE("checkpoint: a resumed run is bitwise equal to an uninterrupted one") 
   CHECK(all_values(*resumed) == all_values(*reference));
 }
 
+TEST_CASE("checkpoint: an Adam state no run could have written is refused, naming the file and the key") {
+  const Data data = fixed_data();
+  TempDir dir;
+  manual_seed(cpu(), 8);
+  auto model = small_cnn(4);
+  optim::Adam opt(model->parameters(), {.amsgrad = true});
+  train_step(*model, opt, data);
+  io::save_training_checkpoint(dir.file("good.safetensors"), *model, opt, {.step = 1, .epoch = 0});
+  const std::vector<double> before = all_values(*model);
+  for (const auto& [key, value] :
+       std::vector<std::pair<std::string, double>>{{"optim.state.2.exp_avg_sq", -0.5},
+                                                   {"optim.state.0.max_exp_avg_sq", -1e-30},
+                                                   {"optim.state.1.exp_avg", std::nan("")}}) {
+    CAPTURE(key);
+    io::SafetensorsFile file = io::load_safetensors(dir.file("good.safetensors"));
+    std::vector<double> v = file.at(key).to_vector();
+    v[0] = value;
+    const Tensor bad = from_vector(v, file.at(key).shape(), {.dtype = file.at(key).dtype()});
+    io::NamedTensors tensors;
+    for (const auto& [name, t] : file.tensors) tensors.emplace_back(name, name == key ? bad : t);
+    const std::string path = dir.file("bad.safetensors");
+    io::save_safetensors(path, tensors, file.metadata);
+    const std::string err = error_of([&] { io::load_training_checkpoint(path, *model, opt); });
+    CHECK_MESSAGE(err.find("load_training_checkpoint: " + path + ": Adam.load_state: \"" +
+                           key.substr(std::string("optim.").size()) + "\" holds") == 0,
+                  err);
+    CHECK(all_values(*model) == before);
+  }
+}
+
 TEST_CASE("checkpoint: loading into a different architecture fails naming the key and changes nothing") {
   const Data data = fixed_data();
   TempDir dir;

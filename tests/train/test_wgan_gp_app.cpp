@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <sstream>
+#include <string>
 
 #include "apps/common/fashion_cnn.h"
 #include "evenflow/io/checkpoint.h"
@@ -130,6 +131,23 @@ TEST_CASE("wgan_gp: two CUDA logical devices equal one CPU device (float64)") {
       CHECK(std::abs(lb[i].second - la[i].second) <= 1e-9 * (1.0 + std::abs(la[i].second)));
     }
   }
+}
+
+TEST_CASE("wgan_gp: a classifier whose weights hold NaN is refused, naming the file and the tensor") {
+  Data data;
+  TempDir out;
+  const std::string bad = data.dir.file("nan_classifier.safetensors");
+  const auto net = evenflow::apps::make_fashion_cnn();
+  evenflow::NoGradGuard no_grad;
+  net->tensor("3.weight").fill_(std::nan(""));
+  evenflow::io::save_module(*net, bad);
+  std::string args = data.args();
+  args.replace(args.find(data.classifier), data.classifier.size(), bad);
+  const AppResult r = run_wgan(args + "--steps 1 --out " + out.path().string());
+  CHECK_MESSAGE(r.rc == 2, r.output);
+  CHECK_MESSAGE(
+      r.output.find("wgan_gp: error: --classifier " + bad + ": '3.weight' holds nan at element 0") != std::string::npos,
+      r.output);
 }
 
 TEST_CASE("wgan_gp: bad arguments exit 2 with a one-line message") {
