@@ -34,7 +34,7 @@
 #include "apps/common/plot.h"
 #include "apps/common/program.h"
 #include "apps/common/progress.h"
-#include "apps/common/run_options.h"
+#include "apps/common/run.h"
 #include "apps/common/wgan_critic.h"
 #include "evenflow/data/fashion_mnist.h"
 #include "evenflow/data/loader.h"
@@ -43,6 +43,7 @@
 #include "evenflow/losses/losses.h"
 #include "evenflow/parallel/data_parallel.h"
 #include "evenflow/parallel/sync_batch_norm.h"
+#include "evenflow/parallel/training_state.h"
 
 namespace ef = evenflow;
 namespace nn = evenflow::nn;
@@ -119,77 +120,26 @@ Tensor penalty(const Args& a, nn::Module& critic, const Tensor& real, const Tens
   return ef::losses::r1_penalty(d, real, {.gamma = a.lambda});
 }
 
-// One metrics row a generator step (or an evaluation); NaN where nothing was measured.
-struct Row {
-  int64_t step = 0;
-  double critic_loss = NAN, generator_loss = NAN, wasserstein = NAN, frechet = NAN, frechet_floor = NAN;
-  double seconds = 0, images_per_s = 0;
-};
+// The columns of metrics.csv: one row a generator step; the Frechet distance and its floor only
+// where measured (empty cells otherwise).
+const std::vector<std::string> kColumns = {"step",    "critic_loss",   "generator_loss", "wasserstein",
+                                           "frechet", "frechet_floor", "seconds",        "images_per_s"};
 
-const char* kCsvHeader = "step,critic_loss,generator_loss,wasserstein,frechet,frechet_floor,seconds,images_per_s";
-
-std::string csv_number(double v) {
-  if (std::isnan(v)) return "";
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.9g", v);
-  return buf;
-}
-
-void write_csv(const std::string& path, const std::vector<Row>& rows) {
-  std::string text = std::string(kCsvHeader) + "\n";
-  for (const Row& r : rows) {
-    text += std::to_string(r.step) + "," + csv_number(r.critic_loss) + "," + csv_number(r.generator_loss) + "," +
-            csv_number(r.wasserstein) + "," + csv_number(r.frechet) + "," + csv_number(r.frechet_floor) + "," +
-            csv_number(r.seconds) + "," + csv_number(r.images_per_s) + "\n";
-  }
-  ef::io::write_file_atomically(path, [&](ef::io::OutputFile& f) { f.write(text.data(), text.size()); });
-}
-
-// A metrics cell: empty is "not measured" (NaN); anything else must be a finite number.
-double csv_cell(const std::string& cell, const std::string& path, int line) {
-  if (cell.empty()) return NAN;
-  const char* begin = cell.c_str();
-  char* end = nullptr;
-  const double v = std::strtod(begin, &end);
-  EF_CHECK(end == begin + cell.size() && std::isfinite(v), path, ": line ", line, " holds \"", cell,
-           "\", which is not a finite number");
-  return v;
-}
-
-std::vector<Row> read_csv(const std::string& path) {
-  std::ifstream in(path);
-  EF_CHECK(in.good(), "cannot read ", path, ": it holds the run's history up to its checkpoint");
-  std::string line;
-  std::getline(in, line);
-  EF_CHECK(line == kCsvHeader, path, " does not start with the expected header");
-  std::vector<Row> rows;
-  for (int n = 2; std::getline(in, line); ++n) {
-    std::vector<double> v;
-    std::stringstream ss(line);
-    std::string cell;
-    while (std::getline(ss, cell, ',')) v.push_back(csv_cell(cell, path, n));
-    EF_CHECK(v.size() <= 8 && !v.empty() && !std::isnan(v[0]) && v[0] >= 0 && v[0] == std::floor(v[0]), path, ": line ",
-             n, " is not a row of at most 8 cells starting with a step: \"", line, "\"");
-    while (v.size() < 8) v.push_back(NAN);
-    rows.push_back({static_cast<int64_t>(v[0]), v[1], v[2], v[3], v[4], v[5], v[6], v[7]});
-  }
-  return rows;
-}
-
-void write_curves(const std::string& path, const std::vector<Row>& rows) {
+void write_curves(const std::string& path, const ef::apps::MetricsLog& log) {
   ef::apps::Series critic{.label = "critic loss", .color = {200, 40, 40}};
   ef::apps::Series wasserstein{.label = "wasserstein estimate", .color = {30, 80, 200}};
   ef::apps::Series frechet{.label = "frechet distance / 10", .color = {20, 150, 60}};
-  for (const Row& r : rows) {
-    if (!std::isnan(r.critic_loss)) {
-      critic.x.push_back(static_cast<double>(r.step));
-      critic.y.push_back(r.critic_loss);
-      wasserstein.x.push_back(static_cast<double>(r.step));
-      wasserstein.y.push_back(r.wasserstein);
+  for (size_t i = 0; i < log.size(); ++i) {
+    const double step = log.at(i, "step");
+    if (!std::isnan(log.at(i, "critic_loss"))) {
+      critic.x.push_back(step);
+      critic.y.push_back(log.at(i, "critic_loss"));
+      wasserstein.x.push_back(step);
+      wasserstein.y.push_back(log.at(i, "wasserstein"));
     }
-    if (!std::isnan(r.frechet)) {
-      frechet.x.push_back(static_cast<double>(r.step));
-      frechet.y.push_back(r.frechet / 10.0);
+    if (!std::isnan(log.at(i, "frechet"))) {
+      frechet.x.push_back(step);
+      frechet.y.push_back(log.at(i, "frechet") / 10.0);
     }
   }
   ef::apps::write_line_plot_png(path, {.title = "WGAN-GP on FashionMNIST",
@@ -254,13 +204,9 @@ int run(const Args& a) {
   const ef::DType dtype = a.dtype == "float64" ? ef::kFloat64 : ef::kFloat32;
   ef::set_num_threads(a.threads > 0 ? a.threads : ef::parallel::cpu_threads_per_device(devices));
   const ef::Device first = devices[0];
-  const std::string ckpt_path = (fs::path(a.out) / "checkpoint.safetensors").string();
-  const std::string csv_path = (fs::path(a.out) / "metrics.csv").string();
-  const bool primary = ef::apps::primary_process();  // writes the outputs (program.h)
-  if (primary) {
-    ef::apps::prepare_output_folder(a.out, ckpt_path, a.resume, a.overwrite);
-    fs::create_directories(fs::path(a.out) / "samples");
-  }
+  ef::apps::Run run(a, a.out, kColumns, run_metadata(a));
+  const bool primary = run.primary();
+  if (primary) fs::create_directories(fs::path(a.out) / "samples");
   // A classifier asked for by name must be there; only the default may be missing (metric skipped).
   std::error_code ec;
   const bool have_classifier = fs::exists(a.classifier, ec);
@@ -300,24 +246,11 @@ int run(const Args& a) {
     std::printf("no classifier at %s: the Frechet distance is skipped (train one with apps/classify)\n",
                 a.classifier.c_str());
   }
-  // The first device's generator is every device's (DeviceGroup::run starts every rank at it), so a
-  // checkpoint resumes on any devices; the host draws come from cpu:0's.
-  const std::vector<ef::Device> generator_devices{first, ef::cpu()};
-  ef::io::TrainingProgress progress;
-  std::vector<Row> rows;
-  const std::vector<ef::io::CheckpointPart> parts{{"gen", &gen.module(), &opt_g.primary()},
-                                                  {"critic", &critic.module(), &opt_d.primary()}};
-  if (a.resume) {
-    const auto ck = ef::io::load_training_checkpoint(ckpt_path, parts, generator_devices);
-    ef::apps::check_resume_metadata(ckpt_path, ck.metadata, run_metadata(a));
-    gen.copy_primary_to_replicas();
-    critic.copy_primary_to_replicas();
-    opt_g.load_state(opt_g.primary().state());
-    opt_d.load_state(opt_d.primary().state());
-    progress = ck.progress;
-    rows = ef::apps::rows_up_to_checkpoint(read_csv(csv_path), progress.step, csv_path);
-    std::printf("resuming from %s at generator step %" PRId64 "\n", ckpt_path.c_str(), progress.step);
-  }
+  // The first device's generator is every device's (share_first_generator), so a checkpoint resumes
+  // on any devices; host draws come from cpu:0's (both in the training state).
+  par::TrainingState state({{"gen", gen, opt_g}, {"critic", critic, opt_d}});
+  run.resume(state, "generator step");
+  ef::io::TrainingProgress& progress = run.progress();
 
   std::printf("training on %s, %s, batch %" PRId64 ", %" PRId64
               " critic steps per generator step, norm %s, penalty %s\n",
@@ -331,7 +264,7 @@ int run(const Args& a) {
                                           .drop_last = true,
                                           .num_workers = a.workers,
                                           .device = ef::cpu(),
-                                          .batch_part = ef::apps::process_batch_part(critic.size())});
+                                          .batch_part = critic.batch_part()});
   const int64_t per_epoch = loader.num_batches();
   EF_CHECK(per_epoch > 0, "the training set has fewer images (", train_set->size(), ") than a batch (", a.batch_size,
            ")");
@@ -359,14 +292,12 @@ int run(const Args& a) {
     gen.module().train();
     return ef::apps::frechet_distance(ef::apps::feature_stats(fid.features(ef::cat(images, 0))), fid.reference);
   };
-  // The checkpoint last (the rule in apps/common/run_options.h).
   const auto save = [&] {
-    if (!primary) return;
-    write_csv(csv_path, rows);
-    write_curves((fs::path(a.out) / "curves.png").string(), rows);
-    ef::io::save_module(gen.module(), (fs::path(a.out) / "generator.safetensors").string());
-    ef::io::save_module(critic.module(), (fs::path(a.out) / "critic.safetensors").string());
-    ef::io::save_training_checkpoint(ckpt_path, parts, progress, generator_devices, run_metadata(a));
+    run.save(state, [&] {
+      write_curves(run.file("curves.png"), run.metrics());
+      ef::io::save_module(gen.module(), run.file("generator.safetensors"));
+      ef::io::save_module(critic.module(), run.file("critic.safetensors"));
+    });
   };
   const auto set_critic_trainable = [&](bool on) {
     for (int r = 0; r < critic.size(); ++r)
@@ -405,12 +336,12 @@ int run(const Args& a) {
   ef::apps::setup_done();
   using Clock = std::chrono::steady_clock;
   ef::apps::ProgressBar bar;
-  bar.start_epoch(1, 1, a.steps, progress.step + 1);
+  bar.start("generator steps", a.steps, progress.step + 1);
   double seconds = 0;
   int64_t images_seen = 0;
   while (progress.step < a.steps) {
     const auto t0 = Clock::now();
-    Row row;
+    double critic_loss = NAN, generator_loss = NAN, wasserstein = NAN, frechet_distance = NAN;
     // Losses and estimates stay on their devices until the generator step is queued: the host
     // reads them once a generator step, not once per critic step (a read waits for the device).
     std::vector<Tensor> critic_losses;
@@ -465,37 +396,40 @@ int run(const Args& a) {
       set_critic_trainable(true);
       // The step's host reads, in the order the losses arose (a NaN stops the run before any save).
       for (size_t k = 0; k < critic_losses.size(); ++k) {
-        row.critic_loss = critic_losses[k].item();
-        ef::apps::check_finite_loss(row.critic_loss, progress.step + 1, "critic loss");
-        if (a.print_loss)
-          std::printf("step %" PRId64 " critic %d loss %.17g\n", progress.step + 1, static_cast<int>(k + 1),
-                      row.critic_loss);
+        critic_loss = critic_losses[k].item();
+        run.check_loss(critic_loss, progress.step + 1, "critic loss",
+                       "step " + std::to_string(progress.step + 1) + " critic " + std::to_string(k + 1));
       }
       // The Wasserstein estimate of the last critic step, chunk-weighted over the replicas.
-      row.wasserstein = 0;
-      for (const auto& [distance, share] : distances) row.wasserstein += distance.item() * share;
-      row.wasserstein = job_sum(row.wasserstein);
-      row.generator_loss = loss.item();
-      ef::apps::check_finite_loss(row.generator_loss, progress.step + 1, "generator loss");
-      if (a.print_loss) std::printf("step %" PRId64 " generator loss %.17g\n", progress.step + 1, row.generator_loss);
+      wasserstein = 0;
+      for (const auto& [distance, share] : distances) wasserstein += distance.item() * share;
+      wasserstein = job_sum(wasserstein);
+      generator_loss = loss.item();
+      run.check_loss(generator_loss, progress.step + 1, "generator loss",
+                     "step " + std::to_string(progress.step + 1) + " generator");
     }
     ++progress.step;
     seconds += std::chrono::duration<double>(Clock::now() - t0).count();
-    row.step = progress.step;
-    row.seconds = seconds;
-    row.images_per_s = static_cast<double>(images_seen) / seconds;
-    bar.update(progress.step, row.critic_loss, row.images_per_s);
+    const double images_per_s = static_cast<double>(images_seen) / seconds;
+    bar.update(progress.step, critic_loss, images_per_s);
     const bool last = progress.step == a.steps;
     if (progress.step % a.fid_every == 0 || last) {
-      row.frechet = frechet();
-      row.frechet_floor = fid.floor;
-      if (!std::isnan(row.frechet)) {
+      frechet_distance = frechet();
+      if (!std::isnan(frechet_distance)) {
         bar.finish();
-        std::printf("step %" PRId64 "  Frechet distance %.3f (floor %.3f)\n", progress.step, row.frechet, fid.floor);
+        std::printf("step %" PRId64 "  Frechet distance %.3f (floor %.3f)\n", progress.step, frechet_distance,
+                    fid.floor);
         std::fflush(stdout);
       }
     }
-    rows.push_back(row);
+    run.metrics().append({{"step", static_cast<double>(progress.step)},
+                          {"critic_loss", critic_loss},
+                          {"generator_loss", generator_loss},
+                          {"wasserstein", wasserstein},
+                          {"frechet", frechet_distance},
+                          {"frechet_floor", std::isnan(frechet_distance) ? NAN : fid.floor},
+                          {"seconds", seconds},
+                          {"images_per_s", images_per_s}});
     if (progress.step % a.sample_every == 0 || last) sample(progress.step);
     if (progress.step % a.sample_every == 0 || progress.step % a.fid_every == 0 || last) save();
   }

@@ -396,6 +396,16 @@ PerDevice<Tensor> DataParallelModel::scatter(const Tensor& batch) {
   return chunks;
 }
 
+std::function<std::pair<int64_t, int64_t>(int64_t)> DataParallelModel::batch_part() const {
+  if (group_->processes().size() == 1) return nullptr;
+  const std::shared_ptr<ProcessGroup> job = group_->shared_processes();
+  const int devices_per_process = group_->size();
+  return [job, devices_per_process](int64_t rows) {
+    const ProcessShare share = process_share(rows, devices_per_process, *job);
+    return std::make_pair(share.start, share.count);
+  };
+}
+
 PerDevice<Tensor> DataParallelModel::forward(const PerDevice<Tensor>& inputs) {
   const int k = static_cast<int>(inputs.size());
   EF_CHECK(k >= 1 && k <= size(), "DataParallelModel: ", k, " inputs for ", size(), " devices");

@@ -86,6 +86,10 @@ class DataParallelModel {
   /// It becomes the model's current batch (batch_rows). Throws ef::Error for an undefined or 0-d
   /// `batch`, or one with no items.
   PerDevice<Tensor> scatter(const Tensor& batch);
+  /// This process's part of every global batch of the job, for DataLoaderOptions::batch_part:
+  /// the rows process_share gives it (so that scatter of the part gives each device the chunk one
+  /// process with every device would); nullptr in a one-process job (the whole batch).
+  std::function<std::pair<int64_t, int64_t>(int64_t rows)> batch_part() const;
   /// The current batch: which rows of the job's whole batch (over every process) each rank holds,
   /// as the last scatter (or forward) split it; empty before the first. What the per-rank forms of
   /// DataParallelCriterion weigh and draw per sample by.
@@ -207,11 +211,21 @@ class DataParallelCriterion {
   PartsLoss loss_;
 };
 
+/// What TrainingState needs of a ReplicatedOptimizer, whatever its optimizer type.
+class ReplicatedOptimizerBase {
+ public:
+  virtual ~ReplicatedOptimizerBase() = default;
+  /// Replica 0's optimizer, whose state is every replica's.
+  virtual optim::Optimizer& primary_optimizer() = 0;
+  /// Every replica's state from one exported state (Note [Optimizer state]).
+  virtual void load_state(const nn::NamedTensors& state) = 0;
+};
+
 /// One optimizer per replica, each on its own device with its own state, stepping concurrently on
 /// the devices' workers after the gradient sync. Configure replica 0's optimizer (a schedule sets
 /// its learning rate); step() gives the others the same learning rate.
 template <typename Opt>
-class ReplicatedOptimizer {
+class ReplicatedOptimizer : public ReplicatedOptimizerBase {
  public:
   /// One `Opt(model.replica(r).parameters(), options)` per replica r. Keeps a reference to `model`,
   /// which must outlive the optimizer.
@@ -226,9 +240,11 @@ class ReplicatedOptimizer {
   /// Replica 0's optimizer: configure this one (its learning rate is copied to the others at each
   /// step), and save its state().
   Opt& primary() { return *replicas_[0]; }
+  /// primary(), as an optim::Optimizer.
+  optim::Optimizer& primary_optimizer() override { return *replicas_[0]; }
 
   /// Every replica's state from one exported state (Note [Optimizer state]).
-  void load_state(const nn::NamedTensors& state) {
+  void load_state(const nn::NamedTensors& state) override {
     for (auto& o : replicas_) o->load_state(state);
   }
 

@@ -56,6 +56,8 @@ class DeviceGroup {
   /// The group's own channel to the other processes (a duplicate of the one it was given), for the
   /// calls its owner makes from the thread that calls run(); a one-process group in one process.
   ProcessGroup& processes() { return *processes_; }
+  /// processes(), shared: for what outlives a call (a loader's batch_part).
+  const std::shared_ptr<ProcessGroup>& shared_processes() const { return processes_; }
   const std::vector<Device>& devices() const { return devices_; }  ///< Rank r is on devices()[r].
   /// Rank `rank`'s device; throws std::out_of_range for a rank outside [0, size()).
   const Device& device(int rank) const { return devices_.at(static_cast<size_t>(rank)); }

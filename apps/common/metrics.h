@@ -1,7 +1,8 @@
-// The per-evaluation metrics an app logs while training (metrics.csv): one row each time the test
-// set is evaluated (the end of each epoch, and the end of a run stopped mid-epoch). The file is
-// rewritten whole and atomically at each row, and read back when a run resumes, so an interrupted
-// run's log continues where it stopped.
+// The metrics log of a training run (metrics.csv): named columns, one row per logging point (an
+// evaluation, a generator step), a "step" column among them. The file is rewritten whole and
+// atomically at each save, and read back when a run resumes, keeping the rows up to the
+// checkpoint's step (Note [Save order] in run.h). An empty cell is a value not measured at that row
+// (NaN in memory); every other cell is a finite number.
 #pragma once
 
 #include <cstdint>
@@ -10,22 +11,33 @@
 
 namespace evenflow::apps {
 
-struct MetricsRow {
-  double epoch = 0;       // epochs done, fractional when the run stopped mid-epoch
-  int64_t step = 0;       // optimizer steps done
-  double train_loss = 0;  // mean training loss over the steps since the previous row
-  double test_loss = 0;
-  double test_accuracy = 0;  // in [0, 1]
-  double seconds = 0;        // training time since the previous row (evaluation excluded)
-  double images_per_s = 0;   // training images per second over those seconds
+class MetricsLog {
+ public:
+  // ef::Error unless `columns` holds "step" once and no name twice.
+  explicit MetricsLog(std::vector<std::string> columns);
+
+  const std::vector<std::string>& columns() const { return columns_; }
+  // Appends a row; `values` by name (columns not given are NaN: empty cells). ef::Error naming a
+  // column the log does not have, or a row without its step.
+  void append(const std::vector<std::pair<std::string, double>>& values);
+  size_t size() const { return rows_.size(); }
+  // Row i's value of `column` (NaN where empty). ef::Error for an unknown column.
+  double at(size_t i, const std::string& column) const;
+  // The log as CSV: the header, then the rows (%.9g, empty for NaN).
+  std::string csv() const;
+  // Writes csv() to `path` atomically.
+  void write(const std::string& path) const;
+  // Replaces the rows with `path`'s up to `step` (a save writes the metrics before the checkpoint,
+  // so rows past it come from a run killed between the two). ef::Error naming the path and line for
+  // a missing file, another header, a cell that is not a finite number, or a history that does not
+  // reach `step` (0: none needed).
+  void read_up_to(const std::string& path, int64_t step);
+
+ private:
+  size_t column(const std::string& name) const;
+  std::vector<std::string> columns_;
+  size_t step_column_ = 0;
+  std::vector<std::vector<double>> rows_;
 };
-
-inline constexpr const char* kMetricsHeader = "epoch,step,train_loss,test_loss,test_accuracy,seconds,images_per_s";
-
-// Writes the header and the rows (atomically).
-void write_metrics_csv(const std::string& path, const std::vector<MetricsRow>& rows);
-// Reads a file write_metrics_csv wrote. Throws ef::Error naming the path (and line) when it is
-// missing, or the header or a row is malformed or holds a number that is not finite.
-std::vector<MetricsRow> read_metrics_csv(const std::string& path);
 
 }  // namespace evenflow::apps

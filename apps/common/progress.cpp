@@ -26,10 +26,9 @@ std::string clock_str(double seconds) {
 ProgressBar::ProgressBar(std::FILE* out, double plain_interval_s)
     : out_(out), tty_(::isatty(::fileno(out)) != 0), plain_interval_s_(plain_interval_s) {}
 
-void ProgressBar::start_epoch(int64_t epoch, int64_t epochs, int64_t total, int64_t first) {
+void ProgressBar::start(std::string title, int64_t total, int64_t first) {
   finish();
-  epoch_ = epoch;
-  epochs_ = epochs;
+  title_ = std::move(title);
   total_ = total;
   first_ = first;
   last_step_ = first - 1;
@@ -68,10 +67,9 @@ void ProgressBar::print(int64_t step, double loss, double images_per_s, bool fin
     const int filled = total_ > 0 ? static_cast<int>(kWidth * step / total_) : kWidth;
     const std::string bar =
         std::string(static_cast<size_t>(filled), '#') + std::string(static_cast<size_t>(kWidth - filled), '.');
-    std::fprintf(out_, "\r\033[Kepoch %lld/%lld [%s] %s%s", static_cast<long long>(epoch_),
-                 static_cast<long long>(epochs_), bar.c_str(), stats, final_line ? "\n" : "");
+    std::fprintf(out_, "\r\033[K%s [%s] %s%s", title_.c_str(), bar.c_str(), stats, final_line ? "\n" : "");
   } else {
-    std::fprintf(out_, "epoch %lld/%lld  %s\n", static_cast<long long>(epoch_), static_cast<long long>(epochs_), stats);
+    std::fprintf(out_, "%s  %s\n", title_.c_str(), stats);
   }
   std::fflush(out_);
 }

@@ -22,4 +22,6 @@
 #include "evenflow/parallel/communicator.h"
 #include "evenflow/parallel/data_parallel.h"
 #include "evenflow/parallel/device_group.h"
+#include "evenflow/parallel/process_group.h"
 #include "evenflow/parallel/sync_batch_norm.h"
+#include "evenflow/parallel/training_state.h"

@@ -1,6 +1,6 @@
 // Every program against bad arguments, hostile files and an earlier run in its folder: a clean
 // exit -- 2 for bad input, 1 for a failure while running -- with one line "<program>: error: ..."
-// naming the option or file, never a signal; and the rules of apps/common/run_options.h: a run
+// naming the option or file, never a signal; and the rules of apps/common/run.h (Note [Save order]): a run
 // never replaces another's checkpoint unless told to, a resume sees the metrics that match its
 // checkpoint, a non-finite loss stops the run before a save.
 #include <doctest/doctest.h>

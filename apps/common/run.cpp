@@ -1,0 +1,162 @@
+// The training run (see run.h).
+#include "apps/common/run.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cinttypes>
+#include <cmath>
+#include <cstdio>
+#include <system_error>
+
+#include "apps/common/progress.h"
+#include "evenflow/io/file.h"
+
+namespace evenflow::apps {
+
+namespace fs = std::filesystem;
+
+void add_run_options(CLI::App& app, RunOptions& o, const std::string& seed_help) {
+  app.add_option("--devices", o.devices,
+                 "devices to train on, data-parallel: cpu (one CPU device), cpu:N (N CPU devices), cuda (every "
+                 "GPU), cuda:0,1 (those)");
+  app.add_option("--seed", o.seed, seed_help)->check(CLI::NonNegativeNumber);
+  app.add_option("--dtype", o.dtype, "float32 or float64");
+  app.add_option("--data", o.data, "FashionMNIST folder (IDX files, gzip or raw)");
+  app.add_option("--out", o.out, "output folder");
+  app.add_option("--workers", o.workers, "data loader threads")->check(CLI::NonNegativeNumber);
+  app.add_option("--threads", o.threads,
+                 "intra-op threads per CPU device (0: the hardware threads shared among the CPU devices)")
+      ->check(CLI::NonNegativeNumber);
+  auto* resume = app.add_flag("--resume", o.resume, "continue from <out>/checkpoint.safetensors exactly");
+  app.add_flag("--overwrite", o.overwrite, "start afresh even where <out> holds an earlier run's checkpoint")
+      ->excludes(resume);
+  app.add_flag("--print-loss", o.print_loss, "print every step's loss at full precision");
+}
+
+std::string metadata_number(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  return buf;
+}
+
+namespace {
+
+constexpr const char* kCheckpoint = "checkpoint.safetensors";
+constexpr const char* kMetrics = "metrics.csv";
+
+void prepare_output_folder(const fs::path& dir, bool resume, bool overwrite) {
+  std::error_code ec;
+  EF_CHECK(!fs::exists(dir, ec) || fs::is_directory(dir, ec), "--out ", dir.string(), " is a file, not a folder");
+  fs::create_directories(dir, ec);
+  EF_CHECK(!ec, "--out ", dir.string(), ": cannot create the folder: ", ec.message());
+  const fs::path probe = dir / ".write_test";
+  try {
+    io::write_file_atomically(probe.string(), [](io::OutputFile& f) { f.write("ok\n", 3); });
+  } catch (const Error& e) {
+    EF_ERROR("--out ", dir.string(), " cannot hold the run's files: ", e.what());
+  }
+  fs::remove(probe, ec);
+  io::remove_stale_temporaries(dir.string());
+  EF_CHECK(resume || overwrite || !fs::exists(dir / kCheckpoint, ec), "--out ", dir.string(), " already holds ",
+           kCheckpoint,
+           " from an earlier run: pass --resume to continue it, or --overwrite to start afresh and replace it");
+}
+
+void check_metadata(const std::string& path, const std::map<std::string, std::string>& written,
+                    const std::map<std::string, std::string>& expected) {
+  for (const auto& [key, value] : expected) {
+    const auto it = written.find(key);
+    std::string option = "--" + key;  // the command-line option of a setting ("batch_size": --batch-size)
+    std::replace(option.begin(), option.end(), '_', '-');
+    EF_CHECK(it != written.end() && it->second == value, "--resume: ", path, " was written with ", key, " ",
+             it == written.end() ? "(none)" : it->second, ", this run has ", value,
+             key == "app" ? "" : "; resume with the same " + option);
+  }
+}
+
+}  // namespace
+
+Run::Run(const RunOptions& options, fs::path out, std::vector<std::string> metric_columns,
+         std::map<std::string, std::string> metadata)
+    : options_(options),
+      out_(std::move(out)),
+      metadata_(std::move(metadata)),
+      metrics_(std::move(metric_columns)),
+      primary_(primary_process()) {
+  if (primary_) prepare_output_folder(out_, options_.resume, options_.overwrite);
+}
+
+bool Run::resume(parallel::TrainingState& state, const std::string& unit, bool start_if_missing) {
+  std::error_code ec;
+  if (!options_.resume || (start_if_missing && !fs::exists(out_ / kCheckpoint, ec))) return false;
+  const std::string path = file(kCheckpoint);
+  const io::TrainingCheckpoint ck = state.load(path);
+  check_metadata(path, ck.metadata, metadata_);
+  progress_ = ck.progress;
+  metrics_.read_up_to(file(kMetrics), progress_.step);
+  std::printf("resuming from %s at %s %" PRId64 "\n", path.c_str(), unit.c_str(), progress_.step);
+  std::fflush(stdout);
+  return true;
+}
+
+void Run::save(const parallel::TrainingState& state, const std::function<void()>& outputs) const {
+  if (!primary_) return;
+  metrics_.write(file(kMetrics));
+  if (outputs) outputs();
+  state.save(file(kCheckpoint), progress_, metadata_);
+}
+
+void Run::check_loss(double loss, int64_t step, const std::string& what, const std::string& label) const {
+  EF_CHECK(std::isfinite(loss), "step ", step, ": the ", what, " is ",
+           std::isnan(loss) ? "NaN"
+           : loss > 0       ? "inf"
+                            : "-inf",
+           "; stopping (the last checkpoint saved is intact; a smaller --lr may help)");
+  if (options_.print_loss) std::printf("%s loss %.17g\n", label.c_str(), loss);
+}
+
+void Run::train_epochs(data::DataLoader& loader, int64_t examples, int64_t epochs, int64_t max_steps,
+                       const std::function<Tensor(data::Batch&)>& step,
+                       const std::function<void(const EpochStats&)>& end_of_epoch) {
+  using Clock = std::chrono::steady_clock;
+  const int64_t per_epoch = loader.num_batches();
+  const int64_t batch_size = loader.options().batch_size;
+  ProgressBar bar;
+  bool stop = max_steps > 0 && progress_.step >= max_steps;
+  while (!stop && progress_.epoch < epochs) {
+    const int64_t skip = progress_.step - progress_.epoch * per_epoch;  // steps of this epoch already done
+    bar.start("epoch " + std::to_string(progress_.epoch + 1) + "/" + std::to_string(epochs), per_epoch, skip + 1);
+    double loss_sum = 0, seconds = 0;
+    int64_t steps = 0, images = 0, i = 0;
+    auto t0 = Clock::now();
+    for (data::Batch& b : loader.epoch(progress_.epoch)) {
+      if (i++ < skip) {
+        t0 = Clock::now();
+        continue;
+      }
+      const double l = step(b).item();
+      ++progress_.step;
+      check_loss(l, progress_.step, "training loss", "step " + std::to_string(progress_.step));
+      ++steps;
+      loss_sum += l;
+      images += std::min(batch_size, examples - (i - 1) * batch_size);  // the global batch's
+      const auto t1 = Clock::now();
+      seconds += std::chrono::duration<double>(t1 - t0).count();
+      t0 = t1;
+      bar.update(i, l, static_cast<double>(images) / seconds);
+      if (max_steps > 0 && progress_.step >= max_steps) {
+        stop = true;
+        break;
+      }
+    }
+    bar.finish();
+    if (progress_.step == (progress_.epoch + 1) * per_epoch) ++progress_.epoch;  // the epoch is complete
+    end_of_epoch({.mean_loss = steps > 0 ? loss_sum / static_cast<double>(steps) : 0.0,
+                  .steps = steps,
+                  .seconds = seconds,
+                  .images_per_s = seconds > 0 ? static_cast<double>(images) / seconds : 0.0,
+                  .epochs_done = static_cast<double>(progress_.step) / static_cast<double>(per_epoch)});
+  }
+}
+
+}  // namespace evenflow::apps

@@ -1,0 +1,109 @@
+// A training run, as the programs (classify, segment, wgan_gp) share it: the same options with the
+// same names, meanings and checks; one component that owns the run's folder and state -- the
+// refuse / --resume / --overwrite policy, the metrics log, the checkpoint of the whole training
+// state and the resume from it, the progress in the program's unit, the loss checks -- and the
+// epoch loop of the programs that train by epochs. A program keeps only its model, loss and schedule.
+//
+// Note [Save order]
+//  - a run never replaces another run's checkpoint unless told to (--overwrite), or continues it
+//    (--resume), and finds out at once when its --out cannot be written;
+//  - each save writes metrics.csv and the other outputs before the checkpoint, and a resume keeps
+//    the metrics rows up to the checkpoint's step, so a run killed between the two resumes with
+//    the history that matches its checkpoint (both or neither);
+//  - a loss that stops being finite stops the run with an error naming the step, before a save, so
+//    the last checkpoint is the last good one.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "apps/common/metrics.h"
+#include "apps/common/program.h"
+#include "evenflow/data/fashion_mnist.h"
+#include "evenflow/data/loader.h"
+#include "evenflow/io/checkpoint.h"
+#include "evenflow/parallel/training_state.h"
+
+namespace evenflow::apps {
+
+struct RunOptions {
+  std::string devices = "cpu";
+  uint64_t seed = 0;
+  std::string dtype = "float32";
+  std::string data = data::kFashionMnistRoot;
+  std::string out;
+  int workers = 2;
+  int threads = 0;  // 0: parallel::cpu_threads_per_device
+  bool resume = false;
+  bool overwrite = false;
+  bool print_loss = false;
+};
+
+// --devices, --seed (described by seed_help), --dtype, --data, --out, --workers, --threads,
+// --resume, --overwrite, --print-loss.
+void add_run_options(CLI::App& app, RunOptions& o, const std::string& seed_help);
+
+// A number as checkpoint metadata: exactly (%.17g), so two settings that differ never compare equal.
+std::string metadata_number(double v);
+
+class Run {
+ public:
+  // A run in folder `out` (the options' --out, or a --compare loss's folder in it) that logs
+  // `metric_columns` and saves `metadata` (the settings a resumed run must share, "app" among them:
+  // a resume with another value is refused, naming the option). Process 0 makes the folder ready:
+  // creates it, proves it writable, removes temporaries of killed saves, and refuses (ef::Error
+  // naming --resume and --overwrite) when it holds a checkpoint the run neither resumes nor
+  // overwrites.
+  Run(const RunOptions& options, std::filesystem::path out, std::vector<std::string> metric_columns,
+      std::map<std::string, std::string> metadata);
+
+  bool primary() const { return primary_; }  // process 0: prints and writes (program.h)
+  std::string file(const std::string& name) const { return (out_ / name).string(); }
+  const std::filesystem::path& folder() const { return out_; }
+  MetricsLog& metrics() { return metrics_; }
+  io::TrainingProgress& progress() { return progress_; }
+
+  // With --resume, continues from the folder's checkpoint: `state` and the progress from it, the
+  // metrics up to its step, and a line saying where ("resuming from ... at <unit> <step>"). A
+  // missing checkpoint is an error unless `start_if_missing` (--compare reaching a loss it had not
+  // started). Returns whether it resumed.
+  bool resume(parallel::TrainingState& state, const std::string& unit, bool start_if_missing = false);
+  // Note [Save order], on process 0: metrics.csv, then `outputs` (module files, plots), then the
+  // checkpoint of `state` at progress().
+  void save(const parallel::TrainingState& state, const std::function<void()>& outputs) const;
+
+  // A loss read on the host at `step`: ef::Error unless finite (naming the step and `what`), and
+  // with --print-loss the line "<label> loss <x>" at full precision.
+  void check_loss(double loss, int64_t step, const std::string& what, const std::string& label) const;
+
+  // The epoch loop (classify, segment): from where the run stands (progress()), every batch of
+  // `loader`'s epochs up to `epochs`, stopping after `max_steps` in all (0: no limit). `step`
+  // trains on a batch and returns its loss (read on the host here, once a step); `end_of_epoch`
+  // gets the epoch's statistics (also at a stop mid-epoch) and logs, prints and saves.
+  // `examples`: the dataset's size, for the images of each (global) batch.
+  struct EpochStats {
+    double mean_loss = 0;  // over the steps run in this call
+    int64_t steps = 0;
+    double seconds = 0;       // training time (evaluation excluded)
+    double images_per_s = 0;  // training images (every process's) per second
+    double epochs_done = 0;   // fractional when stopped mid-epoch
+  };
+  void train_epochs(data::DataLoader& loader, int64_t examples, int64_t epochs, int64_t max_steps,
+                    const std::function<Tensor(data::Batch&)>& step,
+                    const std::function<void(const EpochStats&)>& end_of_epoch);
+
+ private:
+  RunOptions options_;
+  std::filesystem::path out_;
+  std::map<std::string, std::string> metadata_;
+  MetricsLog metrics_;
+  io::TrainingProgress progress_;
+  bool primary_;
+};
+
+}  // namespace evenflow::apps
