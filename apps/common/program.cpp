@@ -41,15 +41,6 @@ std::string describe_devices(const std::vector<Device>& devices) {
   return names;
 }
 
-std::function<std::pair<int64_t, int64_t>(int64_t)> process_batch_part(int devices_per_process) {
-  const auto job = parallel::processes();
-  if (job->size() == 1) return nullptr;
-  return [job, devices_per_process](int64_t rows) {
-    const parallel::ProcessShare share = parallel::process_share(rows, devices_per_process, *job);
-    return std::make_pair(share.start, share.count);
-  };
-}
-
 CLI::Validator finite() {
   return CLI::Validator(
       [](std::string& value) -> std::string {

@@ -5,7 +5,7 @@
 //
 // Under mpirun or srun (Note [Processes] in parallel/process_group.h) every process runs the
 // program; process 0 alone prints to stdout and writes the outputs (primary_process()), each reads
-// its part of every batch (process_batch_part), and an error on one process is named on every
+// its part of every batch (DataParallelModel::batch_part), and an error on one process is named on every
 // other one before the job ends.
 #pragma once
 
@@ -34,10 +34,6 @@ bool primary_process();
 // The devices a program trains on, for its first line: "cpu:0,cpu:1", and under mpirun
 // "cpu:0,cpu:1 in each of 2 processes".
 std::string describe_devices(const std::vector<Device>& devices);
-
-// For DataLoaderOptions::batch_part: the rows of each global batch this process reads when every
-// process trains on `devices_per_process` devices (parallel::process_share); nullptr in one process.
-std::function<std::pair<int64_t, int64_t>(int64_t)> process_batch_part(int devices_per_process);
 
 // A check for floating-point options: NaN and infinities parse as numbers and pass CLI11's range
 // checks (NaN compares false), so combine it with them: ->check(CLI::PositiveNumber & finite()).
