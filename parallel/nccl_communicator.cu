@@ -26,24 +26,17 @@
 #include "evenflow/engine/cuda/cuda_internal.h"
 #include "evenflow/parallel/nccl_communicator.h"
 
-// Like CUDA_CHECK (engine/cuda/cuda_check.h), for NCCL calls.
-#define NCCL_CHECK(stmt)                                                                                         \
-  do {                                                                                                           \
-    const ncclResult_t ef_nccl_res_ = (stmt);                                                                    \
-    if (ef_nccl_res_ != ncclSuccess) {                                                                           \
-      ::evenflow::cuda_backend::detail::throw_library_error(                                                     \
-          "NCCL", ncclGetErrorString(ef_nccl_res_), static_cast<long>(ef_nccl_res_), #stmt, __FILE__, __LINE__); \
-    }                                                                                                            \
-  } while (0)
-
-#define NCCL_CHECK_PRINT(stmt)                                                                                   \
-  do {                                                                                                           \
-    const ncclResult_t ef_nccl_res_ = (stmt);                                                                    \
-    if (ef_nccl_res_ != ncclSuccess) {                                                                           \
-      ::evenflow::cuda_backend::detail::print_library_error(                                                     \
-          "NCCL", ncclGetErrorString(ef_nccl_res_), static_cast<long>(ef_nccl_res_), #stmt, __FILE__, __LINE__); \
-    }                                                                                                            \
-  } while (0)
+namespace evenflow::cuda_backend::detail {
+// NCCL's status for EF_CUDA_CHECK (engine/cuda/cuda_check.h).
+template <>
+struct StatusTraits<ncclResult_t> {
+  static constexpr const char* kLibrary = "NCCL";
+  static bool ok(ncclResult_t s) { return s == ncclSuccess; }
+  static const char* message(ncclResult_t s) { return ncclGetErrorString(s); }
+  static void clear() {}
+  static bool ignorable(ncclResult_t) { return false; }
+};
+}  // namespace evenflow::cuda_backend::detail
 
 // ncclCommGetAsyncError's ncclInProgress, ncclGetLastError and ncclCommSplit.
 static_assert(NCCL_VERSION_CODE >= NCCL_VERSION(2, 18, 0), "NcclCommunicator needs NCCL 2.18 or later");
@@ -279,8 +272,9 @@ NcclCommunicator::NcclCommunicator(std::vector<Device> devices, const std::vecto
       r.mu = &gpu_mutex(backend->physical_id());
       physical_ids_.push_back(backend->physical_id());
       backend->activate();
-      CUDA_CHECK(cudaStreamCreateWithFlags(&r.side_stream, cudaStreamNonBlocking));
-      for (cudaEvent_t* e : {&r.ready, &r.bucket_done}) CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+      EF_CUDA_CHECK(cudaStreamCreateWithFlags(&r.side_stream, cudaStreamNonBlocking));
+      for (cudaEvent_t* e : {&r.ready, &r.bucket_done})
+        EF_CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
     }
     {
       auto locks = lock_all();
@@ -297,7 +291,7 @@ void NcclCommunicator::create_handles() {
   for (auto& r : ranks_) {
     for (std::atomic<ncclComm_t>* h : {&r->collectives, &r->buckets}) {
       const ncclComm_t c = h->exchange(nullptr);
-      if (c != nullptr) NCCL_CHECK_PRINT(ncclCommDestroy(c));  // left by a failed reset
+      if (c != nullptr) EF_CUDA_CHECK_PRINT(ncclCommDestroy(c));  // left by a failed reset
     }
   }
   {
@@ -309,7 +303,7 @@ void NcclCommunicator::create_handles() {
       comms = parent_->split(colors);
       comms.resize(ranks_.size());
     } else if (processes()->size() == 1) {
-      NCCL_CHECK(ncclCommInitAll(comms.data(), local_size(), physical_ids_.data()));
+      EF_CUDA_CHECK(ncclCommInitAll(comms.data(), local_size(), physical_ids_.data()));
     } else {
       const ncclUniqueId id = shared_unique_id();
       // One thread initializes several ranks of one communicator, and each ncclCommInitRank blocks
@@ -320,7 +314,7 @@ void NcclCommunicator::create_handles() {
       int failed_device = -1;
       cudaError_t set_device_error = cudaSuccess;
       ncclResult_t first_error = ncclSuccess;
-      NCCL_CHECK(ncclGroupStart());
+      EF_CUDA_CHECK(ncclGroupStart());
       for (size_t r = 0; r < ranks_.size(); ++r) {
         const cudaError_t set_device_status = cudaSetDevice(physical_ids_[r]);
         if (set_device_status != cudaSuccess) {
@@ -337,8 +331,8 @@ void NcclCommunicator::create_handles() {
       const ncclResult_t end_status = ncclGroupEnd();
       EF_CHECK(set_device_error == cudaSuccess, "nccl: cudaSetDevice(", failed_device, ") failed: CUDA error '",
                cudaGetErrorString(set_device_error), "' (", static_cast<int>(set_device_error), ")");
-      NCCL_CHECK(first_error);
-      NCCL_CHECK(end_status);
+      EF_CUDA_CHECK(first_error);
+      EF_CUDA_CHECK(end_status);
     }
     for (size_t r = 0; r < ranks_.size(); ++r) ranks_[r]->collectives = comms[r];
   }
@@ -358,7 +352,7 @@ ncclUniqueId NcclCommunicator::shared_unique_id() {
     if (status == ncclSuccess) bytes = std::string(reinterpret_cast<const char*>(&id), sizeof id);
   }
   const std::string received = processes()->broadcast_bytes(bytes, 0);
-  NCCL_CHECK(status);
+  EF_CUDA_CHECK(status);
   EF_CHECK(received.size() == sizeof(ncclUniqueId), "nccl: process ", processes()->rank(), " received ",
            received.size(), " bytes for the NCCL unique id from process 0, expected ", sizeof(ncclUniqueId),
            received.empty() ? " (process 0 could not create one)" : "");
@@ -371,7 +365,7 @@ std::vector<ncclComm_t> NcclCommunicator::split(const std::vector<int>& colors) 
   check_devices();
   std::vector<ncclComm_t> out(ranks_.size(), nullptr);
   ncclResult_t first_error = ncclSuccess;
-  NCCL_CHECK(ncclGroupStart());
+  EF_CUDA_CHECK(ncclGroupStart());
   for (size_t r = 0; r < ranks_.size(); ++r) {
     (void)cudaSetDevice(physical_ids_[r]);  // checked above
     const ncclResult_t status =
@@ -381,10 +375,10 @@ std::vector<ncclComm_t> NcclCommunicator::split(const std::vector<int>& colors) 
   const ncclResult_t end_status = ncclGroupEnd();
   if (first_error != ncclSuccess || end_status != ncclSuccess) {
     for (ncclComm_t c : out)
-      if (c != nullptr) NCCL_CHECK_PRINT(ncclCommDestroy(c));
+      if (c != nullptr) EF_CUDA_CHECK_PRINT(ncclCommDestroy(c));
   }
-  NCCL_CHECK(first_error);
-  NCCL_CHECK(end_status);
+  EF_CUDA_CHECK(first_error);
+  EF_CUDA_CHECK(end_status);
   return out;
 }
 
@@ -423,22 +417,22 @@ void NcclCommunicator::release() noexcept {
     // At process exit the CUDA runtime may already be gone, and with it everything we own.
     const cudaError_t set_device_status = cudaSetDevice(r->backend->physical_id());
     if (set_device_status == cudaErrorCudartUnloading) return;
-    CUDA_CHECK_PRINT(set_device_status);
+    EF_CUDA_CHECK_PRINT(set_device_status);
     // Collectives still queued read and write memory the caching allocator may hand out again.
     for (cudaStream_t stream : {r->backend->stream(), r->side_stream})
-      if (stream != nullptr) CUDA_CHECK_PRINT(cudaStreamSynchronize(stream));
+      if (stream != nullptr) EF_CUDA_CHECK_PRINT(cudaStreamSynchronize(stream));
     for (std::atomic<ncclComm_t>* h : {&r->collectives, &r->buckets}) {
       const ncclComm_t c = h->exchange(nullptr);
-      if (c != nullptr) NCCL_CHECK_PRINT(ncclCommDestroy(c));
+      if (c != nullptr) EF_CUDA_CHECK_PRINT(ncclCommDestroy(c));
     }
     for (const Watched& w : watched_)
       for (const auto& [rank, e] : w.done)
         if (rank == r.get()) r->free_events.push_back(e);
-    for (cudaEvent_t e : r->free_events) CUDA_CHECK_PRINT(cudaEventDestroy(e));
+    for (cudaEvent_t e : r->free_events) EF_CUDA_CHECK_PRINT(cudaEventDestroy(e));
     for (cudaEvent_t e : {r->ready, r->bucket_done}) {
-      if (e != nullptr) CUDA_CHECK_PRINT(cudaEventDestroy(e));
+      if (e != nullptr) EF_CUDA_CHECK_PRINT(cudaEventDestroy(e));
     }
-    if (r->side_stream != nullptr) CUDA_CHECK_PRINT(cudaStreamDestroy(r->side_stream));
+    if (r->side_stream != nullptr) EF_CUDA_CHECK_PRINT(cudaStreamDestroy(r->side_stream));
   }
 }
 
@@ -487,7 +481,7 @@ cudaEvent_t NcclCommunicator::take_event(Rank& r) {
     }
   }
   cudaEvent_t e = nullptr;
-  CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  EF_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   return e;
 }
 
@@ -596,14 +590,14 @@ void NcclCommunicator::run(const char* op, int rank, const Tensor& x, Enqueue en
     if (x.numel() == 0) return;
     try {
       done = take_event(r);
-      NCCL_CHECK(enqueue(r.collectives, r.backend->stream()));
-      CUDA_CHECK(cudaEventRecord(done, r.backend->stream()));
+      EF_CUDA_CHECK(enqueue(r.collectives, r.backend->stream()));
+      EF_CUDA_CHECK(cudaEventRecord(done, r.backend->stream()));
     } catch (const Error& e) {
       failure = e.what();
     }
   }
   if (!failure.empty()) {
-    if (done != nullptr) CUDA_CHECK_PRINT(cudaEventDestroy(done));
+    if (done != nullptr) EF_CUDA_CHECK_PRINT(cudaEventDestroy(done));
     // The peers may already be waiting for this rank: abort rather than leave them to time out.
     fail(what, failure);
   }
@@ -708,10 +702,10 @@ void NcclCommunicator::all_reduce_in_place(const std::vector<std::vector<Tensor>
       for (auto& r : ranks_) {
         r->backend->activate();
         done.emplace_back(r.get(), take_event(*r));
-        CUDA_CHECK(cudaEventRecord(r->ready, r->backend->stream()));
-        CUDA_CHECK(cudaStreamWaitEvent(r->side_stream, r->ready, 0));
+        EF_CUDA_CHECK(cudaEventRecord(r->ready, r->backend->stream()));
+        EF_CUDA_CHECK(cudaStreamWaitEvent(r->side_stream, r->ready, 0));
       }
-      NCCL_CHECK(ncclGroupStart());
+      EF_CUDA_CHECK(ncclGroupStart());
       // The group must be closed even when a call in it fails, or this thread's later NCCL calls
       // would join it.
       ncclResult_t first_error = ncclSuccess;
@@ -725,11 +719,11 @@ void NcclCommunicator::all_reduce_in_place(const std::vector<std::vector<Tensor>
         }
       }
       const ncclResult_t end_status = ncclGroupEnd();
-      NCCL_CHECK(first_error);
-      NCCL_CHECK(end_status);
+      EF_CUDA_CHECK(first_error);
+      EF_CUDA_CHECK(end_status);
       for (auto& [r, event] : done) {
-        CUDA_CHECK(cudaEventRecord(r->bucket_done, r->side_stream));
-        CUDA_CHECK(cudaEventRecord(event, r->side_stream));
+        EF_CUDA_CHECK(cudaEventRecord(r->bucket_done, r->side_stream));
+        EF_CUDA_CHECK(cudaEventRecord(event, r->side_stream));
       }
     } catch (const Error& e) {
       failure = e.what();
@@ -738,8 +732,8 @@ void NcclCommunicator::all_reduce_in_place(const std::vector<std::vector<Tensor>
   if (!failure.empty()) {
     // The tensors go back to the caller, who may reuse them on the compute streams while a reduce
     // still runs on the side streams: order the compute streams after whatever was queued.
-    for (auto& r : ranks_) CUDA_CHECK_PRINT(cudaStreamWaitEvent(r->backend->stream(), r->bucket_done, 0));
-    for (const auto& [r, event] : done) CUDA_CHECK_PRINT(cudaEventDestroy(event));
+    for (auto& r : ranks_) EF_CUDA_CHECK_PRINT(cudaStreamWaitEvent(r->backend->stream(), r->bucket_done, 0));
+    for (const auto& [r, event] : done) EF_CUDA_CHECK_PRINT(cudaEventDestroy(event));
     fail(what, failure);
   }
   std::vector<Tensor> keep_alive;
@@ -752,7 +746,7 @@ void NcclCommunicator::join_in_place() {
   std::lock_guard<std::mutex> in_place_lock(in_place_mu_);
   for (auto& r : ranks_) {
     r->backend->activate();
-    CUDA_CHECK(cudaStreamWaitEvent(r->backend->stream(), r->bucket_done, 0));
+    EF_CUDA_CHECK(cudaStreamWaitEvent(r->backend->stream(), r->bucket_done, 0));
   }
   throw_if_aborted("nccl join_in_place");
 }
@@ -771,7 +765,7 @@ void NcclCommunicator::abort(const std::string& why) {
     (void)lock.try_lock_for(kAbortLockWait);
     for (std::atomic<ncclComm_t>* h : {&r->collectives, &r->buckets}) {
       const ncclComm_t c = h->exchange(nullptr);
-      if (c != nullptr) NCCL_CHECK_PRINT(ncclCommAbort(c));
+      if (c != nullptr) EF_CUDA_CHECK_PRINT(ncclCommAbort(c));
     }
   }
 }

@@ -17,36 +17,36 @@ namespace evenflow::cuda_backend {
 static std::pair<int64_t*, int64_t*> allocate_index_flags() {
   void* flags = nullptr;
   constexpr size_t kBytes = DeferredErrors::kSlots * 2 * sizeof(int64_t);
-  CUDA_CHECK(cudaHostAlloc(&flags, kBytes, cudaHostAllocMapped | cudaHostAllocPortable));
+  EF_CUDA_CHECK(cudaHostAlloc(&flags, kBytes, cudaHostAllocMapped | cudaHostAllocPortable));
   std::memset(flags, 0, kBytes);
   void* device_flags = nullptr;
   const cudaError_t map_status = cudaHostGetDevicePointer(&device_flags, flags, 0);
-  if (map_status != cudaSuccess) CUDA_CHECK_PRINT(cudaFreeHost(flags));
-  CUDA_CHECK(map_status);
+  if (map_status != cudaSuccess) EF_CUDA_CHECK_PRINT(cudaFreeHost(flags));
+  EF_CUDA_CHECK(map_status);
   return {static_cast<int64_t*>(flags), static_cast<int64_t*>(device_flags)};
 }
 
 CudaBackend::CudaBackend(int logical_index, int physical_id)
     : logical_index_(logical_index), physical_id_(physical_id), deferred_errors_(allocate_index_flags) {
   activate();
-  CUDA_CHECK(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, physical_id_));
-  CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  EF_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, physical_id_));
+  EF_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
 }
 
 CudaBackend::~CudaBackend() {
   // At process exit the CUDA runtime may already be gone, and with it everything we own.
   const cudaError_t set_device_status = cudaSetDevice(physical_id_);
   if (set_device_status == cudaErrorCudartUnloading) return;
-  CUDA_CHECK_PRINT(set_device_status);
-  CUDA_CHECK_PRINT(cudaStreamSynchronize(stream_));
-  if (cudnn_ != nullptr) CUDNN_CHECK_PRINT(cudnnDestroy(cudnn_));
-  if (cublas_ != nullptr) CUBLAS_CHECK_PRINT(cublasDestroy(cublas_));
-  if (scratch_ != nullptr) CUDA_CHECK_PRINT(cudaFree(scratch_));
+  EF_CUDA_CHECK_PRINT(set_device_status);
+  EF_CUDA_CHECK_PRINT(cudaStreamSynchronize(stream_));
+  if (cudnn_ != nullptr) EF_CUDA_CHECK_PRINT(cudnnDestroy(cudnn_));
+  if (cublas_ != nullptr) EF_CUDA_CHECK_PRINT(cublasDestroy(cublas_));
+  if (scratch_ != nullptr) EF_CUDA_CHECK_PRINT(cudaFree(scratch_));
   for (auto& [size_class, buffers] : staging_free_) {
-    for (void* buffer : buffers) CUDA_CHECK_PRINT(cudaFreeHost(buffer));
+    for (void* buffer : buffers) EF_CUDA_CHECK_PRINT(cudaFreeHost(buffer));
   }
-  if (deferred_errors_.flags() != nullptr) CUDA_CHECK_PRINT(cudaFreeHost(deferred_errors_.flags()));
-  CUDA_CHECK_PRINT(cudaStreamDestroy(stream_));
+  if (deferred_errors_.flags() != nullptr) EF_CUDA_CHECK_PRINT(cudaFreeHost(deferred_errors_.flags()));
+  EF_CUDA_CHECK_PRINT(cudaStreamDestroy(stream_));
 }
 
 std::string CudaBackend::name() const {
@@ -54,7 +54,7 @@ std::string CudaBackend::name() const {
 }
 
 void CudaBackend::activate() const {
-  CUDA_CHECK(cudaSetDevice(physical_id_));
+  EF_CUDA_CHECK(cudaSetDevice(physical_id_));
 }
 
 // --- Memory and copies ---------------------------------------------------------------------------
@@ -67,14 +67,14 @@ void* CudaBackend::raw_alloc(size_t nbytes) {
     (void)cudaGetLastError();  // not sticky: clear it so later checks do not report it
     return nullptr;
   }
-  CUDA_CHECK(cudaMalloc_status);
+  EF_CUDA_CHECK(cudaMalloc_status);
   return ptr;
 }
 
 void CudaBackend::raw_free(void* ptr) {
   if (ptr == nullptr) return;
-  CUDA_CHECK_PRINT(cudaSetDevice(physical_id_));
-  CUDA_CHECK_PRINT(cudaFree(ptr));
+  EF_CUDA_CHECK_PRINT(cudaSetDevice(physical_id_));
+  EF_CUDA_CHECK_PRINT(cudaFree(ptr));
 }
 
 // Note [Host-to-device copies]
@@ -115,7 +115,7 @@ void* CudaBackend::acquire_staging(size_t size_class) {
     }
   }
   void* buffer = nullptr;
-  CUDA_CHECK(cudaHostAlloc(&buffer, size_class, cudaHostAllocPortable));
+  EF_CUDA_CHECK(cudaHostAlloc(&buffer, size_class, cudaHostAllocPortable));
   return buffer;
 }
 
@@ -130,8 +130,8 @@ void CudaBackend::copy_from_host(void* dst, const void* src, size_t nbytes) {
   if (nbytes == 0) return;
   activate();
   if (nbytes > kMaxStagedBytes) {
-    CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyHostToDevice, stream_));
-    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    EF_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyHostToDevice, stream_));
+    EF_CUDA_CHECK(cudaStreamSynchronize(stream_));
     return;
   }
   const size_t size_class = staging_class(nbytes);
@@ -144,9 +144,9 @@ void CudaBackend::copy_from_host(void* dst, const void* src, size_t nbytes) {
                                          : copy_status;
   if (enqueue_status != cudaSuccess) {
     // Nothing will give the buffer back: wait for whatever was queued, then return it ourselves.
-    CUDA_CHECK_PRINT(cudaStreamSynchronize(stream_));
+    EF_CUDA_CHECK_PRINT(cudaStreamSynchronize(stream_));
     release_staging(give_back.release());
-    CUDA_CHECK(enqueue_status);
+    EF_CUDA_CHECK(enqueue_status);
   }
   (void)give_back.release();  // the host function owns it now
 }
@@ -154,7 +154,7 @@ void CudaBackend::copy_from_host(void* dst, const void* src, size_t nbytes) {
 void CudaBackend::copy_to_host(void* dst, const void* src, size_t nbytes) {
   if (nbytes == 0) return;
   activate();
-  CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToHost, stream_));
+  EF_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToHost, stream_));
   synchronize_and_check();
 }
 
@@ -171,7 +171,7 @@ DeferredErrors::Slot CudaBackend::index_check(std::function<std::string(int64_t)
 
 void CudaBackend::synchronize_and_check() const {
   const uint64_t mark = deferred_errors_.mark();
-  CUDA_CHECK(cudaStreamSynchronize(stream_));
+  EF_CUDA_CHECK(cudaStreamSynchronize(stream_));
   const std::string error = deferred_errors_.take_errors(
       mark, ::evenflow::detail::str_cat(" (found on ", name(), " at the next synchronization)"));
   EF_CHECK(error.empty(), error);
@@ -187,10 +187,10 @@ cublasHandle_t CudaBackend::cublas(const Lock& held) {
   check_held(held);
   if (cublas_ == nullptr) {
     cublasHandle_t handle = nullptr;
-    CUBLAS_CHECK(cublasCreate(&handle));
+    EF_CUDA_CHECK(cublasCreate(&handle));
     const cublasStatus_t stream_status = cublasSetStream(handle, stream_);
-    if (stream_status != CUBLAS_STATUS_SUCCESS) CUBLAS_CHECK_PRINT(cublasDestroy(handle));
-    CUBLAS_CHECK(stream_status);
+    if (stream_status != CUBLAS_STATUS_SUCCESS) EF_CUDA_CHECK_PRINT(cublasDestroy(handle));
+    EF_CUDA_CHECK(stream_status);
     cublas_ = handle;
   }
   return cublas_;
@@ -200,10 +200,10 @@ cudnnHandle_t CudaBackend::cudnn(const Lock& held) {
   check_held(held);
   if (cudnn_ == nullptr) {
     cudnnHandle_t handle = nullptr;
-    CUDNN_CHECK(cudnnCreate(&handle));
+    EF_CUDA_CHECK(cudnnCreate(&handle));
     const cudnnStatus_t stream_status = cudnnSetStream(handle, stream_);
-    if (stream_status != CUDNN_STATUS_SUCCESS) CUDNN_CHECK_PRINT(cudnnDestroy(handle));
-    CUDNN_CHECK(stream_status);
+    if (stream_status != CUDNN_STATUS_SUCCESS) EF_CUDA_CHECK_PRINT(cudnnDestroy(handle));
+    EF_CUDA_CHECK(stream_status);
     cudnn_ = handle;
   }
   return cudnn_;
@@ -213,9 +213,9 @@ void* CudaBackend::scratch(const Lock& held, size_t nbytes) {
   check_held(held);
   if (nbytes <= scratch_bytes_) return scratch_;
   // Work already queued on the stream may still use the old buffer.
-  CUDA_CHECK(cudaStreamSynchronize(stream_));
+  EF_CUDA_CHECK(cudaStreamSynchronize(stream_));
   const size_t old_bytes = scratch_bytes_;
-  if (scratch_ != nullptr) CUDA_CHECK(cudaFree(scratch_));
+  if (scratch_ != nullptr) EF_CUDA_CHECK(cudaFree(scratch_));
   scratch_ = nullptr;
   scratch_bytes_ = 0;
   constexpr size_t kGranule = static_cast<size_t>(1) << 20;  // grow in whole MiB to avoid regrowing by a little
@@ -228,7 +228,7 @@ void* CudaBackend::scratch(const Lock& held, size_t nbytes) {
       break;
     }
     scratch_ = nullptr;
-    if (cudaMalloc_status != cudaErrorMemoryAllocation) CUDA_CHECK(cudaMalloc_status);
+    if (cudaMalloc_status != cudaErrorMemoryAllocation) EF_CUDA_CHECK(cudaMalloc_status);
     (void)cudaGetLastError();  // out of memory: try to get the old buffer back, then report failure
   }
   return nbytes <= scratch_bytes_ ? scratch_ : nullptr;
@@ -292,12 +292,12 @@ void enable_peer_access(int dst_gpu, int src_gpu) {
 class StreamMark {
  public:
   explicit StreamMark(cudaStream_t stream) {
-    CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
+    EF_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
     const cudaError_t record_status = cudaEventRecord(event_, stream);
-    if (record_status != cudaSuccess) CUDA_CHECK_PRINT(cudaEventDestroy(event_));
-    CUDA_CHECK(record_status);
+    if (record_status != cudaSuccess) EF_CUDA_CHECK_PRINT(cudaEventDestroy(event_));
+    EF_CUDA_CHECK(record_status);
   }
-  ~StreamMark() { CUDA_CHECK_PRINT(cudaEventDestroy(event_)); }
+  ~StreamMark() { EF_CUDA_CHECK_PRINT(cudaEventDestroy(event_)); }
   StreamMark(const StreamMark&) = delete;
   StreamMark& operator=(const StreamMark&) = delete;
   cudaEvent_t event() const { return event_; }
@@ -333,15 +333,15 @@ void copy_peer(Backend& dst_backend, void* dst, Backend& src_backend, const void
   from->activate();
   const StreamMark src_ready(from->stream());
   to->activate();
-  CUDA_CHECK(cudaStreamWaitEvent(to->stream(), src_ready.event(), 0));
+  EF_CUDA_CHECK(cudaStreamWaitEvent(to->stream(), src_ready.event(), 0));
   if (to->physical_id() == from->physical_id()) {
-    CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToDevice, to->stream()));
+    EF_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToDevice, to->stream()));
   } else {
     enable_peer_access(to->physical_id(), from->physical_id());
-    CUDA_CHECK(cudaMemcpyPeerAsync(dst, to->physical_id(), src, from->physical_id(), nbytes, to->stream()));
+    EF_CUDA_CHECK(cudaMemcpyPeerAsync(dst, to->physical_id(), src, from->physical_id(), nbytes, to->stream()));
   }
   const StreamMark copied(to->stream());
-  CUDA_CHECK(cudaStreamWaitEvent(from->stream(), copied.event(), 0));
+  EF_CUDA_CHECK(cudaStreamWaitEvent(from->stream(), copied.event(), 0));
 }
 
 }  // namespace evenflow::cuda_backend

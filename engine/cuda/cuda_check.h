@@ -1,9 +1,11 @@
-// Error checks for the CUDA runtime, cuBLAS and cuDNN. Each macro evaluates its argument once,
-// keeps the statement's text and throws ef::Error with the library's message, e.g.
+// Error checks for the CUDA runtime and the libraries on it (cuBLAS, cuDNN, NCCL): one pair of
+// macros for all of them. Each evaluates its argument once, keeps the statement's text and, on a
+// failure, throws ef::Error with the library's message, e.g.
 //   CUDA error 'out of memory' (2) at cudaMemcpyAsync(dst, src, n, kind, s) in engine/cuda/x.cu:42
-// The *_CHECK_PRINT variants only print to stderr: they are for destructors, which must not throw.
+// EF_CUDA_CHECK_PRINT only prints to stderr: it is for destructors, which must not throw.
 // EF_CUDA_CHECK_LAUNCH() follows every kernel launch (launch errors are reported by
-// cudaGetLastError, not by the launch itself).
+// cudaGetLastError, not by the launch itself). A library joins by specializing StatusTraits for
+// its status type (parallel/nccl_internal.h does for NCCL).
 #pragma once
 
 #include <cublas_v2.h>
@@ -16,79 +18,61 @@
 
 namespace evenflow::cuda_backend::detail {
 
-[[noreturn]] inline void throw_library_error(const char* library, const char* message, long code, const char* statement,
-                                             const char* file, int line) {
-  ::evenflow::detail::throw_error(::evenflow::detail::str_cat(library, " error '", message, "' (", code, ") at ",
-                                                              statement, " in ", file, ":", line));
+// What the checks need of a library's status type.
+template <typename Status>
+struct StatusTraits;
+
+template <>
+struct StatusTraits<cudaError_t> {
+  static constexpr const char* kLibrary = "CUDA";
+  static bool ok(cudaError_t s) { return s == cudaSuccess; }
+  static const char* message(cudaError_t s) { return cudaGetErrorString(s); }
+  // A non-sticky error stays recorded until read: clear it, so that the next check does not report it.
+  static void clear() { (void)cudaGetLastError(); }
+  // At process exit the runtime may go before our last destructor: nothing is left to release.
+  static bool ignorable(cudaError_t s) { return s == cudaErrorCudartUnloading; }
+};
+
+template <>
+struct StatusTraits<cublasStatus_t> {
+  static constexpr const char* kLibrary = "cuBLAS";
+  static bool ok(cublasStatus_t s) { return s == CUBLAS_STATUS_SUCCESS; }
+  static const char* message(cublasStatus_t s) { return cublasGetStatusString(s); }
+  static void clear() {}
+  static bool ignorable(cublasStatus_t) { return false; }
+};
+
+template <>
+struct StatusTraits<cudnnStatus_t> {
+  static constexpr const char* kLibrary = "cuDNN";
+  static bool ok(cudnnStatus_t s) { return s == CUDNN_STATUS_SUCCESS; }
+  static const char* message(cudnnStatus_t s) { return cudnnGetErrorString(s); }
+  static void clear() {}
+  static bool ignorable(cudnnStatus_t) { return false; }
+};
+
+template <typename Status>
+void check_status(Status s, const char* statement, const char* file, int line) {
+  using T = StatusTraits<Status>;
+  if (T::ok(s)) return;
+  T::clear();
+  ::evenflow::detail::throw_error(::evenflow::detail::str_cat(T::kLibrary, " error '", T::message(s), "' (",
+                                                              static_cast<long>(s), ") at ", statement, " in ", file,
+                                                              ":", line));
 }
 
-inline void print_library_error(const char* library, const char* message, long code, const char* statement,
-                                const char* file, int line) {
-  std::fprintf(stderr, "evenflow: %s error '%s' (%ld) at %s in %s:%d (ignored)\n", library, message, code, statement,
-               file, line);
+template <typename Status>
+void print_status(Status s, const char* statement, const char* file, int line) {
+  using T = StatusTraits<Status>;
+  if (T::ok(s) || T::ignorable(s)) return;
+  T::clear();
+  std::fprintf(stderr, "evenflow: %s error '%s' (%ld) at %s in %s:%d (ignored)\n", T::kLibrary, T::message(s),
+               static_cast<long>(s), statement, file, line);
 }
 
 }  // namespace evenflow::cuda_backend::detail
 
-#define CUDA_CHECK(stmt)                                                                                         \
-  do {                                                                                                           \
-    const cudaError_t ef_cuda_err_ = (stmt);                                                                     \
-    if (ef_cuda_err_ != cudaSuccess) {                                                                           \
-      (void)cudaGetLastError(); /* clear a non-sticky error so the next call does not report it again */         \
-      ::evenflow::cuda_backend::detail::throw_library_error(                                                     \
-          "CUDA", cudaGetErrorString(ef_cuda_err_), static_cast<long>(ef_cuda_err_), #stmt, __FILE__, __LINE__); \
-    }                                                                                                            \
-  } while (0)
-
-// Ignores cudaErrorCudartUnloading: at process exit the runtime may go before our last destructor,
-// and then there is nothing left to release.
-#define CUDA_CHECK_PRINT(stmt)                                                                                   \
-  do {                                                                                                           \
-    const cudaError_t ef_cuda_err_ = (stmt);                                                                     \
-    if (ef_cuda_err_ != cudaSuccess && ef_cuda_err_ != cudaErrorCudartUnloading) {                               \
-      (void)cudaGetLastError();                                                                                  \
-      ::evenflow::cuda_backend::detail::print_library_error(                                                     \
-          "CUDA", cudaGetErrorString(ef_cuda_err_), static_cast<long>(ef_cuda_err_), #stmt, __FILE__, __LINE__); \
-    }                                                                                                            \
-  } while (0)
-
-#define CUBLAS_CHECK(stmt)                                                                                     \
-  do {                                                                                                         \
-    const cublasStatus_t ef_cublas_st_ = (stmt);                                                               \
-    if (ef_cublas_st_ != CUBLAS_STATUS_SUCCESS) {                                                              \
-      ::evenflow::cuda_backend::detail::throw_library_error("cuBLAS", cublasGetStatusString(ef_cublas_st_),    \
-                                                            static_cast<long>(ef_cublas_st_), #stmt, __FILE__, \
-                                                            __LINE__);                                         \
-    }                                                                                                          \
-  } while (0)
-
-#define CUBLAS_CHECK_PRINT(stmt)                                                                               \
-  do {                                                                                                         \
-    const cublasStatus_t ef_cublas_st_ = (stmt);                                                               \
-    if (ef_cublas_st_ != CUBLAS_STATUS_SUCCESS) {                                                              \
-      ::evenflow::cuda_backend::detail::print_library_error("cuBLAS", cublasGetStatusString(ef_cublas_st_),    \
-                                                            static_cast<long>(ef_cublas_st_), #stmt, __FILE__, \
-                                                            __LINE__);                                         \
-    }                                                                                                          \
-  } while (0)
-
-#define CUDNN_CHECK(stmt)                                                                                          \
-  do {                                                                                                             \
-    const cudnnStatus_t ef_cudnn_st_ = (stmt);                                                                     \
-    if (ef_cudnn_st_ != CUDNN_STATUS_SUCCESS) {                                                                    \
-      ::evenflow::cuda_backend::detail::throw_library_error(                                                       \
-          "cuDNN", cudnnGetErrorString(ef_cudnn_st_), static_cast<long>(ef_cudnn_st_), #stmt, __FILE__, __LINE__); \
-    }                                                                                                              \
-  } while (0)
-
-#define CUDNN_CHECK_PRINT(stmt)                                                                                    \
-  do {                                                                                                             \
-    const cudnnStatus_t ef_cudnn_st_ = (stmt);                                                                     \
-    if (ef_cudnn_st_ != CUDNN_STATUS_SUCCESS) {                                                                    \
-      ::evenflow::cuda_backend::detail::print_library_error(                                                       \
-          "cuDNN", cudnnGetErrorString(ef_cudnn_st_), static_cast<long>(ef_cudnn_st_), #stmt, __FILE__, __LINE__); \
-    }                                                                                                              \
-  } while (0)
-
+#define EF_CUDA_CHECK(stmt) ::evenflow::cuda_backend::detail::check_status((stmt), #stmt, __FILE__, __LINE__)
+#define EF_CUDA_CHECK_PRINT(stmt) ::evenflow::cuda_backend::detail::print_status((stmt), #stmt, __FILE__, __LINE__)
 // After every kernel launch: a bad configuration or missing kernel image shows up here.
-#define EF_CUDA_CHECK_LAUNCH() CUDA_CHECK(cudaGetLastError())
+#define EF_CUDA_CHECK_LAUNCH() EF_CUDA_CHECK(cudaGetLastError())

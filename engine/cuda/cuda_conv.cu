@@ -16,8 +16,8 @@ namespace {
 template <typename Desc, cudnnStatus_t (*kCreate)(Desc*), cudnnStatus_t (*kDestroy)(Desc)>
 class Descriptor {
  public:
-  Descriptor() { CUDNN_CHECK(kCreate(&desc_)); }
-  ~Descriptor() { CUDNN_CHECK_PRINT(kDestroy(desc_)); }
+  Descriptor() { EF_CUDA_CHECK(kCreate(&desc_)); }
+  ~Descriptor() { EF_CUDA_CHECK_PRINT(kDestroy(desc_)); }
   Descriptor(const Descriptor&) = delete;
   Descriptor& operator=(const Descriptor&) = delete;
   Desc get() const { return desc_; }
@@ -56,20 +56,20 @@ void set_descriptors(ConvDescs& d, const ConvArgs& a, DType dtype, const CudaMat
              " elements is too large for cuDNN (at most 2^31 - 1)");
   }
   const cudnnDataType_t type = dtype == DType::Float32 ? CUDNN_DATA_FLOAT : CUDNN_DATA_DOUBLE;
-  CUDNN_CHECK(cudnnSetTensor4dDescriptor(d.x.get(), CUDNN_TENSOR_NCHW, type, as_int(a.n, op), as_int(a.c_in, op),
-                                         as_int(a.h, op), as_int(a.w, op)));
-  CUDNN_CHECK(cudnnSetTensor4dDescriptor(d.y.get(), CUDNN_TENSOR_NCHW, type, as_int(a.n, op), as_int(a.c_out, op),
-                                         as_int(a.oh, op), as_int(a.ow, op)));
-  CUDNN_CHECK(cudnnSetFilter4dDescriptor(d.w.get(), type, CUDNN_TENSOR_NCHW, as_int(a.c_out, op),
-                                         as_int(a.c_in / a.groups, op), as_int(a.kh, op), as_int(a.kw, op)));
-  CUDNN_CHECK(cudnnSetConvolution2dDescriptor(d.conv.get(), as_int(a.pad_h, op), as_int(a.pad_w, op),
-                                              as_int(a.stride_h, op), as_int(a.stride_w, op), as_int(a.dil_h, op),
-                                              as_int(a.dil_w, op), CUDNN_CROSS_CORRELATION, type));
-  CUDNN_CHECK(cudnnSetConvolutionGroupCount(d.conv.get(), as_int(a.groups, op)));
+  EF_CUDA_CHECK(cudnnSetTensor4dDescriptor(d.x.get(), CUDNN_TENSOR_NCHW, type, as_int(a.n, op), as_int(a.c_in, op),
+                                           as_int(a.h, op), as_int(a.w, op)));
+  EF_CUDA_CHECK(cudnnSetTensor4dDescriptor(d.y.get(), CUDNN_TENSOR_NCHW, type, as_int(a.n, op), as_int(a.c_out, op),
+                                           as_int(a.oh, op), as_int(a.ow, op)));
+  EF_CUDA_CHECK(cudnnSetFilter4dDescriptor(d.w.get(), type, CUDNN_TENSOR_NCHW, as_int(a.c_out, op),
+                                           as_int(a.c_in / a.groups, op), as_int(a.kh, op), as_int(a.kw, op)));
+  EF_CUDA_CHECK(cudnnSetConvolution2dDescriptor(d.conv.get(), as_int(a.pad_h, op), as_int(a.pad_w, op),
+                                                as_int(a.stride_h, op), as_int(a.stride_w, op), as_int(a.dil_h, op),
+                                                as_int(a.dil_w, op), CUDNN_CROSS_CORRELATION, type));
+  EF_CUDA_CHECK(cudnnSetConvolutionGroupCount(d.conv.get(), as_int(a.groups, op)));
   const bool fma_only = dtype == DType::Float32 && !settings.allow_tf32_conv;
-  CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv.get(), fma_only ? CUDNN_FMA_MATH : CUDNN_DEFAULT_MATH));
+  EF_CUDA_CHECK(cudnnSetConvolutionMathType(d.conv.get(), fma_only ? CUDNN_FMA_MATH : CUDNN_DEFAULT_MATH));
   int dims[4] = {};
-  CUDNN_CHECK(cudnnGetConvolutionNdForwardOutputDim(d.conv.get(), d.x.get(), d.w.get(), 4, dims));
+  EF_CUDA_CHECK(cudnnGetConvolutionNdForwardOutputDim(d.conv.get(), d.x.get(), d.w.get(), 4, dims));
   EF_ASSERT(dims[0] == a.n && dims[1] == a.c_out && dims[2] == a.oh && dims[3] == a.ow, op, ": cuDNN computes output ",
             dims[0], "x", dims[1], "x", dims[2], "x", dims[3], ", the caller ", a.n, "x", a.c_out, "x", a.oh, "x",
             a.ow);
@@ -168,10 +168,10 @@ ConvKey conv_key(int pass, DType dtype, const ConvArgs& a, const CudaMath& math)
 template <typename Pass>
 std::vector<ConvAlgo> candidate_algos(cudnnHandle_t h, const ConvDescs& d, DType dtype, const CudaMath& settings) {
   int max_count = 0;
-  CUDNN_CHECK(Pass::max_count(h, &max_count));
+  EF_CUDA_CHECK(Pass::max_count(h, &max_count));
   std::vector<typename Pass::Perf> perf(static_cast<size_t>(std::max(max_count, 1)));
   int returned = 0;
-  CUDNN_CHECK(Pass::heuristics(h, d, static_cast<int>(perf.size()), &returned, perf.data()));
+  EF_CUDA_CHECK(Pass::heuristics(h, d, static_cast<int>(perf.size()), &returned, perf.data()));
   const bool f32 = dtype == DType::Float32, fma_only = f32 && !settings.allow_tf32_conv;
   std::vector<ConvAlgo> out;
   for (int i = 0; i < returned; ++i) {
@@ -182,7 +182,7 @@ std::vector<ConvAlgo> candidate_algos(cudnnHandle_t h, const ConvDescs& d, DType
     if (fma_only && p.mathType == CUDNN_TENSOR_OP_MATH) continue;
     // Without TF32, float32 runs with FMA math: cuDNN's "default" would permit TF32.
     const cudnnMathType_t math = fma_only ? CUDNN_FMA_MATH : p.mathType;
-    CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv.get(), math));
+    EF_CUDA_CHECK(cudnnSetConvolutionMathType(d.conv.get(), math));
     size_t workspace = 0;
     if (Pass::workspace(h, d, p.algo, &workspace) != CUDNN_STATUS_SUCCESS) continue;
     out.push_back({static_cast<int>(p.algo), static_cast<int>(math), workspace});
@@ -194,7 +194,7 @@ std::vector<ConvAlgo> candidate_algos(cudnnHandle_t h, const ConvDescs& d, DType
 template <typename Pass>
 cudnnStatus_t run_algo(CudaBackend& be, const CudaBackend::Lock& lock, cudnnHandle_t h, const ConvDescs& d,
                        const ConvAlgo& algo, DType dtype, const View& out, const View& in_a, const View& in_b) {
-  CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv.get(), static_cast<cudnnMathType_t>(algo.math_type)));
+  EF_CUDA_CHECK(cudnnSetConvolutionMathType(d.conv.get(), static_cast<cudnnMathType_t>(algo.math_type)));
   void* workspace = be.scratch(lock, algo.workspace);
   EF_CHECK(algo.workspace == 0 || workspace != nullptr, Pass::kName, ": out of memory on ", be.name(),
            " for a cuDNN workspace of ", algo.workspace, " bytes");
@@ -218,7 +218,7 @@ void run_conv(CudaBackend& be, const ConvArgs& a, DType dtype, const View& out, 
   EF_ASSERT(a.groups > 0 && a.c_in % a.groups == 0 && a.c_out % a.groups == 0, Pass::kName, ": bad groups");
   if (out.numel() == 0) return;
   if (in_a.numel() == 0 || in_b.numel() == 0) {  // an empty sum; cuDNN rejects zero-sized tensors
-    CUDA_CHECK(cudaMemsetAsync(out.data, 0, static_cast<size_t>(out.numel()) * dtype_size(dtype), be.stream()));
+    EF_CUDA_CHECK(cudaMemsetAsync(out.data, 0, static_cast<size_t>(out.numel()) * dtype_size(dtype), be.stream()));
     return;
   }
   const CudaMath settings = cuda_math();
@@ -230,7 +230,7 @@ void run_conv(CudaBackend& be, const ConvArgs& a, DType dtype, const View& out, 
   const cudnnHandle_t h = be.cudnn(lock);
   auto& cache = be.conv_algos(lock);
   if (const auto it = cache.find(key); it != cache.end()) {
-    CUDNN_CHECK(run_algo<Pass>(be, lock, h, d, it->second, dtype, out, in_a, in_b));
+    EF_CUDA_CHECK(run_algo<Pass>(be, lock, h, d, it->second, dtype, out, in_a, in_b));
     return;
   }
   cudnnStatus_t last = CUDNN_STATUS_NOT_SUPPORTED;

@@ -21,7 +21,7 @@ void CudaBackend::copy(const View& out, const View& x) {
   const auto ix = make_indexer<2>(out.ndim, out.shape, {out.strides, x.strides});
   if (out.dtype == x.dtype && ix.contiguous()) {
     const size_t nbytes = static_cast<size_t>(out.numel()) * dtype_size(out.dtype);
-    if (nbytes > 0) CUDA_CHECK(cudaMemcpyAsync(out.data, x.data, nbytes, cudaMemcpyDeviceToDevice, stream_));
+    if (nbytes > 0) EF_CUDA_CHECK(cudaMemcpyAsync(out.data, x.data, nbytes, cudaMemcpyDeviceToDevice, stream_));
     return;
   }
   EF_DISPATCH_ALL(out.dtype, "copy", [&] { copy_cast<scalar_t>(*this, out, x); });

@@ -49,10 +49,10 @@ void CudaBackend::gemm(const GemmArgs& g) {
                                                                       : CUBLAS_COMPUTE_32F;
 
   const Lock lock = lock_libraries();
-  CUBLAS_CHECK(cublasGemmStridedBatchedEx_64(cublas(lock), g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                             g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, g.n, g.m, g.k, alpha, g.b, type,
-                                             ldb, g.stride_b, g.a, type, lda, g.stride_a, beta, g.c, type, ldc,
-                                             g.stride_c, g.batch, compute, CUBLAS_GEMM_DEFAULT));
+  EF_CUDA_CHECK(cublasGemmStridedBatchedEx_64(cublas(lock), g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                              g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, g.n, g.m, g.k, alpha, g.b, type,
+                                              ldb, g.stride_b, g.a, type, lda, g.stride_a, beta, g.c, type, ldc,
+                                              g.stride_c, g.batch, compute, CUBLAS_GEMM_DEFAULT));
 }
 
 }  // namespace evenflow::cuda_backend
