@@ -31,12 +31,8 @@ namespace nn = evenflow::nn;
 
 namespace {
 
-struct Args : ef::apps::RunOptions {
-  Args() { out = "runs/classify"; }
-  int64_t epochs = 10;
-  int64_t batch_size = 100;
-  double lr = 1e-3;
-  int64_t steps = 0;  // 0: no limit
+struct Args : ef::apps::EpochOptions {
+  Args() { out = "runs/classify"; }  // 10 epochs of batches of 100, Adam 1e-3
 };
 
 struct Evaluation {
@@ -149,10 +145,6 @@ int run(const Args& a) {
 int main(int argc, char** argv) {
   CLI::App app{"Train the FashionMNIST benchmark CNN with Adam (evenflow)"};
   Args a;
-  ef::apps::add_run_options(app, a, "seed of the initialization, dropout and data order");
-  app.add_option("--epochs", a.epochs, "epochs")->check(CLI::PositiveNumber);
-  app.add_option("--batch-size", a.batch_size, "batch size")->check(CLI::PositiveNumber);
-  app.add_option("--lr", a.lr, "Adam learning rate")->check(CLI::PositiveNumber & ef::apps::finite());
-  app.add_option("--steps", a.steps, "stop after this many steps in all (0: no limit)")->check(CLI::NonNegativeNumber);
+  ef::apps::add_epoch_options(app, a, "seed of the initialization, dropout and data order");
   return ef::apps::run_program(app, argc, argv, "classify", [&] { return run(a); });
 }

@@ -7,10 +7,12 @@ set(EF_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/evenflow)
 set(ef_installed_targets ef_evenflow)
 foreach(component IN LISTS EF_COMPONENTS)
   list(APPEND ef_installed_targets ef_${component})
-  # The source folders are the installed ones (include/evenflow/<component> links to them in the
-  # tree); the CUDA backend's internals need nvcc and stay behind.
-  install(DIRECTORY ${PROJECT_SOURCE_DIR}/${component}/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/evenflow/${component}
-          FILES_MATCHING PATTERN "*.h" PATTERN "cuda" EXCLUDE)
+  # The public headers of each source folder (include/evenflow/<component> links to them in the tree):
+  # every header but EF_INTERNAL_HEADERS and those of EF_INTERNAL_FOLDERS.
+  file(GLOB ef_component_headers RELATIVE ${PROJECT_SOURCE_DIR} CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/${component}/*.h)
+  list(REMOVE_ITEM ef_component_headers ${EF_INTERNAL_HEADERS})
+  list(TRANSFORM ef_component_headers PREPEND ${PROJECT_SOURCE_DIR}/)
+  install(FILES ${ef_component_headers} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/evenflow/${component})
 endforeach()
 install(FILES ${PROJECT_SOURCE_DIR}/include/evenflow/evenflow.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/evenflow)
 install(TARGETS ${ef_installed_targets} EXPORT evenflowTargets

@@ -1,4 +1,4 @@
-# NCCL for NcclCommunicator (nccl_communicator.cu), included by parallel/CMakeLists.txt after
+# NCCL for NcclCommunicator (nccl_communicator.cu, nccl_watchdog.cu), included by parallel/CMakeLists.txt after
 # ef_parallel is defined. Needs the CUDA backend, nccl.h and libnccl. They are looked for first under
 # EF_NCCL_ROOT (a cache or environment variable: for instance a PyTorch wheel's nvidia/nccl folder,
 # which holds include/nccl.h and lib/libnccl.so.2 only), then next to the CUDA toolkit. Sets EF_NCCL
@@ -28,7 +28,8 @@ endif()
 
 if(EF_HAS_NCCL)
   message(STATUS "evenflow: NCCL found: ${EF_NCCL_LIB} (nccl.h in ${EF_NCCL_INCLUDE})")
-  target_sources(ef_parallel PRIVATE ${CMAKE_CURRENT_LIST_DIR}/nccl_communicator.cu)
+  target_sources(ef_parallel PRIVATE ${CMAKE_CURRENT_LIST_DIR}/nccl_communicator.cu
+                                     ${CMAKE_CURRENT_LIST_DIR}/nccl_watchdog.cu)
   # cuda_internal.h includes cudnn.h.
   target_include_directories(ef_parallel SYSTEM PRIVATE ${EF_NCCL_INCLUDE} ${EF_CUDNN_INCLUDE})
   target_link_libraries(ef_parallel PRIVATE ${EF_NCCL_LIB} CUDA::cudart)

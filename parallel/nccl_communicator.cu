@@ -2,67 +2,14 @@
 // collectives are NCCL calls made by that rank's thread on its device's stream, so they are ordered
 // with the engine's kernels; all_reduce_in_place is one NCCL group over a second set of NCCL
 // communicators, on a side stream per device. No call waits for its collective: a watchdog thread
-// watches them (Note [NCCL watchdog]). Across processes (Note [Processes] in process_group.h) each
+// watches them (Note [NCCL watchdog], nccl_watchdog.cu). Across processes (Note [Processes] in process_group.h) each
 // process holds the NCCL ranks of its own devices, global ranks first_rank() .. first_rank() +
 // local_size() - 1 of one NCCL communicator per set.
-#include <nccl.h>
-
-#include <algorithm>
-#include <atomic>
-#include <chrono>
-#include <condition_variable>
-#include <cstdlib>
-#include <cstring>
-#include <deque>
-#include <map>
-#include <memory>
-#include <mutex>
-#include <set>
-#include <string>
-#include <thread>
-#include <vector>
-
-#include "evenflow/engine/context.h"
-#include "evenflow/engine/cuda/cuda_internal.h"
-#include "evenflow/parallel/nccl_communicator.h"
-
-namespace evenflow::cuda_backend::detail {
-// NCCL's status for EF_CUDA_CHECK (engine/cuda/cuda_check.h).
-template <>
-struct StatusTraits<ncclResult_t> {
-  static constexpr const char* kLibrary = "NCCL";
-  static bool ok(ncclResult_t s) { return s == ncclSuccess; }
-  static const char* message(ncclResult_t s) { return ncclGetErrorString(s); }
-  static void clear() {}
-  static bool ignorable(ncclResult_t) { return false; }
-};
-}  // namespace evenflow::cuda_backend::detail
-
-// ncclCommGetAsyncError's ncclInProgress, ncclGetLastError and ncclCommSplit.
-static_assert(NCCL_VERSION_CODE >= NCCL_VERSION(2, 18, 0), "NcclCommunicator needs NCCL 2.18 or later");
+#include "evenflow/parallel/nccl_internal.h"
 
 namespace evenflow::parallel {
 namespace {
 
-using cuda_backend::CudaBackend;
-
-// Note [NCCL watchdog]
-// A call queues its collective on a stream and returns: nothing waits on the host, so collectives
-// overlap with the host's work and with the kernels queued after them, as every other op does.
-// What notices a rank that never arrives (its peers' kernels spin on their GPUs and nothing fails on
-// the host) is the communicator's watchdog thread. It watches every queued collective through an
-// event recorded after it, polling NCCL's asynchronous errors meanwhile, until the event fires.
-// When a collective has not completed timeout() after it was queued (time spent queued behind other
-// work counts, as in PyTorch's watchdog), or NCCL reports an error, the watchdog reports the error
-// to this process's devices (CudaBackend::report_error: the next synchronization on each throws it,
-// so a loss read with item() fails instead of returning what an aborted collective left), then
-// aborts the communicator (Note [Aborting NCCL]); that ends the kernels still waiting for absent
-// peers, so blocked synchronizations return, and makes later calls throw. The watchdog also holds
-// the tensors a bucket reduce on a side stream reads and writes until it completes: the caching
-// allocator would otherwise hand their memory to the compute stream while the side stream still
-// uses it. Collectives on a device's own stream need no such care: the allocator reuses memory in
-// stream order.
-//
 // Note [Aborting NCCL]
 // NCCL has no timeout of its own. When the watchdog finds a collective late or failed, abort() calls
 // ncclCommAbort on every handle of both sets: that stops kernels still waiting for absent peers,
@@ -114,15 +61,6 @@ using cuda_backend::CudaBackend;
 // another thread, and NCCL reads its settings once.
 [[maybe_unused]] const bool kConnectAtInit = setenv("NCCL_RUNTIME_CONNECT", "0", 0) == 0;
 
-// How long abort() waits for a GPU's mutex before aborting without it (Note [Aborting NCCL]), and
-// how long a communicator being destroyed waits, past the timeout, for its collectives to end.
-constexpr std::chrono::milliseconds kAbortLockWait{500};
-constexpr std::chrono::seconds kDrainGrace{10};
-
-// How often the watchdog looks at the collectives in flight: often enough that an error or a
-// timeout is noticed promptly, rarely enough to cost nothing (a few event queries).
-constexpr std::chrono::milliseconds kWatchInterval{1};
-
 ncclDataType_t nccl_type(DType t) {
   switch (t) {
     case DType::Float32:
@@ -139,127 +77,7 @@ size_t count_of(const Tensor& x) {
   return static_cast<size_t>(x.numel());
 }
 
-// The mutex of Note [One thread per GPU at a time] for GPU `physical_id`, one per GPU for the whole
-// process (a communicator split from another shares its GPUs). Never destroyed: communicators may
-// outlive static destruction.
-std::timed_mutex& gpu_mutex(int physical_id) {
-  static std::mutex registry_mu;
-  static auto* registry = new std::map<int, std::unique_ptr<std::timed_mutex>>();
-  std::lock_guard<std::mutex> lock(registry_mu);
-  std::unique_ptr<std::timed_mutex>& m = (*registry)[physical_id];
-  if (!m) m = std::make_unique<std::timed_mutex>();
-  return *m;
-}
-
-struct Rank {
-  CudaBackend* backend = nullptr;  // contexts are never destroyed
-  // Held while anything is issued on this GPU (Note [One thread per GPU at a time]); guards
-  // `sequence` and the use of the handles. The handles are atomic because abort() may null them
-  // without the mutex (Note [Aborting NCCL]).
-  std::timed_mutex* mu = nullptr;
-  std::atomic<ncclComm_t> collectives = nullptr;  // per-rank collectives, on the backend's stream
-  std::atomic<ncclComm_t> buckets = nullptr;      // all_reduce_in_place, on side_stream
-  uint64_t sequence = 0;                          // per-rank collectives since the last reset
-  cudaStream_t side_stream = nullptr;
-  cudaEvent_t ready = nullptr;           // the compute stream when all_reduce_in_place was called
-  cudaEvent_t bucket_done = nullptr;     // recorded after the latest bucket reduce on side_stream
-  std::vector<cudaEvent_t> free_events;  // for the watchdog, made on this GPU; guarded by watch_mu_
-};
-// Rank::collectives or Rank::buckets.
-using HandleSet = std::atomic<ncclComm_t> Rank::*;
-
-class NcclCommunicator final : public Communicator {
- public:
-  NcclCommunicator(std::vector<Device> devices, const std::vector<CudaBackend*>& backends,
-                   std::shared_ptr<ProcessGroup> processes, std::shared_ptr<NcclCommunicator> parent);
-  ~NcclCommunicator() override { release(); }
-  const char* kind() const override { return "nccl"; }
-
-  Tensor all_reduce(int rank, const Tensor& x) override;
-  Tensor broadcast(int rank, const Tensor& x, int root) override;
-  Tensor reduce(int rank, const Tensor& x, int root) override;
-  Tensor all_gather(int rank, const Tensor& x) override;
-  Tensor reduce_scatter(int rank, const Tensor& x) override;
-  void all_reduce_in_place(const std::vector<std::vector<Tensor>>& per_rank) override;
-  void join_in_place() override;
-  void abort(const std::string& why) override;
-  void reset() override;
-  bool aborted() const override;
-
- private:
-  uint64_t generation() const {
-    std::lock_guard<std::mutex> lock(state_mu_);
-    return generation_;
-  }
-  // A queued collective the watchdog watches (Note [NCCL watchdog]).
-  struct Watched {
-    std::string what;
-    HandleSet set;
-    std::vector<std::pair<Rank*, cudaEvent_t>> done;  // per rank: an event recorded after it
-    std::vector<Tensor> keep_alive;                   // until it completes
-    std::chrono::milliseconds timeout;                // timeout() when it was queued
-    std::chrono::steady_clock::time_point deadline;   // queued + timeout
-    uint64_t generation;                              // generation() when it was queued
-  };
-
-  // Makes one per-rank collective: enqueue(comm, stream) is the NCCL call, made for `rank` on its
-  // device's stream; x is the (contiguous) input, named in messages.
-  template <typename Enqueue>
-  void run(const char* op, int rank, const Tensor& x, Enqueue enqueue);
-  // An event of r's GPU (r's backend active) for the watchdog, and its hand-over.
-  cudaEvent_t take_event(Rank& r);
-  void watch(Watched w);
-  // The watchdog thread's loop, and one round of it over `batch`, whose completed entries it
-  // removes.
-  void watchdog();
-  void poll(std::deque<Watched>& batch);
-  // Reports `why` to this process's devices and aborts (Note [NCCL watchdog]).
-  void fail_watched(const std::string& what, const std::string& why);
-  // NCCL's asynchronous error on r's handle of `set`, as a message; empty if none (or if r's GPU is
-  // busy: the watchdog asks again).
-  static std::string async_error(Rank& r, HandleSet set);
-  [[noreturn]] void fail(const std::string& what, const std::string& why);
-  void throw_if_aborted(const std::string& what);
-  // Every GPU's mutex, in rank order.
-  // The mutex of every GPU this communicator's handles were split from or are (its parent's, which
-  // include its own), in rank order.
-  std::vector<std::unique_lock<std::timed_mutex>> lock_all();
-  // Both sets of handles: the collectives set from ncclCommInitAll in one process, from
-  // ncclCommInitRank on an id shared through processes() across several; the bucket set split from
-  // it. The caller holds every GPU's mutex.
-  void create_handles();
-  // A new NCCL unique id, made by process 0 and sent to every process on processes().
-  ncclUniqueId shared_unique_id();
-  // Handles split from the collectives set: rank r's joins new communicator colors[r]
-  // (NCCL_SPLIT_NOCOLOR: none, a null handle), the ranks keeping their order. Every local rank takes
-  // part, in one group (each call waits for the others), closed even when a call fails; on a
-  // failure the handles made are destroyed. The caller holds every GPU's mutex. Throws ef::Error if
-  // the communicator is aborted or NCCL fails.
-  std::vector<ncclComm_t> split(const std::vector<int>& colors);
-  void release() noexcept;
-  // Throws ef::Error unless every GPU can be made current: checked before a group whose calls wait
-  // for each other, where a rank skipped would leave the others waiting.
-  void check_devices() const;
-
-  std::vector<std::unique_ptr<Rank>> ranks_;
-  std::vector<int> physical_ids_;
-  // The communicator this one's collectives set is split from, if any (make_nccl_communicator).
-  std::shared_ptr<NcclCommunicator> parent_;
-  std::mutex in_place_mu_;          // one all_reduce_in_place at a time: they share the ranks' events
-  uint64_t in_place_sequence_ = 0;  // guarded by in_place_mu_
-  mutable std::mutex state_mu_;
-  bool aborted_ = false;  // guarded by state_mu_, like abort_reason_ and generation_
-  std::string abort_reason_;
-  uint64_t generation_ = 0;  // aborts so far: collectives queued before the latest are only waited for
-  // The watchdog. Lock order: a handle's mutex before watch_mu_, never the reverse.
-  std::mutex watch_mu_;
-  std::condition_variable watch_cv_;
-  std::deque<Watched> watched_;         // queued, not yet taken by the watchdog; guarded by watch_mu_
-  size_t in_flight_ = 0;                // watched collectives not yet complete; guarded by watch_mu_
-  std::condition_variable drained_cv_;  // in_flight_ reached 0
-  bool stop_watching_ = false;          // guarded by watch_mu_
-  std::thread watchdog_;
-};
+}  // namespace
 
 NcclCommunicator::NcclCommunicator(std::vector<Device> devices, const std::vector<CudaBackend*>& backends,
                                    std::shared_ptr<ProcessGroup> processes, std::shared_ptr<NcclCommunicator> parent)
@@ -451,125 +269,6 @@ void NcclCommunicator::fail(const std::string& what, const std::string& why) {
   const std::string message = detail::str_cat(what, ": ", why);
   abort(message);
   EF_ERROR(message);
-}
-
-std::string NcclCommunicator::async_error(Rank& r, HandleSet set) {
-  // A thread issuing there holds the GPU's mutex, and may be stuck behind the GPU: then the next
-  // round asks again, and the deadline, checked without the mutex, still fires.
-  std::unique_lock<std::timed_mutex> lock(*r.mu, std::try_to_lock);
-  if (!lock.owns_lock()) return "";
-  const ncclComm_t comm = r.*set;
-  if (comm == nullptr) return "";  // aborted: throw_if_aborted reports why
-  ncclResult_t async = ncclSuccess;
-  const ncclResult_t status = ncclCommGetAsyncError(comm, &async);
-  if (status != ncclSuccess) {
-    return detail::str_cat("ncclCommGetAsyncError failed: ", ncclGetErrorString(status));
-  }
-  if (async == ncclSuccess || async == ncclInProgress) return "";
-  const char* last = ncclGetLastError(comm);
-  return detail::str_cat("NCCL error '", ncclGetErrorString(async), "' (", static_cast<int>(async), ")",
-                         last != nullptr && *last != '\0' ? detail::str_cat(": ", last) : "");
-}
-
-cudaEvent_t NcclCommunicator::take_event(Rank& r) {
-  {
-    std::lock_guard<std::mutex> lock(watch_mu_);
-    if (!r.free_events.empty()) {
-      const cudaEvent_t e = r.free_events.back();
-      r.free_events.pop_back();
-      return e;
-    }
-  }
-  cudaEvent_t e = nullptr;
-  EF_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-  return e;
-}
-
-void NcclCommunicator::watch(Watched w) {
-  std::lock_guard<std::mutex> lock(watch_mu_);
-  watched_.push_back(std::move(w));
-  ++in_flight_;
-}
-
-// Note [NCCL watchdog]. The entries are polled outside watch_mu_: polling takes handle mutexes, which
-// callers hold while they queue (the lock order).
-void NcclCommunicator::watchdog() {
-  // Its CUDA calls (event queries) would otherwise make GPU 0 current, and create a context there.
-  if (cudaSetDevice(physical_ids_[0]) != cudaSuccess) (void)cudaGetLastError();
-  std::deque<Watched> batch;
-  std::unique_lock<std::mutex> lock(watch_mu_);
-  while (true) {
-    watch_cv_.wait_for(lock, kWatchInterval, [&] { return stop_watching_; });
-    if (stop_watching_) {
-      // release() frees what is left, after waiting for the streams.
-      for (Watched& w : batch) watched_.push_back(std::move(w));
-      return;
-    }
-    // Entries queued since the last round go behind the ones still running.
-    for (Watched& w : watched_) batch.push_back(std::move(w));
-    watched_.clear();
-    if (batch.empty()) continue;
-    lock.unlock();
-    poll(batch);
-    lock.lock();
-  }
-}
-
-void NcclCommunicator::poll(std::deque<Watched>& batch) {
-  std::string failed_what, failure;
-  const auto now = std::chrono::steady_clock::now();
-  for (auto it = batch.begin(); it != batch.end();) {
-    bool complete = true;
-    for (const auto& [rank, event] : it->done) {
-      const cudaError_t status = cudaEventQuery(event);
-      if (status == cudaSuccess) continue;
-      if (status == cudaErrorNotReady) {
-        complete = false;
-        break;
-      }
-      // A CUDA error is sticky: the device is lost, its queue will not run. Reported, then dropped.
-      (void)cudaGetLastError();
-      if (failure.empty()) {
-        failed_what = it->what;
-        failure = detail::str_cat("CUDA error '", cudaGetErrorString(status), "' (", static_cast<int>(status),
-                                  ") while the collective ran");
-      }
-    }
-    if (complete) {
-      {
-        std::lock_guard<std::mutex> lock(watch_mu_);
-        for (const auto& [rank, event] : it->done) rank->free_events.push_back(event);
-        if (--in_flight_ == 0) drained_cv_.notify_all();
-      }
-      it = batch.erase(it);  // drops keep_alive: its memory is free for any stream now
-      continue;
-    }
-    // Collectives queued before an abort are cut short: they are only waited for, so that their
-    // memory is not handed out while they run.
-    if (failure.empty() && !aborted() && it->generation == generation()) {
-      for (const auto& [rank, event] : it->done) {
-        const std::string error = async_error(*rank, it->set);
-        if (!error.empty()) {
-          failed_what = it->what;
-          failure = error;
-          break;
-        }
-      }
-      if (failure.empty() && now >= it->deadline) {
-        failed_what = it->what;
-        failure = detail::str_cat("timed out after ", it->timeout.count(), " ms (counted from when it was queued)");
-      }
-    }
-    ++it;
-  }
-  if (!failure.empty()) fail_watched(failed_what, failure);
-}
-
-void NcclCommunicator::fail_watched(const std::string& what, const std::string& why) {
-  if (aborted()) return;
-  const std::string message = detail::str_cat(what, ": ", why);
-  for (auto& r : ranks_) r->backend->report_error(message);
-  abort(message);
 }
 
 template <typename Enqueue>
@@ -808,8 +507,6 @@ void NcclCommunicator::reset() {
   }
   in_place_sequence_ = 0;
 }
-
-}  // namespace
 
 std::shared_ptr<Communicator> make_nccl_communicator(const std::vector<Device>& devices,
                                                      std::shared_ptr<ProcessGroup> processes,

@@ -4,7 +4,8 @@
 # libraries, portable: EF_NATIVE=OFF, the CPU kernels chosen at run time) and installed into a fresh
 # prefix. Then examples/wgan_gp_critic is built against it with nothing but
 # -DCMAKE_PREFIX_PATH=<prefix> and run on cpu:2 and cpu:1 in float64 (the losses must agree to
-# 1e-10); the program must need no library but evenflow's (and the CPU-only install none of CUDA's
+# 1e-10), and so is examples/data_parallel (the README's example: cpu:2 against cpu:1, and a run
+# saved after 10 steps on cpu:3 resumed on cpu:1 against an unbroken one); the program must need no library but evenflow's (and the CPU-only install none of CUDA's
 # at all); the narrower copies of the CPU kernels (forced with EF_CPU_KERNELS) must give the same
 # losses; and a one-file program built with pkg-config's flags must run and report the widest
 # copy of the CPU kernels this CPU supports. Extra arguments go to both configure steps.
@@ -73,6 +74,26 @@ check() {
     EF_CPU_KERNELS=$isa "$example/wgan_gp_critic" cpu:2 float64 > "$work/$name/$isa"
     same_losses "$work/$name/$isa" "$work/$name/one" "with the $isa kernels (EF_CPU_KERNELS) equal the default's"
   done
+
+  echo "== $name: examples/data_parallel (the README's example) with find_package(evenflow)"
+  local dp=$work/$name/data_parallel
+  cmake -S examples/data_parallel -B "$dp" -G Ninja -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
+  cmake --build "$dp" >/dev/null
+  (
+    cd "$work/$name"
+    "$dp/data_parallel" cpu:2 20 two.safetensors | tee dp_two
+    "$dp/data_parallel" cpu:1 20 one.safetensors > dp_one
+    "$dp/data_parallel" cpu:3 10 resumed.safetensors > dp_resumed  # 10 steps on 3 devices, then
+    "$dp/data_parallel" cpu:1 20 resumed.safetensors >> dp_resumed  # resumed on 1 for 10 more
+  )
+  same_example_losses() {
+    paste <(awk '{print $4}' "$1") <(awk '{print $4}' "$2") | awk -v what="$3" '
+      { d = $1 - $2; if (d < 0) d = -d; if (d > 1e-10 || $1 == "" || $2 == "") bad = 1; n++ }
+      END { if (bad || n != 4) { print "FAIL: the losses " what ": no"; exit 1 }
+            print "losses " what " (float64, 1e-10)" }'
+  }
+  same_example_losses "$work/$name/dp_two" "$work/$name/dp_one" "on cpu:2 equal those on cpu:1"
+  same_example_losses "$work/$name/dp_resumed" "$work/$name/dp_one" "of 10 steps on cpu:3 resumed on cpu:1 equal an unbroken run"
 
   echo "== $name: a program built with pkg-config's flags"
   cat > "$work/$name/sum.cpp" <<'CPP'

@@ -33,6 +33,14 @@ void add_run_options(CLI::App& app, RunOptions& o, const std::string& seed_help)
   app.add_flag("--print-loss", o.print_loss, "print every step's loss at full precision");
 }
 
+void add_epoch_options(CLI::App& app, EpochOptions& o, const std::string& seed_help) {
+  add_run_options(app, o, seed_help);
+  app.add_option("--epochs", o.epochs, "epochs")->check(CLI::PositiveNumber);
+  app.add_option("--batch-size", o.batch_size, "batch size")->check(CLI::PositiveNumber);
+  app.add_option("--lr", o.lr, "Adam learning rate")->check(CLI::PositiveNumber & finite());
+  app.add_option("--steps", o.steps, "stop after this many steps in all (0: no limit)")->check(CLI::NonNegativeNumber);
+}
+
 std::string metadata_number(double v) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.17g", v);

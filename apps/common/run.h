@@ -48,6 +48,17 @@ struct RunOptions {
 // --resume, --overwrite, --print-loss.
 void add_run_options(CLI::App& app, RunOptions& o, const std::string& seed_help);
 
+// What the programs that train by epochs (classify, segment) add: --epochs, --batch-size, --lr
+// (Adam's) and --steps (a stop after that many steps in all, 0: none). Each program sets its defaults.
+struct EpochOptions : RunOptions {
+  int64_t epochs = 10;
+  int64_t batch_size = 100;
+  double lr = 1e-3;
+  int64_t steps = 0;
+};
+// add_run_options, and the four options of EpochOptions.
+void add_epoch_options(CLI::App& app, EpochOptions& o, const std::string& seed_help);
+
 // A number as checkpoint metadata: exactly (%.17g), so two settings that differ never compare equal.
 std::string metadata_number(double v);
 

@@ -46,12 +46,12 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct Args : ef::apps::RunOptions {
-  Args() { out = "runs/segment"; }
-  int64_t epochs = 5;
-  int64_t batch_size = 32;
-  double lr = 1e-3;
-  int64_t steps = 0;  // 0: no limit
+struct Args : ef::apps::EpochOptions {
+  Args() {
+    out = "runs/segment";
+    epochs = 5;
+    batch_size = 32;
+  }
   std::string loss = "ce";
   bool compare = false;
   int64_t canvas = 64;
@@ -316,11 +316,7 @@ int run(const Args& a, const std::string& command) {
 int main(int argc, char** argv) {
   CLI::App app{"Segment FashionMNIST garments on canvases with a small encoder-decoder (evenflow)"};
   Args a;
-  ef::apps::add_run_options(app, a, "seed of the canvases, the initialization and the data order");
-  app.add_option("--epochs", a.epochs, "epochs")->check(CLI::PositiveNumber);
-  app.add_option("--batch-size", a.batch_size, "batch size")->check(CLI::PositiveNumber);
-  app.add_option("--lr", a.lr, "Adam learning rate")->check(CLI::PositiveNumber & apps::finite());
-  app.add_option("--steps", a.steps, "stop after this many steps in all (0: no limit)")->check(CLI::NonNegativeNumber);
+  ef::apps::add_epoch_options(app, a, "seed of the canvases, the initialization and the data order");
   auto* loss = app.add_option("--loss", a.loss, "ce, focal, dice, lovasz, ohem, or a sum of them such as ce+dice");
   app.add_flag("--compare", a.compare,
                "train ce, focal, dice, lovasz, ohem and ce+dice with the same seed and budget, each in <out>/<loss> "

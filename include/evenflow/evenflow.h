@@ -4,6 +4,7 @@
 
 #include "evenflow/data/dataset.h"
 #include "evenflow/data/fashion_mnist.h"
+#include "evenflow/data/idx.h"
 #include "evenflow/data/loader.h"
 #include "evenflow/data/sampler.h"
 #include "evenflow/data/transforms.h"
@@ -14,6 +15,7 @@
 #include "evenflow/engine/ops.h"
 #include "evenflow/engine/tensor.h"
 #include "evenflow/io/checkpoint.h"
+#include "evenflow/io/file.h"
 #include "evenflow/io/safetensors.h"
 #include "evenflow/layers/layers.h"
 #include "evenflow/losses/losses.h"
