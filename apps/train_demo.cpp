@@ -8,6 +8,7 @@
 
 #include "apps/common/program.h"
 #include "evenflow/engine/ops.h"
+#include "evenflow/losses/losses.h"
 
 namespace ef = evenflow;
 
@@ -29,7 +30,7 @@ std::pair<ef::Tensor, ef::Tensor> spirals(int64_t n, double noise, uint64_t seed
       labels.push_back(c);
     }
   }
-  return {ef::from_vector(xy, {3 * n, 2}), ef::from_int_vector(labels, {3 * n, 1})};
+  return {ef::from_vector(xy, {3 * n, 2}), ef::from_int_vector(labels, {3 * n})};
 }
 
 struct Linear {
@@ -81,7 +82,7 @@ int main(int argc, char** argv) {
     for (int step = 1; step <= steps; ++step) {
       ef::Tensor xin = x.detach().requires_grad_(penalty > 0);
       const ef::Tensor logits = l3(ef::tanh(l2(ef::tanh(l1(xin)))).to(d1));
-      const ef::Tensor nll = ef::neg(ef::mean(ef::gather(ef::log_softmax(logits, 1), 1, labels)));
+      const ef::Tensor nll = ef::losses::cross_entropy(logits, labels);
       ef::Tensor loss = nll;
       if (penalty > 0) {
         // ‖∂nll/∂x‖², differentiated again by backward: the WGAN-GP pattern.
@@ -100,7 +101,7 @@ int main(int argc, char** argv) {
       }
       if (step % 100 == 0 || step == steps) {
         ef::NoGradGuard no_grad;
-        const ef::Tensor predicted = ef::argmax(logits, 1, true);
+        const ef::Tensor predicted = ef::argmax(logits, 1);
         const ef::Tensor correct = ef::eq(predicted.to(ef::kFloat64), labels.to(ef::kFloat64));
         accuracy = ef::mean(correct).item();
         const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -10,6 +10,7 @@
 #include "apps/common/program.h"
 #include "evenflow/data/fashion_mnist.h"
 #include "evenflow/io/checkpoint.h"
+#include "evenflow/losses/losses.h"
 #include "evenflow/optim/optim.h"
 
 namespace ef = evenflow;
@@ -37,8 +38,7 @@ int main(int argc, char** argv) {
       std::vector<int64_t> indices(static_cast<size_t>(batch));
       for (int64_t i = 0; i < batch; ++i) indices[static_cast<size_t>(i)] = step * batch + i;
       const ef::data::Batch b = train.get_batch(indices);
-      const ef::Tensor loss =
-          ef::neg(ef::mean(ef::gather(ef::log_softmax((*net)(b.images), 1), 1, b.labels.unsqueeze(1))));
+      const ef::Tensor loss = ef::losses::cross_entropy((*net)(b.images), b.labels);
       opt.zero_grad();
       loss.backward();
       opt.step();
