@@ -206,10 +206,11 @@ DataParallelCriterion::DataParallelCriterion(DataParallelModel& model) : model_(
 DataParallelCriterion::DataParallelCriterion(DataParallelModel& model, PartsLoss loss)
     : model_(model), loss_(std::move(loss)) {}
 
-DataParallelCriterion::DataParallelCriterion(DataParallelModel& model, MeanLoss loss)
-    : model_(model), loss_([loss = std::move(loss)](const Tensor& output, const Tensor& target) {
-        return mean_over_samples(loss(output, target), output.size(0));
-      }) {}
+DataParallelCriterion::PartsLoss DataParallelCriterion::mean_over_samples(MeanLoss loss) {
+  return [loss = std::move(loss)](const Tensor& output, const Tensor& target) {
+    return parts_of_mean(loss(output, target), output.size(0));
+  };
+}
 
 Tensor DataParallelCriterion::operator()(const PerDevice<Tensor>& outputs, const PerDevice<Tensor>& targets) const {
   EF_CHECK(loss_ != nullptr, "DataParallelCriterion: constructed without a loss; pass one, or a per-rank function");
@@ -232,7 +233,7 @@ Tensor DataParallelCriterion::operator()(const std::function<losses::LossParts(i
 
 Tensor DataParallelCriterion::operator()(const std::function<Tensor(int rank)>& fn) const {
   const std::vector<BatchRows> rows = current_rows();
-  return combine(rows, [&](int rank) { return mean_over_samples(fn(rank), rows[static_cast<size_t>(rank)].count); });
+  return combine(rows, [&](int rank) { return parts_of_mean(fn(rank), rows[static_cast<size_t>(rank)].count); });
 }
 
 std::vector<BatchRows> DataParallelCriterion::current_rows() const {
@@ -242,7 +243,7 @@ std::vector<BatchRows> DataParallelCriterion::current_rows() const {
   return rows;
 }
 
-losses::LossParts DataParallelCriterion::mean_over_samples(const Tensor& mean, int64_t samples) {
+losses::LossParts DataParallelCriterion::parts_of_mean(const Tensor& mean, int64_t samples) {
   EF_CHECK(mean.defined() && mean.numel() == 1, "DataParallelCriterion: a loss must be a one-element tensor, got ",
            mean.defined() ? shape_str(mean.shape()) : "undefined");
   const auto n = static_cast<double>(samples);

@@ -152,24 +152,26 @@ class DataParallelModel {
 /// one differentiable scalar on devices[0]: the whole batch's loss (Note [Data-parallel step]).
 /// Exact by default: a loss given as parts (a loss object of losses.h, or a function returning
 /// losses::LossParts) has its sums and weights added over every chunk of every device and process
-/// before one division (Note [Losses across devices] in losses.h); a loss given as a plain tensor is
-/// taken as a mean over its chunk's samples (dim 0) and weighted by the chunk's share of the batch,
-/// exact for such means (the Wasserstein losses, the gradient penalties, a mean over images). Holds
-/// a reference to the model, which must outlive it.
+/// before one division (Note [Losses across devices] in losses.h). A loss that returns a plain tensor
+/// is a mean over its chunk's samples, said so with mean_over_samples (or by the per-rank form),
+/// and weighted by the chunk's share of the batch: exact for such means (the Wasserstein losses, the
+/// gradient penalties, a mean over images). Holds a reference to the model, which must outlive it.
 class DataParallelCriterion {
  public:
   /// A loss of one chunk as parts: (output, target) on the chunk's device.
   using PartsLoss = std::function<losses::LossParts(const Tensor& output, const Tensor& target)>;
   /// A loss of one chunk that is a mean over its samples: a one-element tensor on the chunk's device.
   using MeanLoss = std::function<Tensor(const Tensor& output, const Tensor& target)>;
+  /// `loss` as parts: its value times the chunk's samples (dim 0 of the output), over that count.
+  /// Exact for a mean over samples; a mean over anything else (pixels with some ignored, class
+  /// weights) is the loss object's parts, which is why a plain tensor loss is not taken implicitly.
+  static PartsLoss mean_over_samples(MeanLoss loss);
 
   /// Runs on `model`'s devices and group (so SyncBatchNorm layers called inside a loss synchronize
   /// across the devices too), with no (output, target) loss: use the per-rank forms.
   explicit DataParallelCriterion(DataParallelModel& model);
   /// With a loss given as parts.
   DataParallelCriterion(DataParallelModel& model, PartsLoss loss);
-  /// With a loss that is a mean over each chunk's samples.
-  DataParallelCriterion(DataParallelModel& model, MeanLoss loss);
   /// With a loss object of losses.h (CrossEntropyLoss{...}, FocalLoss{...}, ...): its parts.
   template <typename L>
   requires requires(const L& l, const Tensor& x) {
@@ -202,7 +204,7 @@ class DataParallelCriterion {
   // The model's current batch, without the ranks it does not reach.
   std::vector<BatchRows> current_rows() const;
   // A mean over `samples` samples as parts: (mean·samples, samples).
-  static losses::LossParts mean_over_samples(const Tensor& mean, int64_t samples);
+  static losses::LossParts parts_of_mean(const Tensor& mean, int64_t samples);
   // fn's parts on ranks 0..rows.size()-1, each with its rows, combined (Note [Combining losses
   // across devices] in data_parallel.cpp).
   Tensor combine(const std::vector<BatchRows>& rows, const std::function<losses::LossParts(int rank)>& fn) const;

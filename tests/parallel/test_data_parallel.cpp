@@ -81,7 +81,7 @@ void check_cnn_step(const std::string& devices_spec, int64_t batch) {
   auto net = make_cnn();
   auto reference = net->clone();
   DataParallelModel model(net, devices(devices_spec), {.bucket_bytes = 256});
-  DataParallelCriterion criterion(model, nll);
+  DataParallelCriterion criterion(model, DataParallelCriterion::mean_over_samples(nll));
   manual_seed(cpu(), 21);
   const Tensor x = randn({batch, 1, 8, 8}, {.dtype = kFloat64});
   const Tensor y = argmax(randn({batch, 5}), 1);
@@ -176,7 +176,7 @@ void check_aliasing_patterns(const std::vector<std::string>& specs) {
         CAPTURE(bucket_bytes);
         auto reference = pattern->clone();
         DataParallelModel model(pattern->clone(), devices(spec), {.bucket_bytes = bucket_bytes});
-        DataParallelCriterion criterion(model, square_mean);
+        DataParallelCriterion criterion(model, DataParallelCriterion::mean_over_samples(square_mean));
         manual_seed(cpu(), 32);
         const Tensor x = randn({7, 4}, {.dtype = kFloat64});
         const auto xs = model.scatter(x);
@@ -335,7 +335,7 @@ TEST_CASE("data parallel: replicas stay bitwise identical and follow the one-dev
   auto net = make_cnn();
   auto reference = net->clone();
   DataParallelModel model(net, devices("cpu:3"), {.bucket_bytes = 512});
-  DataParallelCriterion criterion(model, nll);
+  DataParallelCriterion criterion(model, DataParallelCriterion::mean_over_samples(nll));
   ReplicatedOptimizer<optim::Adam> opt(model, optim::AdamOptions{.lr = 1e-2});
   optim::Adam reference_opt(reference->parameters(), {.lr = 1e-2});
   manual_seed(cpu(), 24);
@@ -367,7 +367,8 @@ TEST_CASE("data parallel: gradients are synchronized when backward returns; fini
       [](const nn::Module& m, const Tensor& x) { return tanh(linear(x, m.tensor("w"), m.tensor("b"))); });
   auto reference = net->clone();
   DataParallelModel model(net, devices("cpu:4"), {.bucket_bytes = 1});
-  DataParallelCriterion criterion(model, [](const Tensor& y, const Tensor&) { return mean(square(y)); });
+  DataParallelCriterion criterion(
+      model, DataParallelCriterion::mean_over_samples([](const Tensor& y, const Tensor&) { return mean(square(y)); }));
   const Tensor x = randn({2, 3}, {.dtype = kFloat64});
   criterion(model(model.scatter(x)), model.scatter(x)).backward();
   mean(square(reference->forward(x))).backward();
@@ -397,7 +398,7 @@ TEST_CASE("data parallel: no_sync accumulates, and a second unsynchronized backw
   auto net = make_cnn();
   auto reference = net->clone();
   DataParallelModel model(net, devices("cpu:2"));
-  DataParallelCriterion criterion(model, nll);
+  DataParallelCriterion criterion(model, DataParallelCriterion::mean_over_samples(nll));
   manual_seed(cpu(), 25);
   const Tensor x = randn({8, 1, 8, 8}, {.dtype = kFloat64});
   const Tensor y = argmax(randn({8, 5}), 1);
@@ -471,7 +472,8 @@ TEST_CASE(
   net->push_back(tripwire);
   net->push_back(std::make_shared<SyncBatchNorm>(4, nn::BatchNormConfig{}, f64));
   DataParallelModel model(net, devices("cpu:3"), {.collective_timeout = std::chrono::milliseconds(60000)});
-  DataParallelCriterion criterion(model, [](const Tensor& out, const Tensor&) { return mean(square(out)); });
+  DataParallelCriterion criterion(model, DataParallelCriterion::mean_over_samples(
+                                             [](const Tensor& out, const Tensor&) { return mean(square(out)); }));
   const Tensor x = randn({6, 3}, {.dtype = kFloat64});
   auto step = [&] {
     const auto xs = model.scatter(x);
@@ -686,7 +688,7 @@ TEST_CASE("data parallel: the criterion gives the whole batch's loss for every l
     }
     if (c.name == "cross_entropy" || c.name == "focal_loss") {
       // Before: each chunk's mean weighted by its size, 3/7 for a chunk of 3 valid pixels.
-      const DataParallelCriterion by_size(model, DataParallelCriterion::MeanLoss(c.one_device));
+      const DataParallelCriterion by_size(model, DataParallelCriterion::mean_over_samples(c.one_device));
       const auto sized = derivatives(w0, [&](const Tensor& w) {
         const std::vector<Tensor> ws = broadcast(w, model.devices());
         PerDevice<Tensor> outputs;
