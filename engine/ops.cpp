@@ -824,7 +824,7 @@ Tensor to_dtype(const Tensor& x, DType t) {
   if (x.dtype() == t) return x;
   Tensor y = empty(x.shape(), {.dtype = t, .device = x.device()});
   if (x.numel() > 0) backend_of(x).copy(y.view(), x.view());
-  if (is_floating(t) && is_floating(x.dtype()))
+  if (carries_gradient(t) && carries_gradient(x.dtype()))
     record("to_dtype", {y}, {x}, {}, [from = x.dtype()](const Grads& g) { return Grads{to_dtype(g[0], from)}; });
   return y;
 }

@@ -6,6 +6,11 @@
 /// gradients can be differentiated again (Note [Conv double backward] in ops_nn.cpp shows the
 /// pattern for conv). Ops marked "composite" are built from other ops and get their derivatives
 /// from them. Dims may be negative (counted from the end) wherever an op takes one.
+///
+/// Dtypes. Every op computes in float32 and float64 (int64 where it holds indices). bfloat16 is a
+/// storage dtype: it takes to_dtype both ways (differentiable: the gradient is cast back, to any
+/// order), copies, fills and device moves, and is read and written by io/safetensors.h (BF16);
+/// every other op on a bfloat16 tensor throws ef::Error saying to cast it to float32.
 #pragma once
 
 #include <functional>

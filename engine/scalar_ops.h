@@ -8,10 +8,12 @@
 #include <limits>
 #include <type_traits>
 
+#ifndef EF_HD
 #ifdef __CUDACC__
 #define EF_HD __host__ __device__
 #else
 #define EF_HD
+#endif
 #endif
 
 namespace evenflow::scalar {

@@ -37,7 +37,8 @@ struct DtypeCode {
   const char* code = "";
   DType dtype = kFloat32;
 };
-constexpr std::array<DtypeCode, 3> kDtypeCodes{{{"F32", kFloat32}, {"F64", kFloat64}, {"I64", kInt64}}};
+constexpr std::array<DtypeCode, 4> kDtypeCodes{
+    {{"F32", kFloat32}, {"F64", kFloat64}, {"I64", kInt64}, {"BF16", kBFloat16}}};
 
 const char* dtype_code(DType t) {
   for (const DtypeCode& c : kDtypeCodes)
@@ -97,7 +98,8 @@ Entry parse_entry(const std::string& where, const std::string& name, const Json&
   const Json& dtype = v["dtype"];
   EF_CHECK(dtype.is_string(), where, in, ": dtype must be a string, got ", shown(dtype));
   const std::optional<DType> t = dtype_from_code(dtype.get<std::string>());
-  EF_CHECK(t.has_value(), where, in, " has dtype ", shown(dtype), ", which evenflow does not read (F32, F64, I64)");
+  EF_CHECK(t.has_value(), where, in, " has dtype ", shown(dtype),
+           ", which evenflow does not read (F32, F64, I64, BF16)");
   e.dtype = *t;
 
   const Json& shape = v["shape"];

@@ -69,8 +69,10 @@ ncclDataType_t nccl_type(DType t) {
       return ncclFloat64;
     case DType::Int64:
       return ncclInt64;
+    case DType::BFloat16:
+      break;  // as on the CPU path: gradients and statistics are float32 or float64
   }
-  EF_ERROR("internal error: nccl_type: unknown dtype ", static_cast<int>(t));
+  EF_ERROR("NCCL: collectives of ", dtype_name(t), " are not supported (float32, float64, int64)");
 }
 
 size_t count_of(const Tensor& x) {

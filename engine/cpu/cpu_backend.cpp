@@ -199,8 +199,9 @@ void map_elements(const View& out, const std::array<View, sizeof...(In)>& ins, F
 // Elementwise kernels.
 
 void fill_impl(const View& out, double value) {
-  EF_DISPATCH_ALL(out.dtype, "fill", [&] {
-    const scalar_t v = static_cast<scalar_t>(value);
+  EF_DISPATCH_STORAGE(out.dtype, "fill", [&] {
+    const scalar_t v = static_cast<scalar_t>(
+        static_cast<std::conditional_t<std::is_same_v<scalar_t, bfloat16>, float, scalar_t>>(value));
     map_elements<scalar_t>(out, {}, [v]() { return v; });
   });
 }
@@ -218,14 +219,24 @@ void arange_impl(const View& out, double start, double step) {
                   [&] { arange_typed(static_cast<scalar_t*>(out.data), out.shape[0], start, step); });
 }
 
+// Between any two dtypes; to and from bfloat16 through float32 (bfloat16.h).
 template <typename Out>
 void copy_to(const View& out, const View& x) {
-  EF_DISPATCH_ALL(x.dtype, "copy",
-                  [&] { map_elements<Out, scalar_t>(out, {x}, [](scalar_t v) { return static_cast<Out>(v); }); });
+  EF_DISPATCH_STORAGE(x.dtype, "copy", [&] {
+    map_elements<Out, scalar_t>(out, {x}, [](scalar_t v) {
+      if constexpr (std::is_same_v<scalar_t, bfloat16>) {
+        return static_cast<Out>(static_cast<float>(v));
+      } else if constexpr (std::is_same_v<Out, bfloat16>) {
+        return bfloat16(static_cast<float>(v));
+      } else {
+        return static_cast<Out>(v);
+      }
+    });
+  });
 }
 
 void copy_impl(const View& out, const View& x) {
-  EF_DISPATCH_ALL(out.dtype, "copy", [&] { copy_to<scalar_t>(out, x); });
+  EF_DISPATCH_STORAGE(out.dtype, "copy", [&] { copy_to<scalar_t>(out, x); });
 }
 
 void unary_impl(UnaryOp op, const View& out, const View& x, double a, double b) {

@@ -6,8 +6,8 @@ namespace evenflow::cuda_backend {
 
 void CudaBackend::fill(const View& out, double value) {
   activate();
-  EF_DISPATCH_ALL(out.dtype, "fill",
-                  [&] { map<scalar_t>(*this, Constant<scalar_t>{static_cast<scalar_t>(value)}, out); });
+  EF_DISPATCH_STORAGE(out.dtype, "fill",
+                      [&] { map<scalar_t>(*this, Constant<scalar_t>{CastTo<scalar_t>{}(value)}, out); });
 }
 
 void CudaBackend::arange(const View& out, double start, double step) {
@@ -24,7 +24,7 @@ void CudaBackend::copy(const View& out, const View& x) {
     if (nbytes > 0) EF_CUDA_CHECK(cudaMemcpyAsync(out.data, x.data, nbytes, cudaMemcpyDeviceToDevice, stream_));
     return;
   }
-  EF_DISPATCH_ALL(out.dtype, "copy", [&] { copy_cast<scalar_t>(*this, out, x); });
+  EF_DISPATCH_STORAGE(out.dtype, "copy", [&] { copy_cast<scalar_t>(*this, out, x); });
 }
 
 void CudaBackend::binary(BinaryOp op, const View& out, const View& x, const View& y) {

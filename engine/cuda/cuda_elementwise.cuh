@@ -92,11 +92,18 @@ struct Constant {
   __device__ T operator()() const { return value; }
 };
 
+// Between any two dtypes; to and from bfloat16 through float32 (engine/bfloat16.h).
 template <typename Out>
 struct CastTo {
   template <typename In>
-  __device__ Out operator()(In v) const {
-    return static_cast<Out>(v);
+  __host__ __device__ Out operator()(In v) const {
+    if constexpr (std::is_same_v<In, bfloat16>) {
+      return static_cast<Out>(static_cast<float>(v));
+    } else if constexpr (std::is_same_v<Out, bfloat16>) {
+      return bfloat16(static_cast<float>(v));
+    } else {
+      return static_cast<Out>(v);
+    }
   }
 };
 
@@ -121,7 +128,7 @@ struct Select {
 // The second dtype dispatch of copy and where (the input's, the condition's).
 template <typename Out>
 void copy_cast(const CudaBackend& be, const View& out, const View& x) {
-  EF_DISPATCH_ALL(x.dtype, "copy", [&] { map<Out, scalar_t>(be, CastTo<Out>{}, out, x); });
+  EF_DISPATCH_STORAGE(x.dtype, "copy", [&] { map<Out, scalar_t>(be, CastTo<Out>{}, out, x); });
 }
 
 template <typename T>

@@ -353,6 +353,17 @@ TEST_CASE("cuda: copies between host, device and logical devices") {
   CHECK(compare(randn({257}, {.dtype = kFloat64, .device = cuda(0)}).to(cpu()), normal_cpu, 1e-14, 1e-13) == "");
 }
 
+TEST_CASE("cuda: bfloat16 casts round on the GPU as on the CPU, bit for bit") {
+  if (!cuda_devices_available()) return;
+  manual_seed(cpu(), 12);
+  const Tensor x = randn({1 << 16}, {.dtype = kFloat64}) * 1e3;
+  for (const DType from : {kFloat64, kFloat32}) {
+    const Tensor on_cpu = x.to(from).to(kBFloat16), on_gpu = x.to(from).to(cuda(0)).to(kBFloat16);
+    CHECK(on_gpu.to(cpu()).to_vector() == on_cpu.to_vector());
+    CHECK(on_gpu.to(kFloat32).to(cpu()).to_vector() == on_cpu.to(kFloat32).to_vector());
+  }
+}
+
 TEST_CASE("cuda: data<T>() refuses a CUDA tensor instead of handing the host a device address") {
   if (!cuda_devices_available()) return;
   const Tensor x = zeros({4}, {.device = cuda(0)});

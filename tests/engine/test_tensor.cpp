@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -295,4 +296,47 @@ TEST_CASE("NaN propagates as in PyTorch (activations clamp maximum minimum max_p
 TEST_CASE("size(d) of a 0-d tensor is an error, not a read past its shape") {
   CHECK(error_of([] { scalar_tensor(1.0).size(0); }) == "size: a 0-d tensor has no dim 0");
   CHECK(error_of([] { scalar_tensor(1.0).size(-1); }) == "size: a 0-d tensor has no dim -1");
+}
+
+// --- bfloat16 (engine/bfloat16.h) ----------------------------------------------------------------------
+
+TEST_CASE("bfloat16: float32 rounds to nearest, ties to even; NaN, infinities and overflow") {
+  const auto bits = [](float f) { return bfloat16(f).bits; };
+  CHECK(bits(1.0f) == 0x3f80);
+  CHECK(bits(1.0f + 0x1p-8f) == 0x3f80);             // halfway between 1 and 1 + 2^-7: to the even one
+  CHECK(bits(1.0f + 0x1p-7f + 0x1p-8f) == 0x3f82);   // halfway, the other way up to even
+  CHECK(bits(1.0f + 0x1p-8f + 0x1p-20f) == 0x3f81);  // past halfway: up
+  CHECK(bits(-2.5f) == 0xc020);
+  CHECK(static_cast<float>(bfloat16(3.140625f)) == 3.140625f);  // exactly representable
+  CHECK(bits(std::numeric_limits<float>::infinity()) == 0x7f80);
+  CHECK(bits(std::numeric_limits<float>::max()) == 0x7f80);  // rounds past bfloat16's largest: infinity
+  CHECK(std::isnan(static_cast<float>(bfloat16(std::nanf("")))));
+  CHECK(std::isnan(static_cast<float>(bfloat16(-std::nanf("")))));
+  CHECK(bits(1e-40f) == 0x0001);  // a subnormal keeps its upper bits
+}
+
+TEST_CASE("bfloat16 tensors: casts from and to every dtype, and a clear error for arithmetic") {
+  const Tensor x = from_vector({1.0, -2.5, 1.0 + 0x1p-8, 3.0e38, 1e-3, 255.5}, {6});
+  const Tensor b = x.to(kBFloat16);
+  CHECK(b.dtype() == kBFloat16);
+  CHECK(dtype_size(b.dtype()) == 2);
+  const std::vector<double> want = {1.0, -2.5, 1.0, 0x1.c4p127, 0x1.06p-10, 256.0};
+  CHECK(b.to_vector() == want);
+  CHECK(b.to(kFloat32).to_vector() == want);
+  CHECK(from_int_vector({3, -7}, {2}).to(kBFloat16).to_int_vector() == std::vector<int64_t>{3, -7});
+  CHECK(narrow(b, 0, 0, 3).to(kInt64).to_int_vector() == std::vector<int64_t>{1, -2, 1});
+  CHECK(full({3}, 0.1, {.dtype = kBFloat16}).to_vector() == std::vector<double>(3, 0.10009765625));
+  CHECK(error_of([&] { (void)(b + b); }).find("dtype bfloat16 is not supported") != std::string::npos);
+  CHECK(error_of([&] { (void)randn({2}, {.dtype = kBFloat16}); }).find("bfloat16") != std::string::npos);
+}
+
+TEST_CASE("bfloat16 casts are differentiable, to second order: the gradient is cast back") {
+  const Tensor x = from_vector({0.3, -1.7, 2.2}, {3}, {.dtype = kFloat32}).requires_grad_(true);
+  const Tensor y = x.to(kBFloat16).to(kFloat32);
+  CHECK(y.to_vector() == std::vector<double>{0.30078125, -1.703125, 2.203125});
+  const Tensor loss = sum(square(y));
+  const Tensor g = grad({loss}, {x}, {}, {.create_graph = true})[0];
+  CHECK(g.to_vector() == std::vector<double>{0.6015625, -3.40625, 4.40625});  // 2y, y rounded
+  const Tensor gg = grad({sum(g)}, {x})[0];
+  CHECK(gg.to_vector() == std::vector<double>(3, 2.0));
 }

@@ -111,6 +111,19 @@ TEST_CASE("safetensors: round trip of float32, float64, int64, 0-d, empty, strid
   CHECK(load_safetensors(path).tensors.empty());
 }
 
+TEST_CASE("safetensors: bfloat16 tensors are written as BF16, two little-endian bytes each, and read back") {
+  TempDir dir;
+  const std::string path = dir.file("bf16.safetensors");
+  const Tensor x = from_vector({1.0, -2.5, 0x1.c4p127}, {3}).to(kBFloat16);
+  save_safetensors(path, {{"x", x}});
+  const std::string bytes = read_bytes(path);
+  CHECK(bytes.find("\"dtype\":\"BF16\"") != std::string::npos);
+  CHECK(bytes.substr(bytes.size() - 6) == std::string("\x80\x3f\x20\xc0\x62\x7f", 6));
+  const SafetensorsFile back = load_safetensors(path);
+  CHECK(back.at("x").dtype() == kBFloat16);
+  CHECK(vals(back.at("x")) == vals(x));
+}
+
 TEST_CASE("safetensors: the file layout (length, padded header, contiguous offsets)") {
   TempDir dir;
   const std::string path = dir.file("layout.safetensors");
@@ -177,7 +190,7 @@ TEST_CASE("safetensors: bad files are refused, naming the key or offset") {
   has(load_error(dir, file_bytes(R"({"w": nope})", "")), "invalid JSON header at header byte 8 (file offset 15)");
   has(load_error(dir, file_bytes("[1, 2]", "")), "the header must be a JSON object, got array");
   has(load_error(dir, file_bytes(R"({"w":{"dtype":"F16","shape":[2],"data_offsets":[0,4]}})", "1234")),
-      R"(tensor 'w' has dtype "F16", which evenflow does not read (F32, F64, I64))");
+      R"(tensor 'w' has dtype "F16", which evenflow does not read (F32, F64, I64, BF16))");
   has(load_error(dir, file_bytes(R"({"w":{"dtype":"X","shape":[2],"data_offsets":[0,8]}})", f8)), R"(dtype "X")");
   has(load_error(dir, file_bytes(R"({"w":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", f8)),
       "tensor 'w' has shape [3] float32 (12 bytes) but data_offsets [0, 8) hold 8 bytes");
