@@ -10,7 +10,8 @@
 /// Dtypes. Every op computes in float32 and float64 (int64 where it holds indices). bfloat16 is a
 /// storage dtype: it takes to_dtype both ways (differentiable: the gradient is cast back, to any
 /// order), copies, fills and device moves, and is read and written by io/safetensors.h (BF16);
-/// every other op on a bfloat16 tensor throws ef::Error saying to cast it to float32.
+/// every other op on a bfloat16 tensor throws ef::Error saying to cast it to float32. Matrix
+/// products and convolutions compute in bfloat16 when asked (Note [bfloat16 compute]).
 #pragma once
 
 #include <functional>
@@ -248,12 +249,25 @@ Tensor to_device(const Tensor& x, const Device& d);
 /// Float32 or float64 operands of one dtype and device.
 /// @{
 
+/// Note [bfloat16 compute]
+/// Matrix products and convolutions take `compute`: kBFloat16 multiplies the operands rounded to
+/// bfloat16 and accumulates the products in float32 (the numerics of bfloat16 tensor cores and of
+/// oneDNN's bfloat16 kernels), with float32 operands and output; any other value (the default,
+/// kFloat32) computes in the operands' own dtype, float32 or float64. The ops their backward runs
+/// take the same setting, so a gradient, and the gradient of a gradient (a penalty's), are products
+/// in bfloat16 too; everything else (elementwise ops, reductions, normalizations, losses, the
+/// penalty's norm) stays float32, and so do the weights and the optimizer's state.
+
+/// How a matrix product computes (Note [bfloat16 compute]).
+struct MatmulOptions {
+  DType compute = kFloat32;  ///< kBFloat16: bfloat16-rounded operands, float32 accumulation
+};
 /// [..., M, K] x [..., K, N] -> [..., M, N], batch dims broadcast. Both operands have at least 2
-/// dims. Backward: dA = g·Bᵀ, dB = Aᵀ·g (summed to each shape).
-Tensor matmul(const Tensor& a, const Tensor& b);
+/// dims. Backward: dA = g·Bᵀ, dB = Aᵀ·g (summed to each shape), with the same options.
+Tensor matmul(const Tensor& a, const Tensor& b, const MatmulOptions& o = {});
 /// x [..., in], weight [out, in], bias [out] (optional): x·Wᵀ + b.
-/// Backward: dx = g·W, dW = gᵀ·x, db = Σg.
-Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
+/// Backward: dx = g·W, dW = gᵀ·x, db = Σg (the products with the same options).
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(), const MatmulOptions& o = {});
 
 /// Options of conv2d and its gradient ops, as PyTorch's Conv2d: each pair is (height, width).
 struct Conv2dOptions {
@@ -265,7 +279,8 @@ struct Conv2dOptions {
   /// @var Conv2dOptions::dilation
   /// Spacing between kernel taps (positive).
 
-  int64_t groups = 1;  ///< channel groups (positive); divides the input and output channels
+  int64_t groups = 1;        ///< channel groups (positive); divides the input and output channels
+  DType compute = kFloat32;  ///< kBFloat16: bfloat16-rounded operands (Note [bfloat16 compute])
 };
 /// x [N, C, H, W], weight [O, C/groups, kh, kw], bias [O] (optional) -> [N, O, OH, OW], with
 /// OH = (H + 2·padding - dilation·(kh - 1) - 1)/stride + 1 (rounded down), likewise OW; a padded
@@ -296,7 +311,8 @@ struct ConvTranspose2dOptions {
   /// @var ConvTranspose2dOptions::dilation
   /// Dilation of the convolution this op transposes.
 
-  int64_t groups = 1;  ///< channel groups (positive); divides the input channels
+  int64_t groups = 1;        ///< channel groups (positive); divides the input channels
+  DType compute = kFloat32;  ///< kBFloat16: bfloat16-rounded operands (Note [bfloat16 compute])
 };
 /// x [N, C, H, W], weight [C, O/groups, kh, kw] (PyTorch's layout): conv2d_input_grad in disguise.
 /// Returns [N, O, OH, OW], OH = (H - 1)·stride - 2·padding + dilation·(kh - 1) + output_padding +

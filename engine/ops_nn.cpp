@@ -80,9 +80,20 @@ GemmOperand gemm_operand(const Tensor& t_in, const Shape& batch_shape) {
   return op;
 }
 
+// Note [bfloat16 compute]: the operand a product or convolution runs on, `t` itself or, for
+// bfloat16 compute, t rounded to bfloat16 (held in float32: the float32 kernels then multiply
+// exactly what bfloat16 ones would). A constant: the node records the unrounded inputs, and its
+// backward rounds what it multiplies in turn.
+Tensor operand_for(const char* op, const Tensor& t, DType compute) {
+  if (compute != kBFloat16) return t;
+  EF_CHECK(t.dtype() == kFloat32, op, ": bfloat16 compute takes float32 operands, got ", dtype_name(t.dtype()));
+  NoGradGuard no_grad;
+  return t.detach().to(kBFloat16).to(kFloat32);
+}
+
 }  // namespace
 
-Tensor matmul(const Tensor& a, const Tensor& b) {
+Tensor matmul(const Tensor& a, const Tensor& b, const MatmulOptions& o) {
   detail::check_float("matmul", a, "first input");
   detail::check_compatible("matmul", a, b);
   EF_CHECK(a.dim() >= 2 && b.dim() >= 2, "matmul: expected tensors with at least 2 dims, got ", shape_str(a.shape()),
@@ -94,7 +105,7 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   if (b.dim() == 2 && a.dim() > 2) {
     Shape out_shape(a.shape().begin(), a.shape().end() - 1);
     out_shape.push_back(n);
-    return reshape(matmul(reshape(a, {-1, k}), b), out_shape);
+    return reshape(matmul(reshape(a, {-1, k}), b, o), out_shape);
   }
   const Shape batch = detail::broadcast_shapes("matmul", Shape(a.shape().begin(), a.shape().end() - 2),
                                                Shape(b.shape().begin(), b.shape().end() - 2));
@@ -106,7 +117,8 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
     if (k == 0) {
       backend_of(a).fill(y.view(), 0.0);
     } else {
-      const GemmOperand oa = gemm_operand(a, batch), ob = gemm_operand(b, batch);
+      const GemmOperand oa = gemm_operand(operand_for("matmul", a, o.compute), batch),
+                        ob = gemm_operand(operand_for("matmul", b, o.compute), batch);
       GemmArgs g;
       g.dtype = a.dtype();
       g.m = m;
@@ -128,14 +140,14 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
     }
   }
   // dA = g·Bᵀ [M,N]x[N,K], dB = Aᵀ·g [K,M]x[M,N], each summed over broadcast batch dims.
-  record("matmul", {y}, {a, b}, {a, b}, [a, b](const Grads& g) {
-    return Grads{a.requires_grad() ? sum_to(matmul(g[0], transpose(b, -1, -2)), a.shape()) : Tensor(),
-                 b.requires_grad() ? sum_to(matmul(transpose(a, -1, -2), g[0]), b.shape()) : Tensor()};
+  record("matmul", {y}, {a, b}, {a, b}, [a, b, o](const Grads& g) {
+    return Grads{a.requires_grad() ? sum_to(matmul(g[0], transpose(b, -1, -2), o), a.shape()) : Tensor(),
+                 b.requires_grad() ? sum_to(matmul(transpose(a, -1, -2), g[0], o), b.shape()) : Tensor()};
   });
   return y;
 }
 
-Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, const MatmulOptions& o) {
   detail::check_float("linear", x);
   detail::check_compatible("linear", x, weight, "input", "weight");
   EF_CHECK(weight.dim() == 2, "linear: weight must be 2-D [out, in], got ", shape_str(weight.shape()));
@@ -148,14 +160,14 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   Tensor y;
   {
     NoGradGuard no_grad;
-    y = matmul(flat, transpose(weight, 0, 1));  // y = x·Wᵀ [N,in]x[in,out]
+    y = matmul(flat, transpose(weight, 0, 1), o);  // y = x·Wᵀ [N,in]x[in,out]
   }
   // dx = g·W [N,out]x[out,in]; dW = gᵀ·x [out,N]x[N,in], computed in the weight's own layout, so
   // the accumulated gradient needs no copy (Note [Gradient layout] in autograd.cpp), as matmul's
   // transposed Aᵀ·g would.
-  record("linear", {y}, {flat, weight}, {flat, weight}, [flat, weight](const Grads& g) {
-    return Grads{flat.requires_grad() ? matmul(g[0], weight) : Tensor(),
-                 weight.requires_grad() ? matmul(transpose(g[0], 0, 1), flat) : Tensor()};
+  record("linear", {y}, {flat, weight}, {flat, weight}, [flat, weight, o](const Grads& g) {
+    return Grads{flat.requires_grad() ? matmul(g[0], weight, o) : Tensor(),
+                 weight.requires_grad() ? matmul(transpose(g[0], 0, 1), flat, o) : Tensor()};
   });
   y = reshape(y, out_shape);
   if (bias.defined()) {
@@ -225,7 +237,8 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const C
   // The bias is added by the kernel (one pass over y fewer than a separate add); its gradient is
   // the output gradient summed over batch and space.
   if (y.numel() > 0)
-    backend_of(x).conv2d(a, y.view(), x.contiguous().view(), weight.contiguous().view(),
+    backend_of(x).conv2d(a, y.view(), operand_for("conv2d", x, o.compute).contiguous().view(),
+                         operand_for("conv2d", weight, o.compute).contiguous().view(),
                          bias.defined() ? bias.contiguous().view() : View{});
   record("conv2d", {y}, {x, weight, bias}, {x, weight}, [x, weight, bias, o](const Grads& g) {
     return Grads{x.requires_grad() ? conv2d_input_grad(g[0], weight, x.shape(), o) : Tensor(),
@@ -243,7 +256,8 @@ Tensor conv2d_input_grad(const Tensor& gy, const Tensor& weight, const Shape& in
            shape_str(gy.shape()), ", the convolution's output is ", shape_str({a.n, a.c_out, a.oh, a.ow}));
   Tensor gx = detail::empty_like_shape(gy, input_shape);
   if (gx.numel() > 0)
-    backend_of(gy).conv2d_input_grad(a, gx.view(), gy.contiguous().view(), weight.contiguous().view());
+    backend_of(gy).conv2d_input_grad(a, gx.view(), operand_for("conv2d_input_grad", gy, o.compute).contiguous().view(),
+                                     operand_for("conv2d_input_grad", weight, o.compute).contiguous().view());
   record("conv2d_input_grad", {gx}, {gy, weight}, {gy, weight}, [gy, weight, o](const Grads& g) {
     return Grads{gy.requires_grad() ? conv2d(g[0], weight, Tensor(), o) : Tensor(),
                  weight.requires_grad() ? conv2d_weight_grad(g[0], gy, weight.shape(), o) : Tensor()};
@@ -262,7 +276,9 @@ Tensor conv2d_weight_grad(const Tensor& x, const Tensor& gy, const Shape& weight
     if (x.numel() == 0)
       backend_of(x).fill(gw.view(), 0.0);
     else
-      backend_of(x).conv2d_weight_grad(a, gw.view(), x.contiguous().view(), gy.contiguous().view());
+      backend_of(x).conv2d_weight_grad(a, gw.view(),
+                                       operand_for("conv2d_weight_grad", x, o.compute).contiguous().view(),
+                                       operand_for("conv2d_weight_grad", gy, o.compute).contiguous().view());
   }
   record("conv2d_weight_grad", {gw}, {x, gy}, {x, gy}, [x, gy, o](const Grads& g) {
     return Grads{x.requires_grad() ? conv2d_input_grad(gy, g[0], x.shape(), o) : Tensor(),
@@ -296,7 +312,8 @@ Tensor conv_transpose2d(const Tensor& x, const Tensor& weight, const Tensor& bia
   const Tensor x_full = extra_h || extra_w ? pad(x, {0, extra_w, 0, extra_h}) : x;
   Tensor y = conv2d_input_grad(
       x_full, weight, {x.size(0), c_out, oh, ow},
-      Conv2dOptions{.stride = o.stride, .padding = o.padding, .dilation = o.dilation, .groups = o.groups});
+      Conv2dOptions{
+          .stride = o.stride, .padding = o.padding, .dilation = o.dilation, .groups = o.groups, .compute = o.compute});
   if (bias.defined()) {
     detail::check_compatible("conv_transpose2d", x, bias, "input", "bias");
     EF_CHECK(bias.dim() == 1 && bias.size(0) == c_out, "conv_transpose2d: bias has shape ", shape_str(bias.shape()),

@@ -72,7 +72,8 @@ Tensor Conv2d::forward(const Tensor& x) {
                 {.stride = config_.stride.pair(),
                  .padding = config_.padding.pair(),
                  .dilation = config_.dilation.pair(),
-                 .groups = config_.groups});
+                 .groups = config_.groups,
+                 .compute = compute_dtype()});
 }
 
 std::string Conv2d::extra_repr() const {
@@ -100,7 +101,8 @@ Tensor ConvTranspose2d::forward(const Tensor& x) {
                            .padding = config_.padding.pair(),
                            .output_padding = config_.output_padding.pair(),
                            .dilation = config_.dilation.pair(),
-                           .groups = config_.groups});
+                           .groups = config_.groups,
+                           .compute = compute_dtype()});
 }
 
 std::string ConvTranspose2d::extra_repr() const {

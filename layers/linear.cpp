@@ -23,7 +23,7 @@ Tensor Linear::forward(const Tensor& x) {
   check_input_matches_params(x);
   EF_CHECK(x.size(-1) == in_, "Linear: input has ", x.size(-1), " features (last dim of ", shape_str(x.shape()),
            "), expected ", in_);
-  return linear(x, weight(), bias());
+  return linear(x, weight(), bias(), {.compute = compute_dtype()});
 }
 
 std::string Linear::extra_repr() const {

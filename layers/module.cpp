@@ -245,6 +245,13 @@ Module& Module::to(DType dtype) {
   return *this;
 }
 
+Module& Module::set_compute_dtype(DType compute) {
+  EF_CHECK(compute == kFloat32 || compute == kBFloat16, name(), ".set_compute_dtype: float32 or bfloat16, got ",
+           dtype_name(compute));
+  visit(*this, "", [&](const std::string&, Module& m) { m.compute_dtype_ = compute; });
+  return *this;
+}
+
 std::shared_ptr<Module> Module::clone() const {
   std::shared_ptr<Module> copy = clone_impl();
   EF_CHECK(copy != nullptr && typeid(*copy) == typeid(*this), name(), "::clone_impl must copy-construct ", name(),

@@ -140,6 +140,13 @@ class Module {
   Module& to(const Device& device);
   /// Converts floating-point parameters and buffers (integer buffers such as num_batches_tracked stay).
   Module& to(DType dtype);
+  /// The dtype the matrix products and convolutions of this module and its descendants compute in
+  /// (Linear, Conv2d, ConvTranspose2d; Note [bfloat16 compute] in engine/ops.h): kBFloat16 for
+  /// bfloat16 operands with float32 accumulation (float32 parameters), kFloat32 (the default) for
+  /// the parameters' own dtype. The parameters, their gradients and everything else stay as they are.
+  Module& set_compute_dtype(DType compute);
+  /// This module's setting of set_compute_dtype (kFloat32 unless set).
+  DType compute_dtype() const { return compute_dtype_; }
   /// A deep copy: same configuration and values, new storage, no gradients.
   std::shared_ptr<Module> clone() const;
   /// Clears every parameter's gradient (set_to_none) or zeroes it in place.
@@ -193,6 +200,7 @@ class Module {
   NamedTensors buffers_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
   bool training_ = true;
+  DType compute_dtype_ = kFloat32;
 };
 
 /// Writes m.repr(), the module tree as PyTorch prints it.

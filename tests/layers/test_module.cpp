@@ -439,3 +439,26 @@ TEST_CASE("module: registering an undefined, non-leaf or taken tensor is a clear
   CHECK(error_of([] { Registers(2); }) == "Registers: \"w\" registered twice");
   CHECK(error_of([] { Registers(3); }) == "Registers: buffer \"b\" must be defined");
 }
+
+// Note [bfloat16 compute] in engine/ops.h, set on a module tree.
+TEST_CASE("bfloat16 compute: a module's layers take their setting, and a clone keeps it") {
+  auto net = std::make_shared<nn::Sequential>(nn::Conv2d(1, 4, 3), nn::ReLU(), nn::Flatten(), nn::Linear(4 * 6 * 6, 3));
+  CHECK(net->compute_dtype() == kFloat32);
+  net->set_compute_dtype(kBFloat16);
+  const auto copy = net->clone();
+  manual_seed(cpu(), 4);
+  const Tensor x = randn({2, 1, 8, 8});
+  const auto& w0 = net->tensor("0.weight");
+  const auto rounded = [](const Tensor& t) { return t.detach().to(kBFloat16).to(kFloat32); };
+  const Tensor first = relu(conv2d(rounded(x), rounded(w0), net->tensor("0.bias")));
+  const Tensor want = linear(rounded(flatten(first, 1)), rounded(net->tensor("3.weight")), net->tensor("3.bias"));
+  // The same products; the rounded weight is a new (contiguous) matrix, so the GEMM may sum in
+  // another order than on the transposed view: equal to float32 rounding.
+  CHECK(compare(net->forward(x), want, 1e-6, 1e-6) == "");
+  CHECK(compare(copy->forward(x), want, 1e-6, 1e-6) == "");
+  CHECK(compare(net->forward(x), linear(flatten(relu(conv2d(x, w0, net->tensor("0.bias"))), 1),
+                                        net->tensor("3.weight"), net->tensor("3.bias")),
+                1e-4, 1e-4) != "");  // and not the float32 result
+  CHECK(error_of([&] { net->set_compute_dtype(kFloat64); }).find("float32 or bfloat16, got float64") !=
+        std::string::npos);
+}

@@ -1,0 +1,98 @@
+// Note [bfloat16 compute] (engine/ops.h): matrix products and convolutions with bfloat16 operands and
+// float32 accumulation. What they compute is the float32 product of the operands rounded to
+// bfloat16, exactly; their backward and double backward products are bfloat16 too; and against
+// float64 their value, gradients and second-order gradients stay within bfloat16's precision (unit
+// roundoff 2^-9 per operand: products off by about 3e-3 normwise), the tolerance every op in
+// bfloat16 is held to here.
+#include <doctest/doctest.h>
+
+#include "evenflow/engine/ops.h"
+#include "tests/testing/gradcheck.h"
+#include "tests/testing/helpers.h"
+
+using namespace evenflow;
+using namespace evenflow::testing;
+
+namespace {
+
+Tensor rounded(const Tensor& t) {
+  return t.detach().to(kBFloat16).to(kFloat32);
+}
+
+// The normwise relative error that bfloat16 operands may cause in a product or convolution and in
+// its first and second derivatives (each a product of bfloat16-rounded factors): 3e-3 expected,
+// three times that allowed.
+constexpr double kBf16Normwise = 1e-2;
+
+}  // namespace
+
+TEST_CASE("bfloat16 compute: a product multiplies the operands rounded to bfloat16, exactly") {
+  manual_seed(cpu(), 1);
+  const Tensor a = randn({33, 70}), b = randn({70, 20});
+  const Tensor want = matmul(rounded(a), rounded(b));
+  CHECK(matmul(a, b, {.compute = kBFloat16}).to_vector() == want.to_vector());
+  CHECK(matmul(a, b).to_vector() != want.to_vector());
+  const Tensor x = randn({4, 3, 9, 9}), w = randn({5, 3, 3, 3}), bias = randn({5});
+  const Conv2dOptions bf16{.padding = {1, 1}, .compute = kBFloat16};
+  CHECK(conv2d(x, w, bias, bf16).to_vector() == conv2d(rounded(x), rounded(w), bias, {.padding = {1, 1}}).to_vector());
+  CHECK(error_of([&] {
+          (void)matmul(a.to(kFloat64), b.to(kFloat64), {.compute = kBFloat16});
+        }).find("matmul: bfloat16 compute takes float32 operands, got float64") == 0);
+}
+
+TEST_CASE("bfloat16 compute: the backward products round their operands too") {
+  manual_seed(cpu(), 2);
+  const Tensor a = randn({8, 16}).requires_grad_(true), b = randn({16, 4}).requires_grad_(true);
+  const Tensor g = randn({8, 4});
+  const auto grads = grad({matmul(a, b, {.compute = kBFloat16})}, {a, b}, {g});
+  CHECK(grads[0].to_vector() == matmul(rounded(g), rounded(b).t()).to_vector());
+  CHECK(grads[1].to_vector() == matmul(rounded(a).t(), rounded(g)).to_vector());
+}
+
+// Value, gradients and second derivatives of conv2d and linear in bfloat16 compute, against the
+// same computed in float64 from the same float32 inputs.
+TEST_CASE("bfloat16 compute: values, gradients and second-order gradients within bfloat16's precision of float64") {
+  manual_seed(cpu(), 3);
+  struct Case {
+    std::string name;
+    std::vector<Tensor> inputs;
+    std::function<Tensor(const std::vector<Tensor>&, DType)> fn;
+  };
+  const std::vector<Case> cases = {
+      {"conv2d",
+       {randn({6, 8, 12, 12}), randn({16, 8, 3, 3}) * 0.2, randn({16})},
+       [](const std::vector<Tensor>& t, DType c) {
+         return conv2d(t[0], t[1], t[2], {.padding = {1, 1}, .compute = c});
+       }},
+      {"conv_transpose2d",
+       {randn({6, 8, 7, 7}), randn({8, 4, 4, 4}) * 0.2},
+       [](const std::vector<Tensor>& t, DType c) {
+         return conv_transpose2d(t[0], t[1], Tensor(), {.stride = {2, 2}, .padding = {1, 1}, .compute = c});
+       }},
+      {"linear",
+       {randn({32, 64}), randn({48, 64}) * 0.1, randn({48})},
+       [](const std::vector<Tensor>& t, DType c) { return linear(t[0], t[1], t[2], {.compute = c}); }},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.name);
+    // tanh makes the second derivative depend on the product's value, as a penalty's does.
+    const auto derivatives = [&](DType dtype, DType compute) {
+      std::vector<Tensor> leaves;
+      for (const Tensor& t : c.inputs) leaves.push_back(t.detach().to(dtype).requires_grad_(true));
+      const Tensor y = tanh(c.fn(leaves, compute));
+      const std::vector<Tensor> g = grad({sum(y)}, leaves, {}, {.create_graph = true});
+      Tensor norm2;
+      for (const Tensor& gi : g) norm2 = norm2.defined() ? norm2 + sum(square(gi)) : sum(square(gi));
+      std::vector<Tensor> out{y.detach()};
+      for (const Tensor& gi : g) out.push_back(gi.detach());
+      for (const Tensor& gg : grad({norm2}, leaves)) out.push_back(gg);
+      return out;
+    };
+    const auto ref = derivatives(kFloat64, kFloat32), bf16 = derivatives(kFloat32, kBFloat16);
+    REQUIRE(ref.size() == bf16.size());
+    for (size_t i = 0; i < ref.size(); ++i) {
+      CAPTURE(i);
+      CHECK(compare_normwise(bf16[i].to(kFloat64), ref[i], kBf16Normwise) == "");
+    }
+  }
+}
