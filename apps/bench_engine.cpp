@@ -57,13 +57,17 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads, "intra-op threads on CPU (default: all cores)")->check(CLI::NonNegativeNumber);
   app.add_option("--min-seconds", min_seconds, "time budget per case")->check(CLI::PositiveNumber & ef::apps::finite());
   app.add_option("--only", only, "run only cases whose name contains this");
-  std::string tf32 = "conv";
+  std::string tf32 = "conv", precision = "fp32";
+  app.add_option("--precision", precision,
+                 "fp32, or bf16: the matmul and conv cases with bfloat16 operands and float32 accumulation")
+      ->check(CLI::IsMember({"fp32", "bf16"}));
   app.add_option("--tf32", tf32,
                  "CUDA float32 on TF32 tensor cores: conv (convolutions only, the default, as PyTorch's), all or none")
       ->check(CLI::IsMember({"conv", "all", "none"}));
   return ef::apps::run_program(app, argc, argv, "bench_engine", [&] {
     const ef::Device d(device);
     ef::set_cuda_math({.allow_tf32_conv = tf32 != "none", .allow_tf32_matmul = tf32 == "all"});
+    const ef::DType compute = precision == "bf16" ? ef::kBFloat16 : ef::kFloat32;
     if (threads > 0) ef::set_num_threads(threads);
     const ef::TensorOptions o{.dtype = ef::kFloat32, .device = d};
     ef::manual_seed(d, 0);
@@ -74,10 +78,11 @@ int main(int argc, char** argv) {
       if (!only.empty() && name.find(only) == std::string::npos) continue;
       const ef::Tensor a = ef::randn({m, k}, o), b = ef::randn({k, n}, o);
       const double flops = 2.0 * static_cast<double>(m * k * n);
-      report(name + "_fwd", time_it([&] { ef::matmul(a, b); }, d, min_seconds), flops, "GFLOP/s");
+      report(name + "_fwd", time_it([&] { ef::matmul(a, b, {.compute = compute}); }, d, min_seconds), flops, "GFLOP/s");
       const ef::Tensor ag = a.detach().requires_grad_(), bg = b.detach().requires_grad_();
       const ef::Tensor gy = ef::randn({m, n}, o);
-      report(name + "_fwdbwd", time_it([&] { ef::matmul(ag, bg).backward(gy); }, d, min_seconds), 3 * flops, "GFLOP/s");
+      report(name + "_fwdbwd", time_it([&] { ef::matmul(ag, bg, {.compute = compute}).backward(gy); }, d, min_seconds),
+             3 * flops, "GFLOP/s");
     }
 
     struct ConvCase {
@@ -89,7 +94,7 @@ int main(int argc, char** argv) {
                               ConvCase{"conv_resnet_32x64x56x56_k3x64", 32, 64, 56, 56, 64, 3, 1}}) {
       if (!only.empty() && std::string(c.name).find(only) == std::string::npos) continue;
       const ef::Tensor x = ef::randn({c.n, c.c, c.h, c.w}, o), w = ef::randn({c.o, c.c, c.k, c.k}, o);
-      const ef::Conv2dOptions co{.padding = {c.pad, c.pad}};
+      const ef::Conv2dOptions co{.padding = {c.pad, c.pad}, .compute = compute};
       const double flops = 2.0 * static_cast<double>(c.n * c.o * c.h * c.w * c.c * c.k * c.k);
       report(std::string(c.name) + "_fwd", time_it([&] { ef::conv2d(x, w, ef::Tensor(), co); }, d, min_seconds), flops,
              "GFLOP/s");

@@ -74,6 +74,7 @@ int run(const Args& a) {
   const std::vector<ef::Device> devices = ef::parallel::devices(a.devices);
   EF_CHECK(a.dtype == "float32" || a.dtype == "float64", "--dtype must be float32 or float64, got \"", a.dtype, "\"");
   const ef::DType dtype = a.dtype == "float64" ? ef::kFloat64 : ef::kFloat32;
+  const ef::DType compute = ef::apps::compute_dtype(a);
   ef::set_num_threads(a.threads > 0 ? a.threads : ef::parallel::cpu_threads_per_device(devices));
   // What a resume must share with the run it continues: not the devices, nor the number of
   // processes, which do not change the answer (Note [Random numbers per sample] in engine/tensor.h).
@@ -81,6 +82,7 @@ int run(const Args& a) {
                     {{"app", "classify"},
                      {"batch_size", std::to_string(a.batch_size)},
                      {"dtype", a.dtype},
+                     {"precision", a.precision},
                      {"lr", ef::apps::metadata_number(a.lr)},
                      {"seed", std::to_string(a.seed)}});
   auto train_set = std::make_shared<ef::data::FashionMNIST>(ef::data::Split::Train, a.data);
@@ -89,7 +91,9 @@ int run(const Args& a) {
            train_set->size(), " images and the test set ", test_set->size(), "; both need some");
 
   ef::manual_seed(a.seed);
-  ef::parallel::DataParallelModel model(ef::apps::make_fashion_cnn({.dtype = dtype}), devices);
+  const auto net = ef::apps::make_fashion_cnn({.dtype = dtype});
+  net->set_compute_dtype(compute);
+  ef::parallel::DataParallelModel model(net, devices);
   ef::parallel::DataParallelCriterion criterion(model, ef::losses::CrossEntropyLoss{});
   ef::parallel::ReplicatedOptimizer<ef::optim::Adam> opt(model, ef::optim::AdamOptions{.lr = a.lr});
   ef::parallel::TrainingState state({{"", model, opt}});

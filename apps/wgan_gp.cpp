@@ -155,6 +155,7 @@ std::map<std::string, std::string> run_metadata(const Args& a) {
           {"beta1", ef::apps::metadata_number(a.beta1)},
           {"beta2", ef::apps::metadata_number(a.beta2)},
           {"dtype", a.dtype},
+          {"precision", a.precision},
           {"lambda", ef::apps::metadata_number(a.lambda)},
           {"lr", ef::apps::metadata_number(a.lr)},
           {"norm", a.norm},
@@ -202,6 +203,7 @@ int run(const Args& a) {
   EF_CHECK(a.penalty == "wgan-gp" || a.penalty == "dragan" || a.penalty == "r1",
            "--penalty must be wgan-gp, dragan or r1, got \"", a.penalty, "\"");
   const ef::DType dtype = a.dtype == "float64" ? ef::kFloat64 : ef::kFloat32;
+  const ef::DType compute = ef::apps::compute_dtype(a);
   ef::set_num_threads(a.threads > 0 ? a.threads : ef::parallel::cpu_threads_per_device(devices));
   const ef::Device first = devices[0];
   ef::apps::Run run(a, a.out, kColumns, run_metadata(a));
@@ -220,9 +222,14 @@ int run(const Args& a) {
   ef::manual_seed(a.seed);
   const Tensor fixed_noise = ef::randn({64, a.z_dim}, {.dtype = dtype});
   const Tensor fid_noise = ef::randn({a.fid_samples, a.z_dim}, {.dtype = dtype});
-  par::DataParallelModel gen(std::make_shared<Generator>(a.z_dim, a.width, nn::ModuleOptions{.dtype = dtype}), devices);
-  par::DataParallelModel critic(
-      std::make_shared<ef::apps::WganCritic>(a.width, a.norm, nn::ModuleOptions{.dtype = dtype}), devices);
+  // --precision bf16: both networks' convolutions and products in bfloat16, the penalty's norm and
+  // everything else float32 (Note [bfloat16 compute]).
+  auto generator = std::make_shared<Generator>(a.z_dim, a.width, nn::ModuleOptions{.dtype = dtype});
+  auto critic_net = std::make_shared<ef::apps::WganCritic>(a.width, a.norm, nn::ModuleOptions{.dtype = dtype});
+  generator->set_compute_dtype(compute);
+  critic_net->set_compute_dtype(compute);
+  par::DataParallelModel gen(generator, devices);
+  par::DataParallelModel critic(critic_net, devices);
   const ef::optim::AdamOptions adam{.lr = a.lr, .betas = {a.beta1, a.beta2}};
   par::ReplicatedOptimizer<ef::optim::Adam> opt_g(gen, adam), opt_d(critic, adam);
   par::DataParallelCriterion criterion(critic);

@@ -101,7 +101,13 @@ struct ConvArgs {
   int64_t oh = 0, ow = 0;
   int64_t stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0, dil_h = 1, dil_w = 1;
   int64_t groups = 1;
+  // BFloat16: the float32 operands are multiplied as bfloat16 (rounded by the kernel) with float32
+  // accumulation; only where the backend said it can (Backend::bf16_conv). Float32: as given.
+  DType compute = DType::Float32;
 };
+
+// The three passes of a convolution, for Backend::bf16_conv.
+enum class ConvPass { Forward, InputGrad, WeightGrad };
 
 struct PoolArgs {
   int64_t n = 0, c = 0, h = 0, w = 0, oh = 0, ow = 0;
@@ -171,6 +177,14 @@ class Backend {
   virtual void conv2d(const ConvArgs& args, const View& y, const View& x, const View& w, const View& bias) = 0;
   virtual void conv2d_input_grad(const ConvArgs& args, const View& gx, const View& gy, const View& w) = 0;
   virtual void conv2d_weight_grad(const ConvArgs& args, const View& gw, const View& x, const View& gy) = 0;
+  // Whether this backend runs `pass` of this float32 convolution with bfloat16 operands itself
+  // (ConvArgs::compute); otherwise the op rounds the operands and calls the float32 kernel (Note
+  // [bfloat16 compute] in ops.h: the same products).
+  virtual bool bf16_conv(const ConvArgs& args, ConvPass pass) const {
+    (void)args;
+    (void)pass;
+    return false;
+  }
 
   // The fused normalization forward of NormArgs (Note [Fused normalization] in ops_nn.cpp).
   virtual void normalize(const NormArgs& args, const View& y, const View& mean, const View& var, const View& x,

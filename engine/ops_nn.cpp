@@ -87,8 +87,27 @@ GemmOperand gemm_operand(const Tensor& t_in, const Shape& batch_shape) {
 Tensor operand_for(const char* op, const Tensor& t, DType compute) {
   if (compute != kBFloat16) return t;
   EF_CHECK(t.dtype() == kFloat32, op, ": bfloat16 compute takes float32 operands, got ", dtype_name(t.dtype()));
-  NoGradGuard no_grad;
-  return t.detach().to(kBFloat16).to(kFloat32);
+  Tensor rounded = detail::empty_like_shape(t, t.shape());
+  if (t.numel() > 0) backend_of(t).unary(UnaryOp::RoundBfloat16, rounded.view(), t.view(), 0.0, 0.0);
+  return rounded;
+}
+
+// A convolution pass's geometry for the backend, and the operands it is given: with bfloat16
+// compute, the unrounded operands where the backend multiplies in bfloat16 itself (oneDNN's
+// bfloat16 kernels), else operand_for's. Contiguous either way.
+struct ConvCall {
+  ConvArgs args;
+  Tensor in0, in1;
+};
+ConvCall conv_call(const char* op, ConvArgs a, ConvPass pass, const Tensor& in0, const Tensor& in1, DType compute) {
+  if (compute == kBFloat16) {
+    for (const Tensor* t : {&in0, &in1})
+      EF_CHECK(t->dtype() == kFloat32, op, ": bfloat16 compute takes float32 operands, got ", dtype_name(t->dtype()));
+    a.compute = DType::BFloat16;
+    if (backend_of(in0).bf16_conv(a, pass)) return {a, in0.contiguous(), in1.contiguous()};
+    a.compute = DType::Float32;
+  }
+  return {a, operand_for(op, in0, compute).contiguous(), operand_for(op, in1, compute).contiguous()};
 }
 
 }  // namespace
@@ -236,10 +255,11 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const C
   Tensor y = detail::empty_like_shape(x, {a.n, a.c_out, a.oh, a.ow});
   // The bias is added by the kernel (one pass over y fewer than a separate add); its gradient is
   // the output gradient summed over batch and space.
-  if (y.numel() > 0)
-    backend_of(x).conv2d(a, y.view(), operand_for("conv2d", x, o.compute).contiguous().view(),
-                         operand_for("conv2d", weight, o.compute).contiguous().view(),
+  if (y.numel() > 0) {
+    const ConvCall c = conv_call("conv2d", a, ConvPass::Forward, x, weight, o.compute);
+    backend_of(x).conv2d(c.args, y.view(), c.in0.view(), c.in1.view(),
                          bias.defined() ? bias.contiguous().view() : View{});
+  }
   record("conv2d", {y}, {x, weight, bias}, {x, weight}, [x, weight, bias, o](const Grads& g) {
     return Grads{x.requires_grad() ? conv2d_input_grad(g[0], weight, x.shape(), o) : Tensor(),
                  weight.requires_grad() ? conv2d_weight_grad(x, g[0], weight.shape(), o) : Tensor(),
@@ -255,9 +275,10 @@ Tensor conv2d_input_grad(const Tensor& gy, const Tensor& weight, const Shape& in
   EF_CHECK(gy.shape() == Shape({a.n, a.c_out, a.oh, a.ow}), "conv2d_input_grad: gradient has shape ",
            shape_str(gy.shape()), ", the convolution's output is ", shape_str({a.n, a.c_out, a.oh, a.ow}));
   Tensor gx = detail::empty_like_shape(gy, input_shape);
-  if (gx.numel() > 0)
-    backend_of(gy).conv2d_input_grad(a, gx.view(), operand_for("conv2d_input_grad", gy, o.compute).contiguous().view(),
-                                     operand_for("conv2d_input_grad", weight, o.compute).contiguous().view());
+  if (gx.numel() > 0) {
+    const ConvCall c = conv_call("conv2d_input_grad", a, ConvPass::InputGrad, gy, weight, o.compute);
+    backend_of(gy).conv2d_input_grad(c.args, gx.view(), c.in0.view(), c.in1.view());
+  }
   record("conv2d_input_grad", {gx}, {gy, weight}, {gy, weight}, [gy, weight, o](const Grads& g) {
     return Grads{gy.requires_grad() ? conv2d(g[0], weight, Tensor(), o) : Tensor(),
                  weight.requires_grad() ? conv2d_weight_grad(g[0], gy, weight.shape(), o) : Tensor()};
@@ -275,10 +296,10 @@ Tensor conv2d_weight_grad(const Tensor& x, const Tensor& gy, const Shape& weight
   if (gw.numel() > 0) {
     if (x.numel() == 0)
       backend_of(x).fill(gw.view(), 0.0);
-    else
-      backend_of(x).conv2d_weight_grad(a, gw.view(),
-                                       operand_for("conv2d_weight_grad", x, o.compute).contiguous().view(),
-                                       operand_for("conv2d_weight_grad", gy, o.compute).contiguous().view());
+    else {
+      const ConvCall c = conv_call("conv2d_weight_grad", a, ConvPass::WeightGrad, x, gy, o.compute);
+      backend_of(x).conv2d_weight_grad(c.args, gw.view(), c.in0.view(), c.in1.view());
+    }
   }
   record("conv2d_weight_grad", {gw}, {x, gy}, {x, gy}, [x, gy, o](const Grads& g) {
     return Grads{x.requires_grad() ? conv2d_input_grad(gy, g[0], x.shape(), o) : Tensor(),

@@ -8,6 +8,8 @@
 #include <limits>
 #include <type_traits>
 
+#include "evenflow/engine/bfloat16.h"
+
 #ifndef EF_HD
 #ifdef __CUDACC__
 #define EF_HD __host__ __device__
@@ -104,7 +106,9 @@ EF_HD inline bool isnan_(T x) {
   X(MulScalar, x* T(a))                                                                \
   X(GtScalar, T(x > T(a)))                                                             \
   X(LeScalar, T(x <= T(a)))                                                            \
-  X(InRange, T(x >= T(a) && x <= T(b)))
+  X(InRange, T(x >= T(a) && x <= T(b)))                                                \
+  /* x rounded to bfloat16, kept in T: Note [bfloat16 compute]'s operands */           \
+  X(RoundBfloat16, T(static_cast<float>(::evenflow::bfloat16(static_cast<float>(x)))))
 
 #define EF_BINARY_OPS(X)                 \
   X(Add, x + y)                          \

@@ -21,6 +21,9 @@ void add_run_options(CLI::App& app, RunOptions& o, const std::string& seed_help)
                  "GPU), cuda:0,1 (those)");
   app.add_option("--seed", o.seed, seed_help)->check(CLI::NonNegativeNumber);
   app.add_option("--dtype", o.dtype, "float32 or float64");
+  app.add_option("--precision", o.precision,
+                 "fp32, or bf16: the model's convolutions and matrix products with bfloat16 operands and float32 "
+                 "accumulation, everything else (weights, optimizer, normalizations, losses) float32");
   app.add_option("--data", o.data, "FashionMNIST folder (IDX files, gzip or raw)");
   app.add_option("--out", o.out, "output folder");
   app.add_option("--workers", o.workers, "data loader threads")->check(CLI::NonNegativeNumber);
@@ -39,6 +42,16 @@ void add_epoch_options(CLI::App& app, EpochOptions& o, const std::string& seed_h
   app.add_option("--batch-size", o.batch_size, "batch size")->check(CLI::PositiveNumber);
   app.add_option("--lr", o.lr, "Adam learning rate")->check(CLI::PositiveNumber & finite());
   app.add_option("--steps", o.steps, "stop after this many steps in all (0: no limit)")->check(CLI::NonNegativeNumber);
+}
+
+DType compute_dtype(const RunOptions& o) {
+  EF_CHECK(o.precision == "fp32" || o.precision == "bf16", "--precision must be fp32 or bf16, got \"", o.precision,
+           "\"");
+  EF_CHECK(o.precision == "fp32" || o.dtype == "float32",
+           "--precision bf16 needs --dtype float32 (its master weights), "
+           "got --dtype ",
+           o.dtype);
+  return o.precision == "bf16" ? kBFloat16 : kFloat32;
 }
 
 std::string metadata_number(double v) {

@@ -35,6 +35,7 @@ struct RunOptions {
   std::string devices = "cpu";
   uint64_t seed = 0;
   std::string dtype = "float32";
+  std::string precision = "fp32";  // fp32, or bf16: products and convolutions in bfloat16
   std::string data = data::kFashionMnistRoot;
   std::string out;
   int workers = 2;
@@ -44,9 +45,13 @@ struct RunOptions {
   bool print_loss = false;
 };
 
-// --devices, --seed (described by seed_help), --dtype, --data, --out, --workers, --threads,
-// --resume, --overwrite, --print-loss.
+// --devices, --seed (described by seed_help), --dtype, --precision, --data, --out, --workers,
+// --threads, --resume, --overwrite, --print-loss.
 void add_run_options(CLI::App& app, RunOptions& o, const std::string& seed_help);
+
+// The dtype the model's products and convolutions compute in for --precision (Note [bfloat16
+// compute] in engine/ops.h), checked against --dtype: ef::Error unless fp32, or bf16 with float32.
+DType compute_dtype(const RunOptions& o);
 
 // What the programs that train by epochs (classify, segment) add: --epochs, --batch-size, --lr
 // (Adam's) and --steps (a stop after that many steps in all, 0: none). Each program sets its defaults.

@@ -125,6 +125,7 @@ std::map<std::string, std::string> run_metadata(const Args& a, const std::string
           {"batch_size", std::to_string(a.batch_size)},
           {"canvas", std::to_string(a.canvas)},
           {"dtype", a.dtype},
+          {"precision", a.precision},
           {"loss", spec},
           {"lr", apps::metadata_number(a.lr)},
           {"seed", std::to_string(a.seed)},
@@ -168,6 +169,7 @@ ef::Tensor predict(nn::Module& model, const ef::data::Batch& shown, ef::DType dt
 Outcome train(const Args& a, const Setup& s, const std::string& spec, apps::Run& run, bool start_if_missing) {
   ef::manual_seed(a.seed);
   std::shared_ptr<nn::Module> net = seg::make_model({.dtype = s.dtype});
+  net->set_compute_dtype(apps::compute_dtype(a));
   if (s.devices.size() > 1 || ef::parallel::processes()->size() > 1) net = ef::parallel::convert_sync_batchnorm(net);
   ef::parallel::DataParallelModel model(net, s.devices);
   // The loss of the whole batch, whatever the split (segmentation_loss's parts).
@@ -269,6 +271,7 @@ int run(const Args& a, const std::string& command) {
   s.devices = ef::parallel::devices(a.devices);
   EF_CHECK(a.dtype == "float32" || a.dtype == "float64", "--dtype must be float32 or float64, got \"", a.dtype, "\"");
   s.dtype = a.dtype == "float64" ? ef::kFloat64 : ef::kFloat32;
+  apps::compute_dtype(a);  // --precision checked before any work
   // Every output folder before any work: <out>, or with --compare one per loss in it.
   std::vector<std::unique_ptr<apps::Run>> runs;
   for (const std::string& spec : specs) {

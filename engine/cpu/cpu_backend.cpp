@@ -20,6 +20,9 @@
 #include <vector>
 
 #include "evenflow/engine/cpu/cpu_conv.h"
+#if EF_ONEDNN
+#include "evenflow/engine/cpu/onednn_conv.h"
+#endif
 #include "evenflow/engine/device.h"
 #include "evenflow/engine/error.h"
 #include "evenflow/engine/random.h"
@@ -968,6 +971,15 @@ class CpuBackend final : public Backend {
   }
   void conv2d_weight_grad(const ConvArgs& args, const View& gw, const View& x, const View& gy) override {
     cpu_backend::conv2d_weight_grad(args, gw, x, gy);
+  }
+  bool bf16_conv(const ConvArgs& args, ConvPass pass) const override {
+#if EF_ONEDNN
+    return onednn_takes_bf16(args, pass);
+#else
+    (void)args;
+    (void)pass;
+    return false;
+#endif
   }
 
   void softmax(const View& out, const View& x, bool log) override {

@@ -677,7 +677,7 @@ void conv2d_forward(const ConvArgs& args, const View& y, const View& x, const Vi
   EF_ASSERT(bias.data == nullptr || (bias.is_contiguous() && bias.numel() == args.c_out && bias.dtype == x.dtype),
             "conv2d: bad bias view");
 #if EF_ONEDNN
-  if (x.dtype == DType::Float32 && onednn_takes(args, ConvPass::Forward))
+  if (x.dtype == DType::Float32 && (args.compute == DType::BFloat16 || onednn_takes(args, ConvPass::Forward)))
     return onednn_conv2d_forward(args, static_cast<float*>(y.data), static_cast<const float*>(x.data),
                                  static_cast<const float*>(w.data), static_cast<const float*>(bias.data));
 #endif
@@ -691,7 +691,7 @@ void conv2d_input_grad(const ConvArgs& args, const View& gx, const View& gy, con
   check_conv("conv2d_input_grad", args, gy, w);
   EF_ASSERT(gx.is_contiguous() && gx.dtype == gy.dtype, "conv2d_input_grad: bad output view");
 #if EF_ONEDNN
-  if (gy.dtype == DType::Float32 && onednn_takes(args, ConvPass::InputGrad))
+  if (gy.dtype == DType::Float32 && (args.compute == DType::BFloat16 || onednn_takes(args, ConvPass::InputGrad)))
     return onednn_conv2d_input_grad(args, static_cast<float*>(gx.data), static_cast<const float*>(gy.data),
                                     static_cast<const float*>(w.data));
 #endif
@@ -705,7 +705,7 @@ void conv2d_weight_grad(const ConvArgs& args, const View& gw, const View& x, con
   check_conv("conv2d_weight_grad", args, x, gy);
   EF_ASSERT(gw.is_contiguous() && gw.dtype == x.dtype, "conv2d_weight_grad: bad output view");
 #if EF_ONEDNN
-  if (x.dtype == DType::Float32 && onednn_takes(args, ConvPass::WeightGrad))
+  if (x.dtype == DType::Float32 && (args.compute == DType::BFloat16 || onednn_takes(args, ConvPass::WeightGrad)))
     return onednn_conv2d_weight_grad(args, static_cast<float*>(gw.data), static_cast<const float*>(x.data),
                                      static_cast<const float*>(gy.data));
 #endif

@@ -61,11 +61,13 @@ size_t round_up(size_t bytes) {
   return (bytes + 63) / 64 * 64;
 }
 
-// Every field of ConvArgs, the pass, the team size and whether a forward pass adds a bias.
-using Key = std::array<int64_t, 19>;
+// Every field of ConvArgs (its compute dtype last), the pass, the team size and whether a forward
+// pass adds a bias.
+using Key = std::array<int64_t, 20>;
 
 Key make_key(const ConvArgs& a, ConvPass pass, int threads, bool bias) {
-  return {a.n,
+  return {static_cast<int64_t>(a.compute),
+          a.n,
           a.c_in,
           a.h,
           a.w,
@@ -116,8 +118,8 @@ dnnl::memory::desc plain_desc(const Dims& dims) {
                             dims.size() == 5 ? Tag::goihw : Tag::nchw);  // nchw and oihw are one tag
 }
 
-dnnl::memory::desc any_desc(const Dims& dims) {
-  return dnnl::memory::desc(dims, dnnl::memory::data_type::f32, Tag::any);
+dnnl::memory::desc any_desc(const Dims& dims, dnnl::memory::data_type type = dnnl::memory::data_type::f32) {
+  return dnnl::memory::desc(dims, type, Tag::any);
 }
 
 Plan make_plan(const ConvArgs& a, ConvPass pass, bool bias) {
@@ -134,11 +136,20 @@ Plan make_plan(const ConvArgs& a, ConvPass pass, bool bias) {
   const auto algo = dnnl::algorithm::convolution_direct;
   Plan plan;
   if (bias) plan.bias = dnnl::memory::desc({a.c_out}, dnnl::memory::data_type::f32, Tag::a);
+  // bfloat16 compute: the pass's two inputs in bfloat16 (our float32 rounded by the reorders into
+  // the primitive's layout), its output float32. The forward descriptor, the backward passes' hint,
+  // is then the all-bfloat16 one.
+  using dt = dnnl::memory::data_type;
+  const bool bf16 = a.compute == DType::BFloat16;
+  const dt in = bf16 ? dt::bf16 : dt::f32;
+  const dt fwd_dst = bf16 && pass != ConvPass::Forward ? dt::bf16 : dt::f32;
+  const dt fwd_src = bf16 ? dt::bf16 : dt::f32;
   const dnnl::convolution_forward::primitive_desc fwd(
-      bias ? dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, algo, any_desc(src), any_desc(wei),
-                                             plan.bias, any_desc(dst), strides, dilates, pad_l, pad_r)
-           : dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, algo, any_desc(src), any_desc(wei),
-                                             any_desc(dst), strides, dilates, pad_l, pad_r),
+      bias ? dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, algo, any_desc(src, fwd_src),
+                                             any_desc(wei, in), plan.bias, any_desc(dst, fwd_dst), strides, dilates,
+                                             pad_l, pad_r)
+           : dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, algo, any_desc(src, fwd_src),
+                                             any_desc(wei, in), any_desc(dst, fwd_dst), strides, dilates, pad_l, pad_r),
       attr, eng);
 
   dnnl::memory::desc scratch;
@@ -152,8 +163,8 @@ Plan make_plan(const ConvArgs& a, ConvPass pass, bool bias) {
       break;
     case ConvPass::InputGrad: {
       const dnnl::convolution_backward_data::primitive_desc pd(
-          dnnl::convolution_backward_data::desc(algo, any_desc(src), any_desc(wei), any_desc(dst), strides, dilates,
-                                                pad_l, pad_r),
+          dnnl::convolution_backward_data::desc(algo, any_desc(src), any_desc(wei, in), any_desc(dst, in), strides,
+                                                dilates, pad_l, pad_r),
           attr, eng, fwd);
       plan.conv = dnnl::convolution_backward_data(pd);
       scratch = pd.scratchpad_desc();
@@ -164,8 +175,8 @@ Plan make_plan(const ConvArgs& a, ConvPass pass, bool bias) {
     }
     case ConvPass::WeightGrad: {
       const dnnl::convolution_backward_weights::primitive_desc pd(
-          dnnl::convolution_backward_weights::desc(algo, any_desc(src), any_desc(wei), any_desc(dst), strides, dilates,
-                                                   pad_l, pad_r),
+          dnnl::convolution_backward_weights::desc(algo, any_desc(src, in), any_desc(wei), any_desc(dst, in), strides,
+                                                   dilates, pad_l, pad_r),
           attr, eng, fwd);
       plan.conv = dnnl::convolution_backward_weights(pd);
       scratch = pd.scratchpad_desc();
@@ -275,6 +286,16 @@ bool onednn_takes(const ConvArgs& a, ConvPass pass) {
   if (a.groups == 1 && pass == ConvPass::InputGrad && a.c_in <= 4) return false;
   if (a.groups == 1 && pass == ConvPass::WeightGrad && a.c_in >= 4 && a.c_in < 16) return false;
   return true;
+}
+
+bool onednn_takes_bf16(const ConvArgs& a, ConvPass pass) {
+  // oneDNN's bfloat16 convolutions need AVX-512 (AVX512-BF16 and AMX run them natively); below
+  // that the op rounds the operands for the float32 kernels. Same exclusions as float32's.
+  static const bool avx512 = dnnl::get_effective_cpu_isa() >= dnnl::cpu_isa::avx512_core;
+  // A first layer (fewer than 16 input channels a group) runs slower in bfloat16 than in float32
+  // (classify's conv1, 1 channel, 5x5: 80 GFLOP/s against 154 forward, AMX, 2 threads): rounded
+  // operands on the float32 kernels instead.
+  return avx512 && a.c_in / a.groups >= 16 && onednn_takes(a, pass);
 }
 
 void onednn_conv2d_forward(const ConvArgs& args, float* y, const float* x, const float* w, const float* bias) {

@@ -10,10 +10,12 @@
 namespace evenflow::cpu_backend {
 inline namespace EF_CPU_ISA {
 
-enum class ConvPass { Forward, InputGrad, WeightGrad };
-
 // Whether oneDNN runs this float32 case faster than the im2col kernels.
 bool onednn_takes(const ConvArgs& args, ConvPass pass);
+// Whether oneDNN runs this case with bfloat16 operands (args.compute: AVX-512 or newer, natively
+// with AVX512-BF16 or AMX, else emulated by oneDNN) -- the kernels below then round the float32
+// operands to bfloat16 in their reorders and accumulate in float32.
+bool onednn_takes_bf16(const ConvArgs& args, ConvPass pass);
 
 // The three kernels of Backend for float32 (outputs are overwritten). They run on this thread's
 // OpenMP team (omp_get_max_threads()), and may be called from several threads at once. The forward

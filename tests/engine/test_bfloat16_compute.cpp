@@ -26,7 +26,7 @@ constexpr double kBf16Normwise = 1e-2;
 
 }  // namespace
 
-TEST_CASE("bfloat16 compute: a product multiplies the operands rounded to bfloat16, exactly") {
+TEST_CASE("bfloat16 compute: a product multiplies the operands rounded to bfloat16") {
   manual_seed(cpu(), 1);
   const Tensor a = randn({33, 70}), b = randn({70, 20});
   const Tensor want = matmul(rounded(a), rounded(b));
@@ -34,10 +34,41 @@ TEST_CASE("bfloat16 compute: a product multiplies the operands rounded to bfloat
   CHECK(matmul(a, b).to_vector() != want.to_vector());
   const Tensor x = randn({4, 3, 9, 9}), w = randn({5, 3, 3, 3}), bias = randn({5});
   const Conv2dOptions bf16{.padding = {1, 1}, .compute = kBFloat16};
-  CHECK(conv2d(x, w, bias, bf16).to_vector() == conv2d(rounded(x), rounded(w), bias, {.padding = {1, 1}}).to_vector());
+  // Where oneDNN multiplies in bfloat16 itself (AVX-512 machines) it sums in its own order: the same
+  // products to float32 rounding.
+  CHECK(compare_normwise(conv2d(x, w, bias, bf16), conv2d(rounded(x), rounded(w), bias, {.padding = {1, 1}}), 1e-6) ==
+        "");
   CHECK(error_of([&] {
           (void)matmul(a.to(kFloat64), b.to(kFloat64), {.compute = kBFloat16});
         }).find("matmul: bfloat16 compute takes float32 operands, got float64") == 0);
+}
+
+// Sixteen input channels and more: where the backend multiplies in bfloat16 itself (oneDNN on
+// AVX-512 machines, Backend::bf16_conv), each of the three passes must still be the float32
+// convolution of the rounded operands, summed in another order (float32 rounding: 1e-6 normwise),
+// and not the float32 convolution of the unrounded ones.
+TEST_CASE("bfloat16 compute: every convolution pass with a backend's own bfloat16 kernels") {
+  manual_seed(cpu(), 4);
+  const Conv2dOptions f32{.stride = {1, 1}, .padding = {1, 1}};
+  Conv2dOptions bf16 = f32;
+  bf16.compute = kBFloat16;
+  for (const int64_t c_in : {16, 32}) {
+    CAPTURE(c_in);
+    const Tensor x = randn({4, c_in, 10, 10}), w = randn({24, c_in, 3, 3}) * 0.1, bias = randn({24});
+    const Tensor gy = randn({4, 24, 10, 10});
+    const std::vector<std::pair<Tensor, Tensor>> passes = {
+        {conv2d(x, w, bias, bf16), conv2d(rounded(x), rounded(w), bias, f32)},
+        {conv2d_input_grad(gy, w, x.shape(), bf16), conv2d_input_grad(rounded(gy), rounded(w), x.shape(), f32)},
+        {conv2d_weight_grad(x, gy, w.shape(), bf16), conv2d_weight_grad(rounded(x), rounded(gy), w.shape(), f32)},
+    };
+    const std::vector<Tensor> unrounded = {conv2d(x, w, bias, f32), conv2d_input_grad(gy, w, x.shape(), f32),
+                                           conv2d_weight_grad(x, gy, w.shape(), f32)};
+    for (size_t i = 0; i < passes.size(); ++i) {
+      CAPTURE(i);
+      CHECK(compare_normwise(passes[i].first, passes[i].second, 1e-6) == "");
+      CHECK(compare_normwise(passes[i].first, unrounded[i], 1e-4) != "");
+    }
+  }
 }
 
 TEST_CASE("bfloat16 compute: the backward products round their operands too") {

@@ -456,8 +456,9 @@ TEST_CASE("bfloat16 compute: a module's layers take their setting, and a clone k
   // another order than on the transposed view: equal to float32 rounding.
   CHECK(compare(net->forward(x), want, 1e-6, 1e-6) == "");
   CHECK(compare(copy->forward(x), want, 1e-6, 1e-6) == "");
-  CHECK(compare(net->forward(x), linear(flatten(relu(conv2d(x, w0, net->tensor("0.bias"))), 1),
-                                        net->tensor("3.weight"), net->tensor("3.bias")),
+  CHECK(compare(net->forward(x),
+                linear(flatten(relu(conv2d(x, w0, net->tensor("0.bias"))), 1), net->tensor("3.weight"),
+                       net->tensor("3.bias")),
                 1e-4, 1e-4) != "");  // and not the float32 result
   CHECK(error_of([&] { net->set_compute_dtype(kFloat64); }).find("float32 or bfloat16, got float64") !=
         std::string::npos);

@@ -91,6 +91,17 @@ TEST_CASE("bad input: numbers that are not finite, negative or out of range are 
   check_case({"segment", "--data " + data.dir.path().string() + " --canvas 4294967296", "--canvas"});
 }
 
+TEST_CASE("bad input: --precision is fp32, or bf16 with float32 weights") {
+  const Data data;
+  TempDir dir;
+  for (const std::string program : {"classify", "segment", "wgan_gp"}) {
+    check_case({program, data.args(program) + "--out " + dir.file(program) + " --precision fp16",
+                "--precision must be fp32 or bf16, got \"fp16\""});
+    check_case({program, data.args(program) + "--out " + dir.file(program) + " --precision bf16 --dtype float64",
+                "--precision bf16 needs --dtype float32"});
+  }
+}
+
 TEST_CASE("bad input: output folders that cannot be written are refused before any work") {
   const Data data;
   TempDir dir;
