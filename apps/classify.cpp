@@ -92,7 +92,7 @@ int run(const Args& a) {
 
   ef::manual_seed(a.seed);
   const auto net = ef::apps::make_fashion_cnn({.dtype = dtype});
-  net->set_compute_dtype(compute);
+  ef::apps::set_precision(*net, compute, "0");
   ef::parallel::DataParallelModel model(net, devices);
   ef::parallel::DataParallelCriterion criterion(model, ef::losses::CrossEntropyLoss{});
   ef::parallel::ReplicatedOptimizer<ef::optim::Adam> opt(model, ef::optim::AdamOptions{.lr = a.lr});

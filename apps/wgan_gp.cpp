@@ -222,12 +222,13 @@ int run(const Args& a) {
   ef::manual_seed(a.seed);
   const Tensor fixed_noise = ef::randn({64, a.z_dim}, {.dtype = dtype});
   const Tensor fid_noise = ef::randn({a.fid_samples, a.z_dim}, {.dtype = dtype});
-  // --precision bf16: both networks' convolutions and products in bfloat16, the penalty's norm and
-  // everything else float32 (Note [bfloat16 compute]).
+  // --precision bf16: both networks' convolutions and products in bfloat16 but the critic's first,
+  // which reads the images (set_precision); the penalty's norm and everything else float32 (Note
+  // [bfloat16 compute]).
   auto generator = std::make_shared<Generator>(a.z_dim, a.width, nn::ModuleOptions{.dtype = dtype});
   auto critic_net = std::make_shared<ef::apps::WganCritic>(a.width, a.norm, nn::ModuleOptions{.dtype = dtype});
   generator->set_compute_dtype(compute);
-  critic_net->set_compute_dtype(compute);
+  ef::apps::set_precision(*critic_net, compute, "conv1");
   par::DataParallelModel gen(generator, devices);
   par::DataParallelModel critic(critic_net, devices);
   const ef::optim::AdamOptions adam{.lr = a.lr, .betas = {a.beta1, a.beta2}};

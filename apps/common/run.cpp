@@ -54,6 +54,11 @@ DType compute_dtype(const RunOptions& o) {
   return o.precision == "bf16" ? kBFloat16 : kFloat32;
 }
 
+void set_precision(nn::Module& net, DType compute, const std::string& image_layer) {
+  net.set_compute_dtype(compute);
+  net.child(image_layer)->set_compute_dtype(kFloat32);
+}
+
 std::string metadata_number(double v) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.17g", v);

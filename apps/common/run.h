@@ -53,6 +53,16 @@ void add_run_options(CLI::App& app, RunOptions& o, const std::string& seed_help)
 // compute] in engine/ops.h), checked against --dtype: ef::Error unless fp32, or bf16 with float32.
 DType compute_dtype(const RunOptions& o);
 
+// Sets a network's compute dtype for --precision (Module::set_compute_dtype) except for
+// `image_layer`, the convolution that reads the one-channel images, which stays float32: it is a
+// small part of the work (wgan_gp's critic: 6% of its convolutions' FLOPs) and gains nothing in
+// bfloat16 on CPU (one input channel is too few for oneDNN's bfloat16 kernels: classify's first
+// layer ran at 80 GFLOP/s in bfloat16 against 154 in float32, AMX, 2 threads), while rounding the
+// images is the largest single source of error in a gradient penalty: the wgan_gp critic's penalty
+// gradients moved from 1.11e-2 to 8.9e-3 relative error against float64 at worst
+// (scripts/bench_penalty.sh, Intel Sapphire Rapids).
+void set_precision(nn::Module& net, DType compute, const std::string& image_layer);
+
 // What the programs that train by epochs (classify, segment) add: --epochs, --batch-size, --lr
 // (Adam's) and --steps (a stop after that many steps in all, 0: none). Each program sets its defaults.
 struct EpochOptions : RunOptions {

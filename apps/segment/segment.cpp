@@ -169,7 +169,7 @@ ef::Tensor predict(nn::Module& model, const ef::data::Batch& shown, ef::DType dt
 Outcome train(const Args& a, const Setup& s, const std::string& spec, apps::Run& run, bool start_if_missing) {
   ef::manual_seed(a.seed);
   std::shared_ptr<nn::Module> net = seg::make_model({.dtype = s.dtype});
-  net->set_compute_dtype(apps::compute_dtype(a));
+  apps::set_precision(*net, apps::compute_dtype(a), "0");
   if (s.devices.size() > 1 || ef::parallel::processes()->size() > 1) net = ef::parallel::convert_sync_batchnorm(net);
   ef::parallel::DataParallelModel model(net, s.devices);
   // The loss of the whole batch, whatever the split (segmentation_loss's parts).

@@ -102,6 +102,14 @@ TEST_CASE("bad input: --precision is fp32, or bf16 with float32 weights") {
   }
 }
 
+TEST_CASE("bad input: penalty_grads names an inputs file it cannot use") {
+  TempDir dir;
+  write_bytes(dir.file("not_safetensors"), "x");
+  check_case({"penalty_grads", "--inputs " + dir.file("missing") + " --out " + dir.file("out"), dir.file("missing")});
+  check_case({"penalty_grads", "--inputs " + dir.file("not_safetensors") + " --out " + dir.file("out"),
+              dir.file("not_safetensors")});
+}
+
 TEST_CASE("bad input: output folders that cannot be written are refused before any work") {
   const Data data;
   TempDir dir;

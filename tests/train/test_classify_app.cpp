@@ -78,7 +78,7 @@ TEST_CASE("classify: --precision bf16 on two CPU devices resumes exactly") {
 }
 
 // --precision bf16 takes effect (the losses leave float32's after the first step's products) and
-// stays close to it: six steps of Adam from the same weights, bfloat16 operands (2^-9 relative
+// stays close to it: six steps of Adam from the same weights, bfloat16 operands (2^-8 relative
 // each) moving the loss by well under 1% while training is stable. Two devices give what one does
 // to float32 rounding of the sums (1e-5 relative). Measured: at most 0.23% from float32 (step 4).
 TEST_CASE("classify: --precision bf16 trains close to float32, and the same on one device or two") {
