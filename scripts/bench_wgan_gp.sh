@@ -4,7 +4,9 @@
 # batch, Adam, norm, seed and threads. Prints the images/s of each (real images consumed by the critic
 # steps) and the ratio evenflow / PyTorch (> 1: evenflow is faster).
 #   scripts/bench_wgan_gp.sh [--steps N] [--warmup W] [--devices cuda:0] [--threads T] [--norm layernorm]
-#                            [--batch-size B] [--seed S] [--build DIR] [--data DIR]
+#                            [--batch-size B] [--seed S] [--precision fp32|bf16] [--build DIR] [--data DIR]
+# --precision bf16 runs the app with --precision bf16 and PyTorch under torch.autocast(bfloat16)
+# (wgan_gp_torch.py --autocast bf16): the mixed precision each offers, compared like with like.
 #   PYTHON=python3 scripts/bench_wgan_gp.sh ...   (PyTorch's interpreter; default: PyTorch 2.15 from PyPI
 #   made by scripts/bench_python.sh for CPU devices, python3 for CUDA ones)
 # Both run W warm-up generator steps (default 5) and then N timed ones (default 50). The app times every
@@ -18,7 +20,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-steps=50 warmup=5 devices=cuda:0 threads=$(nproc) norm=layernorm batch=64 seed=0 build=build
+steps=50 warmup=5 devices=cuda:0 threads=$(nproc) norm=layernorm batch=64 seed=0 build=build precision=fp32
 data=/usr/share/datasets/fashion-mnist
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -29,6 +31,7 @@ while [[ $# -gt 0 ]]; do
     --norm) norm=$2; shift 2 ;;
     --batch-size) batch=$2; shift 2 ;;
     --seed) seed=$2; shift 2 ;;
+    --precision) precision=$2; shift 2 ;;
     --build) build=$2; shift 2 ;;
     --data) data=$2; shift 2 ;;
     *) echo "bench_wgan_gp.sh: unknown argument $1" >&2; exit 2 ;;
@@ -37,6 +40,11 @@ done
 [[ -x "$build/apps/wgan_gp" ]] || { echo "bench_wgan_gp.sh: $build/apps/wgan_gp not built (--build DIR)" >&2; exit 2; }
 [[ "$steps" =~ ^[1-9][0-9]*$ ]] || { echo "bench_wgan_gp.sh: --steps must be a positive integer, got $steps" >&2; exit 2; }
 [[ "$warmup" =~ ^[0-9]+$ ]] || { echo "bench_wgan_gp.sh: --warmup must be a non-negative integer, got $warmup" >&2; exit 2; }
+case "$precision" in
+  fp32) autocast=none ;;
+  bf16) autocast=bf16 ;;
+  *) echo "bench_wgan_gp.sh: --precision must be fp32 or bf16, got $precision" >&2; exit 2 ;;
+esac
 case "$devices" in
   cpu*) python=${PYTHON:-$(bash scripts/bench_python.sh)} ;;
   *) python=${PYTHON:-python3} ;;
@@ -52,13 +60,13 @@ total=$((warmup + steps))
 
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
-echo "== evenflow wgan_gp: $warmup warm-up + $steps timed generator steps, $devices, $threads thread(s), norm $norm, batch $batch" >&2
-"$build/apps/wgan_gp" --steps "$total" --devices "$devices" --threads "$threads" --norm "$norm" \
+echo "== evenflow wgan_gp: $warmup warm-up + $steps timed generator steps, $devices, $threads thread(s), norm $norm, batch $batch, precision $precision" >&2
+"$build/apps/wgan_gp" --steps "$total" --devices "$devices" --threads "$threads" --norm "$norm" --precision "$precision" \
   --batch-size "$batch" --critic-steps "$critic_steps" --seed "$seed" --data "$data" \
   --sample-every 1000000000 --fid-every 1000000000 --out "$out/ef" >&2
 echo "== PyTorch $("$python" -c 'import torch; print(torch.__version__)') on $torch_device" >&2
 "$python" scripts/wgan_gp_torch.py --steps "$steps" --warmup "$warmup" --device "$torch_device" --threads "$threads" \
-  --norm "$norm" --batch-size "$batch" --critic-steps "$critic_steps" --seed "$seed" --data "$data" |
+  --norm "$norm" --batch-size "$batch" --critic-steps "$critic_steps" --seed "$seed" --data "$data" --autocast "$autocast" |
   tee "$out/torch.txt" >&2
 
 # metrics.csv: step,critic_loss,generator_loss,wasserstein,frechet,frechet_floor,seconds,images_per_s

@@ -125,6 +125,10 @@ def main():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tf32", default="conv", choices=CHOICES,
                    help="conv (default: PyTorch's and evenflow's), all or none (torch_tf32.py)")
+    p.add_argument("--autocast", default="none", choices=["none", "bf16"],
+                   help="bf16: each network's forward, the critic loss and the penalty (its input gradient "
+                        "and norm) under torch.autocast(bfloat16), the parameter gradients and Adam after it "
+                        "(apps/wgan_gp --precision bf16's counterpart; PyTorch 2.x)")
     p.add_argument("--no-cudnn-benchmark", action="store_true", help="cuDNN's heuristic algorithms, no search")
     a = p.parse_args()
     for name in ("steps", "batch_size", "critic_steps", "width", "z_dim"):
@@ -151,14 +155,18 @@ def main():
     print(f"PyTorch {torch.__version__} on {device}, batch {a.batch_size}, {a.critic_steps} critic steps per "
           f"generator step, norm {a.norm}, {a.warmup} warm-up + {a.steps} timed steps", file=sys.stderr, flush=True)
 
+    def autocast():
+        return torch.autocast(device.type, dtype=torch.bfloat16, enabled=a.autocast == "bf16")
+
     def generator_step():
         for _ in range(a.critic_steps):
             real = reals.next()
             z = torch.randn(real.size(0), a.z_dim, device=device)
-            with torch.no_grad():
+            with torch.no_grad(), autocast():
                 fake = gen(z)
-            d_real, d_fake = critic(real), critic(fake)
-            loss = d_fake.mean() - d_real.mean() + gradient_penalty(critic, real, fake, a.lam)
+            with autocast():
+                d_real, d_fake = critic(real), critic(fake)
+                loss = d_fake.mean() - d_real.mean() + gradient_penalty(critic, real, fake, a.lam)
             opt_d.zero_grad(set_to_none=True)
             loss.backward()
             opt_d.step()
@@ -166,7 +174,8 @@ def main():
             torch.stack([loss.detach(), (d_real.mean() - d_fake.mean()).detach()]).tolist()
         z = torch.randn(a.batch_size, a.z_dim, device=device)
         critic.requires_grad_(False)
-        loss = -critic(gen(z)).mean()
+        with autocast():
+            loss = -critic(gen(z)).mean()
         opt_g.zero_grad(set_to_none=True)
         loss.backward()
         opt_g.step()

@@ -364,6 +364,39 @@ TEST_CASE("cuda: bfloat16 casts round on the GPU as on the CPU, bit for bit") {
   }
 }
 
+// Note [bfloat16 compute] on the GPU: the products of the operands rounded to bfloat16, summed in
+// float32, as on the CPU -- through a convolution, a transposed convolution and a linear layer, for
+// the value, the input gradient (create_graph) and the parameter gradients of that gradient's
+// squared norm (a penalty's). Tolerance 1e-3 normwise: the value differs by float32 summation order
+// alone (kFloat32Normwise; the rounded operands are exact in TF32 too), but a gradient's operand
+// that differs in its last float32 bits can round to the other neighbouring bfloat16 (2^-7
+// apart), on a few elements in 10^4; ten times below bfloat16's own error (3e-3 and more).
+TEST_CASE("cuda parity: bfloat16 compute, its gradients and a penalty's second-order gradients") {
+  if (!cuda_devices_available()) return;
+  manual_seed(cpu(), 13);
+  const std::vector<Tensor> host = {randn({8, 16, 12, 12}),     randn({32, 16, 3, 3}) * 0.1,     randn({32}),
+                                    randn({32, 8, 4, 4}) * 0.1, randn({10, 8 * 24 * 24}) * 0.02, randn({10})};
+  const auto run = [&](const Device& d) {
+    std::vector<Tensor> t;
+    for (const Tensor& h : host) t.push_back(h.to(d).requires_grad_(true));
+    const Tensor h = leaky_relu(conv2d(t[0], t[1], t[2], {.padding = {1, 1}, .compute = kBFloat16}), 0.2);
+    const Tensor up = conv_transpose2d(h, t[3], Tensor(), {.stride = {2, 2}, .padding = {1, 1}, .compute = kBFloat16});
+    const Tensor y = linear(flatten(up, 1), t[4], t[5], {.compute = kBFloat16});
+    const Tensor gx = grad({sum(y)}, {t[0]}, {}, {.create_graph = true})[0];
+    std::vector<Tensor> out = {y, gx};
+    for (const Tensor& g : grad({sum(square(gx))}, {t[1], t[3], t[4]})) out.push_back(g);
+    return out;
+  };
+  const std::vector<Tensor> on_cpu = run(cpu()), on_gpu = run(cuda(0));
+  const std::vector<std::string> names = {"value", "input gradient", "conv2d weight", "conv_transpose2d weight",
+                                          "linear weight"};
+  for (size_t i = 0; i < names.size(); ++i) {
+    CAPTURE(names[i]);
+    CHECK(on_gpu[i].dtype() == kFloat32);
+    CHECK(compare_normwise(on_gpu[i].to(cpu()), on_cpu[i], 1e-3) == "");
+  }
+}
+
 TEST_CASE("cuda: data<T>() refuses a CUDA tensor instead of handing the host a device address") {
   if (!cuda_devices_available()) return;
   const Tensor x = zeros({4}, {.device = cuda(0)});
