@@ -86,10 +86,11 @@ TEST_CASE("classify: --precision bf16 trains close to float32, and the same on o
   write_fashion_split(data, "train", 40, 0);
   write_fashion_split(data, "t10k", 20, 3);
   const std::string common =
-      "--data " + data.path().string() + " --batch-size 8 --epochs 2 --workers 1 --threads 1 --print-loss --steps 6 ";
-  const Result f = run_app(EF_CLASSIFY_BIN, common + "--out " + fp32.path().string());
-  const Result a = run_app(EF_CLASSIFY_BIN, common + "--precision bf16 --out " + one.path().string());
-  const Result b = run_app(EF_CLASSIFY_BIN, common + "--precision bf16 --devices cpu:2 --out " + two.path().string());
+      "--data " + data.path().string() + " --batch-size 8 --epochs 2 --workers 1 --threads 1 --print-loss ";
+  const Result f = run_app(EF_CLASSIFY_BIN, common + "--steps 6 --out " + fp32.path().string());
+  const Result a = run_app(EF_CLASSIFY_BIN, common + "--steps 6 --precision bf16 --out " + one.path().string());
+  const Result b =
+      run_app(EF_CLASSIFY_BIN, common + "--steps 6 --precision bf16 --devices cpu:2 --out " + two.path().string());
   for (const Result* r : {&f, &a, &b}) REQUIRE_MESSAGE(r->rc == 0, r->output);
   const auto lf = step_losses(f.output), la = step_losses(a.output), lb = step_losses(b.output);
   REQUIRE(lf.size() == 6);
@@ -102,6 +103,19 @@ TEST_CASE("classify: --precision bf16 trains close to float32, and the same on o
     CHECK(std::abs(y - x) <= 1e-2 * std::abs(x));
     CHECK(std::abs(z - y) <= 1e-5 * std::abs(y));
   }
+
+  // A resume keeps the precision: another one is refused, naming both; a checkpoint from before
+  // --precision existed (no such metadata) was float32.
+  const Result other = run_app(EF_CLASSIFY_BIN, common + "--resume --steps 8 --out " + one.path().string());
+  CHECK(other.rc == 2);
+  CHECK_MESSAGE(other.output.find("was written with precision bf16, this run has fp32") != std::string::npos,
+                other.output);
+  auto old = evenflow::io::load_safetensors(fp32.file("checkpoint.safetensors"));
+  REQUIRE(old.metadata.erase("precision") == 1);
+  evenflow::io::save_safetensors(fp32.file("checkpoint.safetensors"), old.tensors, old.metadata);
+  const Result resumed = run_app(EF_CLASSIFY_BIN, common + "--resume --steps 8 --out " + fp32.path().string());
+  CHECK_MESSAGE(resumed.rc == 0, resumed.output);
+  CHECK(step_losses(resumed.output).size() == 2);
 }
 
 // The GPU check's data-parallel stage (scripts/gpu_check.sh, EF_CUDA_DEVICES=0,0): dropout, the
