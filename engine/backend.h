@@ -54,6 +54,9 @@ struct GemmArgs {
   void* c = nullptr;
   int64_t ldc = 0, stride_c = 0;
   double alpha = 1.0, beta = 0.0;
+  // BFloat16: the float32 operands are multiplied as bfloat16 (rounded by the kernel) with float32
+  // accumulation; only where the backend said it can (Backend::bf16_gemm). Float32: as given.
+  DType compute = DType::Float32;
 };
 
 // One Adam or AdamW step on one parameter, in the order of the unfused formula (so both agree
@@ -170,6 +173,13 @@ class Backend {
   virtual void reduce(ReduceOp op, const View& out, const View& x) = 0;
 
   virtual void gemm(const GemmArgs& args) = 0;
+  // Whether this backend runs this float32 product with bfloat16 operands itself
+  // (GemmArgs::compute); otherwise the op rounds the operands and calls the float32 kernel (Note
+  // [bfloat16 compute] in ops.h: the same products).
+  virtual bool bf16_gemm(const GemmArgs& args) const {
+    (void)args;
+    return false;
+  }
 
   // Convolution kernels; every view is contiguous. conv2d_input_grad and conv2d_weight_grad
   // overwrite their outputs. conv2d adds `bias` ([c_out]; an empty view when there is none) to every

@@ -256,7 +256,11 @@ Tensor to_device(const Tensor& x, const Device& d);
 /// kFloat32) computes in the operands' own dtype, float32 or float64. The ops their backward runs
 /// take the same setting, so a gradient, and the gradient of a gradient (a penalty's), are products
 /// in bfloat16 too; everything else (elementwise ops, reductions, normalizations, losses, the
-/// penalty's norm) stays float32, and so do the weights and the optimizer's state.
+/// penalty's norm) stays float32, and so do the weights and the optimizer's state. Where a backend
+/// has bfloat16 kernels for a case (Backend::bf16_conv: oneDNN's on AVX-512 CPUs, for convolutions
+/// of 16 or more input channels a group) they run it; elsewhere the op rounds the operands and runs
+/// the float32 kernels. Both compute the same products, summed in their own orders: results agree
+/// to float32 rounding on every CPU and on CUDA.
 
 /// How a matrix product computes (Note [bfloat16 compute]).
 struct MatmulOptions {

@@ -136,25 +136,43 @@ Tensor matmul(const Tensor& a, const Tensor& b, const MatmulOptions& o) {
     if (k == 0) {
       backend_of(a).fill(y.view(), 0.0);
     } else {
-      const GemmOperand oa = gemm_operand(operand_for("matmul", a, o.compute), batch),
-                        ob = gemm_operand(operand_for("matmul", b, o.compute), batch);
+      // Note [bfloat16 compute]: the unrounded operands where the backend multiplies in bfloat16
+      // itself (oneDNN's matmul), else operand_for's rounded ones on the float32 kernel.
+      const auto args_for = [&](const Tensor& ta, const Tensor& tb, GemmOperand& oa, GemmOperand& ob) {
+        oa = gemm_operand(ta, batch);
+        ob = gemm_operand(tb, batch);
+        GemmArgs g;
+        g.dtype = a.dtype();
+        g.m = m;
+        g.n = n;
+        g.k = k;
+        g.batch = numel_of(batch);
+        g.a = oa.data;
+        g.trans_a = oa.trans;
+        g.lda = oa.ld;
+        g.stride_a = oa.batch_stride;
+        g.b = ob.data;
+        g.trans_b = ob.trans;
+        g.ldb = ob.ld;
+        g.stride_b = ob.batch_stride;
+        g.c = y.data_ptr();
+        g.ldc = n;
+        g.stride_c = m * n;
+        return g;
+      };
+      GemmOperand oa, ob;
       GemmArgs g;
-      g.dtype = a.dtype();
-      g.m = m;
-      g.n = n;
-      g.k = k;
-      g.batch = numel_of(batch);
-      g.a = oa.data;
-      g.trans_a = oa.trans;
-      g.lda = oa.ld;
-      g.stride_a = oa.batch_stride;
-      g.b = ob.data;
-      g.trans_b = ob.trans;
-      g.ldb = ob.ld;
-      g.stride_b = ob.batch_stride;
-      g.c = y.data_ptr();
-      g.ldc = n;
-      g.stride_c = m * n;
+      if (o.compute == kBFloat16) {
+        for (const Tensor* t : {&a, &b})
+          EF_CHECK(t->dtype() == kFloat32, "matmul: bfloat16 compute takes float32 operands, got ",
+                   dtype_name(t->dtype()));
+        g = args_for(a, b, oa, ob);
+        g.compute = DType::BFloat16;
+        if (!backend_of(a).bf16_gemm(g))
+          g = args_for(operand_for("matmul", a, o.compute), operand_for("matmul", b, o.compute), oa, ob);
+      } else {
+        g = args_for(a, b, oa, ob);
+      }
       backend_of(a).gemm(g);
     }
   }

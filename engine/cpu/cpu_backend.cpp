@@ -22,6 +22,7 @@
 #include "evenflow/engine/cpu/cpu_conv.h"
 #if EF_ONEDNN
 #include "evenflow/engine/cpu/onednn_conv.h"
+#include "evenflow/engine/cpu/onednn_matmul.h"
 #endif
 #include "evenflow/engine/device.h"
 #include "evenflow/engine/error.h"
@@ -963,6 +964,14 @@ class CpuBackend final : public Backend {
   void reduce(ReduceOp op, const View& out, const View& x) override { reduce_impl(op, out, x); }
 
   void gemm(const GemmArgs& args) override { cpu_backend::gemm(args); }
+  bool bf16_gemm(const GemmArgs& args) const override {
+#if EF_ONEDNN
+    return onednn_takes_bf16_gemm(args);
+#else
+    (void)args;
+    return false;
+#endif
+  }
   void conv2d(const ConvArgs& args, const View& y, const View& x, const View& w, const View& bias) override {
     conv2d_forward(args, y, x, w, bias);
   }

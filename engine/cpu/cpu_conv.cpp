@@ -5,6 +5,7 @@
 #include "evenflow/engine/cpu/cpu_conv.h"
 
 #include "evenflow/engine/cpu/onednn_conv.h"
+#include "evenflow/engine/cpu/onednn_matmul.h"
 #include "evenflow/engine/cpu/threads.h"
 
 // GCC 12 reports false (maybe-)uninitialized uses inside its own AVX-512 intrinsics (the
@@ -668,6 +669,10 @@ void* thread_workspace(size_t bytes) {
 
 void gemm(const GemmArgs& args) {
   if (args.m <= 0 || args.n <= 0 || args.batch <= 0) return;
+#if EF_ONEDNN
+  if (args.compute == DType::BFloat16) return onednn_gemm_bf16(args);
+#endif
+  EF_ASSERT(args.compute != DType::BFloat16, "matmul: bfloat16 compute asked of a build without oneDNN");
   EF_DISPATCH_FLOAT(args.dtype, "matmul", [&] { gemm_typed<scalar_t>(args); });
 }
 

@@ -13,8 +13,7 @@
 #include <mutex>
 #include <unordered_map>
 
-#include "evenflow/engine/cpu/cpu_conv.h"
-#include "evenflow/engine/cpu/threads.h"
+#include "evenflow/engine/cpu/onednn_plan.h"
 #include "evenflow/engine/device.h"
 #include "evenflow/engine/error.h"
 
@@ -45,23 +44,7 @@ namespace {
 using Tag = dnnl::memory::format_tag;
 using Dims = dnnl::memory::dims;
 
-const dnnl::engine& cpu_engine() {
-  static const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
-  return engine;
-}
-
-dnnl::stream& thread_stream() {
-  // A oneDNN stream per thread: primitives executed on one stream from two threads at once would race,
-  // and every CPU device's worker runs convolutions concurrently.
-  thread_local dnnl::stream stream(cpu_engine());
-  return stream;
-}
-
-size_t round_up(size_t bytes) {
-  return (bytes + 63) / 64 * 64;
-}
-
-// Every field of ConvArgs (its compute dtype last), the pass, the team size and whether a forward
+// Every field of ConvArgs (its compute dtype first), the pass, the team size and whether a forward
 // pass adds a bias.
 using Key = std::array<int64_t, 20>;
 
@@ -96,22 +79,7 @@ struct KeyHash {
   }
 };
 
-// One operand of a convolution: our plain layout, the primitive's, and the reorder between them
-// (plain -> primitive for inputs, primitive -> plain for the output; empty when they agree).
-struct Operand {
-  int arg = 0;
-  dnnl::memory::desc plain, used;
-  dnnl::reorder reorder;
-  size_t offset = 0;  // of the reordered copy in the workspace
-};
-
-struct Plan {
-  dnnl::primitive conv;
-  Operand in0, in1, out;
-  dnnl::memory::desc bias;     // plain [c_out]; empty without a bias
-  dnnl::memory::desc scratch;  // bytes, the largest scratchpad of the convolution and its reorders
-  size_t workspace_bytes = 0;  // the scratchpad at offset 0, then the reordered operands
-};
+using Plan = OnednnPlan;
 
 dnnl::memory::desc plain_desc(const Dims& dims) {
   return dnnl::memory::desc(dims, dnnl::memory::data_type::f32,
@@ -132,7 +100,7 @@ Plan make_plan(const ConvArgs& a, ConvPass pass, bool bias) {
                    (a.ow - 1) * a.stride_w + (a.kw - 1) * a.dil_w + 1 - a.w - a.pad_w};
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-  const dnnl::engine& eng = cpu_engine();
+  const dnnl::engine& eng = onednn_engine();
   const auto algo = dnnl::algorithm::convolution_direct;
   Plan plan;
   if (bias) plan.bias = dnnl::memory::desc({a.c_out}, dnnl::memory::data_type::f32, Tag::a);
@@ -155,7 +123,7 @@ Plan make_plan(const ConvArgs& a, ConvPass pass, bool bias) {
   dnnl::memory::desc scratch;
   switch (pass) {
     case ConvPass::Forward:
-      plan.conv = dnnl::convolution_forward(fwd);
+      plan.primitive = dnnl::convolution_forward(fwd);
       scratch = fwd.scratchpad_desc();
       plan.in0 = {DNNL_ARG_SRC, plain_desc(src), fwd.src_desc(), {}, 0};
       plan.in1 = {DNNL_ARG_WEIGHTS, plain_desc(wei), fwd.weights_desc(), {}, 0};
@@ -166,7 +134,7 @@ Plan make_plan(const ConvArgs& a, ConvPass pass, bool bias) {
           dnnl::convolution_backward_data::desc(algo, any_desc(src), any_desc(wei, in), any_desc(dst, in), strides,
                                                 dilates, pad_l, pad_r),
           attr, eng, fwd);
-      plan.conv = dnnl::convolution_backward_data(pd);
+      plan.primitive = dnnl::convolution_backward_data(pd);
       scratch = pd.scratchpad_desc();
       plan.in0 = {DNNL_ARG_DIFF_DST, plain_desc(dst), pd.diff_dst_desc(), {}, 0};
       plan.in1 = {DNNL_ARG_WEIGHTS, plain_desc(wei), pd.weights_desc(), {}, 0};
@@ -178,7 +146,7 @@ Plan make_plan(const ConvArgs& a, ConvPass pass, bool bias) {
           dnnl::convolution_backward_weights::desc(algo, any_desc(src, in), any_desc(wei), any_desc(dst, in), strides,
                                                    dilates, pad_l, pad_r),
           attr, eng, fwd);
-      plan.conv = dnnl::convolution_backward_weights(pd);
+      plan.primitive = dnnl::convolution_backward_weights(pd);
       scratch = pd.scratchpad_desc();
       plan.in0 = {DNNL_ARG_SRC, plain_desc(src), pd.src_desc(), {}, 0};
       plan.in1 = {DNNL_ARG_DIFF_DST, plain_desc(dst), pd.diff_dst_desc(), {}, 0};
@@ -186,23 +154,7 @@ Plan make_plan(const ConvArgs& a, ConvPass pass, bool bias) {
       break;
     }
   }
-  size_t scratch_bytes = scratch.get_size();
-  for (Operand* op : {&plan.in0, &plan.in1, &plan.out}) {
-    if (op->used == op->plain) continue;
-    const bool input = op != &plan.out;
-    const dnnl::reorder::primitive_desc rpd(eng, input ? op->plain : op->used, eng, input ? op->used : op->plain, attr);
-    op->reorder = dnnl::reorder(rpd);
-    scratch_bytes = std::max(scratch_bytes, rpd.scratchpad_desc().get_size());
-  }
-  plan.scratch = dnnl::memory::desc({static_cast<int64_t>(scratch_bytes)}, dnnl::memory::data_type::u8, Tag::a);
-  size_t bytes = round_up(scratch_bytes);
-  // The reordered operands follow the largest scratchpad: every primitive here runs in turn.
-  for (Operand* op : {&plan.in0, &plan.in1, &plan.out}) {
-    if (!op->reorder) continue;
-    op->offset = bytes;
-    bytes += round_up(op->used.get_size());
-  }
-  plan.workspace_bytes = bytes;
+  finish_plan(plan, scratch, attr);
   return plan;
 }
 
@@ -234,32 +186,7 @@ const char* pass_name(ConvPass pass) {
 void run(const ConvArgs& a, ConvPass pass, const void* in0, const void* in1, void* out, const float* bias = nullptr) {
   try {
     const int threads = std::max(1, kernel_threads());
-    set_team_size(threads);
-    const Plan& plan = plan_for(a, pass, threads, bias != nullptr);
-    std::byte* ws = static_cast<std::byte*>(thread_workspace(plan.workspace_bytes));
-    const dnnl::engine& eng = cpu_engine();
-    dnnl::stream& stream = thread_stream();
-    // Scratchpads are bytes: one memory serves the convolution and the reorders.
-    const dnnl::memory scratch(plan.scratch, eng, ws);
-    std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SCRATCHPAD, scratch}};
-    const auto input = [&](const Operand& op, const void* data) {
-      dnnl::memory plain(op.plain, eng, const_cast<void*>(data));
-      if (!op.reorder) return plain;
-      dnnl::memory used(op.used, eng, ws + op.offset);
-      op.reorder.execute(stream, {{DNNL_ARG_FROM, plain}, {DNNL_ARG_TO, used}, {DNNL_ARG_SCRATCHPAD, scratch}});
-      return used;
-    };
-    args.emplace(plan.in0.arg, input(plan.in0, in0));
-    args.emplace(plan.in1.arg, input(plan.in1, in1));
-    if (bias != nullptr) args.emplace(DNNL_ARG_BIAS, dnnl::memory(plan.bias, eng, const_cast<float*>(bias)));
-    const dnnl::memory out_plain(plan.out.plain, eng, out);
-    const dnnl::memory out_used = plan.out.reorder ? dnnl::memory(plan.out.used, eng, ws + plan.out.offset) : out_plain;
-    args.emplace(plan.out.arg, out_used);
-    plan.conv.execute(stream, args);
-    if (plan.out.reorder)
-      plan.out.reorder.execute(stream,
-                               {{DNNL_ARG_FROM, out_used}, {DNNL_ARG_TO, out_plain}, {DNNL_ARG_SCRATCHPAD, scratch}});
-    stream.wait();
+    execute_plan(plan_for(a, pass, threads, bias != nullptr), threads, in0, in1, out, bias);
   } catch (const dnnl::error& e) {
     EF_ERROR(pass_name(pass), ": oneDNN failed (", e.what(), ", status ", static_cast<int>(e.status), ") on input [",
              a.n, ", ", a.c_in, ", ", a.h, ", ", a.w, "], weight [", a.c_out, ", ", a.c_in / a.groups, ", ", a.kh, ", ",

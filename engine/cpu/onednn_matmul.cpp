@@ -1,0 +1,96 @@
+// bfloat16 matrix products through oneDNN (onednn_matmul.h): one matmul primitive per shape,
+// layout and team size, created once and kept (onednn_plan.h), like the convolutions'.
+#include "evenflow/engine/cpu/onednn_matmul.h"
+
+#include <algorithm>
+#include <array>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+
+#include "evenflow/engine/cpu/onednn_plan.h"
+#include "evenflow/engine/device.h"
+#include "evenflow/engine/error.h"
+
+namespace evenflow::cpu_backend {
+inline namespace EF_CPU_ISA {
+
+namespace {
+
+using Dims = dnnl::memory::dims;
+using dt = dnnl::memory::data_type;
+
+// m, n, k, the transposes, the leading dimensions and the team size.
+using Key = std::array<int64_t, 9>;
+
+struct KeyHash {
+  size_t operator()(const Key& k) const {
+    size_t h = 0;
+    for (int64_t v : k) h = h * 1000003u ^ std::hash<int64_t>{}(v);
+    return h;
+  }
+};
+
+// A [rows, cols] float32 matrix as stored: row-major with leading dimension ld, or its transpose.
+dnnl::memory::desc f32_matrix(int64_t rows, int64_t cols, bool trans, int64_t ld) {
+  return dnnl::memory::desc({rows, cols}, dt::f32, trans ? Dims{1, ld} : Dims{ld, 1});
+}
+
+OnednnPlan make_plan(const GemmArgs& g) {
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  using Tag = dnnl::memory::format_tag;
+  // Both operands in bfloat16 in the layouts the primitive picks (the reorders round them), C
+  // written in place in float32.
+  const dnnl::memory::desc c = dnnl::memory::desc({g.m, g.n}, dt::f32, Dims{g.ldc, 1});
+  const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(dnnl::memory::desc({g.m, g.k}, dt::bf16, Tag::any),
+                                                           dnnl::memory::desc({g.k, g.n}, dt::bf16, Tag::any), c),
+                                        attr, onednn_engine());
+  OnednnPlan plan;
+  plan.primitive = dnnl::matmul(pd);
+  plan.in0 = {DNNL_ARG_SRC, f32_matrix(g.m, g.k, g.trans_a, g.lda), pd.src_desc(), {}, 0};
+  plan.in1 = {DNNL_ARG_WEIGHTS, f32_matrix(g.k, g.n, g.trans_b, g.ldb), pd.weights_desc(), {}, 0};
+  plan.out = {DNNL_ARG_DST, c, pd.dst_desc(), {}, 0};
+  finish_plan(plan, pd.scratchpad_desc(), attr);
+  return plan;
+}
+
+// The plans made so far; never removed, so references stay valid (as the convolutions').
+const OnednnPlan& plan_for(const GemmArgs& g, int threads) {
+  static std::mutex mutex;
+  static std::unordered_map<Key, std::unique_ptr<OnednnPlan>, KeyHash> plans;
+  const Key key{g.m, g.n, g.k, g.trans_a, g.trans_b, g.lda, g.ldb, g.ldc, threads};
+  const std::lock_guard<std::mutex> lock(mutex);
+  std::unique_ptr<OnednnPlan>& plan = plans[key];
+  if (!plan) plan = std::make_unique<OnednnPlan>(make_plan(g));
+  return *plan;
+}
+
+}  // namespace
+
+bool onednn_takes_bf16_gemm(const GemmArgs& g) {
+  // Without bfloat16 instructions oneDNN would convert back to float32 for every product: the
+  // rounded operands on the float32 GEMM are then the faster way to the same products.
+  static const bool bf16_isa = dnnl::get_effective_cpu_isa() >= dnnl::cpu_isa::avx512_core_bf16;
+  return bf16_isa && g.dtype == DType::Float32 && g.alpha == 1.0 && g.beta == 0.0 && g.m > 0 && g.n > 0 && g.k > 0 &&
+         g.ldc >= g.n;
+}
+
+void onednn_gemm_bf16(const GemmArgs& g) {
+  EF_ASSERT(onednn_takes_bf16_gemm(g), "onednn_gemm_bf16: a case it does not take");
+  try {
+    const int threads = std::max(1, kernel_threads());
+    const OnednnPlan& plan = plan_for(g, threads);
+    const float* a = static_cast<const float*>(g.a);
+    const float* b = static_cast<const float*>(g.b);
+    float* c = static_cast<float*>(g.c);
+    for (int64_t i = 0; i < g.batch; ++i)
+      execute_plan(plan, threads, a + i * g.stride_a, b + i * g.stride_b, c + i * g.stride_c);
+  } catch (const dnnl::error& e) {
+    EF_ERROR("matmul: oneDNN's bfloat16 matmul failed (", e.what(), ", status ", static_cast<int>(e.status), ") on [",
+             g.m, ", ", g.k, "] x [", g.k, ", ", g.n, "]");
+  }
+}
+
+}  // namespace EF_CPU_ISA
+}  // namespace evenflow::cpu_backend

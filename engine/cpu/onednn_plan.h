@@ -1,0 +1,48 @@
+// Internal to the CPU backend: what its oneDNN kernels (onednn_conv.cpp, onednn_matmul.cpp) share.
+// A plan is one oneDNN primitive, created once for a problem and kept, with the reorders that
+// carry its two inputs from our layouts into the ones it runs on and its output back. Plans run
+// on the calling thread's OpenMP team, in this thread's workspace (thread_workspace in cpu_conv.h),
+// which holds the scratchpad of the primitive and its reorders and the reordered operands
+// (Note [oneDNN convolution] in onednn_conv.cpp: why a user scratchpad, a stream per thread).
+#pragma once
+
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include <cstddef>
+
+#include "evenflow/engine/cpu/isa.h"
+
+namespace evenflow::cpu_backend {
+inline namespace EF_CPU_ISA {
+
+// The CPU engine every plan is made for.
+const dnnl::engine& onednn_engine();
+
+// One operand of a plan: our layout, the primitive's, and the reorder between them (ours -> the
+// primitive's for inputs, back for the output; empty when they agree).
+struct OnednnOperand {
+  int arg = 0;  // DNNL_ARG_*
+  dnnl::memory::desc plain, used;
+  dnnl::reorder reorder;
+  size_t offset = 0;  // of the reordered copy in the workspace
+};
+
+struct OnednnPlan {
+  dnnl::primitive primitive;
+  OnednnOperand in0, in1, out;
+  dnnl::memory::desc bias;     // optional, passed as it is (DNNL_ARG_BIAS)
+  dnnl::memory::desc scratch;  // bytes, the largest scratchpad of the primitive and its reorders
+  size_t workspace_bytes = 0;  // the scratchpad at offset 0, then the reordered operands
+};
+
+// Completes a plan whose primitive, operands (arg, plain, used) and bias are set: the reorders
+// (made with `attr`, which must ask for a user scratchpad) and the workspace's layout.
+void finish_plan(OnednnPlan& plan, const dnnl::memory::desc& primitive_scratch, const dnnl::primitive_attr& attr);
+
+// Runs a plan with `threads` OpenMP threads: reorders the inputs, runs the primitive (adding
+// `bias` where the plan has one), reorders the output into `out`, and waits. Throws dnnl::error.
+void execute_plan(const OnednnPlan& plan, int threads, const void* in0, const void* in1, void* out,
+                  const void* bias = nullptr);
+
+}  // namespace EF_CPU_ISA
+}  // namespace evenflow::cpu_backend
