@@ -257,10 +257,11 @@ Tensor to_device(const Tensor& x, const Device& d);
 /// take the same setting, so a gradient, and the gradient of a gradient (a penalty's), are products
 /// in bfloat16 too; everything else (elementwise ops, reductions, normalizations, losses, the
 /// penalty's norm) stays float32, and so do the weights and the optimizer's state. Where a backend
-/// has bfloat16 kernels for a case (Backend::bf16_conv: oneDNN's on AVX-512 CPUs, for convolutions
-/// of 16 or more input channels a group) they run it; elsewhere the op rounds the operands and runs
-/// the float32 kernels. Both compute the same products, summed in their own orders: results agree
-/// to float32 rounding on every CPU and on CUDA.
+/// has bfloat16 kernels for a case (Backend::bf16_conv, Backend::bf16_gemm: on the CPU oneDNN's,
+/// for convolutions of 16 or more input channels a group on AVX-512, for matrix products with
+/// AVX512-BF16) they run it; elsewhere the op rounds the operands and runs the float32 kernels.
+/// Both compute the same products, summed in their own orders: results agree to float32 rounding
+/// on every CPU and on CUDA.
 
 /// How a matrix product computes (Note [bfloat16 compute]).
 struct MatmulOptions {

@@ -33,7 +33,7 @@ struct SafetensorsFile {
   const Tensor& at(const std::string& name) const;
 };
 
-/// Writes float32, float64 and int64 tensors of any device and strides (copied to the host,
+/// Writes float32, float64, bfloat16 and int64 tensors of any device and strides (copied to the host,
 /// contiguous). Names must be unique, non-empty and not "__metadata__".
 void save_safetensors(const std::string& path, const NamedTensors& tensors,
                       const std::map<std::string, std::string>& metadata = {});
