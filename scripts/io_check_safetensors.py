@@ -27,6 +27,8 @@ def expected():
         "i64": torch.tensor([-(2**63), -1, 0, 2**63 - 1], dtype=torch.int64),
         "scalar": torch.tensor(3.5, dtype=torch.float64),
         "empty": torch.zeros(0, 3, dtype=torch.float32),
+        # Values bfloat16 holds exactly (8 significant bits), so no rounding is compared.
+        "bf16": torch.tensor([1.0, -2.5, 3.140625, -0.0, 2.0**100, 65280.0], dtype=torch.bfloat16),
         "transposed": torch.arange(6, dtype=torch.float32).reshape(2, 3).t().contiguous(),
     }
 

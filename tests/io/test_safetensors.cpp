@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -36,6 +37,7 @@ NamedTensors cross_check_tensors() {
       {"i64", from_int_vector({std::numeric_limits<int64_t>::min(), -1, 0, std::numeric_limits<int64_t>::max()}, {4})},
       {"scalar", scalar_tensor(3.5, {.dtype = kFloat64})},
       {"empty", zeros({0, 3})},
+      {"bf16", from_vector({1.0, -2.5, 3.140625, -0.0, std::ldexp(1.0, 100), 65280.0}, {6}).to(kBFloat16)},
       {"transposed", arange(0, 6).reshape({2, 3}).t()},
   };
 }
