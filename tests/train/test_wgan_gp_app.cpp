@@ -108,6 +108,33 @@ TEST_CASE("wgan_gp: three CPU devices equal one device (float64)") {
   }
 }
 
+// --precision bf16 through the data-parallel paths (SyncBatchNorm's collectives, the penalty's
+// double backward, the gradient all-reduce in float32): three devices give what one gives to
+// float32 rounding of the sums in another order (1e-5 relative, for the odd operand that rounds
+// to the other bfloat16 neighbour; measured 4.5e-8 at most), and the losses are not float32's (the
+// option takes effect: 1-3% apart here).
+TEST_CASE("wgan_gp: --precision bf16 on three CPU devices equals one device") {
+  Data data;
+  for (const char* variant : {"--norm syncbn --penalty wgan-gp", "--norm layernorm --penalty wgan-gp"}) {
+    CAPTURE(variant);
+    TempDir f32, one, three;
+    const std::string common = data.args() + variant + " --steps 2 --critic-steps 2 --print-loss ";
+    const AppResult f = run_wgan(common + "--devices cpu --out " + f32.path().string());
+    const AppResult a = run_wgan(common + "--precision bf16 --devices cpu --out " + one.path().string());
+    const AppResult b = run_wgan(common + "--precision bf16 --devices cpu:3 --out " + three.path().string());
+    for (const AppResult* r : {&f, &a, &b}) REQUIRE_MESSAGE(r->rc == 0, r->output);
+    const auto lf = labelled_losses(f.output), la = labelled_losses(a.output), lb = labelled_losses(b.output);
+    REQUIRE(la.size() == 6);
+    REQUIRE(lb.size() == la.size());
+    REQUIRE(lf.size() == la.size());
+    CHECK(lf != la);
+    for (size_t i = 0; i < la.size(); ++i) {
+      CAPTURE(la[i].first);
+      CHECK(std::abs(lb[i].second - la[i].second) <= 1e-5 * (1.0 + std::abs(la[i].second)));
+    }
+  }
+}
+
 // The GPU check's data-parallel stage (scripts/gpu_check.sh, EF_CUDA_DEVICES=0,0): the critic's
 // penalty, SyncBatchNorm's collectives and the generator step on two CUDA logical devices give the
 // losses of one CPU device. CUDA and the CPU round float64 differently (cuDNN's and cuBLAS's sums
