@@ -65,6 +65,10 @@ class CudaBackend final : public Backend {
   void adam(const AdamArgs& args, const std::vector<AdamOperands>& params) override;
   void reduce(ReduceOp op, const View& out, const View& x) override;
   void gemm(const GemmArgs& args) override;
+  // cuBLAS multiplies bfloat16 operands itself (cuda_gemm.cu: Note [bfloat16 products on cuBLAS]).
+  bool bf16_gemm(const GemmArgs& args) const override {
+    return args.dtype == DType::Float32 && args.k > 0 && args.alpha == 1.0 && args.beta == 0.0;
+  }
   void normalize(const NormArgs& args, const View& y, const View& mean, const View& var, const View& x,
                  const View& weight, const View& bias) override;
   void normalize_backward(const NormArgs& args, const View& gx, const View& gw, const View& gb, const View& gy,

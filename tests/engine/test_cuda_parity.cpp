@@ -395,6 +395,28 @@ TEST_CASE("cuda parity: bfloat16 compute, its gradients and a penalty's second-o
     CHECK(on_gpu[i].dtype() == kFloat32);
     CHECK(compare_normwise(on_gpu[i].to(cpu()), on_cpu[i], 1e-3) == "");
   }
+  // The operand layouts cuBLAS's bfloat16 copies are made from (Note [bfloat16 products on
+  // cuBLAS]): transposed, past-the-row leading dimension, batched, one operand shared by the batch.
+  // The same rounded operands on both sides: float32 summation order alone (kFloat32Normwise).
+  // The layouts are made on each device (a copy to another device is contiguous).
+  const Tensor a_host = randn({3, 40, 50}), b_host = randn({3, 50, 30}), wide_host = randn({40, 64});
+  const auto layouts = [&](const Device& d) {
+    const Tensor a = a_host.to(d), b = b_host.to(d), wide = wide_host.to(d);
+    return std::vector<std::pair<Tensor, Tensor>>{
+        {a.select(0, 0).t().contiguous().t(), b.select(0, 0)},
+        {slice(wide, 1, 0, 50), b.select(0, 0).t().contiguous().t()},
+        {a, b},
+        {a, b.select(0, 1)},
+    };
+  };
+  const auto host_products = layouts(cpu()), device_products = layouts(cuda(0));
+  for (size_t i = 0; i < host_products.size(); ++i) {
+    CAPTURE(i);
+    const auto& [x, y] = host_products[i];
+    const Tensor got = matmul(device_products[i].first, device_products[i].second, {.compute = kBFloat16}).to(cpu());
+    CHECK(compare_normwise(got, matmul(x, y, {.compute = kBFloat16}), kFloat32Normwise) == "");
+    CHECK(compare_normwise(got, matmul(x, y), kFloat32Normwise) != "");
+  }
 }
 
 TEST_CASE("cuda: data<T>() refuses a CUDA tensor instead of handing the host a device address") {
