@@ -8,15 +8,7 @@
 #include <limits>
 #include <type_traits>
 
-#include "evenflow/engine/bfloat16.h"
-
-#ifndef EF_HD
-#ifdef __CUDACC__
-#define EF_HD __host__ __device__
-#else
-#define EF_HD
-#endif
-#endif
+#include "evenflow/engine/bfloat16.h"  // also defines EF_HD (host and device code)
 
 namespace evenflow::scalar {
 

@@ -71,14 +71,6 @@ Key make_key(const ConvArgs& a, ConvPass pass, int threads, bool bias) {
           bias};
 }
 
-struct KeyHash {
-  size_t operator()(const Key& k) const {
-    size_t h = 0;
-    for (int64_t v : k) h = h * 1000003u ^ std::hash<int64_t>{}(v);
-    return h;
-  }
-};
-
 using Plan = OnednnPlan;
 
 dnnl::memory::desc plain_desc(const Dims& dims) {
@@ -162,7 +154,7 @@ Plan make_plan(const ConvArgs& a, ConvPass pass, bool bias) {
 // read after it is made, so threads may run one at once.
 const Plan& plan_for(const ConvArgs& a, ConvPass pass, int threads, bool bias) {
   static std::mutex mutex;
-  static std::unordered_map<Key, std::unique_ptr<Plan>, KeyHash> plans;
+  static std::unordered_map<Key, std::unique_ptr<Plan>, OnednnKeyHash> plans;
   const Key key = make_key(a, pass, threads, bias);
   const std::lock_guard<std::mutex> lock(mutex);
   std::unique_ptr<Plan>& plan = plans[key];

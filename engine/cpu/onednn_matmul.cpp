@@ -23,14 +23,6 @@ using dt = dnnl::memory::data_type;
 // m, n, k, the transposes, the leading dimensions and the team size.
 using Key = std::array<int64_t, 9>;
 
-struct KeyHash {
-  size_t operator()(const Key& k) const {
-    size_t h = 0;
-    for (int64_t v : k) h = h * 1000003u ^ std::hash<int64_t>{}(v);
-    return h;
-  }
-};
-
 // A [rows, cols] float32 matrix as stored: row-major with leading dimension ld, or its transpose.
 dnnl::memory::desc f32_matrix(int64_t rows, int64_t cols, bool trans, int64_t ld) {
   return dnnl::memory::desc({rows, cols}, dt::f32, trans ? Dims{1, ld} : Dims{ld, 1});
@@ -58,7 +50,7 @@ OnednnPlan make_plan(const GemmArgs& g) {
 // The plans made so far; never removed, so references stay valid (as the convolutions').
 const OnednnPlan& plan_for(const GemmArgs& g, int threads) {
   static std::mutex mutex;
-  static std::unordered_map<Key, std::unique_ptr<OnednnPlan>, KeyHash> plans;
+  static std::unordered_map<Key, std::unique_ptr<OnednnPlan>, OnednnKeyHash> plans;
   const Key key{g.m, g.n, g.k, g.trans_a, g.trans_b, g.lda, g.ldb, g.ldc, threads};
   const std::lock_guard<std::mutex> lock(mutex);
   std::unique_ptr<OnednnPlan>& plan = plans[key];

@@ -8,12 +8,25 @@
 
 #include <oneapi/dnnl/dnnl.hpp>
 
+#include <array>
 #include <cstddef>
+#include <cstdint>
+#include <functional>
 
 #include "evenflow/engine/cpu/isa.h"
 
 namespace evenflow::cpu_backend {
 inline namespace EF_CPU_ISA {
+
+// The hash of a plan cache's key: the integers that tell one problem from another.
+struct OnednnKeyHash {
+  template <size_t N>
+  size_t operator()(const std::array<int64_t, N>& k) const {
+    size_t h = 0;
+    for (int64_t v : k) h = h * 1000003u ^ std::hash<int64_t>{}(v);
+    return h;
+  }
+};
 
 // The CPU engine every plan is made for.
 const dnnl::engine& onednn_engine();
