@@ -42,6 +42,13 @@ namespace evenflow::parallel {
 // the order in which a process's buckets complete depends on its threads' timing. So there a
 // thread of the model's own, the bucket thread, reduces them in bucket order as they complete,
 // and no worker ever waits on another process during backward.
+//
+// Buckets hold the gradients in their own dtype, float32 under `--precision bf16` too (Note
+// [bfloat16 compute] in engine/ops.h: weights and their gradients stay float32). bfloat16 buckets
+// would halve the bytes, but the whole gradient sync of a wgan_gp critic step is about 50 µs of a
+// 20 ms step (docs/benchmarks.md, "Mixed precision"), so they could save at most 0.1%, and every
+// step would add a rounding of each gradient to bfloat16 (relative 2^-9) that N devices and one
+// device would not share.
 class GradientSync : public std::enable_shared_from_this<GradientSync> {
  public:
   // params[r][j]: rank r's replica of parameter j (names[j]), buckets of about bucket_bytes, sums
