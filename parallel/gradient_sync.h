@@ -45,10 +45,9 @@ namespace evenflow::parallel {
 //
 // Buckets hold the gradients in their own dtype, float32 under `--precision bf16` too (Note
 // [bfloat16 compute] in engine/ops.h: weights and their gradients stay float32). bfloat16 buckets
-// would halve the bytes, but the whole gradient sync of a wgan_gp critic step is about 50 µs of a
-// 20 ms step (docs/benchmarks.md, "Mixed precision"), so they could save at most 0.1%, and every
-// step would add a rounding of each gradient to bfloat16 (relative 2^-9) that N devices and one
-// device would not share.
+// would halve the bytes, but the whole gradient sync of wgan_gp's critic takes 50 µs, five times
+// in a 0.11 s generator step (0.23%; docs/benchmarks.md, "Mixed precision"), and every step would
+// round each gradient to bfloat16 (relative 2^-9), which one device does not.
 class GradientSync : public std::enable_shared_from_this<GradientSync> {
  public:
   // params[r][j]: rank r's replica of parameter j (names[j]), buckets of about bucket_bytes, sums
