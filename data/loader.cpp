@@ -27,7 +27,7 @@ int64_t batch_count(int64_t examples, const DataLoaderOptions& o) {
 // of the sampler's order. Workers claim the lowest unclaimed number under the lock, but only while
 // it is below `consumed + capacity` (capacity = num_workers · prefetch_per_worker), so at most
 // `capacity` batches are being made or waiting at any time. A worker makes its batch without the
-// lock (get_batch, the transforms with RandomStream(seed, {epoch, k}), the copy to the device) and
+// lock (get_batch, the transforms with the images' SampleStreams, the copy to the device) and
 // stores it, or the message of the exception it threw, in slot k % capacity of a ring: a claimed
 // batch is less than `capacity` ahead of the consumer, so its slot is always free. The consumer
 // takes batch `consumed` from its slot, waiting until it is filled, so batches arrive in sampler
@@ -99,10 +99,11 @@ DataLoader::Run::Slot DataLoader::Run::make(int64_t k, int worker) const {
       begin += static_cast<size_t>(first);
       end = begin + static_cast<size_t>(count);
     }
-    Batch b = loader.dataset_->get_batch(std::vector<int64_t>(order.begin() + static_cast<std::ptrdiff_t>(begin),
-                                                              order.begin() + static_cast<std::ptrdiff_t>(end)));
-    RandomStream rng(o.seed, {static_cast<uint64_t>(epoch), static_cast<uint64_t>(k)});
-    for (const auto& t : o.transforms) b = (*t)(std::move(b), rng);
+    const std::vector<int64_t> indices(order.begin() + static_cast<std::ptrdiff_t>(begin),
+                                       order.begin() + static_cast<std::ptrdiff_t>(end));
+    Batch b = loader.dataset_->get_batch(indices);
+    SampleStreams streams(o.seed, static_cast<uint64_t>(epoch), indices);
+    for (const auto& t : o.transforms) b = (*t)(std::move(b), streams);
     if (o.device) {
       // On a CUDA device the copy goes through page-locked staging memory and is asynchronous on
       // the device's stream (Note [Host-to-device copies] in cuda_backend.cu): the worker does not
@@ -190,10 +191,6 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions
            "DataLoader: give either a sampler or shuffle = true, not both (the sampler decides the order)");
   for (const auto& t : options_.transforms) {
     EF_CHECK(t != nullptr, "DataLoader: a transform is null");
-    EF_CHECK(!options_.batch_part || (dynamic_cast<const RandomCrop*>(t.get()) == nullptr &&
-                                      dynamic_cast<const RandomHorizontalFlip*>(t.get()) == nullptr),
-             "DataLoader: batch_part with a random transform: it draws per batch, so a part of a batch would get "
-             "other numbers than the whole batch does");
   }
   if (options_.device) check_device(*options_.device);
   if (options_.sampler) {

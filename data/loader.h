@@ -37,8 +37,8 @@ struct DataLoaderOptions {
   std::vector<std::shared_ptr<const Transform>> transforms = {};  ///< applied in order to each batch
   /// Data parallelism over processes: given a batch's row count, the rows [first, first + count) of
   /// it this loader reads (parallel::process_share's); every process cuts the same batches from the
-  /// same order and reads only its part. Unset: whole batches. Not with random transforms (they draw
-  /// per batch, so a part would get other numbers than in the whole batch): ef::Error.
+  /// same order and reads only its part, transformed as in the whole batch (random transforms draw
+  /// per image: SampleStreams). Unset: whole batches.
   std::function<std::pair<int64_t, int64_t>(int64_t batch_rows)> batch_part = nullptr;
 };
 

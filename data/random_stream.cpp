@@ -36,4 +36,15 @@ int64_t RandomStream::below(int64_t n) {
   return static_cast<int64_t>(next_u64() % static_cast<uint64_t>(n));
 }
 
+SampleStreams::SampleStreams(uint64_t seed, uint64_t epoch, const std::vector<int64_t>& indices) {
+  streams_.reserve(indices.size());
+  for (int64_t i : indices)
+    streams_.emplace_back(seed, std::initializer_list<uint64_t>{epoch, static_cast<uint64_t>(i)});
+}
+
+RandomStream& SampleStreams::operator[](int64_t row) {
+  EF_CHECK(row >= 0 && row < size(), "SampleStreams: image ", row, " of a batch of ", size());
+  return streams_[static_cast<size_t>(row)];
+}
+
 }  // namespace evenflow::data

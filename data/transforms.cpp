@@ -1,6 +1,6 @@
 // The batch transforms, written with engine ops on the batch's device. Random choices are drawn
-// per image, one draw (or two, for a crop) per image in batch order, so they depend only on the
-// batch's RandomStream.
+// per image from the image's own stream (one draw, or two for a crop), so they depend only on the
+// image's SampleStreams entry, never on the batch around it.
 #include "evenflow/data/transforms.h"
 
 #include <algorithm>
@@ -18,6 +18,11 @@ void check_images(const char* transform, const Tensor& images) {
            images.defined() ? images.str() : std::string("an undefined tensor"));
 }
 
+void check_streams(const char* transform, const Tensor& images, const SampleStreams& streams) {
+  EF_CHECK(streams.size() == images.size(0), transform, ": ", images.size(0), " images but random streams for ",
+           streams.size());
+}
+
 Tensor pad_hw(const Tensor& images, int64_t padding, double value) {
   return padding == 0 ? images : pad(images, {padding, padding, padding, padding}, value);
 }
@@ -30,7 +35,7 @@ Normalize::Normalize(std::vector<double> mean, std::vector<double> std) : mean_(
   for (double s : std_) EF_CHECK(s > 0, "Normalize: standard deviations must be positive, got ", s);
 }
 
-Batch Normalize::operator()(Batch batch, RandomStream& /*rng*/) const {
+Batch Normalize::operator()(Batch batch, SampleStreams& /*streams*/) const {
   check_images("Normalize", batch.images);
   const int64_t channels = batch.images.size(1);
   const int64_t n = static_cast<int64_t>(mean_.size());
@@ -45,7 +50,7 @@ Pad::Pad(int64_t padding, double value) : padding_(padding), value_(value) {
   EF_CHECK(padding >= 0, "Pad: padding must be non-negative, got ", padding);
 }
 
-Batch Pad::operator()(Batch batch, RandomStream& /*rng*/) const {
+Batch Pad::operator()(Batch batch, SampleStreams& /*streams*/) const {
   check_images("Pad", batch.images);
   NoGradGuard no_grad;
   batch.images = pad_hw(batch.images, padding_, value_);
@@ -57,8 +62,9 @@ RandomCrop::RandomCrop(int64_t size, int64_t padding) : size_(size), padding_(pa
            ", padding ", padding);
 }
 
-Batch RandomCrop::operator()(Batch batch, RandomStream& rng) const {
+Batch RandomCrop::operator()(Batch batch, SampleStreams& streams) const {
   check_images("RandomCrop", batch.images);
+  check_streams("RandomCrop", batch.images, streams);
   NoGradGuard no_grad;
   const Tensor padded = pad_hw(batch.images, padding_, 0.0);
   const int64_t h = padded.size(2), w = padded.size(3);
@@ -67,6 +73,7 @@ Batch RandomCrop::operator()(Batch batch, RandomStream& rng) const {
   std::vector<Tensor> crops;
   crops.reserve(static_cast<size_t>(padded.size(0)));
   for (int64_t i = 0; i < padded.size(0); ++i) {
+    RandomStream& rng = streams[i];
     const int64_t top = rng.below(h - size_ + 1), left = rng.below(w - size_ + 1);
     crops.push_back(padded.select(0, i).narrow(1, top, size_).narrow(2, left, size_));
   }
@@ -78,11 +85,12 @@ RandomHorizontalFlip::RandomHorizontalFlip(double p) : p_(p) {
   EF_CHECK(p >= 0 && p <= 1, "RandomHorizontalFlip: p must be in [0, 1], got ", p);
 }
 
-Batch RandomHorizontalFlip::operator()(Batch batch, RandomStream& rng) const {
+Batch RandomHorizontalFlip::operator()(Batch batch, SampleStreams& streams) const {
   check_images("RandomHorizontalFlip", batch.images);
+  check_streams("RandomHorizontalFlip", batch.images, streams);
   const Tensor& x = batch.images;
   std::vector<double> flip(static_cast<size_t>(x.size(0)));
-  for (double& f : flip) f = rng.uniform() < p_ ? 1.0 : 0.0;
+  for (size_t i = 0; i < flip.size(); ++i) flip[i] = streams[static_cast<int64_t>(i)].uniform() < p_ ? 1.0 : 0.0;
   if (std::find(flip.begin(), flip.end(), 1.0) == flip.end()) return batch;
   NoGradGuard no_grad;
   const int64_t w = x.size(3);

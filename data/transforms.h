@@ -1,8 +1,9 @@
 /// @file
 /// Batch transforms for images [N, C, H, W] (float32 or float64): normalization, padding and
 /// the usual augmentations. A DataLoader applies them, in order, to each batch on the worker
-/// that made it, with a RandomStream named by (seed, epoch, batch), so the augmented batches are
-/// the same whatever the number of workers and their timing.
+/// that made it; image r of a batch draws its random choices from its own stream (SampleStreams:
+/// seed, epoch, the image's dataset index), so an augmented image is the same whatever the number
+/// of workers and their timing, the batch it is in, and the part of the batch a process reads.
 #pragma once
 
 #include <vector>
@@ -16,8 +17,9 @@ namespace evenflow::data {
 class Transform {
  public:
   virtual ~Transform() = default;
-  /// Transforms a batch, drawing any random numbers it needs from `rng`.
-  virtual Batch operator()(Batch batch, RandomStream& rng) const = 0;
+  /// Transforms a batch, image r drawing any random numbers it needs from `streams[r]` (ef::Error
+  /// when a random transform is given streams for another number of images).
+  virtual Batch operator()(Batch batch, SampleStreams& streams) const = 0;
 };
 
 /// (x - mean[c]) / std[c] per channel; one value applies to every channel.
@@ -27,7 +29,7 @@ class Normalize final : public Transform {
   /// (ef::Error otherwise). Applied to images with another number of channels (when there are
   /// several), it throws ef::Error.
   Normalize(std::vector<double> mean, std::vector<double> std);
-  Batch operator()(Batch batch, RandomStream& rng) const override;
+  Batch operator()(Batch batch, SampleStreams& streams) const override;
 
  private:
   std::vector<double> mean_, std_;
@@ -37,7 +39,7 @@ class Normalize final : public Transform {
 class Pad final : public Transform {
  public:
   explicit Pad(int64_t padding, double value = 0.0);  ///< padding >= 0 (ef::Error otherwise).
-  Batch operator()(Batch batch, RandomStream& rng) const override;
+  Batch operator()(Batch batch, SampleStreams& streams) const override;
 
  private:
   int64_t padding_ = 0;
@@ -50,7 +52,7 @@ class RandomCrop final : public Transform {
   /// size > 0 and padding >= 0 (ef::Error otherwise). Applied to images smaller than the crop after
   /// padding, it throws ef::Error.
   explicit RandomCrop(int64_t size, int64_t padding = 0);
-  Batch operator()(Batch batch, RandomStream& rng) const override;
+  Batch operator()(Batch batch, SampleStreams& streams) const override;
 
  private:
   int64_t size_ = 0;
@@ -61,7 +63,7 @@ class RandomCrop final : public Transform {
 class RandomHorizontalFlip final : public Transform {
  public:
   explicit RandomHorizontalFlip(double p = 0.5);  ///< p in [0, 1] (ef::Error otherwise).
-  Batch operator()(Batch batch, RandomStream& rng) const override;
+  Batch operator()(Batch batch, SampleStreams& streams) const override;
 
  private:
   double p_ = 0.5;

@@ -5,8 +5,10 @@
 // ThreadSanitizer too.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <thread>
 
 #include "evenflow/data/loader.h"
@@ -152,6 +154,50 @@ TEST_CASE("DataLoader workers: transforms give the same batches whatever the wor
   CHECK(run(1, 1) == reference);
   CHECK(run(3, 1) == reference);
   CHECK(run(3, 2) != reference);
+}
+
+// Random transforms draw per image (SampleStreams): an image is augmented the same in a batch of
+// 6 or of 5, and the parts of a batch that P processes read (batch_part), put together, are the
+// whole batch, augmentation included.
+TEST_CASE("DataLoader: random transforms draw per image, so batch sizes and batch parts agree") {
+  std::vector<double> v(20 * 36);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<double>(i);
+  const auto dataset = std::make_shared<TensorDataset>(
+      Batch{.images = from_vector(v, {20, 1, 6, 6}), .labels = arange(0, 20, 1, {.dtype = kInt64})});
+  const std::vector<std::shared_ptr<const Transform>> augment{std::make_shared<RandomCrop>(4, 1),
+                                                              std::make_shared<RandomHorizontalFlip>(0.5)};
+  // Every image of epoch 1, in order, each as its dataset index's row.
+  const auto images_by_index = [&](int64_t batch_size, int workers,
+                                   std::function<std::pair<int64_t, int64_t>(int64_t)> part) {
+    DataLoader loader(dataset, {.batch_size = batch_size,
+                                .shuffle = true,
+                                .seed = 5,
+                                .num_workers = workers,
+                                .transforms = augment,
+                                .batch_part = std::move(part)});
+    std::vector<std::vector<double>> by_index(20);
+    for (Batch& b : loader.epoch(1)) {
+      const std::vector<int64_t> labels = b.labels.to_int_vector();
+      for (size_t r = 0; r < labels.size(); ++r)
+        by_index[static_cast<size_t>(labels[r])] = vals(b.images.select(0, static_cast<int64_t>(r)));
+    }
+    return by_index;
+  };
+  const auto reference = images_by_index(6, 0, nullptr);
+  CHECK(images_by_index(5, 0, nullptr) == reference);
+  CHECK(images_by_index(20, 2, nullptr) == reference);
+  // Three processes' parts of each batch of 6 (rows 0-1, 2-3, 4-5; of the last batch of 2, rows 0,
+  // 0 and 1), gathered by index.
+  std::vector<std::vector<double>> gathered(20);
+  for (int64_t p = 0; p < 3; ++p) {
+    const auto part = images_by_index(6, 1, [p](int64_t rows) {
+      const int64_t first = std::min(p * rows / 3, rows - 1);
+      return std::pair<int64_t, int64_t>{first, std::max<int64_t>(1, (p + 1) * rows / 3 - first)};
+    });
+    for (size_t i = 0; i < 20; ++i)
+      if (!part[i].empty()) gathered[i] = part[i];
+  }
+  CHECK(gathered == reference);
 }
 
 TEST_CASE("DataLoader workers: the prefetch window is bounded") {

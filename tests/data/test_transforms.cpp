@@ -1,6 +1,6 @@
 // Batch transforms: exact results for Normalize and Pad, and for the random ones that every image
-// is a crop (or mirror) of its input, that the choices follow the RandomStream, and that p = 0 / 1
-// and full-size crops are identities.
+// is a crop (or mirror) of its input, that the choices follow each image's stream (SampleStreams)
+// and not the batch around it, and that p = 0 / 1 and full-size crops are identities.
 #include <doctest/doctest.h>
 
 #include "evenflow/data/transforms.h"
@@ -28,10 +28,17 @@ Batch batch_of(const Tensor& images) {
   return {.images = images, .labels = zeros({images.size(0)}, {.dtype = kInt64})};
 }
 
+// The streams of images first, first + 1, ..., first + n - 1 in `epoch`, seed 3.
+SampleStreams streams_of(int64_t n, uint64_t epoch = 0, int64_t first = 0) {
+  std::vector<int64_t> indices(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) indices[static_cast<size_t>(i)] = first + i;
+  return SampleStreams(3, epoch, indices);
+}
+
 }  // namespace
 
 TEST_CASE("Normalize and Pad") {
-  RandomStream rng(0, {});
+  SampleStreams rng = streams_of(1);
   const Batch b = batch_of(numbered(1, 2, 1, 2));  // channel 0: 0, 1; channel 1: 100, 101
   CHECK(vals(Normalize({1, 100}, {2, 4})(b, rng).images) == std::vector<double>{-0.5, 0, 0, 0.25});
   CHECK(vals(Normalize({1}, {2})(b, rng).images) == std::vector<double>{-0.5, 0, 49.5, 50});
@@ -48,14 +55,14 @@ TEST_CASE("Normalize and Pad") {
         }).find("expected float images [N, C, H, W]") != std::string::npos);
 }
 
-TEST_CASE("RandomCrop: each image is a window of its padded input, chosen by the stream") {
+TEST_CASE("RandomCrop: each image is a window of its padded input, chosen by the image's stream") {
   const Tensor x = numbered(16, 2, 5, 6);
   const Batch b = batch_of(x);
-  RandomStream r1(3, {0, 0}), r2(3, {0, 0}), r3(3, {0, 1});
+  SampleStreams r1 = streams_of(16), r2 = streams_of(16), r3 = streams_of(16, 1);
   const Tensor c1 = RandomCrop(3)(b, r1).images;
   CHECK(c1.shape() == Shape{16, 2, 3, 3});
   CHECK(vals(c1) == vals(RandomCrop(3)(b, r2).images));
-  CHECK(vals(c1) != vals(RandomCrop(3)(b, r3).images));
+  CHECK(vals(c1) != vals(RandomCrop(3)(b, r3).images));  // another epoch
   for (int64_t i = 0; i < 16; ++i) {
     // The window's top-left value says where it was cut: i·1000 + y·10 + x.
     const double corner = c1.select(0, i).select(0, 0).select(0, 0).select(0, 0).item() - static_cast<double>(i) * 1000;
@@ -63,18 +70,23 @@ TEST_CASE("RandomCrop: each image is a window of its padded input, chosen by the
     CHECK((top >= 0 && top <= 2 && left >= 0 && left <= 3));
     CHECK(vals(c1.select(0, i)) == vals(x.select(0, i).narrow(1, top, 3).narrow(2, left, 3)));
   }
-  RandomStream r4(0, {});
+  // Images 5..11 alone, with their own streams, are cut as in the whole batch.
+  SampleStreams part = streams_of(7, 0, 5);
+  CHECK(vals(RandomCrop(3)(batch_of(x.narrow(0, 5, 7)), part).images) == vals(c1.narrow(0, 5, 7)));
+  SampleStreams r4 = streams_of(16);
   CHECK(vals(RandomCrop(5, 0)(batch_of(x.narrow(3, 0, 5)), r4).images) == vals(x.narrow(3, 0, 5)));
   // With padding the windows may take zeros from the border; the size is kept.
   const Tensor padded = RandomCrop(5, 2)(b, r4).images;
   CHECK(padded.shape() == Shape{16, 2, 5, 5});
   CHECK(error_of([&] { RandomCrop(7)(b, r4); }).find("a 7x7 crop does not fit images of 5x6") != std::string::npos);
+  SampleStreams too_few = streams_of(15);
+  CHECK(error_of([&] { RandomCrop(3)(b, too_few); }).find("16 images but random streams for 15") != std::string::npos);
 }
 
-TEST_CASE("RandomHorizontalFlip: mirrors the images the stream picks") {
+TEST_CASE("RandomHorizontalFlip: mirrors the images their streams pick") {
   const Tensor x = numbered(32, 1, 2, 3);
   const Batch b = batch_of(x);
-  RandomStream none(1, {}), all(1, {}), half(1, {}), again(1, {});
+  SampleStreams none = streams_of(32), all = streams_of(32), half = streams_of(32), again = streams_of(32);
   CHECK(vals(RandomHorizontalFlip(0)(b, none).images) == vals(x));
   const Tensor mirrored = RandomHorizontalFlip(1)(b, all).images;
   CHECK(vals(mirrored.select(0, 1)) == std::vector<double>{1002, 1001, 1000, 1012, 1011, 1010});
@@ -88,5 +100,10 @@ TEST_CASE("RandomHorizontalFlip: mirrors the images the stream picks") {
     flipped += mirror ? 1 : 0;
   }
   CHECK((flipped > 4 && flipped < 28));
+  SampleStreams part = streams_of(10, 0, 20);
+  CHECK(vals(RandomHorizontalFlip(0.5)(batch_of(x.narrow(0, 20, 10)), part).images) == vals(h.narrow(0, 20, 10)));
+  SampleStreams too_many = streams_of(33);
+  CHECK(error_of([&] { RandomHorizontalFlip(0.5)(b, too_many); }).find("32 images but random streams for 33") !=
+        std::string::npos);
   CHECK(error_of([] { RandomHorizontalFlip(1.5); }).find("p must be in [0, 1]") != std::string::npos);
 }
