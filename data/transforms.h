@@ -46,20 +46,29 @@ class Pad final : public Transform {
   double value_ = 0.0;
 };
 
-/// Pads by `padding` (zeros), then cuts a size x size window at a random position per image.
+// Note [Label maps]
+// The geometric transforms (RandomCrop, RandomHorizontalFlip, RandomAffine) move a batch's label
+// map with its image: when labels are [N, H, W] with the images' H and W (segmentation), each map
+// gets its image's draw, read at the nearest pixel, and positions that come from outside the
+// image take `label_fill`. Class labels [N] pass through. Labels of any other shape are an
+// ef::Error.
+
+/// Pads by `padding` (zeros; label maps by `label_fill`), then cuts a size x size window at a
+/// random position per image.
 class RandomCrop final : public Transform {
  public:
   /// size > 0 and padding >= 0 (ef::Error otherwise). Applied to images smaller than the crop after
   /// padding, it throws ef::Error.
-  explicit RandomCrop(int64_t size, int64_t padding = 0);
+  explicit RandomCrop(int64_t size, int64_t padding = 0, int64_t label_fill = 0);
   Batch operator()(Batch batch, SampleStreams& streams) const override;
 
  private:
   int64_t size_ = 0;
   int64_t padding_ = 0;
+  int64_t label_fill_ = 0;
 };
 
-/// Mirrors each image left-right with probability p.
+/// Mirrors each image (and its label map) left-right with probability p.
 class RandomHorizontalFlip final : public Transform {
  public:
   explicit RandomHorizontalFlip(double p = 0.5);  ///< p in [0, 1] (ef::Error otherwise).
@@ -67,6 +76,21 @@ class RandomHorizontalFlip final : public Transform {
 
  private:
   double p_ = 0.5;
+};
+
+/// Rotates, scales and shifts each image about its centre by its own draw: an angle uniform in
+/// [-degrees, degrees], a scale in [1 - scale, 1 + scale], a shift of up to translate x the width
+/// (and x the height) each way. Images are sampled bilinearly with zeros outside (on the CPU; the
+/// result goes back to the images' device); label maps at the nearest pixel, `label_fill` outside.
+class RandomAffine final : public Transform {
+ public:
+  /// degrees in [0, 180], translate in [0, 1], scale in [0, 1) (ef::Error otherwise).
+  explicit RandomAffine(double degrees, double translate = 0, double scale = 0, int64_t label_fill = 0);
+  Batch operator()(Batch batch, SampleStreams& streams) const override;
+
+ private:
+  double degrees_ = 0, translate_ = 0, scale_ = 0;
+  int64_t label_fill_ = 0;
 };
 
 }  // namespace evenflow::data

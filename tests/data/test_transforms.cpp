@@ -107,3 +107,74 @@ TEST_CASE("RandomHorizontalFlip: mirrors the images their streams pick") {
         std::string::npos);
   CHECK(error_of([] { RandomHorizontalFlip(1.5); }).find("p must be in [0, 1]") != std::string::npos);
 }
+
+namespace {
+
+// A batch whose images are their label maps as floats: label (i, y, x) = 1 + (y / 8 + x / 8 + i) % 5
+// on [n, 1, h, w] images, so a transform that moves a map with its image keeps them equal.
+Batch labelled(int64_t n, int64_t h, int64_t w) {
+  std::vector<int64_t> labels;
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t y = 0; y < h; ++y)
+      for (int64_t x = 0; x < w; ++x) labels.push_back(1 + (y / 8 + x / 8 + i) % 5);
+  const Tensor maps = from_int_vector(labels, {n, h, w});
+  return {.images = reshape(maps.to(kFloat64), {n, 1, h, w}), .labels = maps};
+}
+
+std::vector<double> label_vals(const Batch& b) {
+  return vals(reshape(b.labels.to(kFloat64), {b.labels.size(0), 1, b.labels.size(1), b.labels.size(2)}));
+}
+
+}  // namespace
+
+TEST_CASE("RandomAffine: identity settings change nothing; images move by their own draws") {
+  const Tensor x = numbered(6, 2, 7, 9);
+  SampleStreams s1 = streams_of(6);
+  const Batch same = RandomAffine(0, 0, 0)(batch_of(x), s1);
+  CHECK(vals(same.images) == vals(x));
+  // A 180-degree range at full scale moves every image, and each as in a batch of its own.
+  SampleStreams s2 = streams_of(6), s3 = streams_of(2, 0, 3);
+  const Tensor moved = RandomAffine(180, 0.2, 0.3)(batch_of(x), s2).images;
+  CHECK(moved.shape() == x.shape());
+  for (int64_t i = 0; i < 6; ++i) CHECK(vals(moved.select(0, i)) != vals(x.select(0, i)));
+  CHECK(vals(RandomAffine(180, 0.2, 0.3)(batch_of(x.narrow(0, 3, 2)), s3).images) == vals(moved.narrow(0, 3, 2)));
+  CHECK(error_of([] { RandomAffine(190); }).find("degrees in [0, 180]") != std::string::npos);
+  CHECK(error_of([] { RandomAffine(10, 0, 1); }).find("scale in [0, 1)") != std::string::npos);
+}
+
+TEST_CASE("geometric transforms move a label map with its image (Note [Label maps])") {
+  const Batch b = labelled(8, 24, 32);
+  SampleStreams s1 = streams_of(8), s2 = streams_of(8), s3 = streams_of(8);
+  // Crop (the padding is label 0 in both) and flip: the images stay their label maps exactly.
+  const Batch cropped = RandomCrop(20, 3, 0)(b, s1);
+  CHECK(cropped.labels.shape() == Shape{8, 20, 20});
+  CHECK(vals(cropped.images) == label_vals(cropped));
+  const Batch flipped = RandomHorizontalFlip(0.5)(b, s2);
+  CHECK(vals(flipped.images) == label_vals(flipped));
+  CHECK(vals(flipped.images) != vals(b.images));
+  // Rotation and scaling: bilinear images against nearest-pixel labels agree wherever the four
+  // pixels an image value blends carry one label, so on most pixels; filled positions take -1.
+  const Batch turned = RandomAffine(30, 0.1, 0.2, -1)(b, s3);
+  const std::vector<double> image = vals(turned.images), label = label_vals(turned);
+  int64_t agree = 0, filled = 0, moved = 0;
+  const std::vector<double> before = vals(b.images);
+  for (size_t i = 0; i < image.size(); ++i) {
+    if (label[i] == -1) {
+      ++filled;
+      continue;
+    }
+    agree += std::abs(image[i] - label[i]) < 1e-9 ? 1 : 0;
+    moved += label[i] != before[i] ? 1 : 0;
+  }
+  const auto total = static_cast<int64_t>(image.size());
+  MESSAGE("rotated: " << agree << " of " << total - filled << " labelled pixels agree, " << moved << " moved");
+  CHECK(agree > (total - filled) * 7 / 10);  // 78% here; labels that stayed put: 40%
+  CHECK(moved > total / 10);
+  CHECK(filled > 0);
+  // Class labels [N] pass through; labels of another shape are refused.
+  SampleStreams s4 = streams_of(8);
+  Batch bad = b;
+  bad.labels = b.labels.narrow(2, 0, 31);
+  CHECK(error_of([&] { RandomCrop(10)(bad, s4); }).find("neither class labels [N] nor int64 label maps") !=
+        std::string::npos);
+}
