@@ -42,6 +42,10 @@ void add_epoch_options(CLI::App& app, EpochOptions& o, const std::string& seed_h
   app.add_option("--batch-size", o.batch_size, "batch size")->check(CLI::PositiveNumber);
   app.add_option("--lr", o.lr, "Adam learning rate")->check(CLI::PositiveNumber & finite());
   app.add_option("--steps", o.steps, "stop after this many steps in all (0: no limit)")->check(CLI::NonNegativeNumber);
+  app.add_flag("--augment", o.augment,
+               "augment the training images: a small random rotation and scaling, a random crop after padding and a "
+               "horizontal flip, drawn per image from (seed, epoch, image), so the batches are the same on any "
+               "devices, processes and loader workers");
 }
 
 DType compute_dtype(const RunOptions& o) {
@@ -91,7 +95,7 @@ void prepare_output_folder(const fs::path& dir, bool resume, bool overwrite) {
 void check_metadata(const std::string& path, const std::map<std::string, std::string>& written,
                     const std::map<std::string, std::string>& expected) {
   // Settings added after runs had been written, with the value those runs had.
-  static const std::map<std::string, std::string> kBefore = {{"precision", "fp32"}};
+  static const std::map<std::string, std::string> kBefore = {{"precision", "fp32"}, {"augment", "off"}};
   for (const auto& [key, value] : expected) {
     const auto it = written.find(key);
     const auto before = kBefore.find(key);

@@ -70,8 +70,9 @@ struct EpochOptions : RunOptions {
   int64_t batch_size = 100;
   double lr = 1e-3;
   int64_t steps = 0;
+  bool augment = false;  // the program's random augmentation of the training images
 };
-// add_run_options, and the four options of EpochOptions.
+// add_run_options, and the five options of EpochOptions.
 void add_epoch_options(CLI::App& app, EpochOptions& o, const std::string& seed_help);
 
 // A number as checkpoint metadata: exactly (%.17g), so two settings that differ never compare equal.

@@ -118,6 +118,36 @@ TEST_CASE("classify: --precision bf16 trains close to float32, and the same on o
   CHECK(step_losses(resumed.output).size() == 2);
 }
 
+// --augment draws per image (data::SampleStreams), so three devices train what one does (float64,
+// 1e-10), the losses leave the unaugmented run's, a resume continues exactly, and a resume with the
+// other setting is refused.
+TEST_CASE("classify: --augment trains the same on one device or three, and resumes exactly") {
+  check_resume("--devices cpu:3 --dtype float64 --augment");
+  TempDir data, plain, one, three;
+  write_fashion_split(data, "train", 40, 0);
+  write_fashion_split(data, "t10k", 20, 3);
+  const std::string common = "--data " + data.path().string() +
+                             " --batch-size 8 --epochs 2 --threads 1 --dtype float64 "
+                             "--print-loss ";
+  const Result p = run_app(EF_CLASSIFY_BIN, common + "--steps 6 --workers 1 --out " + plain.path().string());
+  const Result a = run_app(EF_CLASSIFY_BIN, common + "--steps 6 --augment --workers 0 --out " + one.path().string());
+  const Result b = run_app(EF_CLASSIFY_BIN,
+                           common + "--steps 6 --augment --devices cpu:3 --workers 2 --out " + three.path().string());
+  for (const Result* r : {&p, &a, &b}) REQUIRE_MESSAGE(r->rc == 0, r->output);
+  const auto lp = step_losses(p.output), la = step_losses(a.output), lb = step_losses(b.output);
+  REQUIRE(la.size() == 6);
+  REQUIRE(lb.size() == 6);
+  CHECK(la != lp);
+  for (size_t i = 0; i < la.size(); ++i) {
+    CAPTURE(la[i].first);
+    const double x = std::stod(la[i].second), y = std::stod(lb[i].second);
+    CHECK(std::abs(x - y) <= 1e-10 * std::abs(x));
+  }
+  const Result other = run_app(EF_CLASSIFY_BIN, common + "--resume --steps 8 --out " + one.path().string());
+  CHECK(other.rc == 2);
+  CHECK_MESSAGE(other.output.find("was written with augment on, this run has off") != std::string::npos, other.output);
+}
+
 // The GPU check's data-parallel stage (scripts/gpu_check.sh, EF_CUDA_DEVICES=0,0): dropout, the
 // convolutions and the gradient all-reduce on two CUDA logical devices train what one CPU device
 // does, in float64 (1e-9: CUDA's sums run in another order than the CPU's).

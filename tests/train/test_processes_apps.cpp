@@ -1,6 +1,7 @@
 // The programs across processes (Note [Processes] in parallel/process_group.h): under
 // `mpirun -np 2 ... --devices cpu:2` (2 processes x 2 CPU devices) classify (dropout on), wgan_gp
-// (critic and generator steps, SyncBatchNorm, every penalty) and segment print the losses one
+// (critic and generator steps, SyncBatchNorm, every penalty) and segment (also with --augment,
+// whose random draws are per image) print the losses one
 // process on one device prints (float64, 1e-10); a checkpoint written by 2 x 2 resumes on 1 x 3
 // and goes on as the uninterrupted run; a process that fails or is killed ends the job, with the
 // other process naming it.
@@ -97,15 +98,19 @@ TEST_CASE("processes: wgan_gp critic and generator steps on 2 processes x 2 devi
   }
 }
 
-TEST_CASE("processes: segment on 2 processes x 2 devices equals one device") {
+TEST_CASE("processes: segment on 2 processes x 2 devices equals one device, with and without --augment") {
   Fashion data(24, 12);
-  TempDir one, job;
-  const std::string common = data.arg() +
-                             "--canvas 32 --train-size 24 --test-size 8 --batch-size 4 --workers 1 --threads 1 "
-                             "--loss ce+dice --dtype float64 --steps 3 --print-loss ";
-  const AppResult a = run_app(EF_SEGMENT_BIN, common + "--devices cpu --out " + one.path().string());
-  const AppResult b = run_app(kMpirun + EF_SEGMENT_BIN, common + "--devices cpu:2 --out " + job.path().string());
-  check_same_losses(a, b, 3);
+  for (const char* augment : {"", "--augment "}) {
+    CAPTURE(augment);
+    TempDir one, job;
+    const std::string common = data.arg() +
+                               "--canvas 32 --train-size 24 --test-size 8 --batch-size 4 --workers 1 --threads 1 "
+                               "--loss ce+dice --dtype float64 --steps 3 --print-loss " +
+                               augment;
+    const AppResult a = run_app(EF_SEGMENT_BIN, common + "--devices cpu --out " + one.path().string());
+    const AppResult b = run_app(kMpirun + EF_SEGMENT_BIN, common + "--devices cpu:2 --out " + job.path().string());
+    check_same_losses(a, b, 3);
+  }
 }
 
 TEST_CASE("processes: a process that fails makes the other name it and the job end") {

@@ -237,21 +237,30 @@ TEST_CASE("segment: --compare trains every loss and writes compare.md and predic
   CHECK(is_png(out.file("predictions.png")));
 }
 
-TEST_CASE("segment: three CPU devices train what one does (ce+dice, float64)") {
-  TempDir data, one, three;
+// With --augment too: the image and its label map are turned, cut and mirrored per image, the
+// same on one device or three (Note [Label maps] in data/transforms.h), and not as without it.
+TEST_CASE("segment: three CPU devices train what one does (ce+dice, float64), with and without --augment") {
+  TempDir data;
   write_dataset(data);
-  const std::string common = tiny_args(data) + "--loss ce+dice --dtype float64 --steps 3 --print-loss";
-  const AppResult a = run_segment(common + " --devices cpu --out " + one.path().string());
-  const AppResult b = run_segment(common + " --devices cpu:3 --out " + three.path().string());
-  REQUIRE_MESSAGE(a.rc == 0, a.output);
-  REQUIRE_MESSAGE(b.rc == 0, b.output);
-  const auto la = step_losses(a.output), lb = step_losses(b.output);
-  REQUIRE(la.size() == 3);
-  REQUIRE(lb.size() == 3);
-  for (size_t i = 0; i < la.size(); ++i) {
-    CAPTURE(i);
-    CHECK(la[i].first == lb[i].first);
-    const double x = std::stod(la[i].second), y = std::stod(lb[i].second);
-    CHECK(std::abs(x - y) <= 1e-10 * std::abs(x));
+  std::vector<std::vector<std::pair<int, std::string>>> runs;
+  for (const char* augment : {"", " --augment"}) {
+    CAPTURE(augment);
+    TempDir one, three;
+    const std::string common = tiny_args(data) + "--loss ce+dice --dtype float64 --steps 3 --print-loss" + augment;
+    const AppResult a = run_segment(common + " --devices cpu --out " + one.path().string());
+    const AppResult b = run_segment(common + " --devices cpu:3 --out " + three.path().string());
+    REQUIRE_MESSAGE(a.rc == 0, a.output);
+    REQUIRE_MESSAGE(b.rc == 0, b.output);
+    const auto la = step_losses(a.output), lb = step_losses(b.output);
+    REQUIRE(la.size() == 3);
+    REQUIRE(lb.size() == 3);
+    for (size_t i = 0; i < la.size(); ++i) {
+      CAPTURE(i);
+      CHECK(la[i].first == lb[i].first);
+      const double x = std::stod(la[i].second), y = std::stod(lb[i].second);
+      CHECK(std::abs(x - y) <= 1e-10 * std::abs(x));
+    }
+    runs.push_back(la);
   }
+  CHECK(runs[0] != runs[1]);
 }
