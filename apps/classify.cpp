@@ -12,13 +12,13 @@
 #include <memory>
 #include <string>
 
+#include "apps/common/augment.h"
 #include "apps/common/fashion_cnn.h"
 #include "apps/common/plot.h"
 #include "apps/common/program.h"
 #include "apps/common/run.h"
 #include "evenflow/data/fashion_mnist.h"
 #include "evenflow/data/loader.h"
-#include "evenflow/data/transforms.h"
 #include "evenflow/engine/ops.h"
 #include "evenflow/io/checkpoint.h"
 #include "evenflow/layers/layers.h"
@@ -100,19 +100,14 @@ int run(const Args& a) {
   ef::parallel::ReplicatedOptimizer<ef::optim::Adam> opt(model, ef::optim::AdamOptions{.lr = a.lr});
   ef::parallel::TrainingState state({{"", model, opt}});
   // Batches arrive on the first device (replica 0's), each process reading its part of them.
-  // --augment: up to 10 degrees and 10% of scale, a 28x28 crop of the image padded by 2, a mirror.
-  std::vector<std::shared_ptr<const ef::data::Transform>> augmentation;
-  if (a.augment) {
-    augmentation = {std::make_shared<ef::data::RandomAffine>(10.0, 0.0, 0.1),
-                    std::make_shared<ef::data::RandomCrop>(28, 2), std::make_shared<ef::data::RandomHorizontalFlip>()};
-  }
-  ef::data::DataLoader train_loader(train_set, {.batch_size = a.batch_size,
-                                                .shuffle = true,
-                                                .seed = a.seed,
-                                                .num_workers = a.workers,
-                                                .device = devices[0],
-                                                .transforms = augmentation,
-                                                .batch_part = model.batch_part()});
+  ef::data::DataLoader train_loader(
+      train_set, {.batch_size = a.batch_size,
+                  .shuffle = true,
+                  .seed = a.seed,
+                  .num_workers = a.workers,
+                  .device = devices[0],
+                  .transforms = a.augment ? ef::apps::fashion_augmentation() : ef::apps::Transforms{},
+                  .batch_part = model.batch_part()});
   ef::data::DataLoader test_loader(test_set, {.batch_size = 1000, .num_workers = a.workers, .device = devices[0]});
   run.resume(state, "step");
   std::printf("training on %s, %s, %" PRId64 " images, batch %" PRId64 ", %" PRId64 " steps per epoch\n",

@@ -21,6 +21,7 @@
 #include <memory>
 #include <string>
 
+#include "apps/common/augment.h"
 #include "apps/common/image.h"
 #include "apps/common/plot.h"
 #include "apps/common/program.h"
@@ -28,7 +29,6 @@
 #include "apps/segment/segmentation.h"
 #include "evenflow/data/fashion_mnist.h"
 #include "evenflow/data/loader.h"
-#include "evenflow/data/transforms.h"
 #include "evenflow/engine/autograd.h"
 #include "evenflow/engine/ops.h"
 #include "evenflow/io/checkpoint.h"
@@ -181,20 +181,13 @@ Outcome train(const Args& a, const Setup& s, const std::string& spec, apps::Run&
   ef::parallel::ReplicatedOptimizer<ef::optim::Adam> opt(model, ef::optim::AdamOptions{.lr = a.lr});
   ef::parallel::TrainingState state({{"", model, opt}});
   // Batches stay on the host; scatter copies each chunk straight to its device.
-  // --augment: the image and its label map turned by up to 10 degrees and scaled by up to 10%, cut
-  // from the canvas padded by 4, mirrored; what comes from outside the canvas is background.
-  std::vector<std::shared_ptr<const ef::data::Transform>> augmentation;
-  if (a.augment) {
-    augmentation = {std::make_shared<ef::data::RandomAffine>(10.0, 0.0, 0.1, seg::kBackground),
-                    std::make_shared<ef::data::RandomCrop>(a.canvas, 4, seg::kBackground),
-                    std::make_shared<ef::data::RandomHorizontalFlip>()};
-  }
-  ef::data::DataLoader train_loader(s.train, {.batch_size = a.batch_size,
-                                              .shuffle = true,
-                                              .seed = a.seed,
-                                              .num_workers = a.workers,
-                                              .transforms = augmentation,
-                                              .batch_part = model.batch_part()});
+  ef::data::DataLoader train_loader(
+      s.train, {.batch_size = a.batch_size,
+                .shuffle = true,
+                .seed = a.seed,
+                .num_workers = a.workers,
+                .transforms = a.augment ? apps::canvas_augmentation(a.canvas, seg::kBackground) : apps::Transforms{},
+                .batch_part = model.batch_part()});
   ef::data::DataLoader test_loader(s.test, {.batch_size = kEvalBatch, .num_workers = a.workers});
   run.resume(state, "step", start_if_missing);
   std::printf("training loss %s on %s, %s, %" PRId64 " canvases %" PRId64 "x%" PRId64 ", batch %" PRId64 ", %" PRId64

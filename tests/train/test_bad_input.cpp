@@ -85,6 +85,8 @@ TEST_CASE("bad input: numbers that are not finite, negative or out of range are 
            {"train_demo", "--lr inf", "--lr"},
            {"bench_parallel", "--threads -1", "--threads"},
            {"bench_engine", "--min-seconds nan", "--min-seconds"},
+           {"bench_loader", "--workers -1", "--workers"},
+           {"bench_loader", "--batches 0", "--batches"},
        }) {
     check_parse_error(program, data.args(program) + args, option);
   }
@@ -226,4 +228,13 @@ TEST_CASE("temporaries that killed saves left in --out are removed when a run st
   write_bytes(stale, std::string(1000, 'x'));
   REQUIRE(run_app(bin("classify"), data.args("classify") + "--steps 1 --out " + out.path().string()).rc == 0);
   CHECK_FALSE(fs::exists(stale));
+}
+
+// Not bad input: bench_loader on a small dataset, so that the benchmark cannot rot between runs. It
+// checks itself that every row's batches equal the first row's (exit 1 otherwise).
+TEST_CASE("bench_loader runs, and the batches are the same with 0 and 2 loader threads") {
+  const Data data;
+  const AppResult r = run_app(bin("bench_loader"), "--data " + data.dir.path().string() + " --batches 3 --workers 0,2");
+  CHECK_MESSAGE(r.rc == 0, r.output);
+  CHECK_MESSAGE(r.output.find("segment --augment") != std::string::npos, r.output);
 }
