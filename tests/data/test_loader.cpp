@@ -69,6 +69,18 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
+// 20 images [1, 6, 6] of distinct values, labelled with their index.
+std::shared_ptr<TensorDataset> numbered_images() {
+  std::vector<double> v(20 * 36);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<double>(i);
+  return std::make_shared<TensorDataset>(
+      Batch{.images = from_vector(v, {20, 1, 6, 6}), .labels = arange(0, 20, 1, {.dtype = kInt64})});
+}
+
+std::vector<std::shared_ptr<const Transform>> crop_and_flip() {
+  return {std::make_shared<RandomCrop>(4, 1), std::make_shared<RandomHorizontalFlip>(0.5)};
+}
+
 }  // namespace
 
 TEST_CASE("DataLoader workers: batches follow the sampler's order for 0, 1 and 3 workers") {
@@ -133,12 +145,8 @@ TEST_CASE("DataLoader workers: batches are copied to the target device") {
 }
 
 TEST_CASE("DataLoader workers: transforms give the same batches whatever the workers") {
-  std::vector<double> v(20 * 36);
-  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<double>(i);
-  const auto dataset = std::make_shared<TensorDataset>(
-      Batch{.images = from_vector(v, {20, 1, 6, 6}), .labels = arange(0, 20, 1, {.dtype = kInt64})});
-  const std::vector<std::shared_ptr<const Transform>> augment{std::make_shared<RandomCrop>(4, 1),
-                                                              std::make_shared<RandomHorizontalFlip>(0.5)};
+  const auto dataset = numbered_images();
+  const std::vector<std::shared_ptr<const Transform>> augment = crop_and_flip();
   const auto run = [&](int workers, uint64_t seed) {
     DataLoader loader(dataset,
                       {.batch_size = 6, .shuffle = true, .seed = seed, .num_workers = workers, .transforms = augment});
@@ -160,12 +168,8 @@ TEST_CASE("DataLoader workers: transforms give the same batches whatever the wor
 // 6 or of 5, and the parts of a batch that P processes read (batch_part), put together, are the
 // whole batch, augmentation included.
 TEST_CASE("DataLoader: random transforms draw per image, so batch sizes and batch parts agree") {
-  std::vector<double> v(20 * 36);
-  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<double>(i);
-  const auto dataset = std::make_shared<TensorDataset>(
-      Batch{.images = from_vector(v, {20, 1, 6, 6}), .labels = arange(0, 20, 1, {.dtype = kInt64})});
-  const std::vector<std::shared_ptr<const Transform>> augment{std::make_shared<RandomCrop>(4, 1),
-                                                              std::make_shared<RandomHorizontalFlip>(0.5)};
+  const auto dataset = numbered_images();
+  const std::vector<std::shared_ptr<const Transform>> augment = crop_and_flip();
   // Every image of epoch 1, in order, each as its dataset index's row.
   const auto images_by_index = [&](int64_t batch_size, int workers,
                                    std::function<std::pair<int64_t, int64_t>(int64_t)> part) {
