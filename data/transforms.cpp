@@ -78,14 +78,22 @@ Batch Normalize::operator()(Batch batch, SampleStreams& /*streams*/) const {
   return batch;
 }
 
-Pad::Pad(int64_t padding, double value) : padding_(padding), value_(value) {
+Pad::Pad(int64_t padding, double value, int64_t label_fill)
+    : padding_(padding), value_(value), label_fill_(label_fill) {
   EF_CHECK(padding >= 0, "Pad: padding must be non-negative, got ", padding);
 }
 
 Batch Pad::operator()(Batch batch, SampleStreams& /*streams*/) const {
   check_images("Pad", batch.images);
+  const bool maps = has_label_maps("Pad", batch);
   NoGradGuard no_grad;
   batch.images = pad_hw(batch.images, padding_, value_);
+  if (maps) {
+    batch.labels = remap_labels(batch.labels, batch.images.size(2), batch.images.size(3), label_fill_,
+                                [this](int64_t, int64_t y, int64_t x) {
+                                  return std::pair<int64_t, int64_t>{y - padding_, x - padding_};
+                                });
+  }
   return batch;
 }
 

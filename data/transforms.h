@@ -35,23 +35,26 @@ class Normalize final : public Transform {
   std::vector<double> mean_, std_;
 };
 
-/// Pads height and width by `padding` on each side with `value`.
+// Note [Label maps]
+// The geometric transforms (Pad, RandomCrop, RandomHorizontalFlip, RandomAffine) move a batch's label
+// map with its image: when labels are [N, H, W] with the images' H and W (segmentation), each map
+// gets its image's draw, read at the nearest pixel, and positions that come from outside the
+// image take `label_fill`. Class labels [N] pass through. Labels of any other shape are an
+// ef::Error.
+
+/// Pads height and width by `padding` on each side with `value` (label maps with `label_fill`, Note
+/// [Label maps]).
 class Pad final : public Transform {
  public:
-  explicit Pad(int64_t padding, double value = 0.0);  ///< padding >= 0 (ef::Error otherwise).
+  /// padding >= 0 (ef::Error otherwise).
+  explicit Pad(int64_t padding, double value = 0.0, int64_t label_fill = 0);
   Batch operator()(Batch batch, SampleStreams& streams) const override;
 
  private:
   int64_t padding_ = 0;
   double value_ = 0.0;
+  int64_t label_fill_ = 0;
 };
-
-// Note [Label maps]
-// The geometric transforms (RandomCrop, RandomHorizontalFlip, RandomAffine) move a batch's label
-// map with its image: when labels are [N, H, W] with the images' H and W (segmentation), each map
-// gets its image's draw, read at the nearest pixel, and positions that come from outside the
-// image take `label_fill`. Class labels [N] pass through. Labels of any other shape are an
-// ef::Error.
 
 /// Pads by `padding` (zeros; label maps by `label_fill`), then cuts a size x size window at a
 /// random position per image.

@@ -149,6 +149,9 @@ TEST_CASE("geometric transforms move a label map with its image (Note [Label map
   const Batch cropped = RandomCrop(20, 3, 0)(b, s1);
   CHECK(cropped.labels.shape() == Shape{8, 20, 20});
   CHECK(vals(cropped.images) == label_vals(cropped));
+  const Batch padded = Pad(2, 0.0, 0)(b, s2);
+  CHECK(padded.labels.shape() == Shape{8, 28, 36});
+  CHECK(vals(padded.images) == label_vals(padded));
   const Batch flipped = RandomHorizontalFlip(0.5)(b, s2);
   CHECK(vals(flipped.images) == label_vals(flipped));
   CHECK(vals(flipped.images) != vals(b.images));
