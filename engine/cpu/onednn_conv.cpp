@@ -6,12 +6,8 @@
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include <algorithm>
-#include <array>
 #include <cstddef>
 #include <cstdlib>
-#include <memory>
-#include <mutex>
-#include <unordered_map>
 
 #include "evenflow/engine/cpu/onednn_plan.h"
 #include "evenflow/engine/device.h"
@@ -46,7 +42,7 @@ using Dims = dnnl::memory::dims;
 
 // Every field of ConvArgs (its compute dtype first), the pass, the team size and whether a forward
 // pass adds a bias.
-using Key = std::array<int64_t, 20>;
+using Key = OnednnPlanCache<20>::Key;
 
 Key make_key(const ConvArgs& a, ConvPass pass, int threads, bool bias) {
   return {static_cast<int64_t>(a.compute),
@@ -150,16 +146,9 @@ Plan make_plan(const ConvArgs& a, ConvPass pass, bool bias) {
   return plan;
 }
 
-// The plans made so far. A plan is never removed, so references to it stay valid, and it is only
-// read after it is made, so threads may run one at once.
 const Plan& plan_for(const ConvArgs& a, ConvPass pass, int threads, bool bias) {
-  static std::mutex mutex;
-  static std::unordered_map<Key, std::unique_ptr<Plan>, OnednnKeyHash> plans;
-  const Key key = make_key(a, pass, threads, bias);
-  const std::lock_guard<std::mutex> lock(mutex);
-  std::unique_ptr<Plan>& plan = plans[key];
-  if (!plan) plan = std::make_unique<Plan>(make_plan(a, pass, bias));
-  return *plan;
+  static OnednnPlanCache<20> plans;
+  return plans.get(make_key(a, pass, threads, bias), [&] { return make_plan(a, pass, bias); });
 }
 
 const char* pass_name(ConvPass pass) {

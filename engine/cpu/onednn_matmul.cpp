@@ -3,10 +3,6 @@
 #include "evenflow/engine/cpu/onednn_matmul.h"
 
 #include <algorithm>
-#include <array>
-#include <memory>
-#include <mutex>
-#include <unordered_map>
 
 #include "evenflow/engine/cpu/onednn_plan.h"
 #include "evenflow/engine/device.h"
@@ -19,9 +15,6 @@ namespace {
 
 using Dims = dnnl::memory::dims;
 using dt = dnnl::memory::data_type;
-
-// m, n, k, the transposes, the leading dimensions and the team size.
-using Key = std::array<int64_t, 9>;
 
 // A [rows, cols] float32 matrix as stored: row-major with leading dimension ld, or its transpose.
 dnnl::memory::desc f32_matrix(int64_t rows, int64_t cols, bool trans, int64_t ld) {
@@ -47,15 +40,10 @@ OnednnPlan make_plan(const GemmArgs& g) {
   return plan;
 }
 
-// The plans made so far; never removed, so references stay valid (as the convolutions').
+// Keyed by m, n, k, the transposes, the leading dimensions and the team size.
 const OnednnPlan& plan_for(const GemmArgs& g, int threads) {
-  static std::mutex mutex;
-  static std::unordered_map<Key, std::unique_ptr<OnednnPlan>, OnednnKeyHash> plans;
-  const Key key{g.m, g.n, g.k, g.trans_a, g.trans_b, g.lda, g.ldb, g.ldc, threads};
-  const std::lock_guard<std::mutex> lock(mutex);
-  std::unique_ptr<OnednnPlan>& plan = plans[key];
-  if (!plan) plan = std::make_unique<OnednnPlan>(make_plan(g));
-  return *plan;
+  static OnednnPlanCache<9> plans;
+  return plans.get({g.m, g.n, g.k, g.trans_a, g.trans_b, g.lda, g.ldb, g.ldc, threads}, [&] { return make_plan(g); });
 }
 
 }  // namespace

@@ -12,21 +12,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
 
 #include "evenflow/engine/cpu/isa.h"
 
 namespace evenflow::cpu_backend {
 inline namespace EF_CPU_ISA {
-
-// The hash of a plan cache's key: the integers that tell one problem from another.
-struct OnednnKeyHash {
-  template <size_t N>
-  size_t operator()(const std::array<int64_t, N>& k) const {
-    size_t h = 0;
-    for (int64_t v : k) h = h * 1000003u ^ std::hash<int64_t>{}(v);
-    return h;
-  }
-};
 
 // The CPU engine every plan is made for.
 const dnnl::engine& onednn_engine();
@@ -46,6 +39,35 @@ struct OnednnPlan {
   dnnl::memory::desc bias;     // optional, passed as it is (DNNL_ARG_BIAS)
   dnnl::memory::desc scratch;  // bytes, the largest scratchpad of the primitive and its reorders
   size_t workspace_bytes = 0;  // the scratchpad at offset 0, then the reordered operands
+};
+
+// The plans made so far, by a key of N integers that tell one problem from another. A plan is never
+// removed, so references to it stay valid, and it is only read after it is made, so threads may run
+// one at once.
+template <size_t N>
+class OnednnPlanCache {
+ public:
+  using Key = std::array<int64_t, N>;
+
+  // The plan of `key`, made by make() the first time.
+  template <typename Make>
+  const OnednnPlan& get(const Key& key, Make make) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    std::unique_ptr<OnednnPlan>& plan = plans_[key];
+    if (!plan) plan = std::make_unique<OnednnPlan>(make());
+    return *plan;
+  }
+
+ private:
+  struct Hash {
+    size_t operator()(const Key& k) const {
+      size_t h = 0;
+      for (int64_t v : k) h = h * 1000003u ^ std::hash<int64_t>{}(v);
+      return h;
+    }
+  };
+  std::mutex mutex_;
+  std::unordered_map<Key, std::unique_ptr<OnednnPlan>, Hash> plans_;
 };
 
 // Completes a plan whose primitive, operands (arg, plain, used) and bias are set: the reorders
