@@ -175,11 +175,11 @@ Batch RandomAffine::operator()(Batch batch, SampleStreams& streams) const {
   const bool maps = has_label_maps("RandomAffine", batch);
   const Tensor& x = batch.images;
   const int64_t n = x.size(0), c = x.size(1), h = x.size(2), w = x.size(3);
-  const std::vector<double> in = x.to_vector();
-  std::vector<double> out(in.size(), 0.0);
-  // The source position of each output pixel of each image, for the label maps.
-  std::vector<std::pair<double, double>> source(maps ? static_cast<size_t>(n * h * w) : 0);
-  const double cy = static_cast<double>(h - 1) / 2, cx = static_cast<double>(w - 1) / 2;
+  // Each image's draw, as the terms of its inverse map.
+  struct Inverse {
+    double cos_s, sin_s, ty, tx;  // cos(angle) / s, sin(angle) / s, the shift
+  };
+  std::vector<Inverse> inverse(static_cast<size_t>(n));
   const auto symmetric = [](RandomStream& rng, double limit) { return (2 * rng.uniform() - 1) * limit; };
   for (int64_t i = 0; i < n; ++i) {
     RandomStream& rng = streams[i];
@@ -187,12 +187,21 @@ Batch RandomAffine::operator()(Batch batch, SampleStreams& streams) const {
     const double s = 1 + symmetric(rng, scale_);
     const double ty = symmetric(rng, translate_) * static_cast<double>(h);
     const double tx = symmetric(rng, translate_) * static_cast<double>(w);
-    const double cos_s = std::cos(angle) / s, sin_s = std::sin(angle) / s;
+    inverse[static_cast<size_t>(i)] = {std::cos(angle) / s, std::sin(angle) / s, ty, tx};
+  }
+  // The input position {row, column} output pixel (y, col) of image i comes from.
+  const double cy = static_cast<double>(h - 1) / 2, cx = static_cast<double>(w - 1) / 2;
+  const auto source = [&](int64_t i, int64_t y, int64_t col) {
+    const Inverse& m = inverse[static_cast<size_t>(i)];
+    const double dy = static_cast<double>(y) - cy - m.ty, dx = static_cast<double>(col) - cx - m.tx;
+    return std::pair<double, double>{-m.sin_s * dx + m.cos_s * dy + cy, m.cos_s * dx + m.sin_s * dy + cx};
+  };
+  const std::vector<double> in = x.to_vector();
+  std::vector<double> out(in.size(), 0.0);
+  for (int64_t i = 0; i < n; ++i) {
     for (int64_t y = 0; y < h; ++y) {
       for (int64_t col = 0; col < w; ++col) {
-        const double dy = static_cast<double>(y) - cy - ty, dx = static_cast<double>(col) - cx - tx;
-        const double sx = cos_s * dx + sin_s * dy + cx, sy = -sin_s * dx + cos_s * dy + cy;
-        if (maps) source[static_cast<size_t>((i * h + y) * w + col)] = {sy, sx};
+        const auto [sy, sx] = source(i, y, col);
         const double fy = std::floor(sy), fx = std::floor(sx);
         const double ay = sy - fy, ax = sx - fx;
         const auto y0 = static_cast<int64_t>(fy), x0 = static_cast<int64_t>(fx);
@@ -215,7 +224,7 @@ Batch RandomAffine::operator()(Batch batch, SampleStreams& streams) const {
   batch.images = from_vector(out, x.shape(), {.dtype = x.dtype(), .device = x.device()});
   if (maps) {
     batch.labels = remap_labels(batch.labels, h, w, label_fill_, [&](int64_t i, int64_t y, int64_t col) {
-      const auto [sy, sx] = source[static_cast<size_t>((i * h + y) * w + col)];
+      const auto [sy, sx] = source(i, y, col);
       // Far outside, a position may not fit int64_t: any value past the map's edge is as good.
       const auto nearest = [](double v, int64_t size) {
         return v > -1 && v < static_cast<double>(size) ? static_cast<int64_t>(std::lround(v)) : int64_t{-1};
