@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #ifndef EF_HD
 #ifdef __CUDACC__
@@ -55,5 +56,19 @@ struct bfloat16 {
     return static_cast<uint16_t>(u >> 16);
   }
 };
+
+/// `v` as an Out, for any two of float, double, int64_t and bfloat16 (the storage types of the
+/// dtypes): to and from bfloat16 through float32, otherwise static_cast. What the backends' copies
+/// between dtypes and their fills compute, on the host and on the device.
+template <typename Out, typename In>
+EF_HD Out dtype_cast(In v) {
+  if constexpr (std::is_same_v<In, bfloat16>) {
+    return static_cast<Out>(static_cast<float>(v));
+  } else if constexpr (std::is_same_v<Out, bfloat16>) {
+    return bfloat16(static_cast<float>(v));
+  } else {
+    return static_cast<Out>(v);
+  }
+}
 
 }  // namespace evenflow

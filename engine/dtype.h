@@ -87,6 +87,13 @@ struct dtype_of<bfloat16> {
   static constexpr DType value = DType::BFloat16;  ///< DType::BFloat16
 };
 
+/// One case of the dispatch macros below: DType::`name` runs the lambda with `scalar_t` = `type`.
+#define EF_DISPATCH_CASE(name, type, ...) \
+  case ::evenflow::DType::name: {         \
+    using scalar_t = type;                \
+    return __VA_ARGS__();                 \
+  }
+
 /// Runs a lambda for the C++ type of `dtype`: EF_DISPATCH_FLOAT for gradient-carrying kernels. The
 /// lambda (the last argument, called with no arguments, e.g. `[&] { ... }`) sees `scalar_t` as
 /// float or double; the macro evaluates to its result. Any other dtype throws ef::Error
@@ -94,14 +101,8 @@ struct dtype_of<bfloat16> {
 #define EF_DISPATCH_FLOAT(dtype, what, ...)                                                        \
   [&] {                                                                                            \
     switch (dtype) {                                                                               \
-      case ::evenflow::DType::Float32: {                                                           \
-        using scalar_t = float;                                                                    \
-        return __VA_ARGS__();                                                                      \
-      }                                                                                            \
-      case ::evenflow::DType::Float64: {                                                           \
-        using scalar_t = double;                                                                   \
-        return __VA_ARGS__();                                                                      \
-      }                                                                                            \
+      EF_DISPATCH_CASE(Float32, float, __VA_ARGS__)                                                \
+      EF_DISPATCH_CASE(Float64, double, __VA_ARGS__)                                               \
       default:                                                                                     \
         EF_ERROR(what, ": dtype ", ::evenflow::dtype_name(dtype),                                  \
                  " is not supported (float32 or float64 expected; bfloat16 is storage: cast it)"); \
@@ -114,18 +115,9 @@ struct dtype_of<bfloat16> {
 #define EF_DISPATCH_ALL(dtype, what, ...)                                                              \
   [&] {                                                                                                \
     switch (dtype) {                                                                                   \
-      case ::evenflow::DType::Float32: {                                                               \
-        using scalar_t = float;                                                                        \
-        return __VA_ARGS__();                                                                          \
-      }                                                                                                \
-      case ::evenflow::DType::Float64: {                                                               \
-        using scalar_t = double;                                                                       \
-        return __VA_ARGS__();                                                                          \
-      }                                                                                                \
-      case ::evenflow::DType::Int64: {                                                                 \
-        using scalar_t = int64_t;                                                                      \
-        return __VA_ARGS__();                                                                          \
-      }                                                                                                \
+      EF_DISPATCH_CASE(Float32, float, __VA_ARGS__)                                                    \
+      EF_DISPATCH_CASE(Float64, double, __VA_ARGS__)                                                   \
+      EF_DISPATCH_CASE(Int64, int64_t, __VA_ARGS__)                                                    \
       case ::evenflow::DType::BFloat16:                                                                \
         EF_ERROR(what, ": dtype bfloat16 is not supported (bfloat16 is storage: cast it to float32)"); \
     }                                                                                                  \
@@ -133,28 +125,16 @@ struct dtype_of<bfloat16> {
   }()
 
 /// As EF_DISPATCH_ALL with bfloat16 too: for what every dtype's storage supports (fill, copies
-/// between dtypes), where `scalar_t` only converts (static_cast to and from the others).
-#define EF_DISPATCH_STORAGE(dtype, what, ...)  \
-  [&] {                                        \
-    switch (dtype) {                           \
-      case ::evenflow::DType::Float32: {       \
-        using scalar_t = float;                \
-        return __VA_ARGS__();                  \
-      }                                        \
-      case ::evenflow::DType::Float64: {       \
-        using scalar_t = double;               \
-        return __VA_ARGS__();                  \
-      }                                        \
-      case ::evenflow::DType::Int64: {         \
-        using scalar_t = int64_t;              \
-        return __VA_ARGS__();                  \
-      }                                        \
-      case ::evenflow::DType::BFloat16: {      \
-        using scalar_t = ::evenflow::bfloat16; \
-        return __VA_ARGS__();                  \
-      }                                        \
-    }                                          \
-    EF_ERROR(what, ": unknown dtype");         \
+/// between dtypes), where `scalar_t` only converts (dtype_cast in bfloat16.h).
+#define EF_DISPATCH_STORAGE(dtype, what, ...)                       \
+  [&] {                                                             \
+    switch (dtype) {                                                \
+      EF_DISPATCH_CASE(Float32, float, __VA_ARGS__)                 \
+      EF_DISPATCH_CASE(Float64, double, __VA_ARGS__)                \
+      EF_DISPATCH_CASE(Int64, int64_t, __VA_ARGS__)                 \
+      EF_DISPATCH_CASE(BFloat16, ::evenflow::bfloat16, __VA_ARGS__) \
+    }                                                               \
+    EF_ERROR(what, ": unknown dtype");                              \
   }()
 
 }  // namespace evenflow

@@ -92,18 +92,12 @@ struct Constant {
   __device__ T operator()() const { return value; }
 };
 
-// Between any two dtypes; to and from bfloat16 through float32 (engine/bfloat16.h).
+// Between any two dtypes (dtype_cast in engine/bfloat16.h), as a functor for map.
 template <typename Out>
 struct CastTo {
   template <typename In>
   __host__ __device__ Out operator()(In v) const {
-    if constexpr (std::is_same_v<In, bfloat16>) {
-      return static_cast<Out>(static_cast<float>(v));
-    } else if constexpr (std::is_same_v<Out, bfloat16>) {
-      return bfloat16(static_cast<float>(v));
-    } else {
-      return static_cast<Out>(v);
-    }
+    return dtype_cast<Out>(v);
   }
 };
 
