@@ -1,12 +1,13 @@
-// bench_loader: what the programs' data pipelines cost, and how much of it worker threads take off
-// the training thread. For classify's (FashionMNIST, batch 100) and segment's (64x64 canvases drawn
-// from FashionMNIST garments, batch 32) pipelines, plain and with --augment (apps/common/augment.h),
-// it runs the first B batches of an epoch with 0, 1, 2 ... loader threads and prints, per row:
-// batches/s and images/s as the consumer sees them, and the consumer's wait per batch (median and
-// 90th percentile). With 0 threads the wait is the whole cost of making a batch on one core, which
-// is what sizes a preprocessing cluster (docs/benchmarks.md, "Data loading"). Every row's batches
-// are checked to be the same bits as the first row's of its pipeline (the loader's promise).
-// scripts/bench_loader.sh runs it.
+// bench_loader: what the programs' data pipelines cost, and how much of it worker threads or a Ray
+// cluster take off the training thread. For classify's (FashionMNIST, batch 100) and segment's (64x64
+// canvases drawn from FashionMNIST garments, batch 32) pipelines, plain and with --augment
+// (apps/common/pipelines.h), it runs the first B batches of an epoch with 0, 1, 2 ... loader
+// threads, and with --ray ADDRESS through that cluster with 1, 2, 4 ... batches in flight, and prints,
+// per row: batches/s and images/s as the consumer sees them, and the consumer's wait per batch
+// (median and 90th percentile). With 0 threads the wait is the whole cost of making a batch on one
+// core, which is what sizes a preprocessing cluster (docs/benchmarks.md, "Data loading"). Every
+// row's batches are checked to be the same bits as the first row's of its pipeline (the loader's
+// promise, Ray included). scripts/bench_loader.sh runs it.
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -16,9 +17,8 @@
 #include <string>
 #include <vector>
 
-#include "apps/common/augment.h"
+#include "apps/common/pipelines.h"
 #include "apps/common/program.h"
-#include "apps/segment/segmentation.h"
 #include "evenflow/data/fashion_mnist.h"
 #include "evenflow/data/loader.h"
 #include "evenflow/engine/device.h"
@@ -33,14 +33,15 @@ struct Args {
   std::string data = ef::data::kFashionMnistRoot;
   int64_t batches = 100;
   std::vector<int> workers = {0, 1, 2};
+  std::string ray;
+  std::vector<int> in_flight = {1, 2, 4, 8};
   std::string only;
 };
 
 struct Pipeline {
   std::string name;
-  std::shared_ptr<const ef::data::Dataset> dataset;
+  std::string description;  // apps/common/pipelines.h
   int64_t batch_size;
-  ef::apps::Transforms transforms;
 };
 
 struct Timing {
@@ -48,10 +49,15 @@ struct Timing {
   double checksum = 0;  // sum of every image value and label, to compare rows
 };
 
-Timing measure(const Pipeline& p, int workers, int64_t batches) {
-  ef::data::DataLoader loader(
-      p.dataset,
-      {.batch_size = p.batch_size, .shuffle = true, .seed = 1, .num_workers = workers, .transforms = p.transforms});
+// `ray` null: the batches made here by `workers` threads; else by the cluster, `workers` at a time.
+Timing measure(const ef::data::Pipeline& p, int64_t batch_size, int workers,
+               const std::shared_ptr<const ef::data::RayBatches>& ray, int64_t batches) {
+  ef::data::DataLoader loader(p.dataset, {.batch_size = batch_size,
+                                          .shuffle = true,
+                                          .seed = 1,
+                                          .num_workers = workers,
+                                          .transforms = ray ? decltype(p.transforms){} : p.transforms,
+                                          .ray = ray});
   const int64_t count = std::min(batches, loader.num_batches());
   std::vector<double> waits;
   Timing t;
@@ -81,29 +87,35 @@ int run(const Args& a) {
   // team per core] in engine/device.cpp).
   ef::set_num_threads(1);
   for (int w : a.workers) EF_CHECK(w >= 0, "--workers takes counts of 0 or more, got ", w);
-  const auto train = std::make_shared<ef::data::FashionMNIST>(ef::data::Split::Train, a.data);
-  EF_CHECK(train->size() > 0, "--data ", a.data, ": no training images");
+  for (int w : a.in_flight) EF_CHECK(w >= 1, "--ray-in-flight takes counts of 1 or more, got ", w);
   constexpr int64_t kCanvas = 64;  // segment's default
-  const auto canvases = std::make_shared<ef::segment::CanvasSet>(
-      ef::data::load_fashion_mnist(ef::data::Split::Train, a.data), 4000, kCanvas, 1, 0);
   const std::vector<Pipeline> pipelines = {
-      {"classify", train, 100, {}},
-      {"classify --augment", train, 100, ef::apps::fashion_augmentation()},
-      {"segment", canvases, 32, {}},
-      {"segment --augment", canvases, 32, ef::apps::canvas_augmentation(kCanvas, ef::segment::kBackground)},
+      {"classify", ef::apps::classify_pipeline(a.data, false), 100},
+      {"classify --augment", ef::apps::classify_pipeline(a.data, true), 100},
+      {"segment", ef::apps::segment_pipeline(a.data, 4000, kCanvas, 1, false), 32},
+      {"segment --augment", ef::apps::segment_pipeline(a.data, 4000, kCanvas, 1, true), 32},
   };
-  std::printf("%-20s %8s %10s %10s %14s %14s\n", "pipeline", "threads", "batches/s", "images/s", "wait ms (med)",
-              "wait ms (p90)");
+  std::printf("%-20s %-8s %8s %10s %10s %14s %14s\n", "pipeline", "where", "workers", "batches/s", "images/s",
+              "wait ms (med)", "wait ms (p90)");
   for (const Pipeline& p : pipelines) {
     if (!a.only.empty() && p.name.find(a.only) == std::string::npos) continue;
+    const ef::data::Pipeline pipeline = ef::apps::make_pipeline(p.description);
+    EF_CHECK(pipeline.dataset->size() > 0, "--data ", a.data, ": no training images");
+    const auto ray = ef::apps::connect_ray(a.ray, p.description);
+    std::vector<std::pair<std::string, int>> rows;  // (where, workers)
+    for (int w : a.workers) rows.emplace_back("threads", w);
+    if (ray)
+      for (int w : a.in_flight) rows.emplace_back("ray", w);
     double reference = 0;
-    for (size_t i = 0; i < a.workers.size(); ++i) {
-      const Timing t = measure(p, a.workers[i], a.batches);
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const auto& [where, workers] = rows[i];
+      const Timing t = measure(pipeline, p.batch_size, workers, where == "ray" ? ray : nullptr, a.batches);
       if (i == 0) reference = t.checksum;
-      EF_CHECK(t.checksum == reference, p.name, ": the batches with ", a.workers[i],
-               " loader threads differ from those with ", a.workers[0]);
-      std::printf("%-20s %8d %10.1f %10.0f %14.3f %14.3f\n", p.name.c_str(), a.workers[i], t.batches_per_s,
-                  t.batches_per_s * static_cast<double>(p.batch_size), t.median_wait_ms, t.p90_wait_ms);
+      EF_CHECK(t.checksum == reference, p.name, ": the batches with ", workers, " ", where,
+               " differ from those of the first row");
+      std::printf("%-20s %-8s %8d %10.1f %10.0f %14.3f %14.3f\n", p.name.c_str(), where.c_str(), workers,
+                  t.batches_per_s, t.batches_per_s * static_cast<double>(p.batch_size), t.median_wait_ms,
+                  t.p90_wait_ms);
       std::fflush(stdout);
     }
   }
@@ -114,12 +126,17 @@ int run(const Args& a) {
 
 int main(int argc, char** argv) {
   Args a;
-  CLI::App app{"evenflow data-loading benchmark: the programs' pipelines, plain and augmented, by loader threads"};
+  CLI::App app{
+      "evenflow data-loading benchmark: the programs' pipelines, plain and augmented, by loader threads and on Ray"};
   app.add_option("--data", a.data, "FashionMNIST folder (IDX files, gzip or raw)");
   app.add_option("--batches", a.batches, "batches per row (from the start of an epoch)")->check(CLI::PositiveNumber);
   app.add_option("--workers", a.workers, "loader thread counts, one row each (0: on the consumer's thread)")
       ->delimiter(',')
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--ray", a.ray, "also through the Ray cluster at this address (ip:port)");
+  app.add_option("--ray-in-flight", a.in_flight, "with --ray, batches in flight, one row each")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber);
   app.add_option("--only", a.only, "run only the pipelines whose name contains this");
   return ef::apps::run_program(app, argc, argv, "bench_loader", [&] { return run(a); });
 }

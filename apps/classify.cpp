@@ -12,8 +12,8 @@
 #include <memory>
 #include <string>
 
-#include "apps/common/augment.h"
 #include "apps/common/fashion_cnn.h"
+#include "apps/common/pipelines.h"
 #include "apps/common/plot.h"
 #include "apps/common/program.h"
 #include "apps/common/run.h"
@@ -87,7 +87,9 @@ int run(const Args& a) {
                      {"augment", a.augment ? "on" : "off"},
                      {"lr", ef::apps::metadata_number(a.lr)},
                      {"seed", std::to_string(a.seed)}});
-  auto train_set = std::make_shared<ef::data::FashionMNIST>(ef::data::Split::Train, a.data);
+  const std::string description = ef::apps::classify_pipeline(a.data, a.augment);
+  const ef::data::Pipeline pipeline = ef::apps::make_pipeline(description);
+  const std::shared_ptr<const ef::data::Dataset> train_set = pipeline.dataset;
   auto test_set = std::make_shared<ef::data::FashionMNIST>(ef::data::Split::Test, a.data);
   EF_CHECK(train_set->size() > 0 && test_set->size() > 0, "--data ", a.data, ": the training set has ",
            train_set->size(), " images and the test set ", test_set->size(), "; both need some");
@@ -106,8 +108,10 @@ int run(const Args& a) {
                   .seed = a.seed,
                   .num_workers = a.workers,
                   .device = devices[0],
-                  .transforms = a.augment ? ef::apps::fashion_augmentation() : ef::apps::Transforms{},
-                  .batch_part = model.batch_part()});
+                  // With --ray they run on the cluster, in its copy of the pipeline.
+                  .transforms = a.ray.empty() ? pipeline.transforms : decltype(pipeline.transforms){},
+                  .batch_part = model.batch_part(),
+                  .ray = ef::apps::connect_ray(a.ray, description)});
   ef::data::DataLoader test_loader(test_set, {.batch_size = 1000, .num_workers = a.workers, .device = devices[0]});
   run.resume(state, "step");
   std::printf("training on %s, %s, %" PRId64 " images, batch %" PRId64 ", %" PRId64 " steps per epoch\n",

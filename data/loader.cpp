@@ -10,6 +10,7 @@
 #include <thread>
 #include <utility>
 
+#include "evenflow/data/pipeline.h"
 #include "evenflow/engine/error.h"
 
 namespace evenflow::data {
@@ -27,7 +28,8 @@ int64_t batch_count(int64_t examples, const DataLoaderOptions& o) {
 // of the sampler's order. Workers claim the lowest unclaimed number under the lock, but only while
 // it is below `consumed + capacity` (capacity = num_workers · prefetch_per_worker), so at most
 // `capacity` batches are being made or waiting at any time. A worker makes its batch without the
-// lock (get_batch, the transforms with the images' SampleStreams, the copy to the device) and
+// lock (make_batch: get_batch and the transforms with the images' SampleStreams, or a Ray task
+// doing the same on a cluster; then the copy to the device) and
 // stores it, or the message of the exception it threw, in slot k % capacity of a ring: a claimed
 // batch is less than `capacity` ahead of the consumer, so its slot is always free. The consumer
 // takes batch `consumed` from its slot, waiting until it is filled, so batches arrive in sampler
@@ -101,9 +103,9 @@ DataLoader::Run::Slot DataLoader::Run::make(int64_t k, int worker) const {
     }
     const std::vector<int64_t> indices(order.begin() + static_cast<std::ptrdiff_t>(begin),
                                        order.begin() + static_cast<std::ptrdiff_t>(end));
-    Batch b = loader.dataset_->get_batch(indices);
-    SampleStreams streams(o.seed, static_cast<uint64_t>(epoch), indices);
-    for (const auto& t : o.transforms) b = (*t)(std::move(b), streams);
+    Batch b = o.ray
+                  ? o.ray->make(indices, o.seed, static_cast<uint64_t>(epoch))
+                  : make_batch(Pipeline{loader.dataset_, o.transforms}, indices, o.seed, static_cast<uint64_t>(epoch));
     if (o.device) {
       // On a CUDA device the copy goes through page-locked staging memory and is asynchronous on
       // the device's stream (Note [Host-to-device copies] in cuda_backend.cu): the worker does not
@@ -193,6 +195,12 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions
     EF_CHECK(t != nullptr, "DataLoader: a transform is null");
   }
   if (options_.device) check_device(*options_.device);
+  EF_CHECK(
+      !options_.ray || options_.transforms.empty(),
+      "DataLoader: with a Ray cluster making the batches, the transforms belong to its pipeline, not to the loader");
+  EF_CHECK(!options_.ray || options_.num_workers >= 1,
+           "DataLoader: with a Ray cluster making the batches, num_workers (the batches it makes at once) must be at "
+           "least 1");
   if (options_.sampler) {
     sampler_ = options_.sampler;
   } else if (options_.shuffle) {

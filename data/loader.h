@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "evenflow/data/dataset.h"
+#include "evenflow/data/ray_batches.h"
 #include "evenflow/data/sampler.h"
 #include "evenflow/data/transforms.h"
 #include "evenflow/engine/device.h"
@@ -40,6 +41,11 @@ struct DataLoaderOptions {
   /// same order and reads only its part, transformed as in the whole batch (random transforms draw
   /// per image: SampleStreams). Unset: whole batches.
   std::function<std::pair<int64_t, int64_t>(int64_t batch_rows)> batch_part = nullptr;
+  /// Preprocessing on a Ray cluster: each worker thread asks `ray` for its batch (the dataset's
+  /// indices go out, the finished batch comes back) instead of making it here, so num_workers is the
+  /// number of batches the cluster makes at once. `ray`'s pipeline must be this dataset with the
+  /// transforms; `transforms` stays empty (they run on the cluster).
+  std::shared_ptr<const RayBatches> ray = nullptr;
 };
 
 /// The batches of a Dataset, one epoch per iteration (see the file's description). One thread
@@ -48,7 +54,7 @@ class DataLoader {
  public:
   /// A loader over `dataset`. ef::Error when the dataset is null, batch_size or prefetch_per_worker
   /// is below 1, num_workers is negative, both a sampler and shuffle are given, a transform is null,
-  /// or the device does not exist.
+  /// the device does not exist, or `ray` is given with transforms or without workers.
   DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions options);
   ~DataLoader();  ///< stops and joins the workers, mid-epoch included
   DataLoader(const DataLoader&) = delete;

@@ -29,7 +29,7 @@ echo "== build (clang, libFuzzer, AddressSanitizer + UBSan) in $build_dir"
 # OpenMP off (the readers do not use it, and clang's would need libomp-dev); no test suites.
 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=Debug -DEF_SHARED=OFF \
   -DCMAKE_CXX_FLAGS_DEBUG="-O1 -gline-tables-only" -DEF_FUZZ=ON -DEF_SANITIZE=address -DEF_CUDA=OFF -DEF_OPENMP=OFF \
-  -DBUILD_TESTING=OFF >/dev/null
+  -DBUILD_TESTING=OFF -DEF_RAY=OFF >/dev/null
 build_targets=()
 for t in "${targets[@]}"; do build_targets+=(--target "fuzz_$t"); done
 cmake --build "$build_dir" --parallel "${JOBS:-$(nproc)}" "${build_targets[@]}"

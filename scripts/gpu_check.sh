@@ -79,7 +79,7 @@ if [[ "${1:-}" == --prepare ]]; then
   rehearsal=$repo/build-rehearsal
   rm -rf "$rehearsal"
   # The system's prefixes out of every find_package/find_library/find_path; the toolkit's stays in.
-  cmake -S . -B "$rehearsal" -G Ninja -DCMAKE_BUILD_TYPE=Release -DEF_SHARED=OFF -DEF_MPI=OFF -DEF_ONEDNN=OFF \
+  cmake -S . -B "$rehearsal" -G Ninja -DCMAKE_BUILD_TYPE=Release -DEF_SHARED=OFF -DEF_MPI=OFF -DEF_ONEDNN=OFF -DEF_RAY=OFF \
     -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_IGNORE_PREFIX_PATH="/usr;/usr/local;/" \
     -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF -DCMAKE_FIND_USE_SYSTEM_PACKAGE_REGISTRY=OFF >"$rehearsal.log" ||
     { cat "$rehearsal.log"; echo "gpu_check --prepare: configure against build-deps/ alone failed" >&2; exit 1; }
@@ -196,7 +196,7 @@ wheel_root() {  # wheel_root <folder under nvidia/> <header>: the folder holding
   fi
   dirname "$(dirname "$header")"
 }
-cmake_args+=(-DEF_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DEF_MPI=OFF -DEF_ONEDNN=OFF -DEF_SHARED=OFF -DCMAKE_BUILD_TYPE=Release
+cmake_args+=(-DEF_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DEF_MPI=OFF -DEF_ONEDNN=OFF -DEF_RAY=OFF -DEF_SHARED=OFF -DCMAKE_BUILD_TYPE=Release
   -DEF_TEST_TIMEOUT=150)
 if [[ ! -f /usr/local/cuda/include/cudnn.h ]] && cudnn_root=$(wheel_root cudnn cudnn.h); then
   note "cuDNN from $cudnn_root"

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Sets up, builds and runs every test: the formatting check, the API reference (no undocumented
-# public declaration), the full suite (CUDA compiled and linked, warnings as errors), the GPU
-# check's preparation (scripts/gpu_check.sh --prepare: a rehearsal of the GPU build), the installs
-# and the example project, the threaded tests again under ThreadSanitizer, the CPU suite (the
-# programs' bad-input table included) under AddressSanitizer + UBSan, and the readers of untrusted
-# files under libFuzzer (60 s each). CUDA tests skip, saying why, where no GPU is visible.
+# public declaration), the full suite (CUDA compiled and linked, Ray built in and its tests run on a
+# local cluster they start, warnings as errors), the GPU check's preparation (scripts/gpu_check.sh
+# --prepare: a rehearsal of the GPU build), the installs and the example project, the threaded tests
+# again under ThreadSanitizer, the CPU suite (the programs' bad-input table included) under
+# AddressSanitizer + UBSan, and the readers of untrusted files under libFuzzer (60 s each). CUDA
+# tests skip, saying why, where no GPU is visible.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh --ray
 
 echo "== format check"
 git ls-files '*.h' '*.cpp' '*.cu' '*.cuh' | xargs clang-format --dry-run -Werror
@@ -15,8 +16,8 @@ git ls-files '*.h' '*.cpp' '*.cu' '*.cuh' | xargs clang-format --dry-run -Werror
 echo "== API reference (Doxygen; any warning fails)"
 bash scripts/docs.sh
 
-echo "== build (Release, warnings as errors)"
-BUILD_DIR=build bash scripts/build.sh -DEF_WERROR=ON
+echo "== build (Release, warnings as errors; with Ray: the Ray tests start a local cluster)"
+BUILD_DIR=build bash scripts/build.sh -DEF_WERROR=ON -DEF_RAY=ON
 echo "== tests"
 (cd build && ctest --output-on-failure --timeout 900 -j "$(nproc)")
 
@@ -28,7 +29,7 @@ bash scripts/test_install.sh
 
 echo "== engine, data-loader and parallel tests (devices, workers, collectives) under ThreadSanitizer"
 BUILD_DIR=build-tsan BUILD_TYPE=RelWithDebInfo TARGETS="test_engine test_data test_parallel test_processes" \
-  bash scripts/build.sh -DEF_SANITIZE=thread -DEF_OPENMP=OFF -DEF_CUDA=OFF -DEF_MPI=ON -DEF_WERROR=ON
+  bash scripts/build.sh -DEF_SANITIZE=thread -DEF_OPENMP=OFF -DEF_CUDA=OFF -DEF_MPI=ON -DEF_RAY=OFF -DEF_WERROR=ON
 # The thread cases first on their own: in a process where no CPU worker has started yet, backward
 # passes run on their calling threads (Note [Backward on the calling thread]).
 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" build-tsan/tests/test_engine --test-case='threads:*'
@@ -45,7 +46,7 @@ echo "== CPU tests under AddressSanitizer + UndefinedBehaviorSanitizer"
 # Without MPI: Open MPI's own allocations, alive at exit by design, would read as leaks. The
 # multi-process tests run in the Release build above.
 BUILD_DIR=build-asan BUILD_TYPE=RelWithDebInfo bash scripts/build.sh -DEF_SANITIZE=address -DEF_CUDA=OFF -DEF_WERROR=ON \
-  -DEF_MPI=OFF
+  -DEF_MPI=OFF -DEF_RAY=OFF
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
   ctest --output-on-failure --timeout 900 -j "$(nproc)")
 

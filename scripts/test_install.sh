@@ -39,7 +39,7 @@ check() {
   shift 2
   local prefix=$work/$name/prefix
   echo "== $name: build, install into $prefix"
-  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF -DEF_NATIVE=OFF \
+  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF -DEF_NATIVE=OFF -DEF_RAY=OFF \
     -DCMAKE_INSTALL_PREFIX="$prefix" "$@" >/dev/null
   local libs=()
   for c in engine io data layers optim losses parallel; do libs+=(--target "ef_$c"); done

@@ -46,6 +46,9 @@ void add_epoch_options(CLI::App& app, EpochOptions& o, const std::string& seed_h
                "augment the training images: a small random rotation and scaling, a random crop after padding and a "
                "horizontal flip, drawn per image from (seed, epoch, image), so the batches are the same on any "
                "devices, processes and loader workers");
+  app.add_option("--ray", o.ray,
+                 "make the training batches on the Ray cluster at this address (ip:port, as `ray start --head` "
+                 "prints it; evenflow built with Ray): --workers batches at a time, the same batches as made here");
 }
 
 DType compute_dtype(const RunOptions& o) {

@@ -71,8 +71,9 @@ struct EpochOptions : RunOptions {
   double lr = 1e-3;
   int64_t steps = 0;
   bool augment = false;  // the program's random augmentation of the training images
+  std::string ray;       // a Ray cluster's address: the training batches are made there
 };
-// add_run_options, and the five options of EpochOptions.
+// add_run_options, and the six options of EpochOptions.
 void add_epoch_options(CLI::App& app, EpochOptions& o, const std::string& seed_help);
 
 // A number as checkpoint metadata: exactly (%.17g), so two settings that differ never compare equal.

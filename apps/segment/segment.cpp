@@ -21,8 +21,8 @@
 #include <memory>
 #include <string>
 
-#include "apps/common/augment.h"
 #include "apps/common/image.h"
+#include "apps/common/pipelines.h"
 #include "apps/common/plot.h"
 #include "apps/common/program.h"
 #include "apps/common/run.h"
@@ -109,7 +109,9 @@ void write_predictions(const std::string& path, const ef::data::Batch& shown,
 struct Setup {
   std::vector<ef::Device> devices;
   ef::DType dtype = ef::kFloat32;
-  std::shared_ptr<seg::CanvasSet> train, test;
+  ef::data::Pipeline train;                         // segment_pipeline's
+  std::shared_ptr<const ef::data::RayBatches> ray;  // --ray: where the training batches are made
+  std::shared_ptr<seg::CanvasSet> test;
   ef::data::Batch shown;  // the first kShown held-out canvases
 };
 
@@ -181,24 +183,26 @@ Outcome train(const Args& a, const Setup& s, const std::string& spec, apps::Run&
   ef::parallel::ReplicatedOptimizer<ef::optim::Adam> opt(model, ef::optim::AdamOptions{.lr = a.lr});
   ef::parallel::TrainingState state({{"", model, opt}});
   // Batches stay on the host; scatter copies each chunk straight to its device.
-  ef::data::DataLoader train_loader(
-      s.train, {.batch_size = a.batch_size,
-                .shuffle = true,
-                .seed = a.seed,
-                .num_workers = a.workers,
-                .transforms = a.augment ? apps::canvas_augmentation(a.canvas, seg::kBackground) : apps::Transforms{},
-                .batch_part = model.batch_part()});
+  ef::data::DataLoader train_loader(s.train.dataset,
+                                    {.batch_size = a.batch_size,
+                                     .shuffle = true,
+                                     .seed = a.seed,
+                                     .num_workers = a.workers,
+                                     // With --ray they run on the cluster, in its copy of the pipeline.
+                                     .transforms = s.ray ? decltype(s.train.transforms){} : s.train.transforms,
+                                     .batch_part = model.batch_part(),
+                                     .ray = s.ray});
   ef::data::DataLoader test_loader(s.test, {.batch_size = kEvalBatch, .num_workers = a.workers});
   run.resume(state, "step", start_if_missing);
   std::printf("training loss %s on %s, %s, %" PRId64 " canvases %" PRId64 "x%" PRId64 ", batch %" PRId64 ", %" PRId64
               " steps per epoch\n",
-              spec.c_str(), apps::describe_devices(s.devices).c_str(), a.dtype.c_str(), s.train->size(), a.canvas,
-              a.canvas, a.batch_size, train_loader.num_batches());
+              spec.c_str(), apps::describe_devices(s.devices).c_str(), a.dtype.c_str(), s.train.dataset->size(),
+              a.canvas, a.canvas, a.batch_size, train_loader.num_batches());
   std::fflush(stdout);
 
   apps::setup_done();
   run.train_epochs(
-      train_loader, s.train->size(), a.epochs, a.steps,
+      train_loader, s.train.dataset->size(), a.epochs, a.steps,
       [&](ef::data::Batch& b) {
         const ef::Tensor loss = criterion(model(model.scatter(b.images.to(s.dtype))), model.scatter(b.labels));
         opt.zero_grad();
@@ -284,8 +288,9 @@ int run(const Args& a, const std::string& command) {
   }
   const bool primary = runs[0]->primary();
   ef::set_num_threads(a.threads > 0 ? a.threads : ef::parallel::cpu_threads_per_device(s.devices));
-  s.train = std::make_shared<seg::CanvasSet>(ef::data::load_fashion_mnist(ef::data::Split::Train, a.data), a.train_size,
-                                             a.canvas, a.seed, 0);
+  const std::string description = apps::segment_pipeline(a.data, a.train_size, a.canvas, a.seed, a.augment);
+  s.train = apps::make_pipeline(description);
+  s.ray = apps::connect_ray(a.ray, description);
   s.test = std::make_shared<seg::CanvasSet>(ef::data::load_fashion_mnist(ef::data::Split::Test, a.data), a.test_size,
                                             a.canvas, a.seed, 1);
   std::vector<int64_t> shown(static_cast<size_t>(std::min(kShown, a.test_size)));

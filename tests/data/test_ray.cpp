@@ -1,0 +1,216 @@
+// Preprocessing on a Ray cluster (data/ray_batches.h), against a local cluster this test starts
+// itself on a free port and stops at exit: the programs' --augment batches made by Ray are the bits
+// made on the training thread (classify and segment train the same losses, bitwise, in float64; 2
+// processes x 2 devices under mpirun on Ray train what 1 x 1 does locally); killing the Ray workers
+// mid-epoch costs a retry and no bit of any batch; a task that fails, an unreachable cluster and a
+// driver that dies end in ef::Error naming the address and batch, in bounded time. One CTest entry
+// (one cluster); built and run only with Ray (EF_RAY).
+#include <doctest/doctest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <regex>
+#include <thread>
+
+#include "apps/common/pipelines.h"
+#include "evenflow/data/loader.h"
+#include "evenflow/engine/ops.h"
+#include "tests/testing/helpers.h"
+#include "tests/train/app_runner.h"
+
+using namespace evenflow;
+using namespace evenflow::data;
+using evenflow::testing::AppResult;
+using evenflow::testing::error_of;
+using evenflow::testing::run_app;
+using evenflow::testing::step_losses;
+using evenflow::testing::TempDir;
+using evenflow::testing::write_fashion_split;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+int free_port() {
+  const int s = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t n = sizeof(a);
+  const bool ok = ::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
+                  ::getsockname(s, reinterpret_cast<sockaddr*>(&a), &n) == 0;
+  ::close(s);
+  EF_CHECK(ok, "test_ray: no free port");
+  return ntohs(a.sin_port);
+}
+
+std::string shell(const std::string& cmd) {
+  std::string out;
+  if (std::FILE* p = ::popen((cmd + " 2>&1").c_str(), "r")) {
+    char buf[4096];
+    for (size_t n; (n = std::fread(buf, 1, sizeof(buf), p)) > 0;) out.append(buf, n);
+    ::pclose(p);
+  }
+  return out;
+}
+
+// A head node with 2 CPUs on a free port, stopped when the test ends. Its address is the one
+// `ray start` prints (the node's IP: a driver that names 127.0.0.1 instead waits forever).
+struct Cluster {
+  std::string address;
+  Cluster() {
+    const std::string out = shell(std::string(EF_RAY_BIN) + "/ray start --head --port=" + std::to_string(free_port()) +
+                                  " --num-cpus=2 --disable-usage-stats --include-dashboard=false");
+    std::smatch m;
+    if (!std::regex_search(out, m, std::regex("--address='([^']+)'"))) {
+      shell(std::string(EF_RAY_BIN) + "/ray stop --force");
+      EF_ERROR("test_ray: `ray start --head` failed: ", out);
+    }
+    address = m[1];
+  }
+  ~Cluster() { shell(std::string(EF_RAY_BIN) + "/ray stop --force"); }
+};
+
+const std::string& cluster() {
+  static Cluster c;
+  return c.address;
+}
+
+struct TinyData {
+  TempDir dir;
+  TinyData() {
+    write_fashion_split(dir, "train", 200, 0);
+    write_fashion_split(dir, "t10k", 40, 3);
+  }
+  std::string path() const { return dir.path().string(); }
+};
+
+void check_same_losses(const AppResult& a, const AppResult& b, size_t steps, double rtol) {
+  REQUIRE_MESSAGE(a.rc == 0, a.output);
+  REQUIRE_MESSAGE(b.rc == 0, b.output);
+  const auto la = step_losses(a.output), lb = step_losses(b.output);
+  REQUIRE(la.size() == steps);
+  REQUIRE(lb.size() == steps);
+  for (size_t i = 0; i < steps; ++i) {
+    CAPTURE(i);
+    CHECK(la[i].first == lb[i].first);
+    if (rtol == 0) {
+      CHECK(la[i].second == lb[i].second);
+    } else {
+      const double x = std::stod(la[i].second), y = std::stod(lb[i].second);
+      CHECK(std::abs(x - y) <= rtol * std::abs(x));
+    }
+  }
+}
+
+std::vector<std::pair<std::vector<double>, std::vector<int64_t>>> epoch_batches(DataLoader& loader, int64_t epoch,
+                                                                                int kill_after = -1,
+                                                                                int* killed = nullptr) {
+  std::vector<std::pair<std::vector<double>, std::vector<int64_t>>> out;
+  loader.epoch(epoch);
+  for (Batch& b : loader) {
+    out.emplace_back(b.images.to_vector(), b.labels.to_int_vector());
+    if (static_cast<int>(out.size()) == kill_after) {
+      // Every Ray worker process (their tasks in flight among them): Ray starts new ones and runs
+      // the lost tasks again. `-x`: the process name, not the raylet whose command line names it.
+      *killed = std::stoi(shell("p=$(pgrep -x default_worker); kill -9 $p; echo $p | wc -w"));
+      MESSAGE("killed ", *killed, " Ray workers after batch ", kill_after);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("ray: classify --augment trains the same losses, bitwise, with its batches made on Ray") {
+  TinyData data;
+  TempDir local, ray;
+  const std::string common =
+      "--data " + data.path() +
+      " --augment --dtype float64 --batch-size 16 --epochs 2 --steps 15 --threads 1 --print-loss";
+  const AppResult a = run_app(EF_CLASSIFY_BIN, common + " --workers 0 --out " + local.path().string());
+  const AppResult b =
+      run_app(EF_CLASSIFY_BIN, common + " --workers 3 --ray " + cluster() + " --out " + ray.path().string());
+  check_same_losses(a, b, 15, 0);
+  CHECK(b.output.find("training batches made on the Ray cluster at " + cluster()) != std::string::npos);
+}
+
+TEST_CASE("ray: segment --augment trains the same losses, bitwise, with its batches made on Ray") {
+  TinyData data;
+  TempDir local, ray;
+  const std::string common = "--data " + data.path() +
+                             " --augment --canvas 32 --train-size 48 --test-size 8 --batch-size 8 --loss ce+dice "
+                             "--dtype float64 --steps 8 --threads 1 --print-loss";
+  const AppResult a = run_app(EF_SEGMENT_BIN, common + " --workers 0 --out " + local.path().string());
+  const AppResult b =
+      run_app(EF_SEGMENT_BIN, common + " --workers 4 --ray " + cluster() + " --out " + ray.path().string());
+  check_same_losses(a, b, 8, 0);
+  CHECK(b.output.find("training batches made on the Ray cluster at " + cluster()) != std::string::npos);
+}
+
+#ifdef EF_MPIEXEC
+TEST_CASE("ray: segment --augment on 2 processes x 2 devices, batches from Ray, trains what 1 x 1 does locally") {
+  setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 0);
+  setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 0);
+  setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 0);
+  TinyData data;
+  TempDir local, ray;
+  const std::string common = "--data " + data.path() +
+                             " --augment --canvas 32 --train-size 48 --test-size 8 --batch-size 8 --loss ce+dice "
+                             "--dtype float64 --steps 4 --threads 1 --print-loss";
+  const AppResult a = run_app(EF_SEGMENT_BIN, common + " --devices cpu --workers 0 --out " + local.path().string());
+  const AppResult b =
+      run_app(std::string(EF_MPIEXEC) + " -np 2 " + EF_SEGMENT_BIN,
+              common + " --devices cpu:2 --workers 2 --ray " + cluster() + " --out " + ray.path().string());
+  // As the other N-devices-equal-one tests: float64 sums in another order.
+  check_same_losses(a, b, 4, 1e-10);
+}
+#endif
+
+TEST_CASE("ray: killing the Ray workers mid-epoch costs a retry, not a bit of any batch") {
+  TinyData data;
+  const std::string description = apps::classify_pipeline(data.path(), true);
+  const Pipeline p = apps::make_pipeline(description);
+  DataLoader here(p.dataset, {.batch_size = 10, .shuffle = true, .seed = 7, .transforms = p.transforms});
+  const auto ray = std::make_shared<const RayBatches>(RayOptions{.address = cluster(), .pipeline = description});
+  DataLoader there(p.dataset, {.batch_size = 10, .shuffle = true, .seed = 7, .num_workers = 4, .ray = ray});
+  const auto start = Clock::now();
+  int workers = 0;
+  const auto killed = epoch_batches(there, 1, 5, &workers);
+  CHECK(workers >= 1);
+  MESSAGE("the epoch with the kill took ", std::chrono::duration<double>(Clock::now() - start).count(), " s");
+  const auto expected = epoch_batches(here, 1);
+  REQUIRE(killed.size() == 20);
+  CHECK(killed == expected);
+  // And the next epoch, on the new workers.
+  CHECK(epoch_batches(there, 2) == epoch_batches(here, 2));
+}
+
+TEST_CASE("ray: a failing task, an unreachable cluster and a dead driver end in ef::Error naming the address") {
+  // The workers cannot read the data: the task's exception, with the path, reaches the caller.
+  const RayBatches broken({.address = cluster(), .pipeline = apps::classify_pipeline("/nonexistent/fashion", false)});
+  const std::string failed = error_of([&] { broken.make({3, 4}, 1, 0); });
+  CHECK(failed.find("dataset index 3 on the Ray cluster at " + cluster() + " failed") != std::string::npos);
+  CHECK(failed.find("/nonexistent/fashion") != std::string::npos);
+
+  const std::string nowhere = "127.0.0.1:" + std::to_string(free_port());
+  auto start = Clock::now();
+  const std::string unreachable =
+      error_of([&] { RayBatches({.address = nowhere, .pipeline = "x", .connect_timeout_s = 20}); });
+  CHECK(unreachable.find(nowhere) != std::string::npos);
+  CHECK(Clock::now() - start < std::chrono::seconds(60));
+
+  TinyData data;
+  const RayBatches ray({.address = cluster(), .pipeline = apps::classify_pipeline(data.path(), false)});
+  CHECK(ray.make({0, 1, 2}, 1, 0).labels.to_int_vector().size() == 3);
+  shell("pkill -9 -x ef_ray_driver");
+  start = Clock::now();
+  const std::string dead = error_of([&] { ray.make({0, 1, 2}, 1, 0); });
+  CHECK(dead.find("on the Ray cluster at " + cluster()) != std::string::npos);
+  CHECK(dead.find("stopped answering (killed by signal 9)") != std::string::npos);
+  CHECK(Clock::now() - start < std::chrono::seconds(30));
+}
