@@ -46,8 +46,8 @@ bool submit(const std::string& pipeline, std::list<Pending>& pending) {
 }
 
 // Answers the tasks that have finished, waiting up to `timeout_ms` for the first; false when the
-// socket has closed.
-bool answer_finished(std::list<Pending>& pending, int timeout_ms) {
+// socket has closed. `library`: the task library's path, for the message when workers lack it.
+bool answer_finished(std::list<Pending>& pending, int timeout_ms, const std::string& library) {
   std::vector<ray::ObjectRef<std::string>> refs;
   for (const Pending& p : pending) refs.push_back(p.result);
   const ray::WaitResult<std::string> done = ray::Wait(refs, 1, timeout_ms);
@@ -58,7 +58,10 @@ bool answer_finished(std::list<Pending>& pending, int timeout_ms) {
       try {
         sent = answer(it->id, proto::kOk, *ray::Get(it->result));
       } catch (const std::exception& e) {
-        sent = answer(it->id, proto::kFailed, e.what());
+        std::string message = e.what();
+        if (message.find("RayFunctionNotFound") != std::string::npos)
+          message += " (the workers load the task library " + library + ": it must be at that path on every node)";
+        sent = answer(it->id, proto::kFailed, message);
       }
       pending.erase(it);
       if (!sent) return false;
@@ -96,7 +99,7 @@ int main(int argc, char** argv) {
       const int n = ::poll(&p, 1, pending.empty() ? -1 : 0);
       if (n < 0 && errno != EINTR) break;
       if (n > 0 && !submit(pipeline, pending)) break;
-      if (n <= 0 && !pending.empty() && !answer_finished(pending, 5)) break;
+      if (n <= 0 && !pending.empty() && !answer_finished(pending, 5, library)) break;
     }
   } else {
     rc = 1;

@@ -14,6 +14,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <regex>
 #include <thread>
 
@@ -126,17 +128,24 @@ std::vector<std::pair<std::vector<double>, std::vector<int64_t>>> epoch_batches(
 
 }  // namespace
 
-TEST_CASE("ray: classify --augment trains the same losses, bitwise, with its batches made on Ray") {
+TEST_CASE("ray: classify --augment trains the same losses, bitwise, with its batches made on Ray, resumed too") {
   TinyData data;
-  TempDir local, ray;
+  TempDir local, ray, split;
   const std::string common =
-      "--data " + data.path() +
-      " --augment --dtype float64 --batch-size 16 --epochs 2 --steps 15 --threads 1 --print-loss";
-  const AppResult a = run_app(EF_CLASSIFY_BIN, common + " --workers 0 --out " + local.path().string());
-  const AppResult b =
-      run_app(EF_CLASSIFY_BIN, common + " --workers 3 --ray " + cluster() + " --out " + ray.path().string());
+      "--data " + data.path() + " --augment --dtype float64 --batch-size 16 --epochs 2 --threads 1 --print-loss";
+  const AppResult a = run_app(EF_CLASSIFY_BIN, common + " --steps 15 --workers 0 --out " + local.path().string());
+  const std::string on_ray = common + " --workers 3 --ray " + cluster();
+  const AppResult b = run_app(EF_CLASSIFY_BIN, on_ray + " --steps 15 --out " + ray.path().string());
   check_same_losses(a, b, 15, 0);
   CHECK(b.output.find("training batches made on the Ray cluster at " + cluster()) != std::string::npos);
+  // Stopped at step 8 (mid-epoch: 13 steps an epoch) and resumed: the same batches from step 9 on.
+  const AppResult first = run_app(EF_CLASSIFY_BIN, on_ray + " --steps 8 --out " + split.path().string());
+  REQUIRE_MESSAGE(first.rc == 0, first.output);
+  const AppResult rest = run_app(EF_CLASSIFY_BIN, on_ray + " --steps 15 --resume --out " + split.path().string());
+  REQUIRE_MESSAGE(rest.rc == 0, rest.output);
+  const auto whole = step_losses(a.output), resumed = step_losses(rest.output);
+  REQUIRE(resumed.size() == 7);
+  CHECK(std::vector(whole.begin() + 8, whole.end()) == resumed);
 }
 
 TEST_CASE("ray: segment --augment trains the same losses, bitwise, with its batches made on Ray") {
@@ -190,12 +199,32 @@ TEST_CASE("ray: killing the Ray workers mid-epoch costs a retry, not a bit of an
   CHECK(epoch_batches(there, 2) == epoch_batches(here, 2));
 }
 
-TEST_CASE("ray: a failing task, an unreachable cluster and a dead driver end in ef::Error naming the address") {
+TEST_CASE("ray: a failing task, a missing task library, an unreachable cluster and a dead driver end in ef::Error") {
   // The workers cannot read the data: the task's exception, with the path, reaches the caller.
   const RayBatches broken({.address = cluster(), .pipeline = apps::classify_pipeline("/nonexistent/fashion", false)});
   const std::string failed = error_of([&] { broken.make({3, 4}, 1, 0); });
   CHECK(failed.find("dataset index 3 on the Ray cluster at " + cluster() + " failed") != std::string::npos);
   CHECK(failed.find("/nonexistent/fashion") != std::string::npos);
+
+  // The workers cannot find the task library (on a real cluster: not at the same path on a node).
+  // A copy of the driver and library, the library deleted once the driver has loaded it.
+  TinyData data;
+  TempDir copy;
+  const std::filesystem::path built = RayBatches::built_driver();
+  std::filesystem::copy_file(built, copy.path() / "ef_ray_driver");
+  std::filesystem::copy_file(built.parent_path() / "libef_ray_tasks.so", copy.path() / "libef_ray_tasks.so");
+  {
+    std::ofstream(copy.file("driver.sh")) << "#!/bin/sh\nLD_LIBRARY_PATH=" << copy.path().string() << " exec "
+                                          << copy.file("ef_ray_driver") << " \"$@\"\n";
+  }
+  std::filesystem::permissions(copy.file("driver.sh"), std::filesystem::perms::owner_all);
+  const RayBatches lost({.address = cluster(),
+                         .pipeline = apps::classify_pipeline(data.path(), false),
+                         .driver = copy.file("driver.sh")});
+  std::filesystem::remove(copy.path() / "libef_ray_tasks.so");
+  const std::string missing = error_of([&] { lost.make({5}, 1, 0); });
+  CHECK(missing.find("dataset index 5 on the Ray cluster at " + cluster() + " failed") != std::string::npos);
+  CHECK(missing.find("the workers load the task library " + copy.file("libef_ray_tasks.so")) != std::string::npos);
 
   const std::string nowhere = "127.0.0.1:" + std::to_string(free_port());
   auto start = Clock::now();
@@ -204,7 +233,6 @@ TEST_CASE("ray: a failing task, an unreachable cluster and a dead driver end in 
   CHECK(unreachable.find(nowhere) != std::string::npos);
   CHECK(Clock::now() - start < std::chrono::seconds(60));
 
-  TinyData data;
   const RayBatches ray({.address = cluster(), .pipeline = apps::classify_pipeline(data.path(), false)});
   CHECK(ray.make({0, 1, 2}, 1, 0).labels.to_int_vector().size() == 3);
   shell("pkill -9 -x ef_ray_driver");
