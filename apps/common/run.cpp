@@ -148,7 +148,10 @@ void Run::check_loss(double loss, int64_t step, const std::string& what, const s
            : loss > 0       ? "inf"
                             : "-inf",
            "; stopping (the last checkpoint saved is intact; a smaller --lr may help)");
-  if (options_.print_loss) std::printf("%s loss %.17g\n", label.c_str(), loss);
+  if (options_.print_loss) {
+    std::printf("%s loss %.17g\n", label.c_str(), loss);
+    std::fflush(stdout);  // line by line into a pipe too, for whoever follows the run
+  }
 }
 
 void Run::train_epochs(data::DataLoader& loader, int64_t examples, int64_t epochs, int64_t max_steps,

@@ -1,14 +1,16 @@
 // Preprocessing on a Ray cluster (data/ray_batches.h), against a local cluster this test starts
 // itself on a free port and stops at exit: the programs' --augment batches made by Ray are the bits
-// made on the training thread (classify and segment train the same losses, bitwise, in float64; 2
-// processes x 2 devices under mpirun on Ray train what 1 x 1 does locally); killing the Ray workers
-// mid-epoch costs a retry and no bit of any batch; a task that fails, an unreachable cluster and a
+// made on the training thread (classify and segment train the same losses, bitwise, in float64, and
+// classify does with every Ray worker killed mid-run, and resumed mid-epoch; 2 processes x 2 devices
+// under mpirun on Ray train what 1 x 1 does locally); killing the Ray workers mid-epoch costs a
+// retry and no bit of any batch; a task that fails, an unreachable cluster and a
 // driver that dies end in ef::Error naming the address and batch, in bounded time. One CTest entry
 // (one cluster); built and run only with Ray (EF_RAY).
 #include <doctest/doctest.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -91,6 +93,24 @@ struct TinyData {
   std::string path() const { return dir.path().string(); }
 };
 
+// run_app, killing every Ray worker process once the output has shown step `kill_at`.
+AppResult run_app_killing_workers(const std::string& binary, const std::string& args, int kill_at, int* killed) {
+  std::FILE* p = ::popen((binary + " " + args + " 2>&1").c_str(), "r");
+  REQUIRE(p != nullptr);
+  AppResult r;
+  char line[4096];
+  while (std::fgets(line, sizeof(line), p) != nullptr) {
+    r.output += line;
+    if (std::string(line).rfind("step " + std::to_string(kill_at) + " loss", 0) == 0) {
+      *killed = std::stoi(shell("p=$(pgrep -x default_worker); kill -9 $p; echo $p | wc -w"));
+      r.output += "(killed the Ray workers)\n";
+    }
+  }
+  const int status = ::pclose(p);
+  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
 void check_same_losses(const AppResult& a, const AppResult& b, size_t steps, double rtol) {
   REQUIRE_MESSAGE(a.rc == 0, a.output);
   REQUIRE_MESSAGE(b.rc == 0, b.output);
@@ -128,15 +148,21 @@ std::vector<std::pair<std::vector<double>, std::vector<int64_t>>> epoch_batches(
 
 }  // namespace
 
-TEST_CASE("ray: classify --augment trains the same losses, bitwise, with its batches made on Ray, resumed too") {
+TEST_CASE("ray: classify --augment trains the same losses, bitwise, on Ray, with its workers killed, resumed") {
   TinyData data;
   TempDir local, ray, split;
   const std::string common =
       "--data " + data.path() + " --augment --dtype float64 --batch-size 16 --epochs 2 --threads 1 --print-loss";
   const AppResult a = run_app(EF_CLASSIFY_BIN, common + " --steps 15 --workers 0 --out " + local.path().string());
   const std::string on_ray = common + " --workers 3 --ray " + cluster();
-  const AppResult b = run_app(EF_CLASSIFY_BIN, on_ray + " --steps 15 --out " + ray.path().string());
+  // Every Ray worker killed after step 4 (its next batches in flight): Ray runs them again.
+  int killed = 0;
+  const AppResult b =
+      run_app_killing_workers(EF_CLASSIFY_BIN, on_ray + " --steps 15 --out " + ray.path().string(), 4, &killed);
+  CHECK(killed >= 1);
   check_same_losses(a, b, 15, 0);
+  // The kill came mid-run: the program printed steps after it (--print-loss flushes each line).
+  CHECK(b.output.find("(killed the Ray workers)\nstep 5 loss") != std::string::npos);
   CHECK(b.output.find("training batches made on the Ray cluster at " + cluster()) != std::string::npos);
   // Stopped at step 8 (mid-epoch: 13 steps an epoch) and resumed: the same batches from step 9 on.
   const AppResult first = run_app(EF_CLASSIFY_BIN, on_ray + " --steps 8 --out " + split.path().string());
