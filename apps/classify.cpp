@@ -132,13 +132,14 @@ int run(const Args& a) {
       },
       [&](const ef::apps::Run::EpochStats& e) {
         const Evaluation ev = evaluate(model.module(), test_loader, dtype);
-        run.metrics().append({{"epoch", e.epochs_done},
-                              {"step", static_cast<double>(run.progress().step)},
-                              {"train_loss", e.mean_loss},
-                              {"test_loss", ev.loss},
-                              {"test_accuracy", ev.accuracy},
-                              {"seconds", e.seconds},
-                              {"images_per_s", e.images_per_s}});
+        run.log({{"epoch", e.epochs_done},
+                 {"step", static_cast<double>(run.progress().step)},
+                 {"train_loss", e.mean_loss},
+                 {"test_loss", ev.loss},
+                 {"test_accuracy", ev.accuracy},
+                 {"seconds", e.seconds},
+                 {"images_per_s", e.images_per_s}});
+        run.scalar("learning_rate", a.lr, run.progress().step);
         std::printf(
             "epoch %.6g  step %" PRId64 "  train loss %.4f  test loss %.4f  test accuracy %.2f%%  %.1f s  %.0f img/s\n",
             e.epochs_done, run.progress().step, e.mean_loss, ev.loss, 100 * ev.accuracy, e.seconds, e.images_per_s);

@@ -286,7 +286,9 @@ int run(const Args& a) {
     gen.module().train();
     char name[64];
     std::snprintf(name, sizeof name, "step_%06" PRId64 ".png", step);
-    ef::apps::write_png((fs::path(a.out) / "samples" / name).string(), ef::apps::image_grid(images, 8, -1.0, 1.0, 2));
+    const ef::apps::RgbImage grid = ef::apps::image_grid(images, 8, -1.0, 1.0, 2);
+    ef::apps::write_png((fs::path(a.out) / "samples" / name).string(), grid);
+    run.image("samples", grid, step);
   };
   const auto frechet = [&]() -> double {
     if (!fid.net || !primary) return NAN;
@@ -430,14 +432,18 @@ int run(const Args& a) {
         std::fflush(stdout);
       }
     }
-    run.metrics().append({{"step", static_cast<double>(progress.step)},
-                          {"critic_loss", critic_loss},
-                          {"generator_loss", generator_loss},
-                          {"wasserstein", wasserstein},
-                          {"frechet", frechet_distance},
-                          {"frechet_floor", std::isnan(frechet_distance) ? NAN : fid.floor},
-                          {"seconds", seconds},
-                          {"images_per_s", images_per_s}});
+    run.log({{"step", static_cast<double>(progress.step)},
+             {"critic_loss", critic_loss},
+             {"generator_loss", generator_loss},
+             {"wasserstein", wasserstein},
+             {"frechet", frechet_distance},
+             {"frechet_floor", std::isnan(frechet_distance) ? NAN : fid.floor},
+             {"seconds", seconds},
+             {"images_per_s", images_per_s}});
+    // TensorBoard only: the last critic step's loss is its Wasserstein term (minus the estimate)
+    // plus its penalty, both weighted by chunk as the criterion weighs them.
+    run.scalar("penalty", critic_loss + wasserstein, progress.step);
+    run.scalar("learning_rate", a.lr, progress.step);
     if (progress.step % a.sample_every == 0 || last) sample(progress.step);
     if (progress.step % a.sample_every == 0 || progress.step % a.fid_every == 0 || last) save();
   }

@@ -8,7 +8,7 @@
 # tests skip, saying why, where no GPU is visible.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh --ray
+bash scripts/setup.sh --ray --tensorboard
 
 echo "== format check"
 git ls-files '*.h' '*.cpp' '*.cu' '*.cuh' | xargs clang-format --dry-run -Werror

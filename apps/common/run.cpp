@@ -119,7 +119,13 @@ Run::Run(const RunOptions& options, fs::path out, std::vector<std::string> metri
       metadata_(std::move(metadata)),
       metrics_(std::move(metric_columns)),
       primary_(primary_process()) {
-  if (primary_) prepare_output_folder(out_, options_.resume, options_.overwrite);
+  if (!primary_) return;
+  prepare_output_folder(out_, options_.resume, options_.overwrite);
+  if (!options_.resume) {
+    for (const auto& entry : fs::directory_iterator(out_))
+      if (entry.path().filename().string().rfind("events.out.tfevents.", 0) == 0) fs::remove(entry.path());
+  }
+  events_ = std::make_unique<io::EventWriter>(out_);
 }
 
 bool Run::resume(parallel::TrainingState& state, const std::string& unit, bool start_if_missing) {
@@ -130,6 +136,7 @@ bool Run::resume(parallel::TrainingState& state, const std::string& unit, bool s
   check_metadata(path, ck.metadata, metadata_);
   progress_ = ck.progress;
   metrics_.read_up_to(file(kMetrics), progress_.step);
+  if (events_) events_->restart(progress_.step + 1);  // the first step this run logs
   std::printf("resuming from %s at %s %" PRId64 "\n", path.c_str(), unit.c_str(), progress_.step);
   std::fflush(stdout);
   return true;
@@ -140,6 +147,28 @@ void Run::save(const parallel::TrainingState& state, const std::function<void()>
   metrics_.write(file(kMetrics));
   if (outputs) outputs();
   state.save(file(kCheckpoint), progress_, metadata_);
+}
+
+void Run::log(const std::vector<std::pair<std::string, double>>& values) {
+  metrics_.append(values);
+  if (!events_) return;
+  const auto step = std::find_if(values.begin(), values.end(), [](const auto& v) { return v.first == "step"; });
+  for (const auto& [name, value] : values)
+    if (name != "step" && !std::isnan(value)) events_->scalar(name, value, static_cast<int64_t>(step->second));
+  events_->flush();
+}
+
+void Run::scalar(const std::string& tag, double value, int64_t step) {
+  if (!events_) return;
+  events_->scalar(tag, value, step);
+  events_->flush();
+}
+
+void Run::image(const std::string& tag, const RgbImage& image, int64_t step) {
+  if (!events_) return;
+  const std::vector<uint8_t> png = encode_png(image);
+  events_->image(tag, std::string(png.begin(), png.end()), image.height, image.width, 3, step);
+  events_->flush();
 }
 
 void Run::check_loss(double loss, int64_t step, const std::string& what, const std::string& label) const {

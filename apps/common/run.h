@@ -1,8 +1,9 @@
 // A training run, as the programs (classify, segment, wgan_gp) share it: the same options with the
 // same names, meanings and checks; one component that owns the run's folder and state -- the
-// refuse / --resume / --overwrite policy, the metrics log, the checkpoint of the whole training
-// state and the resume from it, the progress in the program's unit, the loss checks -- and the
-// epoch loop of the programs that train by epochs. A program keeps only its model, loss and schedule.
+// refuse / --resume / --overwrite policy, the metrics log and its TensorBoard events, the checkpoint
+// of the whole training state and the resume from it, the progress in the program's unit, the loss
+// checks -- and the epoch loop of the programs that train by epochs. A program keeps only its
+// model, loss and schedule.
 //
 // Note [Save order]
 //  - a run never replaces another run's checkpoint unless told to (--overwrite), or continues it
@@ -19,14 +20,17 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "apps/common/image.h"
 #include "apps/common/metrics.h"
 #include "apps/common/program.h"
 #include "evenflow/data/fashion_mnist.h"
 #include "evenflow/data/loader.h"
 #include "evenflow/io/checkpoint.h"
+#include "evenflow/io/event_file.h"
 #include "evenflow/parallel/training_state.h"
 
 namespace evenflow::apps {
@@ -93,8 +97,17 @@ class Run {
   bool primary() const { return primary_; }  // process 0: prints and writes (program.h)
   std::string file(const std::string& name) const { return (out_ / name).string(); }
   const std::filesystem::path& folder() const { return out_; }
-  MetricsLog& metrics() { return metrics_; }
+  const MetricsLog& metrics() const { return metrics_; }
   io::TrainingProgress& progress() { return progress_; }
+
+  // A row of metrics.csv (MetricsLog::append), and on process 0 each of its values but the step as
+  // a TensorBoard scalar of that name at the row's step (values not measured, NaN, are left out).
+  // The event file is flushed, so `tensorboard --logdir` shows the row at once.
+  void log(const std::vector<std::pair<std::string, double>>& values);
+  // A TensorBoard scalar that is not a metrics.csv column (e.g. the learning rate); process 0.
+  void scalar(const std::string& tag, double value, int64_t step);
+  // A TensorBoard image (e.g. the samples, the predictions); process 0.
+  void image(const std::string& tag, const RgbImage& image, int64_t step);
 
   // With --resume, continues from the folder's checkpoint: `state` and the progress from it, the
   // metrics up to its step, and a line saying where ("resuming from ... at <unit> <step>"). A
@@ -132,6 +145,9 @@ class Run {
   MetricsLog metrics_;
   io::TrainingProgress progress_;
   bool primary_;
+  // Process 0's TensorBoard events, in <out>: a run that starts afresh removes the event files of the
+  // run it replaces; a resumed one adds a file that starts with a restart at its step.
+  std::unique_ptr<io::EventWriter> events_;
 };
 
 }  // namespace evenflow::apps

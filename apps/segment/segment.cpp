@@ -87,8 +87,7 @@ void write_plot(const std::string& path, const std::string& spec, const apps::Me
 // --- Prediction images ----------------------------------------------------------------------------
 
 // One row per canvas: the input, the ground truth, then each prediction (labels [k, H, W]).
-void write_predictions(const std::string& path, const ef::data::Batch& shown,
-                       const std::vector<ef::Tensor>& predictions) {
+apps::RgbImage predictions_grid(const ef::data::Batch& shown, const std::vector<ef::Tensor>& predictions) {
   const int64_t k = shown.images.size(0), h = shown.images.size(2), w = shown.images.size(3);
   const ef::Tensor truth = seg::colorize(shown.labels);
   std::vector<ef::Tensor> predicted;
@@ -101,7 +100,7 @@ void write_predictions(const std::string& path, const ef::data::Batch& shown,
   }
   const int columns = 2 + static_cast<int>(predictions.size());
   const int scale = static_cast<int>(std::max<int64_t>(1, 128 / std::max(h, w)));
-  apps::write_png(path, apps::image_grid(ef::stack(cells, 0), columns, 0.0, 1.0, scale));
+  return apps::image_grid(ef::stack(cells, 0), columns, 0.0, 1.0, scale);
 }
 
 // --- One training run -----------------------------------------------------------------------------
@@ -212,14 +211,15 @@ Outcome train(const Args& a, const Setup& s, const std::string& spec, apps::Run&
       },
       [&](const apps::Run::EpochStats& e) {
         const Evaluation ev = evaluate(model.module(), test_loader, spec, s.dtype);
-        run.metrics().append({{"epoch", e.epochs_done},
-                              {"step", static_cast<double>(run.progress().step)},
-                              {"train_loss", e.mean_loss},
-                              {"test_loss", ev.loss},
-                              {"test_miou", ev.miou},
-                              {"test_pixel_accuracy", ev.pixel_accuracy},
-                              {"seconds", e.seconds},
-                              {"images_per_s", e.images_per_s}});
+        run.log({{"epoch", e.epochs_done},
+                 {"step", static_cast<double>(run.progress().step)},
+                 {"train_loss", e.mean_loss},
+                 {"test_loss", ev.loss},
+                 {"test_miou", ev.miou},
+                 {"test_pixel_accuracy", ev.pixel_accuracy},
+                 {"seconds", e.seconds},
+                 {"images_per_s", e.images_per_s}});
+        run.scalar("learning_rate", a.lr, run.progress().step);
         std::printf("epoch %.6g  step %" PRId64
                     "  train loss %.4f  test loss %.4f  mIoU %.2f%%  pixel accuracy %.2f%%  %.1f s  %.0f img/s\n",
                     e.epochs_done, run.progress().step, e.mean_loss, ev.loss, 100 * ev.miou, 100 * ev.pixel_accuracy,
@@ -237,6 +237,7 @@ Outcome train(const Args& a, const Setup& s, const std::string& spec, apps::Run&
             .pixel_accuracy = log.at(log.size() - 1, "test_pixel_accuracy"),
             .predicted = predict(model.module(), s.shown, s.dtype)};
   for (size_t i = 0; i < log.size(); ++i) o.seconds += log.at(i, "seconds");
+  run.image("predictions", predictions_grid(s.shown, {o.predicted}), run.progress().step);
   return o;
 }
 
@@ -299,7 +300,7 @@ int run(const Args& a, const std::string& command) {
 
   if (!a.compare) {
     const Outcome o = train(a, s, a.loss, *runs[0], false);
-    if (primary) write_predictions(runs[0]->file("predictions.png"), s.shown, {o.predicted});
+    if (primary) apps::write_png(runs[0]->file("predictions.png"), predictions_grid(s.shown, {o.predicted}));
     std::printf("done: mIoU %.2f%%, pixel accuracy %.2f%%; outputs in %s\n", 100 * o.miou, 100 * o.pixel_accuracy,
                 a.out.c_str());
     return 0;
@@ -313,7 +314,7 @@ int run(const Args& a, const std::string& command) {
   const std::string md_path = (fs::path(a.out) / "compare.md").string();
   if (primary) {
     write_compare(md_path, command, specs, outcomes);
-    write_predictions((fs::path(a.out) / "predictions.png").string(), s.shown, predictions);
+    apps::write_png((fs::path(a.out) / "predictions.png").string(), predictions_grid(s.shown, predictions));
   }
   std::printf("\n");
   for (size_t i = 0; i < specs.size(); ++i)

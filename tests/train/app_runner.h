@@ -71,6 +71,21 @@ inline std::vector<std::pair<std::string, double>> labelled_losses(const std::st
   return out;
 }
 
+// Checks the TensorBoard event files of run folder `dir` with TensorBoard's own reader
+// (scripts/check_tensorboard.py: checksums, every metrics.csv value as a scalar -- only the steps of
+// the `steps_only` columns --, `scalars` and `images`, comma-separated, present), where the build
+// found its venv (scripts/setup.sh --tensorboard); says so and checks nothing otherwise.
+inline void check_tensorboard(const std::string& dir, const std::string& scalars = "", const std::string& images = "",
+                              const std::string& steps_only = "") {
+#ifdef EF_TENSORBOARD_CHECK
+  const AppResult r = run_app(EF_TENSORBOARD_CHECK, dir + " --scalars '" + scalars + "' --images '" + images +
+                                                        "' --steps-only '" + steps_only + "'");
+  CHECK_MESSAGE(r.rc == 0, r.output);
+#else
+  MESSAGE("not checking the TensorBoard files of ", dir, ": configured without scripts/setup.sh --tensorboard");
+#endif
+}
+
 inline std::string first_line(const std::string& path) {
   const std::string text = read_bytes(path);
   return text.substr(0, text.find('\n'));

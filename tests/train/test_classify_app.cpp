@@ -15,6 +15,7 @@
 #include "tests/testing/helpers.h"
 #include "tests/train/app_runner.h"
 
+using evenflow::testing::check_tensorboard;
 using evenflow::testing::first_line;
 using evenflow::testing::read_bytes;
 using evenflow::testing::run_app;
@@ -61,6 +62,7 @@ void check_resume(const std::string& extra_args) {
   CHECK(rest == std::vector<std::pair<int, std::string>>(reference.begin() + 5, reference.end()));  // bitwise
   const std::string csv = read_bytes(split.file("metrics.csv"));
   CHECK(std::count(csv.begin(), csv.end(), '\n') == 3);  // the header, step 5, step 10
+  check_tensorboard(split.path().string(), "learning_rate");
 }
 
 }  // namespace

@@ -21,6 +21,7 @@
 namespace ef = evenflow;
 namespace seg = evenflow::segment;
 using evenflow::testing::AppResult;
+using evenflow::testing::check_tensorboard;
 using evenflow::testing::first_line;
 using evenflow::testing::read_bytes;
 using evenflow::testing::step_losses;
@@ -186,6 +187,7 @@ TEST_CASE("segment: --steps writes valid outputs and --resume continues exactly"
   CHECK(rest == std::vector<std::pair<int, std::string>>(reference.begin() + 4, reference.end()));  // bitwise
   const std::string csv = read_bytes(split.file("metrics.csv"));
   CHECK(std::count(csv.begin(), csv.end(), '\n') == 4);  // the header, steps 4, 6 (epoch 1) and 8
+  check_tensorboard(split.path().string(), "learning_rate", "predictions");
 
   const AppResult other_loss = run_segment(tiny_args(data) +
                                            "--devices cpu:1 --loss ce --epochs 2 --resume --steps 8 "

@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <filesystem>
 #include <sstream>
 #include <string>
 
@@ -75,8 +76,22 @@ TEST_CASE("wgan_gp: outputs, the Frechet distance, and an exact --resume") {
   CHECK(ckpt.contains("critic.optim.state.0.exp_avg"));
   CHECK(evenflow::io::load_safetensors(whole.file("generator.safetensors")).contains("up2.weight"));
 
+  check_tensorboard(whole.path().string(), "penalty,learning_rate", "samples");
+
   const AppResult first = run_wgan(common + " --steps 2 --out " + split.path().string());
   REQUIRE_MESSAGE(first.rc == 0, first.output);
+  // As if the first run had gone on to log steps 3 and 4 and been killed before saving them: its
+  // event file replaced by the whole run's (steps 1-4). The resumed run's restart must hide steps 3
+  // and 4 of it from TensorBoard (check_tensorboard: each step once, with the resumed values).
+  const auto event_files = [](const TempDir& d) {
+    std::vector<std::filesystem::path> files;
+    for (const auto& f : std::filesystem::directory_iterator(d.path()))
+      if (f.path().filename().string().rfind("events.out.tfevents.", 0) == 0) files.push_back(f.path());
+    return files;
+  };
+  REQUIRE(event_files(split).size() == 1);
+  std::filesystem::remove(event_files(split)[0]);
+  std::filesystem::copy_file(event_files(whole)[0], split.path() / "events.out.tfevents.0000000001.killed.evenflow");
   const AppResult resumed = run_wgan(common + " --steps 4 --resume --out " + split.path().string());
   REQUIRE_MESSAGE(resumed.rc == 0, resumed.output);
   CHECK(resumed.output.find("at generator step 2") != std::string::npos);
@@ -84,6 +99,9 @@ TEST_CASE("wgan_gp: outputs, the Frechet distance, and an exact --resume") {
   const auto rest = labelled_losses(resumed.output);
   both.insert(both.end(), rest.begin(), rest.end());
   CHECK(both == reference);  // bitwise
+  CHECK(event_files(split).size() == 2);
+  // Steps 1 and 2 of the stand-in file are the whole run's: the same losses, other timings.
+  check_tensorboard(split.path().string(), "penalty,learning_rate", "samples", "seconds,images_per_s");
 }
 
 TEST_CASE("wgan_gp: three CPU devices equal one device (float64)") {
