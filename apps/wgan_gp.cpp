@@ -70,6 +70,7 @@ struct Args : ef::apps::RunOptions {
   int64_t sample_every = 100;
   int64_t fid_every = 500;
   int64_t fid_samples = 2000;
+  double ema_decay = 0.999;
   std::string classifier = kDefaultClassifier;
   static constexpr const char* kDefaultClassifier = "runs/classify/model.safetensors";
 };
@@ -162,7 +163,25 @@ std::map<std::string, std::string> run_metadata(const Args& a) {
           {"penalty", a.penalty},
           {"seed", std::to_string(a.seed)},
           {"width", std::to_string(a.width)},
+          {"ema_decay", ef::apps::metadata_number(a.ema_decay)},
           {"z_dim", std::to_string(a.z_dim)}};
+}
+
+// Note [Generator average]
+// With --ema-decay d > 0 the samples, the Fréchet distance and generator.safetensors come from an
+// exponential moving average of the generator's weights, as GAN practice does (Karras et al. 2018,
+// Yazıcı et al. 2019): after every generator step avg = e·avg + (1 - e)·w, with e = min(d, (1 +
+// t) / (10 + t)) at step t so that the average soon forgets its random start; the batch-norm
+// running statistics are copied, not averaged. The trained generator's weights keep moving under
+// the critic's pull; their average is a smoother, better generator. It is part of the checkpoint
+// ("gen_average"), and every process keeps the same copy on its first device.
+void update_average(nn::Module& average, const nn::Module& model, double decay, int64_t step) {
+  ef::NoGradGuard no_grad;
+  const double e = std::min(decay, (1.0 + static_cast<double>(step)) / (10.0 + static_cast<double>(step)));
+  const std::vector<Tensor> avg = average.parameters(), now = model.parameters();
+  for (size_t i = 0; i < avg.size(); ++i) avg[i].mul_(e).add_(now[i], 1.0 - e);
+  const std::vector<Tensor> avg_buffers = average.buffers(), now_buffers = model.buffers();
+  for (size_t i = 0; i < avg_buffers.size(); ++i) avg_buffers[i].copy_(now_buffers[i]);
 }
 
 // The Fréchet distance set-up: the classifier, the test set's feature statistics, and the floor.
@@ -234,6 +253,9 @@ int run(const Args& a) {
   const ef::optim::AdamOptions adam{.lr = a.lr, .betas = {a.beta1, a.beta2}};
   par::ReplicatedOptimizer<ef::optim::Adam> opt_g(gen, adam), opt_d(critic, adam);
   par::DataParallelCriterion criterion(critic);
+  // The generator that samples (Note [Generator average]): the average, or the trained one.
+  const std::shared_ptr<nn::Module> average = a.ema_decay > 0 ? gen.module().clone() : nullptr;
+  if (average) average->eval();
 
   // Before a resume restores the generators: building the classifier draws its initial weights.
   FrechetMetric fid;
@@ -256,7 +278,9 @@ int run(const Args& a) {
   }
   // The first device's generator is every device's (share_first_generator), so a checkpoint resumes
   // on any devices; host draws come from cpu:0's (both in the training state).
-  par::TrainingState state({{"gen", gen, opt_g}, {"critic", critic, opt_d}});
+  std::vector<par::TrainingState::Extra> extras;
+  if (average) extras.push_back({"gen_average", *average});
+  par::TrainingState state({{"gen", gen, opt_g}, {"critic", critic, opt_d}}, extras);
   run.resume(state, "generator step");
   ef::io::TrainingProgress& progress = run.progress();
 
@@ -282,7 +306,7 @@ int run(const Args& a) {
     if (!primary) return;
     ef::NoGradGuard no_grad;
     gen.module().eval();
-    const Tensor images = gen.module()(fixed_noise.to(first));
+    const Tensor images = (average ? *average : gen.module())(fixed_noise.to(first));
     gen.module().train();
     char name[64];
     std::snprintf(name, sizeof name, "step_%06" PRId64 ".png", step);
@@ -297,7 +321,7 @@ int run(const Args& a) {
     std::vector<Tensor> images;
     for (int64_t start = 0; start < a.fid_samples; start += 500) {
       const Tensor z = ef::narrow(fid.noise, 0, start, std::min<int64_t>(500, a.fid_samples - start));
-      images.push_back(gen.module()(z.to(first)));
+      images.push_back((average ? *average : gen.module())(z.to(first)));
     }
     gen.module().train();
     return ef::apps::frechet_distance(ef::apps::feature_stats(fid.features(ef::cat(images, 0))), fid.reference);
@@ -305,7 +329,7 @@ int run(const Args& a) {
   const auto save = [&] {
     run.save(state, [&] {
       write_curves(run.file("curves.png"), run.metrics());
-      ef::io::save_module(gen.module(), run.file("generator.safetensors"));
+      ef::io::save_module(average ? *average : gen.module(), run.file("generator.safetensors"));
       ef::io::save_module(critic.module(), run.file("critic.safetensors"));
     });
   };
@@ -403,6 +427,7 @@ int run(const Args& a) {
       opt_g.zero_grad();
       loss.backward();
       opt_g.step();
+      if (average) update_average(*average, gen.module(), a.ema_decay, progress.step);
       set_critic_trainable(true);
       // The step's host reads, in the order the losses arose (a NaN stops the run before any save).
       for (size_t k = 0; k < critic_losses.size(); ++k) {
@@ -471,6 +496,10 @@ int main(int argc, char** argv) {
   app.add_option("--beta2", a.beta2, "Adam beta2, in [0, 1)")->check(CLI::Range(0.0, 1.0) & ef::apps::finite());
   app.add_option("--norm", a.norm, "critic normalization: none, layernorm, syncbn");
   app.add_option("--penalty", a.penalty, "wgan-gp, dragan or r1");
+  app.add_option("--ema-decay", a.ema_decay,
+                 "the samples, the Frechet distance and generator.safetensors come from an exponential moving "
+                 "average of the generator's weights with this decay (0: from the trained generator, as the paper)")
+      ->check(CLI::Range(0.0, 0.99999));
   app.add_option("--width", a.width, "channels of the first critic layer / last generator layer (1 to 4096)")
       ->check(CLI::Range(int64_t{1}, int64_t{4096}));
   app.add_option("--z-dim", a.z_dim, "noise dimension (1 to 65536)")->check(CLI::Range(int64_t{1}, int64_t{65536}));

@@ -50,10 +50,15 @@ struct RayBatches::Connection {
   };
 
   const RayOptions& options;
-  pid_t pid = -1;
   int fd = -1;              // our end of the socket pair
   std::string stderr_path;  // the driver's stderr and stdout
   std::thread reader;
+
+  // The driver process: reaped by whichever thread sees it end first (the reader at the end of the
+  // stream, or stop()), the other reads how it ended.
+  std::mutex process_mu;
+  pid_t pid = -1;
+  std::string ended;  // "exit status 1", "killed by signal 9", once reaped
 
   std::mutex mu;
   std::condition_variable cv;
@@ -77,19 +82,28 @@ struct RayBatches::Connection {
 
   // How the driver process ended, waiting for it up to `seconds` ("" if it is still running).
   std::string reap(double seconds) {
+    std::lock_guard<std::mutex> lock(process_mu);
     const auto until = Clock::now() + std::chrono::duration<double>(seconds);
-    for (;;) {
+    while (pid > 0) {
       int status = 0;
       const pid_t r = ::waitpid(pid, &status, WNOHANG);
       if (r == pid) {
         pid = -1;
-        if (WIFEXITED(status)) return "exit status " + std::to_string(WEXITSTATUS(status));
-        if (WIFSIGNALED(status)) return "killed by signal " + std::to_string(WTERMSIG(status));
-        return "ended";
+        ended = WIFEXITED(status)     ? "exit status " + std::to_string(WEXITSTATUS(status))
+                : WIFSIGNALED(status) ? "killed by signal " + std::to_string(WTERMSIG(status))
+                                      : "ended";
+      } else if (r < 0 || Clock::now() >= until) {
+        break;
+      } else {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
       }
-      if (r < 0 || Clock::now() >= until) return "";
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
+    return ended;
+  }
+
+  void kill_driver() {
+    std::lock_guard<std::mutex> lock(process_mu);
+    if (pid > 0) ::kill(pid, SIGKILL);
   }
 
   void read_answers() {
@@ -102,14 +116,15 @@ struct RayBatches::Connection {
         a.bytes.resize(h.size);
         ok = proto::read_exact(fd, a.bytes.data(), a.bytes.size());
       }
-      std::lock_guard<std::mutex> lock(mu);
       if (!ok) {
-        const std::string how = reap(5.0);
+        const std::string how = reap(5.0);  // without `mu`: callers may give up meanwhile
+        std::lock_guard<std::mutex> lock(mu);
         broken = "the Ray driver " + options.driver + " stopped answering" + (how.empty() ? "" : " (" + how + ")") +
                  driver_output();
         cv.notify_all();
         return;
       }
+      std::lock_guard<std::mutex> lock(mu);
       if (h.id == proto::kReady) {
         ready = std::move(a);
       } else if (auto it = waiting.find(h.id); it != waiting.end()) {
@@ -169,8 +184,8 @@ struct RayBatches::Connection {
   // Closes our end, which tells the driver to disconnect and exit; kills it after `grace` seconds.
   void stop(double grace) {
     if (fd >= 0) ::shutdown(fd, SHUT_RDWR);
-    if (pid > 0 && reap(grace).empty()) {
-      ::kill(pid, SIGKILL);
+    if (reap(grace).empty()) {
+      kill_driver();
       reap(10.0);
     }
     if (reader.joinable()) reader.join();

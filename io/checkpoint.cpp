@@ -82,8 +82,7 @@ void check_parts(const char* api, const std::string& path, const std::vector<Che
   EF_CHECK(!parts.empty(), api, ": ", path, ": no model given");
   std::set<std::string> names;
   for (const CheckpointPart& part : parts) {
-    EF_CHECK(part.model != nullptr && part.optimizer != nullptr, api, ": ", path, ": part \"", part.name,
-             "\" has no model or no optimizer");
+    EF_CHECK(part.model != nullptr, api, ": ", path, ": part \"", part.name, "\" has no model");
     EF_CHECK(names.insert(part.name).second, api, ": ", path, ": part \"", part.name, "\" is given twice");
   }
 }
@@ -100,6 +99,7 @@ void save_training_checkpoint(const std::string& path, const std::vector<Checkpo
   for (const CheckpointPart& part : parts) {
     for (auto& entry : prefixed(part_prefix(part, kModelPrefix), part.model->state_dict()))
       tensors.push_back(std::move(entry));
+    if (part.optimizer == nullptr) continue;
     for (auto& entry : prefixed(part_prefix(part, kOptimPrefix), part.optimizer->state()))
       tensors.push_back(std::move(entry));
   }
@@ -146,12 +146,12 @@ TrainingCheckpoint load_training_checkpoint(const std::string& path, const std::
   };
   for (size_t i = 0; i < parts.size(); ++i) {
     previous_models[i] = copy_of(parts[i].model->state_dict());
-    previous_optimizers[i] = copy_of(parts[i].optimizer->state());
+    if (parts[i].optimizer != nullptr) previous_optimizers[i] = copy_of(parts[i].optimizer->state());
   }
   const auto restore = [&](size_t changed_parts) {
     for (size_t i = 0; i < changed_parts; ++i) {
       parts[i].model->load_state_dict(previous_models[i]);
-      parts[i].optimizer->load_state(previous_optimizers[i]);
+      if (parts[i].optimizer != nullptr) parts[i].optimizer->load_state(previous_optimizers[i]);
     }
   };
   size_t changed = 0;
@@ -162,7 +162,8 @@ TrainingCheckpoint load_training_checkpoint(const std::string& path, const std::
       model_part.tensors = with_prefix(file, model_prefix, false);
       ++changed;
       load_into(model_part, prefixed(model_prefix, part.model->state_dict()), true);
-      part.optimizer->load_state(with_prefix(file, part_prefix(part, kOptimPrefix), true));
+      if (part.optimizer != nullptr)
+        part.optimizer->load_state(with_prefix(file, part_prefix(part, kOptimPrefix), true));
     }
   } catch (const Error& e) {
     restore(changed);

@@ -57,11 +57,12 @@ struct TrainingCheckpoint {
 };
 
 /// A model and its optimizer in a checkpoint of several (a GAN's generator and critic): their keys
-/// are "<name>.model.*" and "<name>.optim.*" ("model.*" and "optim.*" for the name "").
+/// are "<name>.model.*" and "<name>.optim.*" ("model.*" and "optim.*" for the name ""). A model
+/// without an optimizer (e.g. an average of another's weights) has its model keys only.
 struct CheckpointPart {
   std::string name;                       ///< the key prefix; unique among the parts ("" allowed)
   nn::Module* model = nullptr;            ///< required (not owned)
-  optim::Optimizer* optimizer = nullptr;  ///< required (not owned)
+  optim::Optimizer* optimizer = nullptr;  ///< optional (not owned)
 };
 
 /// Note [Training checkpoints]. `generator_devices` lists the devices whose generator states are

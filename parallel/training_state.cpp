@@ -6,11 +6,14 @@
 
 namespace evenflow::parallel {
 
-TrainingState::TrainingState(std::vector<Part> parts) : parts_(std::move(parts)) {
+TrainingState::TrainingState(std::vector<Part> parts, std::vector<Extra> extras)
+    : parts_(std::move(parts)), extras_(std::move(extras)) {
   EF_CHECK(!parts_.empty(), "TrainingState: no model given");
   std::set<std::string> names;
   for (const Part& p : parts_)
     EF_CHECK(names.insert(p.name).second, "TrainingState: part \"", p.name, "\" given twice");
+  for (const Extra& x : extras_)
+    EF_CHECK(names.insert(x.name).second, "TrainingState: part \"", x.name, "\" given twice");
 }
 
 std::vector<Device> TrainingState::generator_devices() const {
@@ -23,6 +26,7 @@ std::vector<Device> TrainingState::generator_devices() const {
 std::vector<io::CheckpointPart> TrainingState::checkpoint_parts() const {
   std::vector<io::CheckpointPart> out;
   for (const Part& p : parts_) out.push_back({p.name, &p.model.module(), &p.optimizer.primary_optimizer()});
+  for (const Extra& x : extras_) out.push_back({x.name, &x.module, nullptr});
   return out;
 }
 

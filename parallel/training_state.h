@@ -34,8 +34,14 @@ class TrainingState {
     DataParallelModel& model;            ///< its replicas are loaded, replica 0 is saved
     ReplicatedOptimizerBase& optimizer;  ///< every replica's state is loaded, replica 0's saved
   };
+  /// A module saved and loaded as it is, beside the parts: not replicated and not optimized, e.g.
+  /// an exponential moving average of a model's weights.
+  struct Extra {
+    std::string name;    ///< unique among the parts and extras
+    nn::Module& module;  ///< loaded and saved (its keys: "<name>.model.*")
+  };
   /// ef::Error for no parts or a name given twice.
-  explicit TrainingState(std::vector<Part> parts);
+  explicit TrainingState(std::vector<Part> parts, std::vector<Extra> extras = {});
 
   /// Writes the state with `progress` and `metadata` (what a resume must agree with) to `path`,
   /// atomically, from process 0 of the models' job (the other processes return at once).
@@ -53,6 +59,7 @@ class TrainingState {
  private:
   std::vector<io::CheckpointPart> checkpoint_parts() const;
   std::vector<Part> parts_;
+  std::vector<Extra> extras_;
 };
 
 }  // namespace evenflow::parallel

@@ -234,3 +234,26 @@ TEST_CASE("checkpoint: a failed load of several parts leaves every model and opt
   CHECK(fresh_a_opt.state().size() == 1);  // only "lr": part a's loaded state was undone
   CHECK(wider_b_opt.state().size() == 1);
 }
+
+TEST_CASE("checkpoint: a part without an optimizer (a weight average) round trips, model keys only") {
+  const Data data = fixed_data();
+  TempDir dir;
+  const std::string path = dir.file("average.safetensors");
+  manual_seed(cpu(), 7);
+  auto model = small_cnn(4), average = small_cnn(4);
+  optim::Adam opt(model->parameters());
+  train_step(*model, opt, data);
+  io::save_training_checkpoint(path, {{"gen", model.get(), &opt}, {"gen_average", average.get(), nullptr}},
+                               {.step = 1, .epoch = 0});
+  const auto file = io::load_safetensors(path);
+  CHECK(file.contains("gen_average.model.0.weight"));
+  for (const auto& [key, t] : file.tensors) CHECK(key.rfind("gen_average.optim.", 0) != 0);
+
+  manual_seed(cpu(), 99);  // other initial weights
+  auto fresh = small_cnn(4), fresh_average = small_cnn(4);
+  optim::Adam fresh_opt(fresh->parameters());
+  CHECK(all_values(*fresh_average) != all_values(*average));
+  io::load_training_checkpoint(path, {{"gen", fresh.get(), &fresh_opt}, {"gen_average", fresh_average.get(), nullptr}});
+  CHECK(all_values(*fresh_average) == all_values(*average));
+  CHECK(all_values(*fresh) == all_values(*model));
+}
