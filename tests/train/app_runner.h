@@ -75,8 +75,9 @@ inline std::vector<std::pair<std::string, double>> labelled_losses(const std::st
 // (scripts/check_tensorboard.py: checksums, every metrics.csv value as a scalar -- only the steps of
 // the `steps_only` columns --, `scalars` and `images`, comma-separated, present), where the build
 // found its venv (scripts/setup.sh --tensorboard); says so and checks nothing otherwise.
-inline void check_tensorboard(const std::string& dir, const std::string& scalars = "", const std::string& images = "",
-                              const std::string& steps_only = "") {
+inline void check_tensorboard(const std::string& dir, [[maybe_unused]] const std::string& scalars = "",
+                              [[maybe_unused]] const std::string& images = "",
+                              [[maybe_unused]] const std::string& steps_only = "") {
 #ifdef EF_TENSORBOARD_CHECK
   const AppResult r = run_app(EF_TENSORBOARD_CHECK, dir + " --scalars '" + scalars + "' --images '" + images +
                                                         "' --steps-only '" + steps_only + "'");
