@@ -10,6 +10,7 @@
 
 #include "apps/common/progress.h"
 #include "evenflow/io/file.h"
+#include "evenflow/io/safetensors.h"
 
 namespace evenflow::apps {
 
@@ -98,7 +99,8 @@ void prepare_output_folder(const fs::path& dir, bool resume, bool overwrite) {
 void check_metadata(const std::string& path, const std::map<std::string, std::string>& written,
                     const std::map<std::string, std::string>& expected) {
   // Settings added after runs had been written, with the value those runs had.
-  static const std::map<std::string, std::string> kBefore = {{"precision", "fp32"}, {"augment", "off"}, {"ema_decay", "0"}};
+  static const std::map<std::string, std::string> kBefore = {
+      {"precision", "fp32"}, {"augment", "off"}, {"ema_decay", "0"}};
   for (const auto& [key, value] : expected) {
     const auto it = written.find(key);
     const auto before = kBefore.find(key);
@@ -132,8 +134,9 @@ bool Run::resume(parallel::TrainingState& state, const std::string& unit, bool s
   std::error_code ec;
   if (!options_.resume || (start_if_missing && !fs::exists(out_ / kCheckpoint, ec))) return false;
   const std::string path = file(kCheckpoint);
+  // The settings first: one that changes the state's parts (--ema-decay) is named, not a missing key.
+  check_metadata(path, io::load_safetensors(path).metadata, metadata_);
   const io::TrainingCheckpoint ck = state.load(path);
-  check_metadata(path, ck.metadata, metadata_);
   progress_ = ck.progress;
   metrics_.read_up_to(file(kMetrics), progress_.step);
   if (events_) events_->restart(progress_.step + 1);  // the first step this run logs

@@ -210,3 +210,26 @@ TEST_CASE("wgan_gp: bad arguments exit 2 with a one-line message") {
     CHECK_MESSAGE(r.output.find(expected) != std::string::npos, r.output);
   }
 }
+
+TEST_CASE("wgan_gp: --ema-decay samples from the average, which a resume continues exactly") {
+  Data data;
+  TempDir whole, split, plain;
+  const std::string common = data.args() + "--critic-steps 2 --sample-every 2 --fid-every 2 --ema-decay 0.9";
+  const AppResult full = run_wgan(common + " --steps 4 --out " + whole.path().string());
+  REQUIRE_MESSAGE(full.rc == 0, full.output);
+  REQUIRE(run_wgan(common + " --steps 2 --out " + split.path().string()).rc == 0);
+  const AppResult resumed = run_wgan(common + " --steps 4 --resume --out " + split.path().string());
+  REQUIRE_MESSAGE(resumed.rc == 0, resumed.output);
+  // The average is in the checkpoint: the resumed one is the uninterrupted one, bitwise.
+  CHECK(evenflow::io::load_safetensors(split.file("checkpoint.safetensors")).contains("gen_average.model.fc.weight"));
+  CHECK(read_bytes(split.file("generator.safetensors")) == read_bytes(whole.file("generator.safetensors")));
+  CHECK(read_bytes(split.file("samples/step_000004.png")) == read_bytes(whole.file("samples/step_000004.png")));
+  // And it is not the trained generator.
+  const std::string no_average = data.args() + "--critic-steps 2 --sample-every 2 --fid-every 2 --steps 4";
+  REQUIRE(run_wgan(no_average + " --out " + plain.path().string()).rc == 0);
+  CHECK(read_bytes(plain.file("generator.safetensors")) != read_bytes(whole.file("generator.safetensors")));
+  // A run written without it refuses a resume with it, naming the option.
+  const AppResult mixed = run_wgan(no_average + " --ema-decay 0.9 --resume --out " + plain.path().string());
+  CHECK(mixed.rc == 2);
+  CHECK_MESSAGE(mixed.output.find("--ema-decay") != std::string::npos, mixed.output);
+}
