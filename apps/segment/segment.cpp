@@ -7,8 +7,8 @@
 // --resume continues exactly), model.safetensors, metrics.csv, metrics.png and predictions.png.
 // With several --devices it trains data-parallel, each device computing its chunk's loss
 // (segmentation_loss's parts, added over the devices), BatchNorm made SyncBatchNorm so N devices
-// compute what one does. --compare trains every loss with the same seed and budget, each in <out>/<loss>, then
-// writes <out>/compare.md and <out>/predictions.png.
+// compute what one does. --compare trains every loss from --seeds seeds with the same budget, each in
+// <out>/<loss>[/seed_<s>], then writes <out>/compare.md (mean ± standard deviation) and <out>/predictions.png.
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -55,6 +55,7 @@ struct Args : ef::apps::EpochOptions {
   }
   std::string loss = "ce";
   bool compare = false;
+  int64_t seeds = 3;  // --compare: runs per loss
   int64_t canvas = 64;
   int64_t train_size = 4000;
   int64_t test_size = 500;
@@ -122,7 +123,8 @@ struct Outcome {
 
 // The settings a checkpoint must share with the run that resumes it: not the devices, nor the number of
 // processes, which do not change the answer (Note [Random numbers per sample] in engine/tensor.h).
-std::map<std::string, std::string> run_metadata(const Args& a, const std::string& spec) {
+// `seed`: the run's (its initialization and data order; --compare's k-th run of a loss has --seed + k).
+std::map<std::string, std::string> run_metadata(const Args& a, const std::string& spec, uint64_t seed) {
   return {{"app", "segment"},
           {"batch_size", std::to_string(a.batch_size)},
           {"canvas", std::to_string(a.canvas)},
@@ -131,7 +133,7 @@ std::map<std::string, std::string> run_metadata(const Args& a, const std::string
           {"augment", a.augment ? "on" : "off"},
           {"loss", spec},
           {"lr", apps::metadata_number(a.lr)},
-          {"seed", std::to_string(a.seed)},
+          {"seed", std::to_string(seed)},
           {"train_size", std::to_string(a.train_size)}};
 }
 
@@ -166,11 +168,12 @@ ef::Tensor predict(nn::Module& model, const ef::data::Batch& shown, ef::DType dt
   return labels;
 }
 
-// Trains `spec` in `run`'s folder and returns its scores. With --resume it continues from the
-// checkpoint there; where there is none, `start_if_missing` starts afresh (--compare resuming a loss
-// it had not reached) instead of failing.
-Outcome train(const Args& a, const Setup& s, const std::string& spec, apps::Run& run, bool start_if_missing) {
-  ef::manual_seed(a.seed);
+// Trains `spec` from `seed` (initialization and data order) in `run`'s folder and returns its
+// scores. With --resume it continues from the checkpoint there; where there is none,
+// `start_if_missing` starts afresh (--compare resuming a run it had not reached) instead of failing.
+Outcome train(const Args& a, const Setup& s, const std::string& spec, uint64_t seed, apps::Run& run,
+              bool start_if_missing) {
+  ef::manual_seed(seed);
   std::shared_ptr<nn::Module> net = seg::make_model({.dtype = s.dtype});
   apps::set_precision(*net, apps::compute_dtype(a), "0");
   if (s.devices.size() > 1 || ef::parallel::processes()->size() > 1) net = ef::parallel::convert_sync_batchnorm(net);
@@ -185,7 +188,7 @@ Outcome train(const Args& a, const Setup& s, const std::string& spec, apps::Run&
   ef::data::DataLoader train_loader(s.train.dataset,
                                     {.batch_size = a.batch_size,
                                      .shuffle = true,
-                                     .seed = a.seed,
+                                     .seed = seed,
                                      .num_workers = a.workers,
                                      // With --ray they run on the cluster, in its copy of the pipeline.
                                      .transforms = s.ray ? decltype(s.train.transforms){} : s.train.transforms,
@@ -243,19 +246,52 @@ Outcome train(const Args& a, const Setup& s, const std::string& spec, apps::Run&
 
 // --- --compare --------------------------------------------------------------------------------------
 
+// Mean and sample standard deviation (NaN for one value).
+std::pair<double, double> mean_sd(const std::vector<double>& v) {
+  double mean = 0;
+  for (double x : v) mean += x / static_cast<double>(v.size());
+  double ss = 0;
+  for (double x : v) ss += (x - mean) * (x - mean);
+  return {mean, v.size() > 1 ? std::sqrt(ss / static_cast<double>(v.size() - 1)) : NAN};
+}
+
+// "mean ± sd" of percentages ("mean" for one run).
+std::string percent_mean_sd(const std::vector<double>& v) {
+  const auto [mean, sd] = mean_sd(v);
+  char out[64];
+  if (std::isnan(sd))
+    std::snprintf(out, sizeof(out), "%.2f%%", 100 * mean);
+  else
+    std::snprintf(out, sizeof(out), "%.2f%% ± %.2f", 100 * mean, 100 * sd);
+  return out;
+}
+
+// outcomes[i]: loss specs[i]'s runs, one per seed.
 void write_compare(const std::string& path, const std::string& command, const std::vector<std::string>& specs,
-                   const std::vector<Outcome>& outcomes) {
-  std::string text = "# Segmentation losses compared\n\n`" + command +
-                     "`\n\nEvery loss trained from the same initialisation on the same batches (same seed and "
-                     "budget); scores on the held-out canvases after the last step.\n\n"
-                     "| loss | mIoU | pixel accuracy | train seconds |\n|---|---:|---:|---:|\n";
+                   const std::vector<std::vector<Outcome>>& outcomes) {
+  const size_t seeds = outcomes[0].size();
+  std::string text = "# Segmentation losses compared\n\n`" + command + "`\n\nEvery loss trained from " +
+                     std::to_string(seeds) +
+                     (seeds > 1 ? " seeds (initialization and data order; run k of every loss "
+                                  "starts from the same seed), "
+                                : " seed, ") +
+                     "on the same canvases with the same budget; scores on the held-out canvases after the last "
+                     "step, as the mean ± the standard deviation over the seeds.\n\n"
+                     "| loss | mIoU | pixel accuracy | runs | train seconds per run |\n|---|---:|---:|---:|---:|\n";
   for (size_t i = 0; i < specs.size(); ++i) {
-    char line[200];
-    std::snprintf(line, sizeof(line), "| %s | %.2f%% | %.2f%% | %.1f |\n", specs[i].c_str(), 100 * outcomes[i].miou,
-                  100 * outcomes[i].pixel_accuracy, outcomes[i].seconds);
+    std::vector<double> miou, accuracy, seconds;
+    for (const Outcome& o : outcomes[i]) {
+      miou.push_back(o.miou);
+      accuracy.push_back(o.pixel_accuracy);
+      seconds.push_back(o.seconds);
+    }
+    char line[300];
+    std::snprintf(line, sizeof(line), "| %s | %s | %s | %zu | %.1f |\n", specs[i].c_str(),
+                  percent_mean_sd(miou).c_str(), percent_mean_sd(accuracy).c_str(), outcomes[i].size(),
+                  mean_sd(seconds).first);
     text += line;
   }
-  text += "\npredictions.png: one row per held-out canvas; columns: input, ground truth";
+  text += "\npredictions.png (the first seed's): one row per held-out canvas; columns: input, ground truth";
   for (const std::string& s : specs) text += ", " + s;
   text += ".\nColours:";
   for (int64_t c = 0; c <= seg::kBackground; ++c) {
@@ -281,11 +317,17 @@ int run(const Args& a, const std::string& command) {
   EF_CHECK(a.dtype == "float32" || a.dtype == "float64", "--dtype must be float32 or float64, got \"", a.dtype, "\"");
   s.dtype = a.dtype == "float64" ? ef::kFloat64 : ef::kFloat32;
   apps::compute_dtype(a);  // --precision checked before any work
-  // Every output folder before any work: <out>, or with --compare one per loss in it.
-  std::vector<std::unique_ptr<apps::Run>> runs;
+  // Every output folder before any work: <out>, or with --compare one per loss in it, and with
+  // several seeds one per seed in that: <out>/<loss>/seed_<s>.
+  const int64_t seeds = a.compare ? a.seeds : 1;
+  const auto seed_of = [&](int64_t k) { return a.seed + static_cast<uint64_t>(k); };
+  std::vector<std::unique_ptr<apps::Run>> runs;  // spec-major: runs[i * seeds + k]
   for (const std::string& spec : specs) {
-    runs.push_back(std::make_unique<apps::Run>(a, a.compare ? fs::path(a.out) / spec : fs::path(a.out), kColumns,
-                                               run_metadata(a, spec)));
+    for (int64_t k = 0; k < seeds; ++k) {
+      fs::path folder = a.compare ? fs::path(a.out) / spec : fs::path(a.out);
+      if (seeds > 1) folder /= "seed_" + std::to_string(seed_of(k));
+      runs.push_back(std::make_unique<apps::Run>(a, folder, kColumns, run_metadata(a, spec, seed_of(k))));
+    }
   }
   const bool primary = runs[0]->primary();
   ef::set_num_threads(a.threads > 0 ? a.threads : ef::parallel::cpu_threads_per_device(s.devices));
@@ -299,17 +341,18 @@ int run(const Args& a, const std::string& command) {
   s.shown = s.test->get_batch(shown);
 
   if (!a.compare) {
-    const Outcome o = train(a, s, a.loss, *runs[0], false);
+    const Outcome o = train(a, s, a.loss, a.seed, *runs[0], false);
     if (primary) apps::write_png(runs[0]->file("predictions.png"), predictions_grid(s.shown, {o.predicted}));
     std::printf("done: mIoU %.2f%%, pixel accuracy %.2f%%; outputs in %s\n", 100 * o.miou, 100 * o.pixel_accuracy,
                 a.out.c_str());
     return 0;
   }
-  std::vector<Outcome> outcomes;
-  std::vector<ef::Tensor> predictions;
+  std::vector<std::vector<Outcome>> outcomes(specs.size());
+  std::vector<ef::Tensor> predictions;  // each loss's first seed's
   for (size_t i = 0; i < specs.size(); ++i) {
-    outcomes.push_back(train(a, s, specs[i], *runs[i], true));
-    predictions.push_back(outcomes.back().predicted);
+    for (int64_t k = 0; k < seeds; ++k)
+      outcomes[i].push_back(train(a, s, specs[i], seed_of(k), *runs[i * static_cast<size_t>(seeds) + k], true));
+    predictions.push_back(outcomes[i][0].predicted);
   }
   const std::string md_path = (fs::path(a.out) / "compare.md").string();
   if (primary) {
@@ -317,9 +360,15 @@ int run(const Args& a, const std::string& command) {
     apps::write_png((fs::path(a.out) / "predictions.png").string(), predictions_grid(s.shown, predictions));
   }
   std::printf("\n");
-  for (size_t i = 0; i < specs.size(); ++i)
-    std::printf("%-8s mIoU %6.2f%%  pixel accuracy %6.2f%%  %.1f s\n", specs[i].c_str(), 100 * outcomes[i].miou,
-                100 * outcomes[i].pixel_accuracy, outcomes[i].seconds);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    std::vector<double> miou, accuracy;
+    for (const Outcome& o : outcomes[i]) {
+      miou.push_back(o.miou);
+      accuracy.push_back(o.pixel_accuracy);
+    }
+    std::printf("%-8s mIoU %s  pixel accuracy %s  (%" PRId64 " seeds)\n", specs[i].c_str(),
+                percent_mean_sd(miou).c_str(), percent_mean_sd(accuracy).c_str(), seeds);
+  }
   std::printf("done: %s and predictions.png in %s\n", md_path.c_str(), a.out.c_str());
   return 0;
 }
@@ -332,9 +381,14 @@ int main(int argc, char** argv) {
   ef::apps::add_epoch_options(app, a, "seed of the canvases, the initialization and the data order");
   auto* loss = app.add_option("--loss", a.loss, "ce, focal, dice, lovasz, ohem, or a sum of them such as ce+dice");
   app.add_flag("--compare", a.compare,
-               "train ce, focal, dice, lovasz, ohem and ce+dice with the same seed and budget, each in <out>/<loss> "
-               "(--resume continues each); write <out>/compare.md and <out>/predictions.png")
+               "train ce, focal, dice, lovasz, ohem and ce+dice with the same seeds and budget, each in <out>/<loss> "
+               "(--resume continues each); write <out>/compare.md (mean and standard deviation over the seeds) and "
+               "<out>/predictions.png")
       ->excludes(loss);
+  app.add_option("--seeds", a.seeds,
+                 "with --compare, runs per loss: seeds --seed, --seed + 1, ... (the initialization and data order; "
+                 "the canvases stay --seed's), each in <out>/<loss>/seed_<s> when more than one")
+      ->check(CLI::Range(int64_t{1}, int64_t{100}));
   app.add_option("--canvas", a.canvas, "canvas height and width (a multiple of 4, 28 to 1024)");
   // Canvases are drawn when read, but an epoch's order holds an index per canvas: bounded.
   app.add_option("--train-size", a.train_size, "training canvases (at most 10000000)")

@@ -219,10 +219,10 @@ TEST_CASE("segment: bad arguments exit 2 with a one-line message") {
   }
 }
 
-TEST_CASE("segment: --compare trains every loss and writes compare.md and predictions.png") {
+TEST_CASE("segment: --compare trains every loss from each seed and writes compare.md and predictions.png") {
   TempDir data, out;
   write_dataset(data);
-  const AppResult r = run_segment(tiny_args(data) + "--compare --steps 2 --out " + out.path().string());
+  const AppResult r = run_segment(tiny_args(data) + "--compare --seeds 2 --steps 2 --out " + out.path().string());
   REQUIRE_MESSAGE(r.rc == 0, r.output);
   const std::string md = read_bytes(out.file("compare.md"));
   std::vector<std::string> rows;
@@ -232,11 +232,22 @@ TEST_CASE("segment: --compare trains every loss and writes compare.md and predic
   REQUIRE_MESSAGE(rows.size() == 6, md);
   for (const std::string spec : {"ce", "focal", "dice", "lovasz", "ohem", "ce+dice"}) {
     CAPTURE(spec);
-    CHECK(std::count_if(rows.begin(), rows.end(),
-                        [&](const std::string& row) { return row.rfind("| " + spec + " |", 0) == 0; }) == 1);
-    CHECK(first_line(out.file(spec + "/metrics.csv")).rfind("epoch,step,", 0) == 0);
+    const auto row = std::find_if(rows.begin(), rows.end(),
+                                  [&](const std::string& line) { return line.rfind("| " + spec + " |", 0) == 0; });
+    REQUIRE(row != rows.end());
+    CHECK_MESSAGE(row->find(" ± ") != std::string::npos, *row);  // mean ± standard deviation
+    CHECK(row->find("| 2 |") != std::string::npos);              // runs
+    for (const char* seed : {"seed_0", "seed_1"}) {
+      CHECK(first_line(out.file(spec + "/" + seed + "/metrics.csv")).rfind("epoch,step,", 0) == 0);
+      const auto ckpt = evenflow::io::load_safetensors(out.file(spec + "/" + seed + "/checkpoint.safetensors"));
+      CHECK(ckpt.metadata.at("seed") == std::string(seed).substr(5));
+    }
   }
   CHECK(is_png(out.file("predictions.png")));
+  // The first seed's run is the run of that loss alone, from the same seed: bitwise the same model.
+  TempDir alone;
+  REQUIRE(run_segment(tiny_args(data) + "--loss dice --steps 2 --out " + alone.path().string()).rc == 0);
+  CHECK(read_bytes(alone.file("model.safetensors")) == read_bytes(out.file("dice/seed_0/model.safetensors")));
 }
 
 // With --augment too: the image and its label map are turned, cut and mirrored per image, the
