@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs the Debian packages evenflow needs to build, test and run. Idempotent: installs only
-# what is missing. `--fixtures` also installs Debian's PyTorch 1.13 (what
+# Installs the Debian packages evenflow needs to build, test and run, and oneDNN 3.2 (Intel's OpenMP
+# build from PyPI, onednn-cpu-gomp; Debian has 2.6) in ~/.cache/evenflow/onednn-3.2 where the build
+# finds it (EF_ONEDNN_ROOT). Idempotent: installs only what is missing. `--fixtures` also installs Debian's PyTorch 1.13 (what
 # scripts/make_*_fixtures.py ran on; the benchmarks' PyTorch 2.15 is scripts/bench_python.sh's), `--fuzz`
 # clang and libclang-rt-dev (libFuzzer's and the sanitizers' runtimes, for scripts/fuzz.sh), `--ray`
 # Ray's C++ API (PyPI ray[cpp], pinned) in a venv where the build finds it (EF_RAY_VENV,
@@ -10,7 +11,7 @@ set -euo pipefail
 
 packages=(build-essential cmake ninja-build pkg-config libeigen3-dev doctest-dev libcli11-dev
           nlohmann-json3-dev libpng-dev zlib1g-dev libbenchmark-dev clang-format dataset-fashion-mnist
-          libdnnl-dev doxygen openmpi-bin libopenmpi-dev)
+          python3-pip doxygen openmpi-bin libopenmpi-dev)
 ray=0 tensorboard=0
 for arg in "$@"; do
   case "$arg" in
@@ -34,23 +35,41 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
+# oneDNN 3.2 (CMakeLists.txt: EF_ONEDNN_ROOT): the wheels' lib/ and include/, ~55 MB, ~5 s.
+onednn_version=2023.2.0  # oneDNN 3.2, the newest OpenMP build on PyPI (later ones are SYCL/TBB builds)
+onednn_root=${EF_ONEDNN_ROOT:-$HOME/.cache/evenflow/onednn-3.2}
+if [[ ! -f $onednn_root/lib/libdnnl.so.3 || ! -f $onednn_root/include/oneapi/dnnl/dnnl.hpp ]]; then
+  echo "setup: installing oneDNN 3.2 (onednn-cpu-gomp==$onednn_version) into $onednn_root"
+  wheels=$(mktemp -d)
+  python3 -m pip download -q --no-deps --dest "$wheels" "onednn-cpu-gomp==$onednn_version" \
+    "onednn-devel-cpu-gomp==$onednn_version"
+  for wheel in "$wheels"/*.whl; do python3 -m zipfile -e "$wheel" "$wheels/unpacked"; done
+  rm -rf "$onednn_root" && mkdir -p "$onednn_root"
+  # The wheel holds three copies of the library; its soname is libdnnl.so.3.
+  mkdir "$onednn_root/lib"
+  cp "$wheels/unpacked/onednn_cpu_gomp-$onednn_version.data/data/lib/libdnnl.so.3" "$onednn_root/lib/"
+  ln -s libdnnl.so.3 "$onednn_root/lib/libdnnl.so"
+  cp -r "$wheels/unpacked/onednn_devel_cpu_gomp-$onednn_version.data/data/include" "$onednn_root/"
+  rm -rf "$wheels"
+fi
+
+# A Python venv at $1 with the pinned package $3 whose module $2 reports version $4, made once.
+pinned_venv() {
+  local venv=$1 module=$2 requirement=$3 version=$4
+  if ! "$venv/bin/python" -c "import $module, sys; sys.exit($module.__version__ != '$version')" 2>/dev/null; then
+    echo "setup: installing $requirement into $venv"
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install -q "$requirement"
+  fi
+}
+
 # Ray 2.60.0's C++ API: the version cmake/ray.cmake expects (its C++ API changes without
 # notice between releases). ~100 MB of wheels, ~10 s.
 if ((ray)); then
-  ray_venv=${EF_RAY_VENV:-$HOME/.cache/evenflow/ray-2.60.0}
-  if ! "$ray_venv/bin/python" -c "import ray, sys; sys.exit(ray.__version__ != '2.60.0')" 2>/dev/null; then
-    echo "setup: installing ray[cpp]==2.60.0 into $ray_venv"
-    python3 -m venv "$ray_venv"
-    "$ray_venv/bin/pip" install -q "ray[cpp]==2.60.0"
-  fi
+  pinned_venv "${EF_RAY_VENV:-$HOME/.cache/evenflow/ray-2.60.0}" ray "ray[cpp]==2.60.0" 2.60.0
 fi
 
 # TensorBoard 2.21.0, whose reader the tests check the event files with (cmake: EF_TENSORBOARD_PYTHON).
 if ((tensorboard)); then
-  tb_venv=${EF_TENSORBOARD_VENV:-$HOME/.cache/evenflow/tensorboard-2.21.0}
-  if ! "$tb_venv/bin/python" -c "import tensorboard, sys; sys.exit(tensorboard.__version__ != '2.21.0')" 2>/dev/null; then
-    echo "setup: installing tensorboard==2.21.0 into $tb_venv"
-    python3 -m venv "$tb_venv"
-    "$tb_venv/bin/pip" install -q "tensorboard==2.21.0"
-  fi
+  pinned_venv "${EF_TENSORBOARD_VENV:-$HOME/.cache/evenflow/tensorboard-2.21.0}" tensorboard "tensorboard==2.21.0" 2.21.0
 fi

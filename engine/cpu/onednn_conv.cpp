@@ -24,8 +24,9 @@ inline namespace EF_CPU_ISA {
 // - Concurrency. Each CPU device is its own thread, and devices convolve at once. Primitives and
 //   the engine may be shared between threads; streams may not (one per thread). oneDNN's own
 //   scratchpad is shared between primitives unless the library was built for concurrent execution
-//   (Debian's is not), so every primitive takes a user scratchpad: this thread's workspace
-//   (thread_workspace, shared with the im2col kernels), which also holds the reordered operands.
+//   (a build option its headers need not show), so every primitive takes a user scratchpad: this
+//   thread's workspace (thread_workspace, shared with the im2col kernels), which also holds the
+//   reordered operands.
 // - Layouts. Each primitive is created with format_tag::any, so it picks the layouts its fastest
 //   kernel wants (nChw16c, OIhw16i16o, ... on AVX-512); operands whose layout differs from ours
 //   go through a reorder into or out of the workspace. Primitives on our plain layouts were
@@ -100,13 +101,13 @@ Plan make_plan(const ConvArgs& a, ConvPass pass, bool bias) {
   const dt in = bf16 ? dt::bf16 : dt::f32;
   const dt fwd_dst = bf16 && pass != ConvPass::Forward ? dt::bf16 : dt::f32;
   const dt fwd_src = bf16 ? dt::bf16 : dt::f32;
-  const dnnl::convolution_forward::primitive_desc fwd(
-      bias ? dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, algo, any_desc(src, fwd_src),
-                                             any_desc(wei, in), plan.bias, any_desc(dst, fwd_dst), strides, dilates,
-                                             pad_l, pad_r)
-           : dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, algo, any_desc(src, fwd_src),
-                                             any_desc(wei, in), any_desc(dst, fwd_dst), strides, dilates, pad_l, pad_r),
-      attr, eng);
+  const dnnl::convolution_forward::primitive_desc fwd =
+      bias ? dnnl::convolution_forward::primitive_desc(eng, dnnl::prop_kind::forward_training, algo,
+                                                       any_desc(src, fwd_src), any_desc(wei, in), plan.bias,
+                                                       any_desc(dst, fwd_dst), strides, dilates, pad_l, pad_r, attr)
+           : dnnl::convolution_forward::primitive_desc(eng, dnnl::prop_kind::forward_training, algo,
+                                                       any_desc(src, fwd_src), any_desc(wei, in),
+                                                       any_desc(dst, fwd_dst), strides, dilates, pad_l, pad_r, attr);
 
   dnnl::memory::desc scratch;
   switch (pass) {
@@ -118,10 +119,9 @@ Plan make_plan(const ConvArgs& a, ConvPass pass, bool bias) {
       plan.out = {DNNL_ARG_DST, plain_desc(dst), fwd.dst_desc(), {}, 0};
       break;
     case ConvPass::InputGrad: {
-      const dnnl::convolution_backward_data::primitive_desc pd(
-          dnnl::convolution_backward_data::desc(algo, any_desc(src), any_desc(wei, in), any_desc(dst, in), strides,
-                                                dilates, pad_l, pad_r),
-          attr, eng, fwd);
+      const dnnl::convolution_backward_data::primitive_desc pd(eng, algo, any_desc(src), any_desc(wei, in),
+                                                               any_desc(dst, in), strides, dilates, pad_l, pad_r,
+                                                               fwd, attr);
       plan.primitive = dnnl::convolution_backward_data(pd);
       scratch = pd.scratchpad_desc();
       plan.in0 = {DNNL_ARG_DIFF_DST, plain_desc(dst), pd.diff_dst_desc(), {}, 0};
@@ -130,10 +130,9 @@ Plan make_plan(const ConvArgs& a, ConvPass pass, bool bias) {
       break;
     }
     case ConvPass::WeightGrad: {
-      const dnnl::convolution_backward_weights::primitive_desc pd(
-          dnnl::convolution_backward_weights::desc(algo, any_desc(src, in), any_desc(wei), any_desc(dst, in), strides,
-                                                   dilates, pad_l, pad_r),
-          attr, eng, fwd);
+      const dnnl::convolution_backward_weights::primitive_desc pd(eng, algo, any_desc(src, in), any_desc(wei),
+                                                                  any_desc(dst, in), strides, dilates, pad_l,
+                                                                  pad_r, fwd, attr);
       plan.primitive = dnnl::convolution_backward_weights(pd);
       scratch = pd.scratchpad_desc();
       plan.in0 = {DNNL_ARG_SRC, plain_desc(src), pd.src_desc(), {}, 0};
@@ -188,7 +187,8 @@ void run(const ConvArgs& a, ConvPass pass, const void* in0, const void* in1, voi
 //   4 channels: 45 vs 56; 5: a tie; 6: 65 vs 57);
 // - the weight gradient of 4-15 input channels (1-3 take its first-layer kernel, 1.5x ours;
 //   4: 55 vs 105, 8: 106 vs 117, 14: 94 vs 121; 16: 181 vs 127).
-// Those stay on our kernels.
+// Those stay on our kernels. (Measured on oneDNN 2.6; on 3.2 the 1-channel input gradient is slower
+// still: 977 us against 2.6's 626 for wgan_gp's at batch 64, scripts/bench_onednn_bf16.sh.)
 bool onednn_takes(const ConvArgs& a, ConvPass pass) {
   if (a.n == 0 || a.c_in == 0 || a.c_out == 0) return false;
   if (a.groups == 1 && pass == ConvPass::InputGrad && a.c_in <= 4) return false;

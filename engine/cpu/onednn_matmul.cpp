@@ -28,9 +28,8 @@ OnednnPlan make_plan(const GemmArgs& g) {
   // Both operands in bfloat16 in the layouts the primitive picks (the reorders round them), C
   // written in place in float32.
   const dnnl::memory::desc c = dnnl::memory::desc({g.m, g.n}, dt::f32, Dims{g.ldc, 1});
-  const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(dnnl::memory::desc({g.m, g.k}, dt::bf16, Tag::any),
-                                                           dnnl::memory::desc({g.k, g.n}, dt::bf16, Tag::any), c),
-                                        attr, onednn_engine());
+  const dnnl::matmul::primitive_desc pd(onednn_engine(), dnnl::memory::desc({g.m, g.k}, dt::bf16, Tag::any),
+                                        dnnl::memory::desc({g.k, g.n}, dt::bf16, Tag::any), c, attr);
   OnednnPlan plan;
   plan.primitive = dnnl::matmul(pd);
   plan.in0 = {DNNL_ARG_SRC, f32_matrix(g.m, g.k, g.trans_a, g.lda), pd.src_desc(), {}, 0};
