@@ -34,7 +34,7 @@ struct Data {
   }
   std::string args() const {
     return "--data " + dir.path().string() + " --classifier " + classifier +
-           " --batch-size 8 --width 4 --z-dim 8 --workers 1 --threads 1 --fid-samples 16 ";
+           " --batch-size 8 --width 4 --z-dim 8 --workers 1 --threads 1 --fid-samples 16 --final-fid-samples 20 ";
   }
 };
 
@@ -76,7 +76,16 @@ TEST_CASE("wgan_gp: outputs, the Frechet distance, and an exact --resume") {
   CHECK(ckpt.contains("critic.optim.state.0.exp_avg"));
   CHECK(evenflow::io::load_safetensors(whole.file("generator.safetensors")).contains("up2.weight"));
 
-  check_tensorboard(whole.path().string(), "penalty,learning_rate", "samples");
+  check_tensorboard(whole.path().string(), "penalty,learning_rate,final_frechet", "samples");
+
+  // Note [Final evaluation]: its own count of images, its own noise (not the periodic distance's:
+  // the last row of metrics.csv holds another figure), written once the last step is done.
+  const std::string evaluation = read_bytes(whole.file("evaluation.json"));
+  CHECK(evaluation.rfind("{\"step\": 4, \"images\": 20, \"frechet\": ", 0) == 0);
+  const double final_distance = std::stod(evaluation.substr(evaluation.find("\"frechet\": ") + 12));
+  CHECK(std::isfinite(final_distance));
+  CHECK(final_distance >= 0.0);
+  CHECK(full.output.find("final Frechet distance (20 generated images vs the test set)") != std::string::npos);
 
   const AppResult first = run_wgan(common + " --steps 2 --out " + split.path().string());
   REQUIRE_MESSAGE(first.rc == 0, first.output);
@@ -100,6 +109,11 @@ TEST_CASE("wgan_gp: outputs, the Frechet distance, and an exact --resume") {
   both.insert(both.end(), rest.begin(), rest.end());
   CHECK(both == reference);  // bitwise
   CHECK(event_files(split).size() == 2);
+  // The final evaluation does not depend on how the run got there, nor on being run again.
+  CHECK(read_bytes(split.file("evaluation.json")) == evaluation);
+  const AppResult again = run_wgan(common + " --steps 4 --resume --out " + whole.path().string());
+  REQUIRE_MESSAGE(again.rc == 0, again.output);
+  CHECK(read_bytes(whole.file("evaluation.json")) == evaluation);
   // Steps 1 and 2 of the stand-in file are the whole run's: the same losses, other timings.
   check_tensorboard(split.path().string(), "penalty,learning_rate", "samples", "seconds,images_per_s");
 }
@@ -202,6 +216,8 @@ TEST_CASE("wgan_gp: bad arguments exit 2 with a one-line message") {
            {data.args() + "--norm batch", "--norm must be none, layernorm or syncbn"},
            {data.args() + "--penalty wgan", "--penalty must be wgan-gp, dragan or r1"},
            {data.args() + "--devices tpu:1", "unknown device kind in 'tpu:1'"},
+           {"--final-fid-samples 1 --data " + data.dir.path().string(),
+            "--final-fid-samples 1: a distance needs at least 2 images"},
            {"--data /nonexistent/fashion", "/nonexistent/fashion"}}) {
     CAPTURE(args);
     const AppResult r = run_wgan(args + " --steps 1 --out " + out.path().string());
