@@ -42,12 +42,12 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_
 echo "== gradient all-reduce: mpirun -np 2 $build/apps/bench_processes --devices cpu:2 --width $width --norm $norm"
 mpirun -np 2 "$build/apps/bench_processes" --devices cpu:2 --width "$width" --norm "$norm" --repeats "$repeats"
 
-critic_steps=5  # wgan_gp's default
+critic_steps=5  # the WGAN-GP paper's, which the figures in docs/benchmarks.md use
 total=$((warmup + steps))
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 common=(--steps "$total" --width "$width" --norm "$norm" --batch-size "$batch" --critic-steps "$critic_steps" --seed 0
-        --threads "$threads" --data "$data" --sample-every 1000000000 --fid-every 1000000000)
+        --threads "$threads" --data "$data" --sample-every 1000000000 --fid-every 1000000000 --final-fid-samples 0)
 echo
 echo "== wgan_gp step time: $warmup warm-up + $steps timed generator steps, batch $batch, norm $norm," \
   "$threads intra-op thread(s) per device, $(nproc) cores"

@@ -55,7 +55,7 @@ case "$devices" in
   cuda:*) torch_device=${devices%%,*} ;;
   *) torch_device=$devices ;;
 esac
-critic_steps=5  # the default of both
+critic_steps=5  # the WGAN-GP paper's, which the speed figures in docs/benchmarks.md use
 total=$((warmup + steps))
 
 out=$(mktemp -d)
@@ -63,7 +63,7 @@ trap 'rm -rf "$out"' EXIT
 echo "== evenflow wgan_gp: $warmup warm-up + $steps timed generator steps, $devices, $threads thread(s), norm $norm, batch $batch, precision $precision" >&2
 "$build/apps/wgan_gp" --steps "$total" --devices "$devices" --threads "$threads" --norm "$norm" --precision "$precision" \
   --batch-size "$batch" --critic-steps "$critic_steps" --seed "$seed" --data "$data" \
-  --sample-every 1000000000 --fid-every 1000000000 --out "$out/ef" >&2
+  --sample-every 1000000000 --fid-every 1000000000 --final-fid-samples 0 --out "$out/ef" >&2
 echo "== PyTorch $("$python" -c 'import torch; print(torch.__version__)') on $torch_device" >&2
 "$python" scripts/wgan_gp_torch.py --steps "$steps" --warmup "$warmup" --device "$torch_device" --threads "$threads" \
   --norm "$norm" --batch-size "$batch" --critic-steps "$critic_steps" --seed "$seed" --data "$data" --autocast "$autocast" |
