@@ -9,6 +9,7 @@
 #include <cctype>
 #include <cstring>
 
+#include "evenflow/engine/backend.h"  // kMaxDims
 #include "evenflow/engine/error.h"
 
 namespace evenflow::data {
@@ -16,7 +17,6 @@ namespace evenflow::data {
 namespace {
 
 constexpr char kMagic[4] = {'E', 'F', 'B', '1'};
-constexpr int64_t kMaxDims = 8;
 
 uint32_t crc32_of(std::string_view bytes) {
   uLong crc = crc32(0L, Z_NULL, 0);
