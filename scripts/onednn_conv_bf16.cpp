@@ -112,13 +112,14 @@ int main(int argc, char** argv) {
   const int64_t batch = argc > 1 ? std::atoll(argv[1]) : 64;
   dnnl::engine eng(dnnl::engine::kind::cpu, 0);
   dnnl::stream s(eng);
-  const Shape shapes[] = {{"critic conv1 1->32, 28->14", 1, 28, 32, 14},
-                          {"critic conv2 32->64, 14->7", 32, 14, 64, 7}};
+  const Shape shapes[] = {{"critic conv1 1->32, 28->14", 1, 28, 32, 14}, {"critic conv2 32->64, 14->7", 32, 14, 64, 7}};
   std::printf("oneDNN %d.%d.%d, batch %lld, microseconds per call: kernel alone / with our reorders\n",
               DNNL_VERSION_MAJOR, DNNL_VERSION_MINOR, DNNL_VERSION_PATCH, static_cast<long long>(batch));
-  std::printf("| convolution | pass | float32 | bf16 | float32 / bf16 | bf16 implementation |\n|---|---|---|---|---|---|\n");
+  std::printf(
+      "| convolution | pass | float32 | bf16 | float32 / bf16 | bf16 implementation |\n|---|---|---|---|---|---|\n");
   for (const Shape& sh : shapes) {
-    const memory::dims src{batch, sh.c_in, sh.h, sh.h}, wei{sh.c_out, sh.c_in, 4, 4}, dst{batch, sh.c_out, sh.oh, sh.oh};
+    const memory::dims src{batch, sh.c_in, sh.h, sh.h}, wei{sh.c_out, sh.c_in, 4, 4},
+        dst{batch, sh.c_out, sh.oh, sh.oh};
     const memory::dims strides{2, 2}, pad{1, 1};
     const auto any = [](const memory::dims& d, dt t) { return memory::desc(d, t, Tag::any); };
     dnnl::primitive_attr attr;
@@ -133,8 +134,8 @@ int main(int argc, char** argv) {
                                                           any(wei, in), any(dst, dt::f32), strides, pad, pad, attr);
       const dnnl::convolution_backward_data::primitive_desc bwd_data(eng, alg, any(src, dt::f32), any(wei, in),
                                                                      any(dst, in), strides, pad, pad, fwd, attr);
-      const dnnl::convolution_backward_weights::primitive_desc bwd_weights(
-          eng, alg, any(src, in), any(wei, dt::f32), any(dst, in), strides, pad, pad, fwd, attr);
+      const dnnl::convolution_backward_weights::primitive_desc bwd_weights(eng, alg, any(src, in), any(wei, dt::f32),
+                                                                           any(dst, in), strides, pad, pad, fwd, attr);
 #else
       const dnnl::convolution_forward::primitive_desc fwd(
           {dnnl::prop_kind::forward_training, alg, any(src, in), any(wei, in), any(dst, dt::f32), strides, pad, pad},

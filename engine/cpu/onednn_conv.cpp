@@ -119,9 +119,8 @@ Plan make_plan(const ConvArgs& a, ConvPass pass, bool bias) {
       plan.out = {DNNL_ARG_DST, plain_desc(dst), fwd.dst_desc(), {}, 0};
       break;
     case ConvPass::InputGrad: {
-      const dnnl::convolution_backward_data::primitive_desc pd(eng, algo, any_desc(src), any_desc(wei, in),
-                                                               any_desc(dst, in), strides, dilates, pad_l, pad_r,
-                                                               fwd, attr);
+      const dnnl::convolution_backward_data::primitive_desc pd(
+          eng, algo, any_desc(src), any_desc(wei, in), any_desc(dst, in), strides, dilates, pad_l, pad_r, fwd, attr);
       plan.primitive = dnnl::convolution_backward_data(pd);
       scratch = pd.scratchpad_desc();
       plan.in0 = {DNNL_ARG_DIFF_DST, plain_desc(dst), pd.diff_dst_desc(), {}, 0};
@@ -130,9 +129,8 @@ Plan make_plan(const ConvArgs& a, ConvPass pass, bool bias) {
       break;
     }
     case ConvPass::WeightGrad: {
-      const dnnl::convolution_backward_weights::primitive_desc pd(eng, algo, any_desc(src, in), any_desc(wei),
-                                                                  any_desc(dst, in), strides, dilates, pad_l,
-                                                                  pad_r, fwd, attr);
+      const dnnl::convolution_backward_weights::primitive_desc pd(
+          eng, algo, any_desc(src, in), any_desc(wei), any_desc(dst, in), strides, dilates, pad_l, pad_r, fwd, attr);
       plan.primitive = dnnl::convolution_backward_weights(pd);
       scratch = pd.scratchpad_desc();
       plan.in0 = {DNNL_ARG_SRC, plain_desc(src), pd.src_desc(), {}, 0};

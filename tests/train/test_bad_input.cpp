@@ -49,7 +49,8 @@ struct Data {
     const std::string common = "--data " + dir.path().string() + " --workers 1 --threads 1 ";
     if (program == "classify") return common + "--batch-size 4 --epochs 3 ";
     if (program == "segment") return common + "--batch-size 4 --epochs 3 --train-size 8 --test-size 4 --canvas 32 ";
-    if (program == "wgan_gp") return common + "--batch-size 8 --width 4 --z-dim 8 --fid-samples 16 --final-fid-samples 16 --sample-every 1 ";
+    if (program == "wgan_gp")
+      return common + "--batch-size 8 --width 4 --z-dim 8 --fid-samples 16 --final-fid-samples 16 --sample-every 1 ";
     return "";
   }
 };

@@ -89,9 +89,10 @@ TEST_CASE("processes: wgan_gp critic and generator steps on 2 processes x 2 devi
                               "--norm syncbn --penalty wgan-gp", "--norm syncbn --penalty r1"}) {
     CAPTURE(variant);
     TempDir one, job;
-    const std::string common = data.arg() + "--classifier " + classifier +
-                               " --batch-size 8 --width 4 --z-dim 8 --workers 1 --threads 1 --fid-samples 16 --final-fid-samples 16 " +
-                               variant + " --dtype float64 --steps 2 --critic-steps 2 --print-loss ";
+    const std::string common =
+        data.arg() + "--classifier " + classifier +
+        " --batch-size 8 --width 4 --z-dim 8 --workers 1 --threads 1 --fid-samples 16 --final-fid-samples 16 " +
+        variant + " --dtype float64 --steps 2 --critic-steps 2 --print-loss ";
     const AppResult a = run_app(EF_WGAN_GP_BIN, common + "--devices cpu --out " + one.path().string());
     const AppResult b = run_app(kMpirun + EF_WGAN_GP_BIN, common + "--devices cpu:2 --out " + job.path().string());
     check_same_losses(a, b, 6);
