@@ -66,7 +66,8 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"conv", "all", "none"}));
   return ef::apps::run_program(app, argc, argv, "bench_engine", [&] {
     const ef::Device d(device);
-    ef::set_cuda_math({.allow_tf32_conv = tf32 != "none", .allow_tf32_matmul = tf32 == "all"});
+    // cuDNN's timed algorithm choice, as bench_torch.py's cudnn.benchmark.
+    ef::set_cuda_math({.allow_tf32_conv = tf32 != "none", .allow_tf32_matmul = tf32 == "all", .benchmark = true});
     const ef::DType compute = precision == "bf16" ? ef::kBFloat16 : ef::kFloat32;
     if (threads > 0) ef::set_num_threads(threads);
     const ef::TensorOptions o{.dtype = ef::kFloat32, .device = d};

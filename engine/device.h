@@ -68,14 +68,19 @@ int cuda_physical_id(const Device& d);
 /// rounded to a 10-bit mantissa, about 1e-3 relative), matrix products may not
 /// (torch.backends.cuda.matmul.allow_tf32 = False), and cuDNN takes its fastest algorithm even where
 /// it sums with atomics (torch.backends.cudnn.deterministic = False: float sums may differ in the
-/// last bits from run to run). float64 is never affected. The CPU backend ignores them. Set them
-/// before the work they should govern; each convolution shape chooses its algorithm once per setting.
+/// last bits from run to run), chosen by cuDNN's heuristics (torch.backends.cudnn.benchmark = False).
+/// float64 is never affected. The CPU backend ignores them. Set them before the work they should
+/// govern; each convolution shape chooses its algorithm once per setting.
 struct CudaMath {
   bool allow_tf32_conv = true;     ///< float32 convolutions may use TF32 tensor cores.
   bool allow_tf32_matmul = false;  ///< float32 matrix products may use TF32 tensor cores.
   /// cuDNN convolutions use only algorithms that repeat bit for bit (an ef::Error names a
   /// convolution for which cuDNN has none).
   bool deterministic = false;
+  /// A convolution shape's first call times every candidate algorithm on its operands and keeps
+  /// the fastest, where the heuristics' first choice can be 2x slower (PyTorch's
+  /// cudnn.benchmark): for training, whose shapes repeat. The choice may differ from run to run.
+  bool benchmark = false;
 };
 CudaMath cuda_math();  ///< The current settings.
 /// Replaces the settings, for every CUDA device (thread-safe: one atomic word).

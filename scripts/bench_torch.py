@@ -43,6 +43,9 @@ def main():
     p.add_argument("--min-seconds", type=float, default=1.0)
     p.add_argument("--only", default="")
     p.add_argument("--tf32", default="conv", choices=CHOICES, help="as bench_engine's --tf32 (torch_tf32.py)")
+    p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
+                   help="bf16: the matmul and conv cases under torch.autocast(bfloat16), their outputs cast back to "
+                        "float32 (as bench_engine's --precision bf16, whose products return float32)")
     a = p.parse_args()
     if a.threads > 0:
         torch.set_num_threads(a.threads)
@@ -52,6 +55,16 @@ def main():
         torch.backends.cudnn.benchmark = True
     torch.manual_seed(0)
     kw = dict(device=dev, dtype=torch.float32)
+    bf16 = a.precision == "bf16"
+
+    def mixed(fn):  # fn under autocast(bfloat16) with a float32 result, or fn itself
+        if not bf16:
+            return fn
+
+        def run():
+            with torch.autocast(dev.split(":")[0], dtype=torch.bfloat16):
+                return fn().float()
+        return run
 
     for m, k, n in [(1024, 1024, 1024), (4096, 1024, 1024), (100, 3136, 1024)]:
         name = f"matmul_{m}x{k}x{n}"
@@ -60,10 +73,11 @@ def main():
         x, y = torch.randn(m, k, **kw), torch.randn(k, n, **kw)
         flops = 2.0 * m * k * n
         with torch.no_grad():
-            report(name + "_fwd", time_it(lambda: x @ y, dev, a.min_seconds), flops, "GFLOP/s")
+            report(name + "_fwd", time_it(mixed(lambda: x @ y), dev, a.min_seconds), flops, "GFLOP/s")
         xg, yg = x.clone().requires_grad_(), y.clone().requires_grad_()
         gy = torch.randn(m, n, **kw)
-        report(name + "_fwdbwd", time_it(lambda: (xg @ yg).backward(gy), dev, a.min_seconds), 3 * flops, "GFLOP/s")
+        product = mixed(lambda: xg @ yg)
+        report(name + "_fwdbwd", time_it(lambda: product().backward(gy), dev, a.min_seconds), 3 * flops, "GFLOP/s")
 
     for name, n, c, h, w, o, k, pad in [("conv_fmnist1_100x1x28x28_k5x32", 100, 1, 28, 28, 32, 5, 2),
                                         ("conv_fmnist2_100x32x14x14_k5x64", 100, 32, 14, 14, 64, 5, 2),
@@ -73,13 +87,12 @@ def main():
         x, wt = torch.randn(n, c, h, w, **kw), torch.randn(o, c, k, k, **kw)
         flops = 2.0 * n * o * h * w * c * k * k
         with torch.no_grad():
-            report(name + "_fwd", time_it(lambda: torch.nn.functional.conv2d(x, wt, padding=pad), dev, a.min_seconds),
-                   flops, "GFLOP/s")
+            report(name + "_fwd", time_it(mixed(lambda: torch.nn.functional.conv2d(x, wt, padding=pad)), dev,
+                                          a.min_seconds), flops, "GFLOP/s")
         xg, wg = x.clone().requires_grad_(), wt.clone().requires_grad_()
         gy = torch.randn(n, o, h, w, **kw)
-        report(name + "_fwdbwd",
-               time_it(lambda: torch.nn.functional.conv2d(xg, wg, padding=pad).backward(gy), dev, a.min_seconds),
-               3 * flops, "GFLOP/s")
+        conv = mixed(lambda: torch.nn.functional.conv2d(xg, wg, padding=pad))
+        report(name + "_fwdbwd", time_it(lambda: conv().backward(gy), dev, a.min_seconds), 3 * flops, "GFLOP/s")
 
     for name, shape, features in [("layer_norm_8192x1024", (8192, 1024), 1024),
                                   ("batch_norm_32x64x56x56", (32, 64, 56, 56), 64)]:

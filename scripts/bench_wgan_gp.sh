@@ -61,8 +61,11 @@ total=$((warmup + steps))
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 echo "== evenflow wgan_gp: $warmup warm-up + $steps timed generator steps, $devices, $threads thread(s), norm $norm, batch $batch, precision $precision" >&2
+# cuDNN's timed algorithm choice on both sides: wgan_gp_torch.py turns cudnn.benchmark on.
+cudnn=()
+[[ "$devices" == cuda* ]] && cudnn=(--cudnn-benchmark)
 "$build/apps/wgan_gp" --steps "$total" --devices "$devices" --threads "$threads" --norm "$norm" --precision "$precision" \
-  --batch-size "$batch" --critic-steps "$critic_steps" --seed "$seed" --data "$data" \
+  "${cudnn[@]}" --batch-size "$batch" --critic-steps "$critic_steps" --seed "$seed" --data "$data" \
   --sample-every 1000000000 --fid-every 1000000000 --final-fid-samples 0 --out "$out/ef" >&2
 echo "== PyTorch $("$python" -c 'import torch; print(torch.__version__)') on $torch_device" >&2
 "$python" scripts/wgan_gp_torch.py --steps "$steps" --warmup "$warmup" --device "$torch_device" --threads "$threads" \

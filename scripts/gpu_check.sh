@@ -243,8 +243,10 @@ ctest_results "$out/parity.log"
 
 # 4. Data parallel on two logical devices of GPU 0, then memory balance and step time on four.
 data_parallel() {
-  run_tests 'CUDA logical devices' 4 2 || return 1
-  EF_CUDA_DEVICES=0,0,0,0 "$build/apps/bench_parallel" --devices cuda
+  local rc=0
+  run_tests 'CUDA logical devices' 4 2 || rc=1
+  EF_CUDA_DEVICES=0,0,0,0 "$build/apps/bench_parallel" --devices cuda || rc=1
+  return $rc
 }
 stage "data parallel" "$out/data_parallel.log" 30 150 data_parallel
 ctest_results "$out/data_parallel.log"
@@ -253,6 +255,7 @@ ctest_results "$out/data_parallel.log"
 speed() {
   local rc=0
   BUILD_DIR=$build MIN_SECONDS=0.3 TF32=conv PYTHON=$python bash scripts/bench_engine.sh cuda || rc=1
+  BUILD_DIR=$build MIN_SECONDS=0.3 TF32=conv PRECISION=bf16 PYTHON=$python bash scripts/bench_engine.sh cuda || rc=1
   PYTHON=$python bash scripts/bench_wgan_gp.sh --build "$build" --devices cuda:0 --data "$deps/data/fashion-mnist" \
     --steps 30 || rc=1
   PYTHON=$python bash scripts/bench_classify.sh --build "$build" --devices cuda:0 --data "$deps/data/fashion-mnist" \
@@ -273,7 +276,10 @@ sanitize() {
   fi
   compute-sanitizer --tool memcheck --error-exitcode 1 "$build/tests/test_engine" \
     -tc="cuda: a bad index*,cuda: copies*,cuda parity: the multi-tensor Adam step,cuda parity: every op? float64" || return 1
-  compute-sanitizer --tool memcheck --error-exitcode 1 "$build/tests/test_parallel" -tc="*CUDA logical*"
+  compute-sanitizer --tool memcheck --error-exitcode 1 "$build/tests/test_parallel" -tc="*CUDA logical*" || return 1
+  # Last, as the stage's cap can cut it: every op's kernels at realistic sizes, timed cuDNN choice.
+  compute-sanitizer --tool memcheck --error-exitcode 1 "$build/tests/test_engine" \
+    -tc="cuda parity: realistic sizes*,cuda parity: float32 convolutions*"
 }
 stage "compute-sanitizer" "$out/sanitizer.log" 45 200 sanitize
 

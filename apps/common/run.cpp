@@ -35,6 +35,9 @@ void add_run_options(CLI::App& app, RunOptions& o, const std::string& seed_help)
   app.add_flag("--overwrite", o.overwrite, "start afresh even where <out> holds an earlier run's checkpoint")
       ->excludes(resume);
   app.add_flag("--print-loss", o.print_loss, "print every step's loss at full precision");
+  app.add_flag("--cudnn-benchmark", o.cudnn_benchmark,
+               "on CUDA, time each convolution shape's cuDNN algorithms at its first call and keep the fastest "
+               "(PyTorch's cudnn.benchmark; without it, cuDNN's heuristic choice, the same in every run)");
 }
 
 void add_epoch_options(CLI::App& app, EpochOptions& o, const std::string& seed_help) {
@@ -121,6 +124,11 @@ Run::Run(const RunOptions& options, fs::path out, std::vector<std::string> metri
       metadata_(std::move(metadata)),
       metrics_(std::move(metric_columns)),
       primary_(primary_process()) {
+  if (options_.cudnn_benchmark) {
+    CudaMath math = cuda_math();
+    math.benchmark = true;
+    set_cuda_math(math);
+  }
   if (!primary_) return;
   prepare_output_folder(out_, options_.resume, options_.overwrite);
   if (!options_.resume) {

@@ -36,8 +36,8 @@ struct ConvAlgo {
   int math_type = 0;  // the cudnnMathType_t the algorithm runs with
   size_t workspace = 0;
 };
-// Pass, dtype and the 16 ConvArgs fields: the shape a choice of algorithm depends on.
-using ConvKey = std::array<int64_t, 20>;  // pass, dtype, shape (16), TF32, deterministic
+// Pass, dtype, the 16 ConvArgs fields and the math settings: what a choice of algorithm depends on.
+using ConvKey = std::array<int64_t, 21>;  // pass, dtype, shape (16), TF32, deterministic, benchmark
 
 class CudaBackend final : public Backend {
  public:

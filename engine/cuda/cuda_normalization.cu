@@ -155,20 +155,49 @@ __global__ void normalize_backward_kernel(NormArgs a, T* gx, T* gw, T* gb, const
   }
 }
 
-// Per-feature gw = Σ gy·x̂ and gb = Σ gy over the groups (rows) of a layer norm: a thread per
-// feature, adjacent threads reading adjacent features of a row.
+// Per-feature gw = Σ gy·x̂ and gb = Σ gy over the groups (rows) of a layer norm, in two kernels so
+// that the whole GPU works on it: feature_partial_sums_kernel sums each chunk of rows per feature
+// (a thread per feature and chunk, adjacent threads reading adjacent features of a row) into
+// partial sums, feature_sums_kernel adds a feature's chunks in order. The chunks depend on the shape
+// alone (feature_sum_chunks), so the result repeats bit for bit on any GPU. One thread per feature
+// over every row ran layer_norm's forward+backward 24x slower than PyTorch on 8192 rows of 1024
+// features on an H200 (1024 threads).
 template <typename T>
-__global__ void feature_sums_kernel(NormArgs a, T* gw, T* gb, const T* gy, const T* x, const T* mean, const T* rstd) {
-  for (int64_t i = thread_index(); i < a.inner; i += grid_stride()) {
+__global__ void feature_partial_sums_kernel(NormArgs a, int64_t rows_per_chunk, T* pw, T* pb, const T* gy, const T* x,
+                                            const T* mean, const T* rstd) {
+  const int64_t i = thread_index(), chunk = blockIdx.y;
+  if (i >= a.inner) return;
+  const int64_t first = chunk * rows_per_chunk, last = min(a.groups, first + rows_per_chunk);
+  T sw = 0, sb = 0;
+  for (int64_t g = first; g < last; ++g) {
+    const int64_t at = g * a.inner + i;
+    sw += gy[at] * ((x[at] - mean[g]) * rstd[g]);
+    sb += gy[at];
+  }
+  if (pw != nullptr) pw[chunk * a.inner + i] = sw;
+  if (pb != nullptr) pb[chunk * a.inner + i] = sb;
+}
+
+template <typename T>
+__global__ void feature_sums_kernel(int64_t inner, int64_t chunks, T* gw, T* gb, const T* pw, const T* pb) {
+  for (int64_t i = thread_index(); i < inner; i += grid_stride()) {
     T sw = 0, sb = 0;
-    for (int64_t g = 0; g < a.groups; ++g) {
-      const int64_t at = g * a.inner + i;
-      sw += gy[at] * ((x[at] - mean[g]) * rstd[g]);
-      sb += gy[at];
+    for (int64_t c = 0; c < chunks; ++c) {
+      sw += pw[c * inner + i];
+      sb += pb[c * inner + i];
     }
     if (gw != nullptr) gw[i] = sw;
     if (gb != nullptr) gb[i] = sb;
   }
+}
+
+// Rows per chunk of feature_partial_sums_kernel: at least 32 (each thread's loop long enough to
+// hide its loads), at most 1024 chunks, and partial sums of at most 64 MiB.
+int64_t feature_sum_rows_per_chunk(int64_t groups, int64_t inner, size_t elem_size) {
+  constexpr int64_t kMinRows = 32, kMaxChunks = 1024, kMaxPartialBytes = int64_t{64} << 20;
+  const int64_t max_chunks =
+      std::clamp<int64_t>(kMaxPartialBytes / (2 * inner * static_cast<int64_t>(elem_size)), 1, kMaxChunks);
+  return std::max(kMinRows, ceil_div(groups, max_chunks));
 }
 
 }  // namespace
@@ -263,7 +292,26 @@ void CudaBackend::normalize_backward(const NormArgs& args, const View& gx, const
     }
     if (!args.affine_per_group && (gwp != nullptr || gbp != nullptr)) {
       EF_ASSERT(args.outer == 1, "normalize_backward: per-feature weights need outer == 1");
-      feature_sums_kernel<T><<<grid_for(*this, args.inner), kThreads, 0, stream_>>>(args, gwp, gbp, gyp, xp, mp, rp);
+      const int64_t rows_per_chunk = feature_sum_rows_per_chunk(args.groups, args.inner, sizeof(T));
+      const int64_t chunks = ceil_div(args.groups, rows_per_chunk);
+      const dim3 grid(static_cast<unsigned>(ceil_div(args.inner, kThreads)), static_cast<unsigned>(chunks));
+      if (chunks == 1) {  // the partial sums are the sums
+        feature_partial_sums_kernel<T><<<grid, kThreads, 0, stream_>>>(args, rows_per_chunk, gwp, gbp, gyp, xp, mp, rp);
+        EF_CUDA_CHECK_LAUNCH();
+        return;
+      }
+      // The scratch buffer stays ours while the library lock is held (Note [Library handles and
+      // threads]); the kernels queued under it run before any later user's.
+      const Lock lock = lock_libraries();
+      auto* partial = static_cast<T*>(scratch(lock, static_cast<size_t>(2 * chunks * args.inner) * sizeof(T)));
+      EF_CHECK(partial != nullptr, "layer_norm backward: out of memory on ", name(), " for ",
+               2 * chunks * args.inner * static_cast<int64_t>(sizeof(T)), " bytes of partial sums");
+      T* partial_b = partial + chunks * args.inner;
+      feature_partial_sums_kernel<T>
+          <<<grid, kThreads, 0, stream_>>>(args, rows_per_chunk, partial, partial_b, gyp, xp, mp, rp);
+      EF_CUDA_CHECK_LAUNCH();
+      feature_sums_kernel<T>
+          <<<grid_for(*this, args.inner), kThreads, 0, stream_>>>(args.inner, chunks, gwp, gbp, partial, partial_b);
       EF_CUDA_CHECK_LAUNCH();
     }
   });

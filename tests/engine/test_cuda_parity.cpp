@@ -205,13 +205,19 @@ TEST_CASE("cuda parity: realistic sizes, float64 and float32") {
   check_parity(cases, kFloat32, {.normwise = kFloat32Normwise});
 }
 
-TEST_CASE("cuda parity: float32 convolutions and products on TF32 tensor cores stay within TF32's precision") {
+TEST_CASE(
+    "cuda parity: float32 convolutions and products on TF32 tensor cores stay within TF32's precision, "
+    "with heuristic and timed algorithm choice") {
   if (!cuda_devices_available()) return;
   std::vector<OpCase> cases;
   for (const OpCase& c : realistic_cases())
     if (c.name == "conv2d" || c.name == "matmul") cases.push_back(c);
   REQUIRE(cases.size() == 3);
   check_parity(cases, kFloat32, {.normwise = kTf32Normwise}, {.allow_tf32_conv = true, .allow_tf32_matmul = true});
+  // The algorithms cuDNN's timing picks (CudaMath::benchmark) compute the same convolutions.
+  check_parity(cases, kFloat32, {.normwise = kTf32Normwise},
+               {.allow_tf32_conv = true, .allow_tf32_matmul = true, .benchmark = true});
+  check_parity(cases, kFloat64, {.atol = 1e-10, .rtol = 1e-8}, {.benchmark = true});
   check_parity(cases, kFloat32, {.normwise = kFloat32Normwise},
                {.allow_tf32_conv = false, .allow_tf32_matmul = false, .deterministic = true});
 }
@@ -253,14 +259,18 @@ TEST_CASE("CUDA math settings: PyTorch's defaults, and what is set is what is re
   CHECK(defaults.allow_tf32_conv);          // torch.backends.cudnn.allow_tf32
   CHECK_FALSE(defaults.allow_tf32_matmul);  // torch.backends.cuda.matmul.allow_tf32
   CHECK_FALSE(defaults.deterministic);      // torch.backends.cudnn.deterministic
+  CHECK_FALSE(defaults.benchmark);          // torch.backends.cudnn.benchmark
   {
-    const CudaMathGuard guard({.allow_tf32_conv = false, .allow_tf32_matmul = true, .deterministic = true});
+    const CudaMathGuard guard(
+        {.allow_tf32_conv = false, .allow_tf32_matmul = true, .deterministic = true, .benchmark = true});
     const CudaMath now = cuda_math();
     CHECK_FALSE(now.allow_tf32_conv);
     CHECK(now.allow_tf32_matmul);
     CHECK(now.deterministic);
+    CHECK(now.benchmark);
   }
   CHECK(cuda_math().allow_tf32_conv);
+  CHECK_FALSE(cuda_math().benchmark);
 }
 
 TEST_CASE("cuda: tensors past 2^31 elements index with 64 bits") {
@@ -378,7 +388,9 @@ TEST_CASE("cuda parity: bfloat16 compute, its gradients and a penalty's second-o
                                     randn({32, 8, 4, 4}) * 0.1, randn({10, 8 * 24 * 24}) * 0.02, randn({10})};
   const auto run = [&](const Device& d) {
     std::vector<Tensor> t;
-    for (const Tensor& h : host) t.push_back(h.to(d).requires_grad_(true));
+    // detach: on the CPU, to() returns the host tensor itself, which then requires gradients, and
+    // the CUDA run's copy of it would not be a leaf.
+    for (const Tensor& h : host) t.push_back(h.to(d).detach().requires_grad_(true));
     const Tensor h = leaky_relu(conv2d(t[0], t[1], t[2], {.padding = {1, 1}, .compute = kBFloat16}), 0.2);
     const Tensor up = conv_transpose2d(h, t[3], Tensor(), {.stride = {2, 2}, .padding = {1, 1}, .compute = kBFloat16});
     const Tensor y = linear(flatten(up, 1), t[4], t[5], {.compute = kBFloat16});
