@@ -115,8 +115,8 @@ int run(const Args& a) {
   ef::data::DataLoader test_loader(test_set, {.batch_size = 1000, .num_workers = a.workers, .device = devices[0]});
   run.resume(state, "step");
   std::printf("training on %s, %s, %" PRId64 " images, batch %" PRId64 ", %" PRId64 " steps per epoch\n",
-              ef::apps::describe_devices(devices).c_str(), a.dtype.c_str(), train_set->size(), a.batch_size,
-              train_loader.num_batches());
+              ef::apps::describe_devices(devices).c_str(), ef::apps::describe_precision(a).c_str(), train_set->size(),
+              a.batch_size, train_loader.num_batches());
   std::fflush(stdout);
 
   // --- Training -----------------------------------------------------------------------------------------

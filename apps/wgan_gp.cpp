@@ -321,8 +321,8 @@ int run(const Args& a) {
 
   std::printf("training on %s, %s, batch %" PRId64 ", %" PRId64
               " critic steps per generator step, norm %s, penalty %s\n",
-              ef::apps::describe_devices(devices).c_str(), a.dtype.c_str(), a.batch_size, a.critic_steps,
-              a.norm.c_str(), a.penalty.c_str());
+              ef::apps::describe_devices(devices).c_str(), ef::apps::describe_precision(a).c_str(), a.batch_size,
+              a.critic_steps, a.norm.c_str(), a.penalty.c_str());
   std::fflush(stdout);
 
   ef::data::DataLoader loader(train_set, {.batch_size = a.batch_size,

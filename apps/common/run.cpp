@@ -65,6 +65,10 @@ DType compute_dtype(const RunOptions& o) {
   return o.precision == "bf16" ? kBFloat16 : kFloat32;
 }
 
+std::string describe_precision(const RunOptions& o) {
+  return o.precision == "bf16" ? o.dtype + " weights, bfloat16 compute" : o.dtype;
+}
+
 void set_precision(nn::Module& net, DType compute, const std::string& image_layer) {
   net.set_compute_dtype(compute);
   net.child(image_layer)->set_compute_dtype(kFloat32);

@@ -58,6 +58,9 @@ void add_run_options(CLI::App& app, RunOptions& o, const std::string& seed_help)
 // compute] in engine/ops.h), checked against --dtype: ef::Error unless fp32, or bf16 with float32.
 DType compute_dtype(const RunOptions& o);
 
+// "float32", "float64", or "float32 weights, bfloat16 compute": what the programs print at the start.
+std::string describe_precision(const RunOptions& o);
+
 // Sets a network's compute dtype for --precision (Module::set_compute_dtype) except for
 // `image_layer`, the convolution that reads the one-channel images, which stays float32: it is a
 // small part of the work (wgan_gp's critic: 6% of its convolutions' FLOPs) and gains nothing in

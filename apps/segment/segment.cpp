@@ -198,8 +198,8 @@ Outcome train(const Args& a, const Setup& s, const std::string& spec, uint64_t s
   run.resume(state, "step", start_if_missing);
   std::printf("training loss %s on %s, %s, %" PRId64 " canvases %" PRId64 "x%" PRId64 ", batch %" PRId64 ", %" PRId64
               " steps per epoch\n",
-              spec.c_str(), apps::describe_devices(s.devices).c_str(), a.dtype.c_str(), s.train.dataset->size(),
-              a.canvas, a.canvas, a.batch_size, train_loader.num_batches());
+              spec.c_str(), apps::describe_devices(s.devices).c_str(), apps::describe_precision(a).c_str(),
+              s.train.dataset->size(), a.canvas, a.canvas, a.batch_size, train_loader.num_batches());
   std::fflush(stdout);
 
   apps::setup_done();
