@@ -512,14 +512,15 @@ int run(const Args& a) {
   bar.finish();
   if (fid.net && primary && a.final_fid_samples > 0 && progress.step == a.steps) {
     const Tensor noise = final_noise(a, dtype);
+    const int64_t images = noise.size(0);
     const double distance = frechet_of(noise);
-    const double floor = fid.floor_of(*train_set, a.final_fid_samples, dtype, first);
-    std::printf("final Frechet distance (%" PRId64 " generated images vs the test set): %.3f (floor %.3f)\n",
-                a.final_fid_samples, distance, floor);
+    const double floor = fid.floor_of(*train_set, images, dtype, first);
+    std::printf("final Frechet distance (%" PRId64 " generated images vs the test set): %.3f (floor %.3f)\n", images,
+                distance, floor);
     char json[256];
     std::snprintf(json, sizeof json,
                   "{\"step\": %" PRId64 ", \"images\": %" PRId64 ", \"frechet\": %.17g, \"floor\": %.17g}\n",
-                  progress.step, noise.size(0), distance, floor);
+                  progress.step, images, distance, floor);
     ef::io::write_file_atomically(run.file("evaluation.json"),
                                   [&](ef::io::OutputFile& f) { f.write(json, std::strlen(json)); });
     run.scalar("final_frechet", distance, progress.step);

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Installs the Debian packages evenflow needs to build, test and run, and oneDNN 3.2 (Intel's OpenMP
 # build from PyPI, onednn-cpu-gomp; Debian has 2.6) in ~/.cache/evenflow/onednn-3.2 where the build
-# finds it (EF_ONEDNN_ROOT). Idempotent: installs only what is missing. `--fixtures` also installs Debian's PyTorch 1.13 (what
-# scripts/make_*_fixtures.py ran on; the benchmarks' PyTorch 2.15 is scripts/bench_python.sh's), `--fuzz`
-# clang and libclang-rt-dev (libFuzzer's and the sanitizers' runtimes, for scripts/fuzz.sh), `--ray`
-# Ray's C++ API (PyPI ray[cpp], pinned) in a venv where the build finds it (EF_RAY_VENV,
-# cmake/ray.cmake), with the `ray` command that starts a cluster, `--tensorboard` PyPI tensorboard in a
-# venv (what tests/ reads the programs' event files back with: scripts/check_tensorboard.py).
+# finds it (EF_ONEDNN_ROOT). Idempotent: installs only what is missing. Options:
+#   --fixtures     Debian's PyTorch 1.13 (what scripts/make_*_fixtures.py ran on; the benchmarks'
+#                  PyTorch 2.15 is scripts/bench_python.sh's)
+#   --fuzz         clang and libclang-rt-dev (libFuzzer's and the sanitizers' runtimes, scripts/fuzz.sh)
+#   --ray          Ray's C++ API (PyPI ray[cpp], pinned) in a venv where the build finds it
+#                  (EF_RAY_VENV, cmake/ray.cmake), with the `ray` command that starts a cluster
+#   --tensorboard  PyPI tensorboard in a venv (what tests/ reads the programs' event files back with:
+#                  scripts/check_tensorboard.py)
 set -euo pipefail
 
 packages=(build-essential cmake ninja-build pkg-config libeigen3-dev doctest-dev libcli11-dev
