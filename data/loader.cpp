@@ -103,9 +103,8 @@ DataLoader::Run::Slot DataLoader::Run::make(int64_t k, int worker) const {
     }
     const std::vector<int64_t> indices(order.begin() + static_cast<std::ptrdiff_t>(begin),
                                        order.begin() + static_cast<std::ptrdiff_t>(end));
-    Batch b = o.ray
-                  ? o.ray->make(indices, o.seed, static_cast<uint64_t>(epoch))
-                  : make_batch(Pipeline{loader.dataset_, o.transforms}, indices, o.seed, static_cast<uint64_t>(epoch));
+    Batch b = o.ray ? o.ray->make(indices, o.seed, static_cast<uint64_t>(epoch))
+                    : make_batch(loader.pipeline_, indices, o.seed, static_cast<uint64_t>(epoch));
     if (o.device) {
       // On a CUDA device the copy goes through page-locked staging memory and is asynchronous on
       // the device's stream (Note [Host-to-device copies] in cuda_backend.cu): the worker does not
@@ -183,8 +182,8 @@ void DataLoader::Run::stop_workers() {
 // --- DataLoader --------------------------------------------------------------------------------------
 
 DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions options)
-    : dataset_(std::move(dataset)), options_(std::move(options)) {
-  EF_CHECK(dataset_ != nullptr, "DataLoader: no dataset given");
+    : pipeline_{std::move(dataset), options.transforms}, options_(std::move(options)) {
+  EF_CHECK(pipeline_.dataset != nullptr, "DataLoader: no dataset given");
   EF_CHECK(options_.batch_size >= 1, "DataLoader: batch_size must be at least 1, got ", options_.batch_size);
   EF_CHECK(options_.num_workers >= 0, "DataLoader: num_workers must be non-negative, got ", options_.num_workers);
   EF_CHECK(options_.prefetch_per_worker >= 1, "DataLoader: prefetch_per_worker must be at least 1, got ",
@@ -204,9 +203,9 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions
   if (options_.sampler) {
     sampler_ = options_.sampler;
   } else if (options_.shuffle) {
-    sampler_ = std::make_shared<RandomSampler>(dataset_->size(), options_.seed);
+    sampler_ = std::make_shared<RandomSampler>(pipeline_.dataset->size(), options_.seed);
   } else {
-    sampler_ = std::make_shared<SequentialSampler>(dataset_->size());
+    sampler_ = std::make_shared<SequentialSampler>(pipeline_.dataset->size());
   }
 }
 

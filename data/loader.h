@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "evenflow/data/dataset.h"
+#include "evenflow/data/pipeline.h"
 #include "evenflow/data/ray_batches.h"
 #include "evenflow/data/sampler.h"
 #include "evenflow/data/transforms.h"
@@ -78,7 +79,7 @@ class DataLoader {
  private:
   struct Run;  ///< one epoch: its batches, workers and queue (loader.cpp)
 
-  std::shared_ptr<const Dataset> dataset_;
+  Pipeline pipeline_;  ///< the dataset and options_.transforms: what make_batch takes
   DataLoaderOptions options_;
   std::shared_ptr<const Sampler> sampler_;
   int64_t next_epoch_ = 0;
