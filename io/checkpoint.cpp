@@ -116,7 +116,13 @@ void save_training_checkpoint(const std::string& path, const std::vector<Checkpo
 TrainingCheckpoint load_training_checkpoint(const std::string& path, const std::vector<CheckpointPart>& parts,
                                             const std::vector<Device>& generator_devices) {
   check_parts("load_training_checkpoint", path, parts);
-  const SafetensorsFile file = load_safetensors(path);
+  return load_training_checkpoint(load_safetensors(path), path, parts, generator_devices);
+}
+
+TrainingCheckpoint load_training_checkpoint(const SafetensorsFile& file, const std::string& path,
+                                            const std::vector<CheckpointPart>& parts,
+                                            const std::vector<Device>& generator_devices) {
+  check_parts("load_training_checkpoint", path, parts);
   const auto format = file.metadata.find("format");
   EF_CHECK(format != file.metadata.end() && format->second == kFormat, "load_training_checkpoint: ", path,
            " is not a training checkpoint (its metadata has no \"format\": \"", kFormat, "\")");

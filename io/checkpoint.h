@@ -75,6 +75,11 @@ void save_training_checkpoint(const std::string& path, const std::vector<Checkpo
 /// the file's exactly; each optimizer's state is checked by Optimizer::load_state.
 TrainingCheckpoint load_training_checkpoint(const std::string& path, const std::vector<CheckpointPart>& parts,
                                             const std::vector<Device>& generator_devices = {});
+/// The same from a file already read (`path` names it in messages): for a caller that looks at its
+/// metadata first.
+TrainingCheckpoint load_training_checkpoint(const SafetensorsFile& file, const std::string& path,
+                                            const std::vector<CheckpointPart>& parts,
+                                            const std::vector<Device>& generator_devices = {});
 
 /// @name One-model forms
 /// The one-model forms: the part named "".

@@ -37,7 +37,11 @@ void TrainingState::save(const std::string& path, const io::TrainingProgress& pr
 }
 
 io::TrainingCheckpoint TrainingState::load(const std::string& path) {
-  io::TrainingCheckpoint ck = io::load_training_checkpoint(path, checkpoint_parts(), generator_devices());
+  return load(io::load_safetensors(path), path);
+}
+
+io::TrainingCheckpoint TrainingState::load(const io::SafetensorsFile& file, const std::string& path) {
+  io::TrainingCheckpoint ck = io::load_training_checkpoint(file, path, checkpoint_parts(), generator_devices());
   for (Part& p : parts_) {
     p.model.copy_primary_to_replicas();
     p.optimizer.load_state(p.optimizer.primary_optimizer().state());

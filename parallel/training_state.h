@@ -52,6 +52,8 @@ class TrainingState {
   /// file, another architecture, a state no optimizer could have written) an ef::Error naming the
   /// file, and nothing changed.
   io::TrainingCheckpoint load(const std::string& path);
+  /// The same from the file at `path`, already read.
+  io::TrainingCheckpoint load(const io::SafetensorsFile& file, const std::string& path);
 
   /// The devices whose generators are saved: each model's first device, and cpu:0.
   std::vector<Device> generator_devices() const;

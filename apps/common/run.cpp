@@ -147,8 +147,9 @@ bool Run::resume(parallel::TrainingState& state, const std::string& unit, bool s
   if (!options_.resume || (start_if_missing && !fs::exists(out_ / kCheckpoint, ec))) return false;
   const std::string path = file(kCheckpoint);
   // The settings first: one that changes the state's parts (--ema-decay) is named, not a missing key.
-  check_metadata(path, io::load_safetensors(path).metadata, metadata_);
-  const io::TrainingCheckpoint ck = state.load(path);
+  const io::SafetensorsFile checkpoint = io::load_safetensors(path);
+  check_metadata(path, checkpoint.metadata, metadata_);
+  const io::TrainingCheckpoint ck = state.load(checkpoint, path);
   progress_ = ck.progress;
   metrics_.read_up_to(file(kMetrics), progress_.step);
   if (events_) events_->restart(progress_.step + 1);  // the first step this run logs
