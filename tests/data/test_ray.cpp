@@ -146,6 +146,14 @@ std::vector<std::pair<std::vector<double>, std::vector<int64_t>>> epoch_batches(
   return out;
 }
 
+// segment's arguments for the Ray tests: small augmented canvases in float64, `steps` steps.
+std::string segment_args(const TinyData& data, int steps) {
+  return "--data " + data.path() +
+         " --augment --canvas 32 --train-size 48 --test-size 8 --batch-size 8 --loss ce+dice --dtype float64 "
+         "--steps " +
+         std::to_string(steps) + " --threads 1 --print-loss";
+}
+
 }  // namespace
 
 TEST_CASE("ray: classify --augment trains the same losses, bitwise, on Ray, with its workers killed, resumed") {
@@ -177,9 +185,7 @@ TEST_CASE("ray: classify --augment trains the same losses, bitwise, on Ray, with
 TEST_CASE("ray: segment --augment trains the same losses, bitwise, with its batches made on Ray") {
   TinyData data;
   TempDir local, ray;
-  const std::string common = "--data " + data.path() +
-                             " --augment --canvas 32 --train-size 48 --test-size 8 --batch-size 8 --loss ce+dice "
-                             "--dtype float64 --steps 8 --threads 1 --print-loss";
+  const std::string common = segment_args(data, 8);
   const AppResult a = run_app(EF_SEGMENT_BIN, common + " --workers 0 --out " + local.path().string());
   const AppResult b =
       run_app(EF_SEGMENT_BIN, common + " --workers 4 --ray " + cluster() + " --out " + ray.path().string());
@@ -194,9 +200,7 @@ TEST_CASE("ray: segment --augment on 2 processes x 2 devices, batches from Ray, 
   setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 0);
   TinyData data;
   TempDir local, ray;
-  const std::string common = "--data " + data.path() +
-                             " --augment --canvas 32 --train-size 48 --test-size 8 --batch-size 8 --loss ce+dice "
-                             "--dtype float64 --steps 4 --threads 1 --print-loss";
+  const std::string common = segment_args(data, 4);
   const AppResult a = run_app(EF_SEGMENT_BIN, common + " --devices cpu --workers 0 --out " + local.path().string());
   const AppResult b =
       run_app(std::string(EF_MPIEXEC) + " -np 2 " + EF_SEGMENT_BIN,
