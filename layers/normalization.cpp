@@ -78,6 +78,48 @@ Tensor BatchNorm::forward(const Tensor& x) {
                     is_training() || !track, factor, config_.eps);
 }
 
+void BatchNorm::reset_running_stats() {
+  if (!config_.track_running_stats) return;
+  NoGradGuard no_grad;
+  buffer("running_mean").fill_(0.0);
+  buffer("running_var").fill_(1.0);
+  buffer("num_batches_tracked").fill_(0.0);
+}
+
+void BatchNorm::set_momentum(std::optional<double> momentum) {
+  EF_CHECK(!momentum || (*momentum >= 0 && *momentum <= 1), name_, ": momentum must be in [0, 1], got ",
+           momentum.value_or(0));
+  config_.momentum = momentum;
+}
+
+void update_batchnorm_statistics(Module& model, const std::function<void()>& forward_batches) {
+  struct Saved {
+    BatchNorm* norm;
+    std::optional<double> momentum;
+  };
+  std::vector<Saved> saved;
+  for (const auto& [name, m] : model.named_modules())
+    if (auto* bn = dynamic_cast<BatchNorm*>(m); bn != nullptr && bn->config().track_running_stats)
+      saved.push_back({bn, bn->config().momentum});
+  const bool was_training = model.is_training();
+  const auto restore = [&] {
+    for (const Saved& s : saved) s.norm->set_momentum(s.momentum);
+    model.train(was_training);
+  };
+  for (const Saved& s : saved) {
+    s.norm->reset_running_stats();
+    s.norm->set_momentum(std::nullopt);
+  }
+  model.train(true);
+  try {
+    forward_batches();
+  } catch (...) {
+    restore();
+    throw;
+  }
+  restore();
+}
+
 std::string BatchNorm::extra_repr() const {
   return evenflow::detail::str_cat(num_features_, ", eps=", util::py_float(config_.eps),
                                    ", momentum=", config_.momentum ? util::py_float(*config_.momentum) : "None",

@@ -4,6 +4,7 @@
 /// engine's batch_norm and layer_norm are composites), so they are differentiable twice.
 #pragma once
 
+#include <functional>
 #include <optional>
 
 #include "evenflow/layers/module.h"
@@ -44,6 +45,11 @@ class BatchNorm : public Module {
 
   int64_t num_features() const { return num_features_; }     ///< C, the channels of the input
   const BatchNormConfig& config() const { return config_; }  ///< the settings it was built with
+  /// Running statistics back to mean 0, variance 1 and no batches tracked (torch's
+  /// reset_running_stats); nothing without track_running_stats.
+  void reset_running_stats();
+  /// Replaces the momentum (nullopt: a cumulative average); ef::Error outside [0, 1].
+  void set_momentum(std::optional<double> momentum);
 
  protected:
   /// `name`: the class name it reports; the input must have min_dim to max_dim dims. Creates the
@@ -59,6 +65,12 @@ class BatchNorm : public Module {
   int64_t num_features_;
   BatchNormConfig config_;
 };
+
+/// Recomputes the running statistics of every BatchNorm in `model` as the plain average over the
+/// batches `forward_batches` runs through it, in training mode (torch.optim.swa_utils.update_bn):
+/// for weights never trained with statistics of their own, such as an average of other weights.
+/// Each BatchNorm's momentum and the model's training mode are restored after, also on an error.
+void update_batchnorm_statistics(Module& model, const std::function<void()>& forward_batches);
 
 /// Input [N, C] or [N, C, L].
 class BatchNorm1d : public Cloneable<BatchNorm1d, BatchNorm> {

@@ -360,6 +360,51 @@ TEST_CASE("default initialisation: PyTorch's bounds, from the device's generator
   CHECK(gn.tensor("weight").dtype() == kFloat64);
 }
 
+TEST_CASE("update_batchnorm_statistics: the plain average over the batches given, then settings restored") {
+  // A BatchNorm2d inside a Sequential, momentum 0.1, in eval mode with statistics of its own.
+  const TensorOptions f64{.dtype = kFloat64};
+  auto net = std::make_shared<Sequential>(Conv2d(2, 3, 1, {}, {.dtype = kFloat64}),
+                                          BatchNorm2d(3, {.momentum = 0.1}, {.dtype = kFloat64}));
+  manual_seed(cpu(), 5);
+  (*net)(randn({4, 2, 3, 3}, f64));
+  net->eval();
+  const std::vector<Tensor> batches = {randn({4, 2, 3, 3}, f64) * 2.0 + 1.0, randn({6, 2, 3, 3}, f64)};
+  update_batchnorm_statistics(*net, [&] {
+    for (const Tensor& b : batches) (*net)(b);
+  });
+  // Each batch's channel mean and unbiased variance of the BatchNorm's input, averaged over the two.
+  std::vector<double> want_mean(3, 0.0), want_var(3, 0.0);
+  {
+    NoGradGuard no_grad;
+    for (const Tensor& b : batches) {
+      const Tensor h = net->child("0")->forward(b);
+      const std::vector<double> m = mean(h, {0, 2, 3}).to_vector(), v = var(h, {0, 2, 3}).to_vector();
+      for (size_t c = 0; c < 3; ++c) {
+        want_mean[c] += m[c] / 2;
+        want_var[c] += v[c] / 2;
+      }
+    }
+  }
+  auto& bn = dynamic_cast<BatchNorm&>(*net->child("1"));
+  const std::vector<double> got_mean = bn.tensor("running_mean").to_vector(),
+                            got_var = bn.tensor("running_var").to_vector();
+  for (size_t c = 0; c < 3; ++c) {
+    CHECK(got_mean[c] == doctest::Approx(want_mean[c]).epsilon(1e-12));
+    CHECK(got_var[c] == doctest::Approx(want_var[c]).epsilon(1e-12));
+  }
+  CHECK(bn.tensor("num_batches_tracked").item() == 2);
+  CHECK(bn.config().momentum == 0.1);
+  CHECK_FALSE(net->is_training());
+  CHECK_FALSE(bn.is_training());
+  // An error in the batches restores the settings too.
+  CHECK(error_of([&] {
+          update_batchnorm_statistics(*net, [&] { (*net)(zeros({2, 5, 3, 3}, f64)); });
+        }).find("Conv2d: input has 5 channels") == 0);
+  CHECK(bn.config().momentum == 0.1);
+  CHECK_FALSE(net->is_training());
+  CHECK(error_of([&] { bn.set_momentum(1.5); }) == "BatchNorm2d: momentum must be in [0, 1], got 1.5");
+}
+
 TEST_CASE("layer argument errors name the layer and the values") {
   CHECK(error_of([] {
           Conv2d(1, 4, 3)(zeros({2, 3, 5, 5}));

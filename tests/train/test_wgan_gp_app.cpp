@@ -240,6 +240,11 @@ TEST_CASE("wgan_gp: --ema-decay samples from the average, which a resume continu
   CHECK(evenflow::io::load_safetensors(split.file("checkpoint.safetensors")).contains("gen_average.model.fc.weight"));
   CHECK(read_bytes(split.file("generator.safetensors")) == read_bytes(whole.file("generator.safetensors")));
   CHECK(read_bytes(split.file("samples/step_000004.png")) == read_bytes(whole.file("samples/step_000004.png")));
+  // Its batch-norm statistics are its own (Note [Generator average]), not the trained generator's.
+  const auto average = evenflow::io::load_safetensors(whole.file("generator.safetensors"));
+  const auto checkpoint = evenflow::io::load_safetensors(whole.file("checkpoint.safetensors"));
+  CHECK(average.at("bn0.running_mean").to_vector() != checkpoint.at("gen.model.bn0.running_mean").to_vector());
+  CHECK(average.at("bn0.num_batches_tracked").item() == 256);  // 2048 noise vectors in batches of 8
   // And it is not the trained generator.
   const std::string no_average = data.args() + "--critic-steps 2 --sample-every 2 --fid-every 2 --steps 4";
   REQUIRE(run_wgan(no_average + " --out " + plain.path().string()).rc == 0);
