@@ -46,6 +46,7 @@
 #include "evenflow/io/checkpoint.h"
 #include "evenflow/io/file.h"
 #include "evenflow/losses/losses.h"
+#include "evenflow/optim/lr_scheduler.h"
 #include "evenflow/parallel/data_parallel.h"
 #include "evenflow/parallel/sync_batch_norm.h"
 #include "evenflow/parallel/training_state.h"
@@ -68,6 +69,7 @@ struct Args : ef::apps::RunOptions {
   int64_t critic_steps = 2;  // the paper's 5 reach the same distance per step at 2.3x the compute
   double lambda = 10.0;
   double lr = 1e-4, beta1 = 0.0, beta2 = 0.9;
+  int64_t lr_decay_steps = 0;  // Note [Learning-rate decay]
   std::string norm = "layernorm";
   std::string penalty = "wgan-gp";
   int64_t width = 32;
@@ -155,6 +157,13 @@ void write_curves(const std::string& path, const ef::apps::MetricsLog& log) {
                                        .series = {critic, wasserstein, frechet}});
 }
 
+// Note [Learning-rate decay]
+// --lr-decay-steps N > 0 lowers both learning rates linearly from --lr at the first generator step
+// to 0 at step N (torch's LinearLR with end_factor 0; the WGAN-GP paper's CIFAR-10 code decays so
+// over its run), the same for every critic step of a generator step. The rate is a function of the
+// step and N only, and N is part of the checkpoint's settings, so a resumed run continues the
+// schedule exactly, whatever --steps it is given (up to N: past it the rates would be 0).
+
 std::map<std::string, std::string> run_metadata(const Args& a) {
   return {{"app", "wgan_gp"},
           {"batch_size", std::to_string(a.batch_size)},
@@ -165,6 +174,7 @@ std::map<std::string, std::string> run_metadata(const Args& a) {
           {"precision", a.precision},
           {"lambda", ef::apps::metadata_number(a.lambda)},
           {"lr", ef::apps::metadata_number(a.lr)},
+          {"lr_decay_steps", std::to_string(a.lr_decay_steps)},
           {"norm", a.norm},
           {"penalty", a.penalty},
           {"seed", std::to_string(a.seed)},
@@ -234,7 +244,8 @@ double FrechetMetric::floor_of(const ef::data::FashionMNIST& train, int64_t coun
 // count. The noise is the run's own (seeded by --seed through its own stream, so the training draws
 // are untouched) and the same for every run with that seed, device count and resume history, so
 // two runs differ only by their generators. A run resumed after its last step evaluates again and
-// writes the same numbers.
+// writes the same numbers. With --ema-decay the trained generator is measured too, from the same
+// noise ("frechet_trained_generator"), so one run shows what the average bought.
 // `count` noise vectors of their own stream (`stream` xor --seed), the host generator's state
 // restored after: the training draws stay the same whether or not they are made.
 Tensor own_noise(const Args& a, int64_t count, uint64_t stream, ef::DType dtype) {
@@ -262,6 +273,8 @@ int run(const Args& a) {
            "--norm must be none, layernorm or syncbn, got \"", a.norm, "\"");
   EF_CHECK(a.penalty == "wgan-gp" || a.penalty == "dragan" || a.penalty == "r1",
            "--penalty must be wgan-gp, dragan or r1, got \"", a.penalty, "\"");
+  EF_CHECK(a.lr_decay_steps == 0 || a.steps <= a.lr_decay_steps, "--steps ", a.steps, " beyond --lr-decay-steps ",
+           a.lr_decay_steps, ": the learning rates are 0 from that step on");
   const ef::DType dtype = a.dtype == "float64" ? ef::kFloat64 : ef::kFloat32;
   const ef::DType compute = ef::apps::compute_dtype(a);
   ef::set_num_threads(a.threads > 0 ? a.threads : ef::parallel::cpu_threads_per_device(devices));
@@ -363,15 +376,16 @@ int run(const Args& a) {
     ef::apps::write_png((fs::path(a.out) / "samples" / name).string(), grid);
     run.image("samples", grid, step);
   };
-  // The distance of the images the sampling generator makes from `noise`.
-  const auto frechet_of = [&](const Tensor& noise) -> double {
+  // The distance of the images generator `which` (by default the sampling one) makes from `noise`.
+  const auto frechet_of = [&](const Tensor& noise, nn::Module* which = nullptr) -> double {
     if (!fid.net || !primary) return NAN;
+    nn::Module& g = which ? *which : average ? *average : gen.module();
     ef::NoGradGuard no_grad;
     gen.module().eval();
     std::vector<Tensor> images;
     for (int64_t start = 0; start < noise.size(0); start += 500) {
       const Tensor z = ef::narrow(noise, 0, start, std::min<int64_t>(500, noise.size(0) - start));
-      images.push_back((average ? *average : gen.module())(z.to(first)));
+      images.push_back(g(z.to(first)));
     }
     gen.module().train();
     return ef::apps::frechet_distance(ef::apps::feature_stats(fid.features(ef::cat(images, 0))), fid.reference);
@@ -426,6 +440,10 @@ int run(const Args& a) {
   int64_t images_seen = 0;
   while (progress.step < a.steps) {
     const auto t0 = Clock::now();
+    const double lr =
+        a.lr_decay_steps > 0 ? ef::optim::linear_lr(progress.step, a.lr, 1.0, 0.0, a.lr_decay_steps) : a.lr;
+    opt_d.primary().set_lr(lr);
+    opt_g.primary().set_lr(lr);
     double critic_loss = NAN, generator_loss = NAN, wasserstein = NAN, frechet_distance = NAN;
     // Losses and estimates stay on their devices until the generator step is queued: the host
     // reads them once a generator step, not once per critic step (a read waits for the device).
@@ -521,7 +539,7 @@ int run(const Args& a) {
     // TensorBoard only: the last critic step's loss is its Wasserstein term (minus the estimate)
     // plus its penalty, both weighted by chunk as the criterion weighs them.
     run.scalar("penalty", critic_loss + wasserstein, progress.step);
-    run.scalar("learning_rate", a.lr, progress.step);
+    run.scalar("learning_rate", lr, progress.step);
     if (progress.step % a.sample_every == 0 || last) sample(progress.step);
     if (checkpoint) save();
   }
@@ -533,10 +551,19 @@ int run(const Args& a) {
     const double floor = fid.floor_of(*train_set, images, dtype, first);
     std::printf("final Frechet distance (%" PRId64 " generated images vs the test set): %.3f (floor %.3f)\n", images,
                 distance, floor);
-    char json[256];
+    // With an average, the trained generator's distance from the same noise too: what the average bought.
+    std::string trained;
+    if (average) {
+      const double d = frechet_of(noise, &gen.module());
+      std::printf("final Frechet distance of the trained generator, not the average: %.3f\n", d);
+      char field[64];
+      std::snprintf(field, sizeof field, ", \"frechet_trained_generator\": %.17g", d);
+      trained = field;
+    }
+    char json[320];
     std::snprintf(json, sizeof json,
-                  "{\"step\": %" PRId64 ", \"images\": %" PRId64 ", \"frechet\": %.17g, \"floor\": %.17g}\n",
-                  progress.step, images, distance, floor);
+                  "{\"step\": %" PRId64 ", \"images\": %" PRId64 ", \"frechet\": %.17g, \"floor\": %.17g%s}\n",
+                  progress.step, images, distance, floor, trained.c_str());
     ef::io::write_file_atomically(run.file("evaluation.json"),
                                   [&](ef::io::OutputFile& f) { f.write(json, std::strlen(json)); });
     run.scalar("final_frechet", distance, progress.step);
@@ -561,6 +588,10 @@ int main(int argc, char** argv) {
                  "mean squared gradient norm)")
       ->check(CLI::NonNegativeNumber & ef::apps::finite());
   app.add_option("--lr", a.lr, "Adam learning rate of both networks")->check(CLI::PositiveNumber & ef::apps::finite());
+  app.add_option("--lr-decay-steps", a.lr_decay_steps,
+                 "both learning rates fall linearly from --lr to 0 at this generator step (0: constant; usually "
+                 "--steps)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--beta1", a.beta1, "Adam beta1, in [0, 1)")->check(CLI::Range(0.0, 1.0) & ef::apps::finite());
   app.add_option("--beta2", a.beta2, "Adam beta2, in [0, 1)")->check(CLI::Range(0.0, 1.0) & ef::apps::finite());
   app.add_option("--norm", a.norm, "critic normalization: none, layernorm, syncbn");

@@ -159,7 +159,7 @@ __global__ void normalize_backward_kernel(NormArgs a, T* gx, T* gw, T* gb, const
 // that the whole GPU works on it: feature_partial_sums_kernel sums each chunk of rows per feature
 // (a thread per feature and chunk, adjacent threads reading adjacent features of a row) into
 // partial sums, feature_sums_kernel adds a feature's chunks in order. The chunks depend on the shape
-// alone (feature_sum_chunks), so the result repeats bit for bit on any GPU. One thread per feature
+// alone (feature_sum_rows_per_chunk), so the result repeats bit for bit on any GPU. One thread per feature
 // over every row ran layer_norm's forward+backward 24x slower than PyTorch on 8192 rows of 1024
 // features on an H200 (1024 threads).
 template <typename T>

@@ -249,8 +249,60 @@ TEST_CASE("wgan_gp: --ema-decay samples from the average, which a resume continu
   const std::string no_average = data.args() + "--critic-steps 2 --sample-every 2 --fid-every 2 --steps 4";
   REQUIRE(run_wgan(no_average + " --out " + plain.path().string()).rc == 0);
   CHECK(read_bytes(plain.file("generator.safetensors")) != read_bytes(whole.file("generator.safetensors")));
+  // The final evaluation measures the trained generator too, from the same noise: what the plain
+  // run (the same training, bitwise) reports as its distance.
+  const auto field = [](const std::string& json, const std::string& key) {
+    const size_t at = json.find("\"" + key + "\": ");
+    REQUIRE_MESSAGE(at != std::string::npos, key, " in ", json);
+    const size_t start = at + key.size() + 4;
+    return json.substr(start, json.find_first_of(",}", start) - start);
+  };
+  const std::string with_average = read_bytes(whole.file("evaluation.json"));
+  const std::string without = read_bytes(plain.file("evaluation.json"));
+  CHECK(field(with_average, "frechet_trained_generator") == field(without, "frechet"));
+  CHECK(field(with_average, "frechet") != field(without, "frechet"));
+  CHECK(without.find("frechet_trained_generator") == std::string::npos);
   // A run written without it refuses a resume with it, naming the option.
   const AppResult mixed = run_wgan(no_average + " --ema-decay 0.9 --resume --out " + plain.path().string());
   CHECK(mixed.rc == 2);
   CHECK_MESSAGE(mixed.output.find("--ema-decay") != std::string::npos, mixed.output);
+}
+
+TEST_CASE("wgan_gp: --lr-decay-steps lowers the learning rates from the first step, and a resume continues them") {
+  Data data;
+  TempDir whole, split, constant;
+  const std::string common = data.args() + "--critic-steps 2 --sample-every 2 --fid-every 2 --print-loss";
+  const AppResult full = run_wgan(common + " --lr-decay-steps 4 --steps 4 --out " + whole.path().string());
+  REQUIRE_MESSAGE(full.rc == 0, full.output);
+  const auto decayed = labelled_losses(full.output);
+  const AppResult plain = run_wgan(common + " --steps 4 --out " + constant.path().string());
+  REQUIRE_MESSAGE(plain.rc == 0, plain.output);
+  const auto reference = labelled_losses(plain.output);
+  REQUIRE(decayed.size() == 12);  // 4 steps x (2 critic + 1 generator)
+  REQUIRE(reference.size() == 12);
+  // Step 1 runs at --lr: its two critic losses and its generator loss are the constant run's. Step
+  // 2's rate is 3/4 of it, so from step 2's first critic loss on (after a critic update at 3/4 of
+  // the rate) the runs differ.
+  for (size_t i = 0; i < 3; ++i) CHECK(decayed[i] == reference[i]);
+  CHECK(decayed[3] == reference[3]);  // step 2's first critic loss: computed before its update
+  CHECK(decayed[4] != reference[4]);
+  // Stopped at step 2 and resumed to 4: the uninterrupted run, bitwise.
+  const std::string schedule = common + " --lr-decay-steps 4";
+  const AppResult first = run_wgan(schedule + " --steps 2 --out " + split.path().string());
+  REQUIRE_MESSAGE(first.rc == 0, first.output);
+  const AppResult resumed = run_wgan(schedule + " --steps 4 --resume --out " + split.path().string());
+  REQUIRE_MESSAGE(resumed.rc == 0, resumed.output);
+  auto both = labelled_losses(first.output);
+  const auto rest = labelled_losses(resumed.output);
+  both.insert(both.end(), rest.begin(), rest.end());
+  CHECK(both == decayed);
+  // Another schedule is refused on resume, naming the option; and steps past the schedule's end.
+  const AppResult other = run_wgan(common + " --lr-decay-steps 6 --steps 4 --resume --out " + split.path().string());
+  CHECK(other.rc == 2);
+  CHECK_MESSAGE(
+      other.output.find("lr_decay_steps 4, this run has 6; resume with the same --lr-decay-steps") != std::string::npos,
+      other.output);
+  const AppResult past = run_wgan(schedule + " --steps 5 --overwrite --out " + split.path().string());
+  CHECK(past.rc == 2);
+  CHECK_MESSAGE(past.output.find("--steps 5 beyond --lr-decay-steps 4") != std::string::npos, past.output);
 }
