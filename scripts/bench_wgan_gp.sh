@@ -56,6 +56,7 @@ case "$devices" in
   *) torch_device=$devices ;;
 esac
 critic_steps=5  # the WGAN-GP paper's, which the speed figures in docs/benchmarks.md use
+lr=1e-4         # the paper's, as wgan_gp_torch.py's (wgan_gp's default is 2e-4; the work is the same)
 total=$((warmup + steps))
 
 out=$(mktemp -d)
@@ -65,11 +66,11 @@ echo "== evenflow wgan_gp: $warmup warm-up + $steps timed generator steps, $devi
 cudnn=()
 [[ "$devices" == cuda* ]] && cudnn=(--cudnn-benchmark)
 "$build/apps/wgan_gp" --steps "$total" --devices "$devices" --threads "$threads" --norm "$norm" --precision "$precision" \
-  "${cudnn[@]}" --batch-size "$batch" --critic-steps "$critic_steps" --seed "$seed" --data "$data" \
+  "${cudnn[@]}" --batch-size "$batch" --critic-steps "$critic_steps" --lr "$lr" --seed "$seed" --data "$data" \
   --sample-every 1000000000 --fid-every 1000000000 --final-fid-samples 0 --out "$out/ef" >&2
 echo "== PyTorch $("$python" -c 'import torch; print(torch.__version__)') on $torch_device" >&2
 "$python" scripts/wgan_gp_torch.py --steps "$steps" --warmup "$warmup" --device "$torch_device" --threads "$threads" \
-  --norm "$norm" --batch-size "$batch" --critic-steps "$critic_steps" --seed "$seed" --data "$data" --autocast "$autocast" |
+  --norm "$norm" --batch-size "$batch" --critic-steps "$critic_steps" --lr "$lr" --seed "$seed" --data "$data" --autocast "$autocast" |
   tee "$out/torch.txt" >&2
 
 # metrics.csv: step,critic_loss,generator_loss,wasserstein,frechet,frechet_floor,seconds,images_per_s
