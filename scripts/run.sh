@@ -15,7 +15,8 @@ fi
 # bfloat16 where the run is on CPU devices that compute it natively (AVX512-BF16 or AMX): on the
 # 2-core Sapphire Rapids of 2026-11-26 the default run took 9:13 of training instead of 11:08, at the
 # same final Frechet distance (38.06 against 38.2, at the earlier --lr 1e-4). float32 elsewhere:
-# CPUs without those run bfloat16 slower, and on a GPU it gains nothing yet (docs/gpu.md). --precision or --dtype overrides it.
+# CPUs without those run bfloat16 slower, and on a GPU it gains nothing yet (docs/gpu.md).
+# --precision or --dtype overrides it.
 precision=()
 if [[ " $* " != *" --precision"* && " $* " != *" --dtype"* ]] && ! nvidia-smi -L >/dev/null 2>&1 &&
   grep -qw -e avx512_bf16 -e amx_bf16 /proc/cpuinfo; then

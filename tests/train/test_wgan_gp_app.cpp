@@ -22,6 +22,14 @@ AppResult run_wgan(const std::string& args) {
   return run_app(EF_WGAN_GP_BIN, args);
 }
 
+// The losses a run printed (--print-loss) followed by those of its --resume: those of one run.
+std::vector<std::pair<std::string, double>> losses_of(const AppResult& first, const AppResult& resumed) {
+  auto both = labelled_losses(first.output);
+  const auto rest = labelled_losses(resumed.output);
+  both.insert(both.end(), rest.begin(), rest.end());
+  return both;
+}
+
 struct Data {
   TempDir dir;
   std::string classifier;
@@ -104,10 +112,7 @@ TEST_CASE("wgan_gp: outputs, the Frechet distance, and an exact --resume") {
   const AppResult resumed = run_wgan(common + " --steps 4 --resume --out " + split.path().string());
   REQUIRE_MESSAGE(resumed.rc == 0, resumed.output);
   CHECK(resumed.output.find("at generator step 2") != std::string::npos);
-  auto both = labelled_losses(first.output);
-  const auto rest = labelled_losses(resumed.output);
-  both.insert(both.end(), rest.begin(), rest.end());
-  CHECK(both == reference);  // bitwise
+  CHECK(losses_of(first, resumed) == reference);  // bitwise
   CHECK(event_files(split).size() == 2);
   // The final evaluation does not depend on how the run got there, nor on being run again.
   CHECK(read_bytes(split.file("evaluation.json")) == evaluation);
@@ -284,11 +289,10 @@ TEST_CASE("wgan_gp: --lr-decay-steps lowers the learning rates from the first st
   const auto reference = labelled_losses(plain.output);
   REQUIRE(decayed.size() == 12);  // 4 steps x (2 critic + 1 generator)
   REQUIRE(reference.size() == 12);
-  // Step 1 runs at --lr: its two critic losses and its generator loss are the constant run's. Step
-  // 2's rate is 3/4 of it, so from step 2's first critic loss on (after a critic update at 3/4 of
-  // the rate) the runs differ.
-  for (size_t i = 0; i < 3; ++i) CHECK(decayed[i] == reference[i]);
-  CHECK(decayed[3] == reference[3]);  // step 2's first critic loss: computed before its update
+  // Step 1 runs at --lr, so its three losses and step 2's first critic loss (computed before any
+  // update of step 2) are the constant run's; step 2's rate is 3/4 of it, so from step 2's second
+  // critic loss on (after a critic update at that rate) the runs differ.
+  for (size_t i = 0; i < 4; ++i) CHECK(decayed[i] == reference[i]);
   CHECK(decayed[4] != reference[4]);
   // Stopped at step 2 and resumed to 4: the uninterrupted run, bitwise.
   const std::string schedule = common + " --lr-decay-steps 4";
@@ -296,10 +300,7 @@ TEST_CASE("wgan_gp: --lr-decay-steps lowers the learning rates from the first st
   REQUIRE_MESSAGE(first.rc == 0, first.output);
   const AppResult resumed = run_wgan(schedule + " --steps 4 --resume --out " + split.path().string());
   REQUIRE_MESSAGE(resumed.rc == 0, resumed.output);
-  auto both = labelled_losses(first.output);
-  const auto rest = labelled_losses(resumed.output);
-  both.insert(both.end(), rest.begin(), rest.end());
-  CHECK(both == decayed);
+  CHECK(losses_of(first, resumed) == decayed);
   // Another schedule is refused on resume, naming the option; and steps past the schedule's end.
   const AppResult other = run_wgan(common + " --lr-decay-steps 6 --steps 4 --resume --out " + split.path().string());
   CHECK(other.rc == 2);
