@@ -248,8 +248,7 @@ Tensor leaky_relu(const Tensor& x, double slope) {
   return unary_op(
       "leaky_relu", UnaryOp::LeakyRelu, x,
       [](const Tensor& in, const Tensor& g, double s, double) {
-        const Tensor pos = mask_of(in, UnaryOp::GtScalar);
-        return g * add_scalar(mul_scalar(pos, 1.0 - s), s);  // 1 where x > 0, else slope
+        return g * mask_of(in, UnaryOp::LeakyReluSlope, s);  // 1 where x > 0, else slope
       },
       slope);
 }

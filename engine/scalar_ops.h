@@ -99,6 +99,8 @@ EF_HD inline bool isnan_(T x) {
   X(GtScalar, T(x > T(a)))                                                             \
   X(LeScalar, T(x <= T(a)))                                                            \
   X(InRange, T(x >= T(a) && x <= T(b)))                                                \
+  /* leaky_relu's derivative: 1 where x > 0, else a (NaN too); a mask */               \
+  X(LeakyReluSlope, x > T(0) ? T(1) : T(a))                                            \
   /* x rounded to bfloat16, kept in T: Note [bfloat16 compute]'s operands */           \
   X(RoundBfloat16, T(static_cast<float>(::evenflow::bfloat16(static_cast<float>(x)))))
 

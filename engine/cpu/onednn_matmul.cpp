@@ -51,8 +51,14 @@ bool onednn_takes_bf16_gemm(const GemmArgs& g) {
   // Without bfloat16 instructions oneDNN would convert back to float32 for every product: the
   // rounded operands on the float32 GEMM are then the faster way to the same products.
   static const bool bf16_isa = dnnl::get_effective_cpu_isa() >= dnnl::cpu_isa::avx512_core_bf16;
-  return bf16_isa && g.dtype == DType::Float32 && g.alpha == 1.0 && g.beta == 0.0 && g.m > 0 && g.n > 0 && g.k > 0 &&
-         g.ldc >= g.n;
+  // A product with a side under 16 (a vector times a matrix, an outer product) is bound by memory,
+  // not arithmetic, and the reorders that round its float32 operands into the primitive's blocked
+  // layouts cost more than the product: the wgan_gp critic's last layer's weight gradient, [1, 64]
+  // x [64, 3136], spent 124 us reordering for a 10 us product (ONEDNN_VERBOSE, AMX). Those take the
+  // rounded operands on the float32 GEMM.
+  constexpr int64_t kMinSide = 16;
+  return bf16_isa && g.dtype == DType::Float32 && g.alpha == 1.0 && g.beta == 0.0 && g.m >= kMinSide &&
+         g.n >= kMinSide && g.k >= kMinSide && g.ldc >= g.n;
 }
 
 void onednn_gemm_bf16(const GemmArgs& g) {
