@@ -105,13 +105,22 @@ int main(int argc, char** argv) {
              time_it([&] { ef::conv2d(xg, wg, ef::Tensor(), co).backward(gy); }, d, min_seconds), 3 * flops, "GFLOP/s");
     }
 
-    // Normalization (Note [Fused normalization]): a transformer-like layer norm and a ResNet batch
-    // norm in training, in input elements per second.
-    for (const bool layer : {true, false}) {
-      const std::string name = layer ? "layer_norm_8192x1024" : "batch_norm_32x64x56x56";
+    // Normalization (Note [Fused normalization]): a transformer-like layer norm, a ResNet batch norm
+    // and the wgan_gp generator's batch norm of [N, C] (after its Linear), in training, in input
+    // elements per second.
+    struct NormCase {
+      std::string name;
+      ef::Shape shape;
+      int64_t features;
+    };
+    for (const NormCase& c :
+         {NormCase{"layer_norm_8192x1024", {8192, 1024}, 1024},
+          NormCase{"batch_norm_32x64x56x56", {32, 64, 56, 56}, 64}, NormCase{"batch_norm_64x3136", {64, 3136}, 3136}}) {
+      const std::string& name = c.name;
       if (!only.empty() && name.find(only) == std::string::npos) continue;
-      const ef::Shape shape = layer ? ef::Shape{8192, 1024} : ef::Shape{32, 64, 56, 56};
-      const int64_t features = layer ? 1024 : 64;
+      const bool layer = name.starts_with("layer");
+      const ef::Shape& shape = c.shape;
+      const int64_t features = c.features;
       const ef::Tensor x = ef::randn(shape, o), gy = ef::randn(shape, o);
       const ef::Tensor w = ef::ones({features}, o).requires_grad_(), b = ef::zeros({features}, o).requires_grad_();
       const auto norm = [&](const ef::Tensor& in) {

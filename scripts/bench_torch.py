@@ -95,7 +95,8 @@ def main():
         report(name + "_fwdbwd", time_it(lambda: conv().backward(gy), dev, a.min_seconds), 3 * flops, "GFLOP/s")
 
     for name, shape, features in [("layer_norm_8192x1024", (8192, 1024), 1024),
-                                  ("batch_norm_32x64x56x56", (32, 64, 56, 56), 64)]:
+                                  ("batch_norm_32x64x56x56", (32, 64, 56, 56), 64),
+                                  ("batch_norm_64x3136", (64, 3136), 3136)]:
         if a.only and a.only not in name:
             continue
         x, gy = torch.randn(*shape, **kw), torch.randn(*shape, **kw)

@@ -572,8 +572,59 @@ void softmax_typed(T* out, const T* x, int64_t rows, int64_t cols, bool log) {
 // (8192x1024, 2 threads, Sapphire Rapids; bench_engine --only norm). The lanes are added up in a
 // fixed order, so a group's statistics depend on its elements alone, not on threads or devices.
 
+// One element a row and a group (batch_norm of [N, C]: a group is a column of x): the general loop
+// walks each column alone, one element a row, and ran 9x slower than layer_norm over as many
+// elements (64x3136, 2 threads, Sapphire Rapids: 316 us against 35). Here a block of columns is
+// summed side by side along each row, which vectorizes. Every column's sums are added in row order,
+// from 0, as the general loop's lane 0 takes them, so the results are the same bit for bit.
+constexpr int64_t kColumnBlock = 128;
+
+bool columns_layout(const NormArgs& a, bool per_feature_affine) {
+  return a.inner == 1 && a.outer > 1 && !per_feature_affine;
+}
+
+template <typename T>
+void normalize_columns(const NormArgs& a, T* y, T* mean_out, T* var_out, const T* x, const T* w, const T* b) {
+  using A = acc_t<T>;
+  const int64_t blocks = (a.groups + kColumnBlock - 1) / kColumnBlock, rows = a.outer, stride = a.groups;
+  [[maybe_unused]] const int nt = threads_for(a.groups * rows);
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    const int64_t g0 = blk * kColumnBlock, m = std::min(kColumnBlock, a.groups - g0);
+    A sums[kColumnBlock] = {}, squares[kColumnBlock] = {};
+    T mean[kColumnBlock], rstd[kColumnBlock], scale[kColumnBlock], shift[kColumnBlock];
+    for (int64_t o = 0; o < rows; ++o) {
+      const T* xr = x + o * stride + g0;
+      for (int64_t j = 0; j < m; ++j) sums[j] += static_cast<A>(xr[j]);
+    }
+    for (int64_t j = 0; j < m; ++j) mean[j] = static_cast<T>((A(0) + sums[j]) / static_cast<A>(rows));
+    for (int64_t o = 0; o < rows; ++o) {
+      const T* xr = x + o * stride + g0;
+      for (int64_t j = 0; j < m; ++j) {
+        const T d = xr[j] - mean[j];
+        squares[j] += static_cast<A>(d * d);
+      }
+    }
+    for (int64_t j = 0; j < m; ++j) {
+      const auto var = static_cast<T>((A(0) + squares[j]) / static_cast<A>(rows));
+      rstd[j] = T(1) / std::sqrt(static_cast<T>(var + static_cast<T>(a.eps)));
+      mean_out[g0 + j] = mean[j];
+      var_out[g0 + j] = var;
+      scale[j] = w != nullptr ? w[g0 + j] : T(1);
+      shift[j] = b != nullptr ? b[g0 + j] : T(-0.0);
+    }
+    for (int64_t o = 0; o < rows; ++o) {
+      const T* xr = x + o * stride + g0;
+      T* yr = y + o * stride + g0;
+      for (int64_t j = 0; j < m; ++j) yr[j] = static_cast<T>(xr[j] - mean[j]) * rstd[j] * scale[j] + shift[j];
+    }
+  }
+}
+
 template <typename T>
 void normalize_typed(const NormArgs& a, T* y, T* mean_out, T* var_out, const T* x, const T* w, const T* b) {
+  if (columns_layout(a, !a.affine_per_group && (w != nullptr || b != nullptr)))
+    return normalize_columns(a, y, mean_out, var_out, x, w, b);
   using A = acc_t<T>;
   const int64_t n = a.outer * a.inner, stride = a.groups * a.inner;
   [[maybe_unused]] const int nt = threads_for(a.groups * n);
@@ -629,9 +680,55 @@ void normalize_typed(const NormArgs& a, T* y, T* mean_out, T* var_out, const T* 
 
 // Backend::normalize_backward. Two passes over a group: the sums, then gx. Per-feature gw and gb
 // (layer norm) add up over groups, so each thread keeps its own row of them, summed at the end.
+// normalize_backward_typed's two passes for normalize_columns' layout, with the same arithmetic.
+template <typename T>
+void normalize_backward_columns(const NormArgs& a, T* gx, T* gw, T* gb, const T* gy, const T* x, const T* mean,
+                                const T* rstd, const T* w) {
+  using A = acc_t<T>;
+  const int64_t blocks = (a.groups + kColumnBlock - 1) / kColumnBlock, rows = a.outer, stride = a.groups;
+  [[maybe_unused]] const int nt = threads_for(a.groups * rows * 2);
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    const int64_t g0 = blk * kColumnBlock, m = std::min(kColumnBlock, a.groups - g0);
+    const T* mb = mean + g0;
+    const T* rb = rstd + g0;
+    A sum_g[kColumnBlock] = {}, sum_g_x_hat[kColumnBlock] = {};
+    for (int64_t o = 0; o < rows; ++o) {
+      const T* xr = x + o * stride + g0;
+      const T* gyr = gy + o * stride + g0;
+      for (int64_t j = 0; j < m; ++j) {
+        const T x_hat = (xr[j] - mb[j]) * rb[j], g_hat = gyr[j] * T(1);
+        sum_g[j] += g_hat;
+        sum_g_x_hat[j] += g_hat * x_hat;
+      }
+    }
+    T scale[kColumnBlock], mean_g[kColumnBlock], mean_g_x_hat[kColumnBlock];
+    for (int64_t j = 0; j < m; ++j) {
+      const A sg = A(0) + sum_g[j], sgx = A(0) + sum_g_x_hat[j];
+      if (gw != nullptr) gw[g0 + j] = static_cast<T>(sgx);
+      if (gb != nullptr) gb[g0 + j] = static_cast<T>(sg);
+      scale[j] = w != nullptr ? w[g0 + j] : T(1);
+      mean_g[j] = static_cast<T>(sg / static_cast<A>(rows)) * scale[j];
+      mean_g_x_hat[j] = static_cast<T>(sgx / static_cast<A>(rows)) * scale[j];
+    }
+    if (gx == nullptr) continue;
+    for (int64_t o = 0; o < rows; ++o) {
+      const T* xr = x + o * stride + g0;
+      const T* gyr = gy + o * stride + g0;
+      T* gxr = gx + o * stride + g0;
+      for (int64_t j = 0; j < m; ++j) {
+        const T x_hat = (xr[j] - mb[j]) * rb[j], g_hat = gyr[j] * scale[j];
+        gxr[j] = rb[j] * (g_hat - mean_g[j] - x_hat * mean_g_x_hat[j]);
+      }
+    }
+  }
+}
+
 template <typename T>
 void normalize_backward_typed(const NormArgs& a, T* gx, T* gw, T* gb, const T* gy, const T* x, const T* mean,
                               const T* rstd, const T* w) {
+  if (columns_layout(a, !a.affine_per_group && (w != nullptr || gw != nullptr || gb != nullptr)))
+    return normalize_backward_columns(a, gx, gw, gb, gy, x, mean, rstd, w);
   const int64_t n = a.outer * a.inner, stride = a.groups * a.inner;
   const bool feature_sums = !a.affine_per_group && (gw != nullptr || gb != nullptr);
   const int nt = threads_for(a.groups * n * 2);

@@ -157,3 +157,45 @@ TEST_CASE("layer_norm and batch_norm: the fused kernel equals the unfused formul
     CHECK(compare(running_var, add_scalar(mul_scalar(batch_var, 0.25), 0.75), tol, tol).empty());
   }
 }
+
+// batch_norm of [N, C] (one element a row and a group: the column kernels of the CPU backend), with
+// more channels than a block of columns, with and without affine parameters, to second order.
+TEST_CASE("batch_norm of [N, C]: the fused kernel equals the unfused formula") {
+  manual_seed(cpu(), 12);
+  for (const DType dtype : {kFloat64, kFloat32}) {
+    CAPTURE(dtype_name(dtype));
+    const TensorOptions o{.dtype = dtype};
+    const double tol = dtype == kFloat64 ? 1e-12 : 2e-5;
+    for (const bool affine : {true, false}) {
+      CAPTURE(affine);
+      const Tensor x = add_scalar(randn({6, 300}, o), 2.0).requires_grad_();
+      const Tensor w = affine ? randn({300}, o).requires_grad_() : Tensor();
+      const Tensor b = affine ? randn({300}, o).requires_grad_() : Tensor();
+      const Tensor gy = randn({6, 300}, o);
+      const Tensor y = batch_norm(x, w, b, {}, {}, true, 0.1, 1e-4);
+      const Tensor centered = x - mean(x, {0}, true);
+      Tensor ref = centered * rsqrt(mean(square(centered), {0}, true) + 1e-4);
+      if (affine) ref = ref * w + b;
+      CHECK(compare(y, ref, tol, tol).empty());
+      const std::vector<Tensor> inputs = affine ? std::vector<Tensor>{x, w, b} : std::vector<Tensor>{x};
+      // The backward kernel (first order), then the differentiable backward (create_graph).
+      for (const bool create_graph : {false, true}) {
+        CAPTURE(create_graph);
+        const auto g = grad({y}, inputs, {gy}, {.create_graph = create_graph, .retain_graph = true});
+        const auto g_ref = grad({ref}, inputs, {gy}, {.create_graph = create_graph, .retain_graph = true});
+        for (size_t i = 0; i < inputs.size(); ++i)
+          CHECK_MESSAGE(compare(g[i], g_ref[i], tol, tol).empty(), "input " << i);
+        if (create_graph) {
+          const auto gg = grad({sum(square(g[0]))}, {x});
+          const auto gg_ref = grad({sum(square(g_ref[0]))}, {x});
+          CHECK(compare(gg[0], gg_ref[0], tol, tol).empty());
+        }
+      }
+      if (affine) {  // only the affine parameters' gradients (the input needs none)
+        const auto g_affine = grad({batch_norm(x.detach(), w, b, {}, {}, true, 0.1, 1e-4)}, {w, b}, {gy});
+        const auto g_affine_ref = grad({ref}, {w, b}, {gy});
+        for (size_t i = 0; i < 2; ++i) CHECK(compare(g_affine[i], g_affine_ref[i], tol, tol).empty());
+      }
+    }
+  }
+}
