@@ -678,8 +678,6 @@ void normalize_typed(const NormArgs& a, T* y, T* mean_out, T* var_out, const T* 
   }
 }
 
-// Backend::normalize_backward. Two passes over a group: the sums, then gx. Per-feature gw and gb
-// (layer norm) add up over groups, so each thread keeps its own row of them, summed at the end.
 // normalize_backward_typed's two passes for normalize_columns' layout, with the same arithmetic.
 template <typename T>
 void normalize_backward_columns(const NormArgs& a, T* gx, T* gw, T* gb, const T* gy, const T* x, const T* mean,
@@ -697,9 +695,9 @@ void normalize_backward_columns(const NormArgs& a, T* gx, T* gw, T* gb, const T*
       const T* xr = x + o * stride + g0;
       const T* gyr = gy + o * stride + g0;
       for (int64_t j = 0; j < m; ++j) {
-        const T x_hat = (xr[j] - mb[j]) * rb[j], g_hat = gyr[j] * T(1);
-        sum_g[j] += g_hat;
-        sum_g_x_hat[j] += g_hat * x_hat;
+        const T x_hat = (xr[j] - mb[j]) * rb[j];
+        sum_g[j] += gyr[j];
+        sum_g_x_hat[j] += gyr[j] * x_hat;
       }
     }
     T scale[kColumnBlock], mean_g[kColumnBlock], mean_g_x_hat[kColumnBlock];
@@ -724,6 +722,8 @@ void normalize_backward_columns(const NormArgs& a, T* gx, T* gw, T* gb, const T*
   }
 }
 
+// Backend::normalize_backward. Two passes over a group: the sums, then gx. Per-feature gw and gb
+// (layer norm) add up over groups, so each thread keeps its own row of them, summed at the end.
 template <typename T>
 void normalize_backward_typed(const NormArgs& a, T* gx, T* gw, T* gb, const T* gy, const T* x, const T* mean,
                               const T* rstd, const T* w) {
