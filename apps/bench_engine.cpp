@@ -113,14 +113,11 @@ int main(int argc, char** argv) {
       ef::Shape shape;
       int64_t features;
     };
-    for (const NormCase& c :
+    for (const auto& [name, shape, features] :
          {NormCase{"layer_norm_8192x1024", {8192, 1024}, 1024},
           NormCase{"batch_norm_32x64x56x56", {32, 64, 56, 56}, 64}, NormCase{"batch_norm_64x3136", {64, 3136}, 3136}}) {
-      const std::string& name = c.name;
       if (!only.empty() && name.find(only) == std::string::npos) continue;
       const bool layer = name.starts_with("layer");
-      const ef::Shape& shape = c.shape;
-      const int64_t features = c.features;
       const ef::Tensor x = ef::randn(shape, o), gy = ef::randn(shape, o);
       const ef::Tensor w = ef::ones({features}, o).requires_grad_(), b = ef::zeros({features}, o).requires_grad_();
       const auto norm = [&](const ef::Tensor& in) {
