@@ -189,8 +189,9 @@ class Backend {
   virtual void conv2d_weight_grad(const ConvArgs& args, const View& gw, const View& x, const View& gy) = 0;
   // Whether this backend runs `pass` of this float32 convolution with bfloat16 operands itself
   // (ConvArgs::compute); otherwise the op rounds the operands and calls the float32 kernel (Note
-  // [bfloat16 compute] in ops.h: the same products).
-  virtual bool bf16_conv(const ConvArgs& args, ConvPass pass) const {
+  // [bfloat16 compute] in ops.h: the same products). Not const: to answer, the CUDA backend builds
+  // the shape's cuDNN plan and keeps it for the call that follows.
+  virtual bool bf16_conv(const ConvArgs& args, ConvPass pass) {
     (void)args;
     (void)pass;
     return false;

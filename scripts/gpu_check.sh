@@ -236,11 +236,14 @@ run_tests() {  # run_tests REGEX EXPECTED_COUNT PARALLEL
   grep -q "tests passed.* out of $2\$" /tmp/ef_ctest.log || { echo "gpu_check: expected $2 tests matching '$1'"; return 1; }
   return "$rc"
 }
-parity() { run_tests '^(cuda|CUDA|nccl|every loss on a CUDA|NaN propagates.*CUDA)' 19 4; }
+# EF_CUDNN_VERBOSE: which bfloat16 convolutions run on cuDNN's graph API (Note [bfloat16 convolutions
+# on cuDNN]), with which engine, and why others do not; into the summary below.
+parity() { EF_CUDNN_VERBOSE=1 run_tests '^(cuda|CUDA|nccl|every loss on a CUDA|NaN propagates.*CUDA)' 20 4; }
 # The counts, and each test that did not pass, into the summary.
 ctest_results() { [[ -f "$1" ]] && grep -E 'tests passed|\((Failed|Timeout|Not Run|SEGFAULT|Subprocess aborted)\)' "$1" | sed 's/^ */    /' | tee -a "$summary"; }
 stage parity "$out/parity.log" 30 200 parity
 ctest_results "$out/parity.log"
+[[ -f "$out/parity.log" ]] && { echo; echo '```'; grep -m 40 'evenflow cuDNN' "$out/parity.log"; echo '```'; } >>"$summary"
 
 # 4. Data parallel on two logical devices of GPU 0, then memory balance and step time on four.
 data_parallel() {
@@ -261,13 +264,14 @@ speed() {
     --steps 30 || rc=1
   PYTHON=$python bash scripts/bench_classify.sh --build "$build" --devices cuda:0 --data "$deps/data/fashion-mnist" \
     --epochs 1 || rc=1
-  # Last, so that the stage's cap can only cut this one: bfloat16 against torch.autocast.
-  PYTHON=$python bash scripts/bench_wgan_gp.sh --build "$build" --devices cuda:0 --data "$deps/data/fashion-mnist" \
-    --steps 30 --precision bf16 || rc=1
+  # Last, so that the stage's cap can only cut this one: bfloat16 against torch.autocast, saying which
+  # of its convolutions run on cuDNN's bfloat16 plans.
+  EF_CUDNN_VERBOSE=1 PYTHON=$python bash scripts/bench_wgan_gp.sh --build "$build" --devices cuda:0 \
+    --data "$deps/data/fashion-mnist" --steps 30 --precision bf16 || rc=1
   return $rc
 }
 stage speed "$out/speed.log" 60 200 speed
-[[ -f "$out/speed.log" ]] && { echo; echo '```'; grep -E '^(device|case|matmul|conv|layer_norm|batch_norm|add_|copy_|overhead|evenflow|pytorch|ratio|epoch|[0-9]+ )' "$out/speed.log"; echo '```'; } >>"$summary"
+[[ -f "$out/speed.log" ]] && { echo; echo '```'; grep -E '^(device|case|matmul|conv|layer_norm|batch_norm|add_|copy_|overhead|evenflow|pytorch|ratio|epoch|[0-9]+ )' "$out/speed.log" | grep -v '^evenflow cuDNN'; echo '```'; } >>"$summary"
 
 # 6. compute-sanitizer memcheck over a small set: index checks, copies, Adam, the data-parallel tests.
 sanitize() {
@@ -280,7 +284,7 @@ sanitize() {
   compute-sanitizer --tool memcheck --error-exitcode 1 "$build/tests/test_parallel" -tc="*CUDA logical*" || return 1
   # Last, as the stage's cap can cut it: every op's kernels at realistic sizes, timed cuDNN choice.
   compute-sanitizer --tool memcheck --error-exitcode 1 "$build/tests/test_engine" \
-    -tc="cuda parity: realistic sizes*,cuda parity: float32 convolutions*"
+    -tc="cuda parity: realistic sizes*,cuda parity: float32 convolutions*,cuda parity: bfloat16 convolutions*"
 }
 stage "compute-sanitizer" "$out/sanitizer.log" 45 200 sanitize
 

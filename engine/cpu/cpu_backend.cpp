@@ -1120,7 +1120,7 @@ class CpuBackend final : public Backend {
   void conv2d_weight_grad(const ConvArgs& args, const View& gw, const View& x, const View& gy) override {
     cpu_backend::conv2d_weight_grad(args, gw, x, gy);
   }
-  bool bf16_conv(const ConvArgs& args, ConvPass pass) const override {
+  bool bf16_conv(const ConvArgs& args, ConvPass pass) override {
 #if EF_ONEDNN
     return onednn_takes_bf16(args, pass);
 #else

@@ -39,6 +39,7 @@ CudaBackend::~CudaBackend() {
   if (set_device_status == cudaErrorCudartUnloading) return;
   EF_CUDA_CHECK_PRINT(set_device_status);
   EF_CUDA_CHECK_PRINT(cudaStreamSynchronize(stream_));
+  bf16_conv_plans_.clear();  // plans made on the handle go first
   if (cudnn_ != nullptr) EF_CUDA_CHECK_PRINT(cudnnDestroy(cudnn_));
   if (cublas_ != nullptr) EF_CUDA_CHECK_PRINT(cublasDestroy(cublas_));
   if (scratch_ != nullptr) EF_CUDA_CHECK_PRINT(cudaFree(scratch_));
@@ -237,6 +238,11 @@ void* CudaBackend::scratch(const Lock& held, size_t nbytes) {
 std::map<ConvKey, ConvAlgo>& CudaBackend::conv_algos(const Lock& held) {
   check_held(held);
   return conv_algos_;
+}
+
+std::map<ConvKey, Bf16ConvPlans>& CudaBackend::bf16_conv_plans(const Lock& held) {
+  check_held(held);
+  return bf16_conv_plans_;
 }
 
 // --- Entry points of cuda_backend.h ----------------------------------------------------------------

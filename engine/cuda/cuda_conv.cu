@@ -1,9 +1,12 @@
 // The CUDA backend's convolutions: conv2d, conv2d_input_grad and conv2d_weight_grad with cuDNN's
 // legacy convolution API (cudnnConvolutionForward / BackwardData / BackwardFilter, still part of
-// cuDNN 9), NCHW input, OIHW weight, groups, float32 and float64. One template runs all three
-// passes; a traits struct per pass names its cuDNN calls.
+// cuDNN 9), NCHW input, OIHW weight, groups, float32 and float64; bfloat16 compute on cuDNN's graph
+// API (Note [bfloat16 convolutions on cuDNN]). One template runs all three passes; a traits struct
+// per pass names its cuDNN calls and graph operation.
 #include <algorithm>
 #include <climits>
+#include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <vector>
 
@@ -80,6 +83,18 @@ void set_descriptors(ConvDescs& d, const ConvArgs& a, DType dtype, const CudaMat
 // run(out, in_a, in_b): forward y = conv(x, w); backward data gx = conv_input_grad(w, gy);
 // backward filter gw = conv_weight_grad(x, gy). All overwrite their output (beta = 0).
 
+// A tensor's dims in NCHW order (the weight's: c_out, c_in / groups, kh, kw).
+using Dims = std::array<int64_t, 4>;
+Dims x_dims(const ConvArgs& a) {
+  return {a.n, a.c_in, a.h, a.w};
+}
+Dims w_dims(const ConvArgs& a) {
+  return {a.c_out, a.c_in / a.groups, a.kh, a.kw};
+}
+Dims y_dims(const ConvArgs& a) {
+  return {a.n, a.c_out, a.oh, a.ow};
+}
+
 struct ForwardPass {
   using Algo = cudnnConvolutionFwdAlgo_t;
   using Perf = cudnnConvolutionFwdAlgoPerf_t;
@@ -100,6 +115,14 @@ struct ForwardPass {
     return cudnnConvolutionForward(h, alpha, d.x.get(), x, d.w.get(), w, d.conv.get(), algo, ws, ws_bytes, beta,
                                    d.y.get(), y);
   }
+  // The graph API's operation: its attributes for the operands (in run's order: out, a, b), the
+  // convolution, alpha and beta.
+  static constexpr cudnnBackendDescriptorType_t kGraphOp = CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR;
+  static constexpr std::array<cudnnBackendAttributeName_t, 6> kGraphAttrs = {
+      CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y,     CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X,
+      CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W,     CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC,
+      CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA};
+  static std::array<Dims, 3> dims(const ConvArgs& a) { return {y_dims(a), x_dims(a), w_dims(a)}; }
 };
 
 struct BackwardDataPass {
@@ -122,6 +145,12 @@ struct BackwardDataPass {
     return cudnnConvolutionBackwardData(h, alpha, d.w.get(), w, d.y.get(), gy, d.conv.get(), algo, ws, ws_bytes, beta,
                                         d.x.get(), gx);
   }
+  static constexpr cudnnBackendDescriptorType_t kGraphOp = CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR;
+  static constexpr std::array<cudnnBackendAttributeName_t, 6> kGraphAttrs = {
+      CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX,    CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W,
+      CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY,    CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC,
+      CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA};
+  static std::array<Dims, 3> dims(const ConvArgs& a) { return {x_dims(a), w_dims(a), y_dims(a)}; }
 };
 
 struct BackwardFilterPass {
@@ -145,6 +174,13 @@ struct BackwardFilterPass {
     return cudnnConvolutionBackwardFilter(h, alpha, d.x.get(), x, d.y.get(), gy, d.conv.get(), algo, ws, ws_bytes, beta,
                                           d.w.get(), gw);
   }
+  static constexpr cudnnBackendDescriptorType_t kGraphOp =
+      CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR;
+  static constexpr std::array<cudnnBackendAttributeName_t, 6> kGraphAttrs = {
+      CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW,    CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X,
+      CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY,    CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC,
+      CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA};
+  static std::array<Dims, 3> dims(const ConvArgs& a) { return {w_dims(a), x_dims(a), y_dims(a)}; }
 };
 
 ConvKey conv_key(int pass, DType dtype, const ConvArgs& a, const CudaMath& math) {
@@ -212,10 +248,10 @@ cudnnStatus_t run_algo(CudaBackend& be, const CudaBackend::Lock& lock, cudnnHand
                    in_a.data, in_b.data);
 }
 
-// Milliseconds one run of `algo` takes: the least of two, timed on the stream (the host waits).
-template <typename Pass>
-float time_algo(CudaBackend& be, const CudaBackend::Lock& lock, cudnnHandle_t h, const ConvDescs& d,
-                const ConvAlgo& algo, DType dtype, const View& out, const View& in_a, const View& in_b) {
+// Milliseconds one call of `run` (which queues work on the stream and returns its cuDNN status)
+// takes: the least of two, timed on the stream (the host waits).
+template <typename Run>
+float time_on_stream(CudaBackend& be, const Run& run) {
   struct Event {
     cudaEvent_t e = nullptr;
     Event() { EF_CUDA_CHECK(cudaEventCreate(&e)); }
@@ -227,7 +263,7 @@ float time_algo(CudaBackend& be, const CudaBackend::Lock& lock, cudnnHandle_t h,
   float best = std::numeric_limits<float>::infinity();
   for (int i = 0; i < 2; ++i) {
     EF_CUDA_CHECK(cudaEventRecord(start.e, be.stream()));
-    EF_CUDA_CHECK(run_algo<Pass>(be, lock, h, d, algo, dtype, out, in_a, in_b));
+    EF_CUDA_CHECK(run());
     EF_CUDA_CHECK(cudaEventRecord(stop.e, be.stream()));
     EF_CUDA_CHECK(cudaEventSynchronize(stop.e));
     float ms = 0;
@@ -279,7 +315,7 @@ void run_conv(CudaBackend& be, const ConvArgs& a, DType dtype, const View& out, 
       cache.emplace(key, algo);
       return;
     }
-    const float ms = time_algo<Pass>(be, lock, h, d, algo, dtype, out, in_a, in_b);
+    const float ms = time_on_stream(be, [&] { return run_algo<Pass>(be, lock, h, d, algo, dtype, out, in_a, in_b); });
     if (fastest == nullptr || ms < fastest_ms) {
       fastest = &algo;
       fastest_ms = ms;
@@ -296,20 +332,429 @@ void run_conv(CudaBackend& be, const ConvArgs& a, DType dtype, const View& out, 
            cudnnGetErrorString(last), "'");
 }
 
+// --- bfloat16 compute: cuDNN's graph API ----------------------------------------------------------------
+
+// Note [bfloat16 convolutions on cuDNN]
+// Bfloat16 compute (Note [bfloat16 compute] in engine/ops.h) multiplies bfloat16 operands and sums
+// in float32 into a float32 result. cuDNN's legacy API computes a convolution in one data type (its
+// bfloat16 configuration rounds the result to bfloat16 as well), so these convolutions use the graph
+// API (cudnnBackend* descriptors): a graph of one convolution whose two operands are bfloat16 and
+// whose result is float32, computing in float32. The operands are cast into the scratch buffer
+// channels-last (NHWC; the weight KRSC), the layout of cuDNN's bfloat16 tensor-core kernels, by the
+// copy kernel every cast uses (round to nearest even, as in Note [bfloat16 products on cuBLAS]); the
+// workspace follows them. The result goes straight into the output (NCHW) where an engine takes
+// that, else channels-last into the scratch buffer, copied out after.
+// Per pass, shape and math setting, once, when the op asks bf16_conv: cuDNN's heuristics (mode A,
+// then its fallback list) name engine configurations, less those the settings exclude (nondeterministic ones under
+// cuda_math().deterministic; any that down-converts its inputs or sums in less than float32). The
+// first that finalizes into an execution plan and runs (once, on the scratch buffer's contents) is
+// the answer: bf16_conv says yes and the calls run it. Under cuda_math().benchmark the first call
+// finalizes up to kMaxPlans and keeps the fastest (as in Note [cuDNN algorithm choice]); only then,
+// as runtime-compiled engines take a while to finalize each. None: bf16_conv says no, and the op
+// rounds the operands and runs the float32 kernels (the same products, at float32's or TF32's rate).
+// EF_CUDNN_VERBOSE=1 prints each shape's plans and choice to stderr.
+
+constexpr size_t kMaxPlans = 4;
+// The operands' unique ids in the graph and in each call's variant pack, in run's order.
+constexpr std::array<int64_t, 3> kUids = {1, 2, 3};  // out, a, b
+
+bool cudnn_verbose() {
+  static const bool verbose = [] {
+    const char* env = std::getenv("EF_CUDNN_VERBOSE");
+    return env != nullptr && *env != '\0' && std::string(env) != "0";
+  }();
+  return verbose;
+}
+
+size_t aligned_256(size_t bytes) {
+  return (bytes + 255) / 256 * 256;
+}
+size_t elements(const Dims& d) {
+  return static_cast<size_t>(d[0] * d[1] * d[2] * d[3]);
+}
+
+// Strides of an NCHW-indexed tensor stored NCHW or channels-last (NHWC).
+Dims strides_of(const Dims& d, bool channels_last) {
+  if (channels_last) return {d[1] * d[2] * d[3], 1, d[3] * d[1], d[1]};
+  return {d[1] * d[2] * d[3], d[2] * d[3], d[3], 1};
+}
+
+// A View of `data` with dims `d` stored as strides_of says.
+View view_of(void* data, DType dtype, const Dims& d, bool channels_last) {
+  View v = contiguous_view(data, dtype, {d[0], d[1], d[2], d[3]});
+  const Dims strides = strides_of(d, channels_last);
+  std::copy(strides.begin(), strides.end(), v.strides);
+  return v;
+}
+
+// Where a call's pieces lie in the scratch buffer: the bfloat16 operands a (at 0) and b, the float32
+// result when it goes there, the workspace.
+struct ScratchLayout {
+  size_t b = 0, out = 0, workspace = 0;
+};
+ScratchLayout scratch_layout(const std::array<Dims, 3>& dims, bool output_in_scratch) {
+  ScratchLayout l;
+  l.b = aligned_256(elements(dims[1]) * 2);
+  l.out = l.b + aligned_256(elements(dims[2]) * 2);
+  l.workspace = l.out + (output_in_scratch ? aligned_256(elements(dims[0]) * sizeof(float)) : 0);
+  return l;
+}
+
+void set_attribute(const GraphDescriptor& d, cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t type,
+                   int64_t count, const void* values) {
+  EF_CUDA_CHECK(cudnnBackendSetAttribute(d.get(), name, type, count, values));
+}
+void set_descriptor(const GraphDescriptor& d, cudnnBackendAttributeName_t name, const GraphDescriptor& value) {
+  const cudnnBackendDescriptor_t raw = value.get();
+  set_attribute(d, name, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &raw);
+}
+
+GraphDescriptor graph_tensor(int64_t uid, cudnnDataType_t type, const Dims& dims, bool channels_last) {
+  GraphDescriptor t(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
+  const Dims strides = strides_of(dims, channels_last);
+  const int64_t alignment = 16;  // the scratch buffer's offsets are multiples of 256, our allocations of 512
+  set_attribute(t, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &type);
+  set_attribute(t, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, dims.data());
+  set_attribute(t, CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, strides.data());
+  set_attribute(t, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &uid);
+  set_attribute(t, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &alignment);
+  EF_CUDA_CHECK(cudnnBackendFinalize(t.get()));
+  return t;
+}
+
+// The graph API's handle attributes are deprecated in favour of device-property descriptors (made
+// for building plans without a GPU); a handle still works and is what we have.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+#pragma nv_diag_suppress 1215
+void set_handle(const GraphDescriptor& d, bool is_plan, cudnnHandle_t h) {
+  set_attribute(d, is_plan ? CUDNN_ATTR_EXECUTION_PLAN_HANDLE : CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1,
+                &h);
+}
+#pragma nv_diag_default 1215
+#pragma GCC diagnostic pop
+
+// An engine configuration's name ("engine 12, runtime compiled") and whether its numerical notes
+// allow it under `settings`.
+struct EngineInfo {
+  std::string name;
+  bool allowed = true;
+};
+EngineInfo engine_info(const GraphDescriptor& config, const CudaMath& settings) {
+  const GraphDescriptor engine(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
+  cudnnBackendDescriptor_t raw = engine.get();
+  int64_t count = 0;
+  EF_CUDA_CHECK(cudnnBackendGetAttribute(config.get(), CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
+                                         &count, &raw));
+  int64_t index = -1;
+  EF_CUDA_CHECK(
+      cudnnBackendGetAttribute(engine.get(), CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &count, &index));
+  std::array<cudnnBackendNumericalNote_t, CUDNN_NUMERICAL_NOTE_TYPE_COUNT> numerical{};
+  int64_t numerical_count = 0;
+  EF_CUDA_CHECK(cudnnBackendGetAttribute(engine.get(), CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE,
+                                         numerical.size(), &numerical_count, numerical.data()));
+  std::array<cudnnBackendBehaviorNote_t, CUDNN_BEHAVIOR_NOTE_TYPE_COUNT> behavior{};
+  int64_t behavior_count = 0;
+  EF_CUDA_CHECK(cudnnBackendGetAttribute(engine.get(), CUDNN_ATTR_ENGINE_BEHAVIOR_NOTE, CUDNN_TYPE_BEHAVIOR_NOTE,
+                                         behavior.size(), &behavior_count, behavior.data()));
+  EngineInfo info{::evenflow::detail::str_cat("engine ", index)};
+  for (int64_t i = 0; i < numerical_count; ++i) {
+    switch (numerical[static_cast<size_t>(i)]) {
+      case CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS:
+      case CUDNN_NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION:
+        info.allowed = false;
+        break;
+      case CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC:
+        info.name += ", nondeterministic";
+        if (settings.deterministic) info.allowed = false;
+        break;
+      default:
+        break;
+    }
+  }
+  for (int64_t i = 0; i < behavior_count; ++i) {
+    if (behavior[static_cast<size_t>(i)] == CUDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION) info.name += ", runtime compiled";
+  }
+  return info;
+}
+
+// The graph of one pass and shape with the result stored as `output_in_scratch` says, and the
+// engine configurations its settings allow, none finalized yet. Why there are none: `why_none`.
+template <typename Pass>
+Bf16ConvPlans make_bf16_graph(cudnnHandle_t h, const ConvArgs& a, const CudaMath& settings, bool output_in_scratch,
+                              std::string& why_none) {
+  Bf16ConvPlans p;
+  p.output_in_scratch = output_in_scratch;
+  const std::array<Dims, 3> dims = Pass::dims(a);
+  p.graph.push_back(graph_tensor(kUids[0], CUDNN_DATA_FLOAT, dims[0], output_in_scratch));
+  p.graph.push_back(graph_tensor(kUids[1], CUDNN_DATA_BFLOAT16, dims[1], true));
+  p.graph.push_back(graph_tensor(kUids[2], CUDNN_DATA_BFLOAT16, dims[2], true));
+
+  GraphDescriptor conv(CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR);
+  const cudnnDataType_t compute = CUDNN_DATA_FLOAT;
+  const cudnnConvolutionMode_t mode = CUDNN_CROSS_CORRELATION;
+  const int64_t spatial = 2;
+  const std::array<int64_t, 2> dilation = {a.dil_h, a.dil_w}, stride = {a.stride_h, a.stride_w},
+                               padding = {a.pad_h, a.pad_w};
+  set_attribute(conv, CUDNN_ATTR_CONVOLUTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &compute);
+  set_attribute(conv, CUDNN_ATTR_CONVOLUTION_CONV_MODE, CUDNN_TYPE_CONVOLUTION_MODE, 1, &mode);
+  set_attribute(conv, CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS, CUDNN_TYPE_INT64, 1, &spatial);
+  set_attribute(conv, CUDNN_ATTR_CONVOLUTION_DILATIONS, CUDNN_TYPE_INT64, 2, dilation.data());
+  set_attribute(conv, CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES, CUDNN_TYPE_INT64, 2, stride.data());
+  set_attribute(conv, CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS, CUDNN_TYPE_INT64, 2, padding.data());
+  set_attribute(conv, CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, CUDNN_TYPE_INT64, 2, padding.data());
+  EF_CUDA_CHECK(cudnnBackendFinalize(conv.get()));
+
+  GraphDescriptor op(Pass::kGraphOp);
+  for (size_t i = 0; i < 3; ++i) set_descriptor(op, Pass::kGraphAttrs[i], p.graph[i]);
+  set_descriptor(op, Pass::kGraphAttrs[3], conv);
+  const float alpha = 1.0f, beta = 0.0f;
+  set_attribute(op, Pass::kGraphAttrs[4], CUDNN_TYPE_FLOAT, 1, &alpha);
+  set_attribute(op, Pass::kGraphAttrs[5], CUDNN_TYPE_FLOAT, 1, &beta);
+  GraphDescriptor graph(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
+  // cuDNN refusing the operation or the graph is an answer (no plan), not an error.
+  cudnnStatus_t s = cudnnBackendFinalize(op.get());
+  if (s == CUDNN_STATUS_SUCCESS) {
+    set_handle(graph, false, h);
+    set_descriptor(graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, op);
+    s = cudnnBackendFinalize(graph.get());
+  }
+  if (s != CUDNN_STATUS_SUCCESS) {
+    why_none = ::evenflow::detail::str_cat("the operation graph: ", cudnnGetErrorString(s));
+    return p;
+  }
+  // The heuristics' ranking (mode A), then cuDNN's fallback list, which may hold engines mode A does
+  // not rank.
+  size_t listed = 0;
+  for (const cudnnBackendHeurMode_t heur_mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
+    GraphDescriptor heuristics(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
+    set_descriptor(heuristics, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph);
+    set_attribute(heuristics, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &heur_mode);
+    if (cudnnBackendFinalize(heuristics.get()) != CUDNN_STATUS_SUCCESS) continue;
+    int64_t count = 0;
+    EF_CUDA_CHECK(cudnnBackendGetAttribute(heuristics.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                                           CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, nullptr));
+    std::vector<GraphDescriptor> configs;
+    std::vector<cudnnBackendDescriptor_t> raw;
+    for (int64_t i = 0; i < count; ++i) {
+      configs.emplace_back(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
+      raw.push_back(configs.back().get());
+    }
+    EF_CUDA_CHECK(cudnnBackendGetAttribute(heuristics.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                                           CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &count, raw.data()));
+    if (count < static_cast<int64_t>(configs.size())) configs.erase(configs.begin() + count, configs.end());
+    listed += configs.size();
+    for (GraphDescriptor& config : configs) {
+      EngineInfo info = engine_info(config, settings);
+      if (heur_mode == CUDNN_HEUR_MODE_FALLBACK) info.name += ", fallback list";
+      if (info.allowed) p.untried.push_back({std::move(config), GraphDescriptor(), 0, std::move(info.name)});
+    }
+  }
+  if (p.untried.empty()) {
+    why_none = ::evenflow::detail::str_cat(listed, " engine configurations, none allowed by its numerical notes");
+  }
+  p.graph.push_back(std::move(conv));
+  p.graph.push_back(std::move(op));
+  p.graph.push_back(std::move(graph));
+  return p;
+}
+
+// Runs a finalized plan: result, a, b as in run's order.
+cudnnStatus_t execute_plan(cudnnHandle_t h, const Bf16ConvPlans::Plan& plan, void* result, void* a, void* b,
+                           void* workspace) {
+  GraphDescriptor pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
+  const std::array<void*, 3> pointers = {result, a, b};
+  set_attribute(pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, 3, pointers.data());
+  set_attribute(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, 3, kUids.data());
+  set_attribute(pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace);
+  EF_CUDA_CHECK(cudnnBackendFinalize(pack.get()));
+  return cudnnBackendExecute(h, plan.plan.get(), pack.get());
+}
+
+// Finalizes untried configurations, in order, until `want` plans are made or none is left; with
+// `trial` (which returns why a plan failed, or "" if it ran), a plan must also pass it.
+template <typename Trial>
+void finalize_plans(Bf16ConvPlans& p, cudnnHandle_t h, size_t want, const Trial& trial) {
+  size_t next = 0;
+  for (; next < p.untried.size() && p.plans.size() < want; ++next) {
+    Bf16ConvPlans::Plan& candidate = p.untried[next];
+    GraphDescriptor plan(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
+    set_handle(plan, true, h);
+    set_descriptor(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, candidate.config);
+    std::string failure;
+    if (const cudnnStatus_t s = cudnnBackendFinalize(plan.get()); s != CUDNN_STATUS_SUCCESS) {
+      failure = cudnnGetErrorString(s);
+    } else {
+      int64_t workspace = 0, count = 0;
+      EF_CUDA_CHECK(cudnnBackendGetAttribute(plan.get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1,
+                                             &count, &workspace));
+      candidate.plan = std::move(plan);
+      candidate.workspace = static_cast<size_t>(workspace);
+      failure = trial(candidate);
+    }
+    if (!failure.empty()) {
+      p.refused += ::evenflow::detail::str_cat(p.refused.empty() ? "" : "; ", candidate.engine, ": ", failure);
+      continue;
+    }
+    p.plans.push_back(std::move(candidate));
+  }
+  p.untried.erase(p.untried.begin(), p.untried.begin() + static_cast<std::ptrdiff_t>(next));
+}
+
+std::string shape_text(const ConvArgs& a) {
+  return ::evenflow::detail::str_cat("x ", a.n, "x", a.c_in, "x", a.h, "x", a.w, ", w ", a.c_out, "x",
+                                     a.c_in / a.groups, "x", a.kh, "x", a.kw, " (stride ", a.stride_h, ", padding ",
+                                     a.pad_h, ", dilation ", a.dil_h, ", groups ", a.groups, ")");
+}
+
+// This pass and shape's plans, made at the first ask: the result in place if an engine takes that,
+// else channels-last in the scratch buffer. A plan is kept only after it ran once on the scratch
+// buffer's contents (whatever they are: the result is not used), so that bf16_conv's yes holds.
+template <typename Pass>
+Bf16ConvPlans& bf16_plans(CudaBackend& be, const CudaBackend::Lock& lock, const ConvArgs& a) {
+  const CudaMath settings = cuda_math();
+  auto& cache = be.bf16_conv_plans(lock);
+  const ConvKey key = conv_key(Pass::kId, DType::BFloat16, a, settings);
+  if (const auto it = cache.find(key); it != cache.end()) return it->second;
+  const cudnnHandle_t h = be.cudnn(lock);
+  const std::array<Dims, 3> dims = Pass::dims(a);
+  const ScratchLayout l = scratch_layout(dims, true);  // the trial writes its result there too
+  const auto trial = [&](const Bf16ConvPlans::Plan& plan) -> std::string {
+    std::byte* buf = static_cast<std::byte*>(be.scratch(lock, l.workspace + plan.workspace));
+    if (buf == nullptr) return ::evenflow::detail::str_cat("no memory for its workspace of ", plan.workspace, " bytes");
+    const cudnnStatus_t s = execute_plan(h, plan, buf + l.out, buf, buf + l.b, buf + l.workspace);
+    return s == CUDNN_STATUS_SUCCESS ? "" : cudnnGetErrorString(s);
+  };
+  std::string why_in_place, why_scratch;
+  Bf16ConvPlans plans = make_bf16_graph<Pass>(h, a, settings, false, why_in_place);
+  finalize_plans(plans, h, 1, trial);
+  if (plans.plans.empty()) {
+    if (why_in_place.empty()) why_in_place = plans.refused;
+    plans = make_bf16_graph<Pass>(h, a, settings, true, why_scratch);
+    finalize_plans(plans, h, 1, trial);
+    if (why_scratch.empty()) why_scratch = plans.refused;
+  }
+  if (!plans.plans.empty() && !settings.benchmark) plans.chosen = 0;
+  if (cudnn_verbose()) {
+    if (plans.plans.empty()) {
+      std::fprintf(stderr, "evenflow cuDNN: %s bfloat16 %s: no plan (result in place: %s; channels-last: %s)\n",
+                   Pass::kName, shape_text(a).c_str(), why_in_place.c_str(), why_scratch.c_str());
+    } else {
+      std::fprintf(stderr, "evenflow cuDNN: %s bfloat16 %s: result %s, first plan: %s\n", Pass::kName,
+                   shape_text(a).c_str(), plans.output_in_scratch ? "channels-last in scratch" : "in place",
+                   plans.plans[0].engine.c_str());
+    }
+  }
+  return cache.emplace(key, std::move(plans)).first->second;
+}
+
+// Runs `pass` of bfloat16 compute on the plans bf16_conv made (Note [bfloat16 convolutions on cuDNN]).
+template <typename Pass>
+void run_bf16_conv(CudaBackend& be, const ConvArgs& a, const View& out, const View& in_a, const View& in_b) {
+  be.activate();
+  EF_ASSERT(out.dtype == DType::Float32 && in_a.dtype == DType::Float32 && in_b.dtype == DType::Float32 &&
+                out.is_contiguous() && in_a.is_contiguous() && in_b.is_contiguous(),
+            Pass::kName, ": bfloat16 compute takes contiguous float32 operands");
+  EF_ASSERT(reinterpret_cast<uintptr_t>(out.data) % 16 == 0, Pass::kName, ": the output is not 16-byte aligned");
+  const CudaBackend::Lock lock = be.lock_libraries();
+  Bf16ConvPlans& p = bf16_plans<Pass>(be, lock, a);
+  // bf16_conv said yes for this shape: only math settings changed since (another key) get here.
+  EF_CHECK(!p.plans.empty(), Pass::kName, ": cuDNN has no bfloat16 plan for ", shape_text(a),
+           " under the CUDA math settings set while the convolution was being called");
+  const cudnnHandle_t h = be.cudnn(lock);
+  if (p.chosen < 0) finalize_plans(p, h, kMaxPlans, [](const Bf16ConvPlans::Plan&) { return std::string(); });
+  const std::array<Dims, 3> dims = Pass::dims(a);
+  const ScratchLayout l = scratch_layout(dims, p.output_in_scratch);
+  // The scratch buffer grows before the operands go in (growing replaces it): to the chosen plan's
+  // workspace, or at the first (benchmark) call to each plan's that memory allows.
+  std::vector<size_t> candidates;
+  for (size_t i = 0; i < p.plans.size(); ++i) {
+    if ((p.chosen < 0 || i == static_cast<size_t>(p.chosen)) && be.scratch(lock, l.workspace + p.plans[i].workspace))
+      candidates.push_back(i);
+  }
+  EF_CHECK(!candidates.empty(), Pass::kName, ": out of memory on ", be.name(),
+           " for bfloat16 operands and a cuDNN workspace (", l.workspace + p.plans[0].workspace, " bytes)");
+  std::byte* buf = static_cast<std::byte*>(be.scratch(lock, l.workspace));
+  be.copy(view_of(buf, DType::BFloat16, dims[1], true), in_a);
+  be.copy(view_of(buf + l.b, DType::BFloat16, dims[2], true), in_b);
+  void* result = p.output_in_scratch ? static_cast<void*>(buf + l.out) : out.data;
+  const auto execute = [&](size_t i) { return execute_plan(h, p.plans[i], result, buf, buf + l.b, buf + l.workspace); };
+  if (p.chosen >= 0) {
+    EF_CUDA_CHECK(execute(static_cast<size_t>(p.chosen)));
+  } else {  // cuda_math().benchmark's first call: time each plan, keep the fastest
+    cudnnStatus_t last = CUDNN_STATUS_NOT_SUPPORTED;
+    float fastest_ms = 0;
+    for (const size_t i : candidates) {
+      last = execute(i);
+      if (last != CUDNN_STATUS_SUCCESS) continue;
+      const float ms = time_on_stream(be, [&] { return execute(i); });
+      if (p.chosen < 0 || ms < fastest_ms) {
+        p.chosen = static_cast<int>(i);
+        fastest_ms = ms;
+      }
+    }
+    EF_CHECK(p.chosen >= 0, Pass::kName, ": none of cuDNN's ", candidates.size(), " bfloat16 plans for ", shape_text(a),
+             " ran on ", be.name(), "; the last one said '", cudnnGetErrorString(last), "'");
+    EF_CUDA_CHECK(execute(static_cast<size_t>(p.chosen)));  // its result, not the last's
+    p.untried.clear();
+    if (cudnn_verbose()) {
+      std::fprintf(stderr, "evenflow cuDNN: %s bfloat16 %s: %s the fastest of %zu plans (%.4f ms)%s%s\n", Pass::kName,
+                   shape_text(a).c_str(), p.plans[static_cast<size_t>(p.chosen)].engine.c_str(), candidates.size(),
+                   fastest_ms, p.refused.empty() ? "" : "; refused: ", p.refused.c_str());
+    }
+  }
+  if (p.output_in_scratch) be.copy(out, view_of(result, DType::Float32, dims[0], true));
+}
+
 }  // namespace
 
+GraphDescriptor::GraphDescriptor(cudnnBackendDescriptorType_t type) {
+  EF_CUDA_CHECK(cudnnBackendCreateDescriptor(type, &desc_));
+}
+
+GraphDescriptor::~GraphDescriptor() {
+  if (desc_ != nullptr) EF_CUDA_CHECK_PRINT(cudnnBackendDestroyDescriptor(desc_));
+}
+
+bool CudaBackend::bf16_conv(const ConvArgs& args, ConvPass pass) {
+  // Empty operands stay on the legacy path, which writes the empty sum itself.
+  for (const int64_t size : {args.n, args.c_in, args.h, args.w, args.c_out, args.oh, args.ow}) {
+    if (size == 0) return false;
+  }
+  activate();
+  const Lock lock = lock_libraries();
+  switch (pass) {
+    case ConvPass::Forward:
+      return !bf16_plans<ForwardPass>(*this, lock, args).plans.empty();
+    case ConvPass::InputGrad:
+      return !bf16_plans<BackwardDataPass>(*this, lock, args).plans.empty();
+    case ConvPass::WeightGrad:
+      return !bf16_plans<BackwardFilterPass>(*this, lock, args).plans.empty();
+  }
+  return false;
+}
+
 void CudaBackend::conv2d(const ConvArgs& args, const View& y, const View& x, const View& w, const View& bias) {
-  run_conv<ForwardPass>(*this, args, x.dtype, y, x, w);
+  if (args.compute == DType::BFloat16)
+    run_bf16_conv<ForwardPass>(*this, args, y, x, w);
+  else
+    run_conv<ForwardPass>(*this, args, x.dtype, y, x, w);
   // In place on the stream, with the elementwise kernel every other bias add uses.
   if (bias.data != nullptr) binary(BinaryOp::Add, y, y, channel_broadcast(bias, y));
 }
 
 void CudaBackend::conv2d_input_grad(const ConvArgs& args, const View& gx, const View& gy, const View& w) {
-  run_conv<BackwardDataPass>(*this, args, gy.dtype, gx, w, gy);
+  if (args.compute == DType::BFloat16)
+    run_bf16_conv<BackwardDataPass>(*this, args, gx, w, gy);
+  else
+    run_conv<BackwardDataPass>(*this, args, gy.dtype, gx, w, gy);
 }
 
 void CudaBackend::conv2d_weight_grad(const ConvArgs& args, const View& gw, const View& x, const View& gy) {
-  run_conv<BackwardFilterPass>(*this, args, x.dtype, gw, x, gy);
+  if (args.compute == DType::BFloat16)
+    run_bf16_conv<BackwardFilterPass>(*this, args, gw, x, gy);
+  else
+    run_conv<BackwardFilterPass>(*this, args, x.dtype, gw, x, gy);
 }
 
 }  // namespace evenflow::cuda_backend
