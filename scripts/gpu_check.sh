@@ -236,14 +236,15 @@ run_tests() {  # run_tests REGEX EXPECTED_COUNT PARALLEL
   grep -q "tests passed.* out of $2\$" /tmp/ef_ctest.log || { echo "gpu_check: expected $2 tests matching '$1'"; return 1; }
   return "$rc"
 }
-# EF_CUDNN_VERBOSE: which bfloat16 convolutions run on cuDNN's graph API (Note [bfloat16 convolutions
-# on cuDNN]), with which engine, and why others do not; into the summary below.
+# EF_CUDNN_VERBOSE: which bfloat16 convolutions have a plan on cuDNN's graph API (Note [bfloat16
+# convolutions on cuDNN]), with which engine, why others have none, and the timed choices; into the
+# summary below (the speed stage's into its log).
 parity() { EF_CUDNN_VERBOSE=1 run_tests '^(cuda|CUDA|nccl|every loss on a CUDA|NaN propagates.*CUDA)' 20 4; }
 # The counts, and each test that did not pass, into the summary.
 ctest_results() { [[ -f "$1" ]] && grep -E 'tests passed|\((Failed|Timeout|Not Run|SEGFAULT|Subprocess aborted)\)' "$1" | sed 's/^ */    /' | tee -a "$summary"; }
 stage parity "$out/parity.log" 30 200 parity
 ctest_results "$out/parity.log"
-[[ -f "$out/parity.log" ]] && { echo; echo '```'; grep -m 40 'evenflow cuDNN' "$out/parity.log"; echo '```'; } >>"$summary"
+[[ -f "$out/parity.log" ]] && { echo; echo '```'; grep -m 60 'evenflow cuDNN' "$out/parity.log"; echo '```'; } >>"$summary"
 
 # 4. Data parallel on two logical devices of GPU 0, then memory balance and step time on four.
 data_parallel() {
@@ -259,7 +260,8 @@ ctest_results "$out/data_parallel.log"
 speed() {
   local rc=0
   BUILD_DIR=$build MIN_SECONDS=0.3 TF32=conv PYTHON=$python bash scripts/bench_engine.sh cuda || rc=1
-  BUILD_DIR=$build MIN_SECONDS=0.3 TF32=conv PRECISION=bf16 PYTHON=$python bash scripts/bench_engine.sh cuda || rc=1
+  EF_CUDNN_VERBOSE=1 BUILD_DIR=$build MIN_SECONDS=0.3 TF32=conv PRECISION=bf16 PYTHON=$python \
+    bash scripts/bench_engine.sh cuda || rc=1
   PYTHON=$python bash scripts/bench_wgan_gp.sh --build "$build" --devices cuda:0 --data "$deps/data/fashion-mnist" \
     --steps 30 || rc=1
   PYTHON=$python bash scripts/bench_classify.sh --build "$build" --devices cuda:0 --data "$deps/data/fashion-mnist" \

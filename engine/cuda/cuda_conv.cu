@@ -337,24 +337,26 @@ void run_conv(CudaBackend& be, const ConvArgs& a, DType dtype, const View& out, 
 // Note [bfloat16 convolutions on cuDNN]
 // Bfloat16 compute (Note [bfloat16 compute] in engine/ops.h) multiplies bfloat16 operands and sums
 // in float32 into a float32 result. cuDNN's legacy API computes a convolution in one data type (its
-// bfloat16 configuration rounds the result to bfloat16 as well), so these convolutions use the graph
-// API (cudnnBackend* descriptors): a graph of one convolution whose two operands are bfloat16 and
-// whose result is float32, computing in float32. The operands are cast into the scratch buffer
-// channels-last (NHWC; the weight KRSC), the layout of cuDNN's bfloat16 tensor-core kernels, by the
+// bfloat16 configuration rounds the result to bfloat16 as well), so a bfloat16 convolution of our
+// own is a graph of cuDNN's graph API (cudnnBackend* descriptors): one convolution whose two operands
+// are bfloat16 and whose result is float32, computing in float32. The operands are cast into the
+// scratch buffer channels-last (NHWC; the weight KRSC), the layout of cuDNN's bfloat16 kernels, by the
 // copy kernel every cast uses (round to nearest even, as in Note [bfloat16 products on cuBLAS]); the
 // workspace follows them. The result goes straight into the output (NCHW) where an engine takes
-// that, else channels-last into the scratch buffer, copied out after.
-// Per pass, shape and math setting, once, when the op asks bf16_conv: cuDNN's heuristics (mode A,
-// then its fallback list) name engine configurations, less those the settings exclude (nondeterministic ones under
-// cuda_math().deterministic; any that down-converts its inputs or sums in less than float32). The
-// first that finalizes into an execution plan and runs (once, on the scratch buffer's contents) is
-// the answer: bf16_conv says yes and the calls run it. Under cuda_math().benchmark the first call
-// finalizes up to kMaxPlans and keeps the fastest (as in Note [cuDNN algorithm choice]); only then,
-// as runtime-compiled engines take a while to finalize each. None: bf16_conv says no, and the op
-// rounds the operands and runs the float32 kernels (the same products, at float32's or TF32's rate).
-// EF_CUDNN_VERBOSE=1 prints each shape's plans and choice to stderr.
+// that, else channels-last into the scratch buffer, copied out after. The plan, per pass, shape and
+// math setting: the first engine configuration that finalizes and runs (once, on the scratch
+// buffer's contents), from cuDNN's heuristics (mode A) and then its fallback list, less those the
+// settings exclude (nondeterministic ones under cuda_math().deterministic; any that down-converts its
+// inputs or sums in less than float32).
+// On an H200 with cuDNN 9.19 (docs/gpu.md, 2026-11-27) mode A ranks nothing for this mix of types,
+// and the fallback list holds one runtime-compiled engine per pass, none for a strided input
+// gradient: against the rounded operands on the float32 (TF32) kernels it ran a 5x5 convolution's
+// forward 2.3x faster and a 3x3 one's forward and backward 1.3x and 2.7x slower. So the plan is taken
+// only where it was timed faster: under cuda_math().benchmark, at a shape's first ask, bf16_conv
+// times both ways on zeros of the shape (the casts and copies each way included) and keeps the
+// answer; without it bf16_conv says no and the op rounds the operands for the float32 kernels (the
+// same products). EF_CUDNN_VERBOSE=1 prints each shape's plan, times and choice to stderr.
 
-constexpr size_t kMaxPlans = 4;
 // The operands' unique ids in the graph and in each call's variant pack, in run's order.
 constexpr std::array<int64_t, 3> kUids = {1, 2, 3};  // out, a, b
 
@@ -478,17 +480,30 @@ EngineInfo engine_info(const GraphDescriptor& config, const CudaMath& settings) 
   return info;
 }
 
-// The graph of one pass and shape with the result stored as `output_in_scratch` says, and the
-// engine configurations its settings allow, none finalized yet. Why there are none: `why_none`.
-template <typename Pass>
-Bf16ConvPlans make_bf16_graph(cudnnHandle_t h, const ConvArgs& a, const CudaMath& settings, bool output_in_scratch,
-                              std::string& why_none) {
-  Bf16ConvPlans p;
+// Runs a plan: result, a, b in run's order.
+cudnnStatus_t execute_plan(cudnnHandle_t h, const Bf16ConvPlan& p, void* result, void* a, void* b, void* workspace) {
+  GraphDescriptor pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
+  const std::array<void*, 3> pointers = {result, a, b};
+  set_attribute(pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, 3, pointers.data());
+  set_attribute(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, 3, kUids.data());
+  set_attribute(pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace);
+  EF_CUDA_CHECK(cudnnBackendFinalize(pack.get()));
+  return cudnnBackendExecute(h, p.plan.get(), pack.get());
+}
+
+// The plan of one pass and shape with the result stored as `output_in_scratch` says: the first
+// engine configuration allowed by its notes that finalizes and passes `trial` (which returns why a
+// plan failed, or "" if it ran). Why there is none: `why_none`.
+template <typename Pass, typename Trial>
+Bf16ConvPlan make_bf16_plan(cudnnHandle_t h, const ConvArgs& a, const CudaMath& settings, bool output_in_scratch,
+                            const Trial& trial, std::string& why_none) {
+  Bf16ConvPlan p;
   p.output_in_scratch = output_in_scratch;
   const std::array<Dims, 3> dims = Pass::dims(a);
-  p.graph.push_back(graph_tensor(kUids[0], CUDNN_DATA_FLOAT, dims[0], output_in_scratch));
-  p.graph.push_back(graph_tensor(kUids[1], CUDNN_DATA_BFLOAT16, dims[1], true));
-  p.graph.push_back(graph_tensor(kUids[2], CUDNN_DATA_BFLOAT16, dims[2], true));
+  std::vector<GraphDescriptor>& made = p.made_from;
+  made.push_back(graph_tensor(kUids[0], CUDNN_DATA_FLOAT, dims[0], output_in_scratch));
+  made.push_back(graph_tensor(kUids[1], CUDNN_DATA_BFLOAT16, dims[1], true));
+  made.push_back(graph_tensor(kUids[2], CUDNN_DATA_BFLOAT16, dims[2], true));
 
   GraphDescriptor conv(CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR);
   const cudnnDataType_t compute = CUDNN_DATA_FLOAT;
@@ -506,26 +521,27 @@ Bf16ConvPlans make_bf16_graph(cudnnHandle_t h, const ConvArgs& a, const CudaMath
   EF_CUDA_CHECK(cudnnBackendFinalize(conv.get()));
 
   GraphDescriptor op(Pass::kGraphOp);
-  for (size_t i = 0; i < 3; ++i) set_descriptor(op, Pass::kGraphAttrs[i], p.graph[i]);
+  for (size_t i = 0; i < 3; ++i) set_descriptor(op, Pass::kGraphAttrs[i], made[i]);
   set_descriptor(op, Pass::kGraphAttrs[3], conv);
   const float alpha = 1.0f, beta = 0.0f;
   set_attribute(op, Pass::kGraphAttrs[4], CUDNN_TYPE_FLOAT, 1, &alpha);
   set_attribute(op, Pass::kGraphAttrs[5], CUDNN_TYPE_FLOAT, 1, &beta);
   GraphDescriptor graph(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
-  // cuDNN refusing the operation or the graph is an answer (no plan), not an error.
+  // cuDNN refusing the operation, the graph or every engine is an answer (no plan), not an error.
   cudnnStatus_t s = cudnnBackendFinalize(op.get());
   if (s == CUDNN_STATUS_SUCCESS) {
     set_handle(graph, false, h);
     set_descriptor(graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, op);
     s = cudnnBackendFinalize(graph.get());
   }
+  made.push_back(std::move(conv));
+  made.push_back(std::move(op));
   if (s != CUDNN_STATUS_SUCCESS) {
     why_none = ::evenflow::detail::str_cat("the operation graph: ", cudnnGetErrorString(s));
     return p;
   }
-  // The heuristics' ranking (mode A), then cuDNN's fallback list, which may hold engines mode A does
-  // not rank.
   size_t listed = 0;
+  std::string refused;
   for (const cudnnBackendHeurMode_t heur_mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
     GraphDescriptor heuristics(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
     set_descriptor(heuristics, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph);
@@ -545,60 +561,34 @@ Bf16ConvPlans make_bf16_graph(cudnnHandle_t h, const ConvArgs& a, const CudaMath
     if (count < static_cast<int64_t>(configs.size())) configs.erase(configs.begin() + count, configs.end());
     listed += configs.size();
     for (GraphDescriptor& config : configs) {
-      EngineInfo info = engine_info(config, settings);
-      if (heur_mode == CUDNN_HEUR_MODE_FALLBACK) info.name += ", fallback list";
-      if (info.allowed) p.untried.push_back({std::move(config), GraphDescriptor(), 0, std::move(info.name)});
+      const EngineInfo info = engine_info(config, settings);
+      if (!info.allowed) continue;
+      GraphDescriptor plan(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
+      set_handle(plan, true, h);
+      set_descriptor(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, config);
+      std::string failure;
+      if (const cudnnStatus_t fs = cudnnBackendFinalize(plan.get()); fs != CUDNN_STATUS_SUCCESS) {
+        failure = cudnnGetErrorString(fs);
+      } else {
+        int64_t workspace = 0, n = 0;
+        EF_CUDA_CHECK(cudnnBackendGetAttribute(plan.get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64,
+                                               1, &n, &workspace));
+        p.workspace = static_cast<size_t>(workspace);
+        p.plan = std::move(plan);
+        failure = trial(p);
+      }
+      if (failure.empty()) {
+        p.engine = info.name + (heur_mode == CUDNN_HEUR_MODE_FALLBACK ? ", fallback list" : "");
+        made.push_back(std::move(graph));
+        made.push_back(std::move(config));
+        return p;
+      }
+      p.plan = GraphDescriptor();
+      refused += ::evenflow::detail::str_cat("; ", info.name, ": ", failure);
     }
   }
-  if (p.untried.empty()) {
-    why_none = ::evenflow::detail::str_cat(listed, " engine configurations, none allowed by its numerical notes");
-  }
-  p.graph.push_back(std::move(conv));
-  p.graph.push_back(std::move(op));
-  p.graph.push_back(std::move(graph));
+  why_none = ::evenflow::detail::str_cat(listed, " engine configurations", refused);
   return p;
-}
-
-// Runs a finalized plan: result, a, b as in run's order.
-cudnnStatus_t execute_plan(cudnnHandle_t h, const Bf16ConvPlans::Plan& plan, void* result, void* a, void* b,
-                           void* workspace) {
-  GraphDescriptor pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
-  const std::array<void*, 3> pointers = {result, a, b};
-  set_attribute(pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, 3, pointers.data());
-  set_attribute(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, 3, kUids.data());
-  set_attribute(pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace);
-  EF_CUDA_CHECK(cudnnBackendFinalize(pack.get()));
-  return cudnnBackendExecute(h, plan.plan.get(), pack.get());
-}
-
-// Finalizes untried configurations, in order, until `want` plans are made or none is left; with
-// `trial` (which returns why a plan failed, or "" if it ran), a plan must also pass it.
-template <typename Trial>
-void finalize_plans(Bf16ConvPlans& p, cudnnHandle_t h, size_t want, const Trial& trial) {
-  size_t next = 0;
-  for (; next < p.untried.size() && p.plans.size() < want; ++next) {
-    Bf16ConvPlans::Plan& candidate = p.untried[next];
-    GraphDescriptor plan(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
-    set_handle(plan, true, h);
-    set_descriptor(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, candidate.config);
-    std::string failure;
-    if (const cudnnStatus_t s = cudnnBackendFinalize(plan.get()); s != CUDNN_STATUS_SUCCESS) {
-      failure = cudnnGetErrorString(s);
-    } else {
-      int64_t workspace = 0, count = 0;
-      EF_CUDA_CHECK(cudnnBackendGetAttribute(plan.get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1,
-                                             &count, &workspace));
-      candidate.plan = std::move(plan);
-      candidate.workspace = static_cast<size_t>(workspace);
-      failure = trial(candidate);
-    }
-    if (!failure.empty()) {
-      p.refused += ::evenflow::detail::str_cat(p.refused.empty() ? "" : "; ", candidate.engine, ": ", failure);
-      continue;
-    }
-    p.plans.push_back(std::move(candidate));
-  }
-  p.untried.erase(p.untried.begin(), p.untried.begin() + static_cast<std::ptrdiff_t>(next));
 }
 
 std::string shape_text(const ConvArgs& a) {
@@ -607,48 +597,116 @@ std::string shape_text(const ConvArgs& a) {
                                      a.pad_h, ", dilation ", a.dil_h, ", groups ", a.groups, ")");
 }
 
-// This pass and shape's plans, made at the first ask: the result in place if an engine takes that,
-// else channels-last in the scratch buffer. A plan is kept only after it ran once on the scratch
-// buffer's contents (whatever they are: the result is not used), so that bf16_conv's yes holds.
+// Queues one pass on `p`'s plan: the operands cast into the scratch buffer (grown first: growing
+// replaces it), the plan, the result copied out where it went to the scratch buffer. The plan's
+// status; our own failures throw.
 template <typename Pass>
-Bf16ConvPlans& bf16_plans(CudaBackend& be, const CudaBackend::Lock& lock, const ConvArgs& a) {
+cudnnStatus_t queue_bf16_conv(CudaBackend& be, const CudaBackend::Lock& lock, const Bf16ConvPlan& p, const ConvArgs& a,
+                              const View& out, const View& in_a, const View& in_b) {
+  const std::array<Dims, 3> dims = Pass::dims(a);
+  const ScratchLayout l = scratch_layout(dims, p.output_in_scratch);
+  std::byte* buf = static_cast<std::byte*>(be.scratch(lock, l.workspace + p.workspace));
+  EF_CHECK(buf != nullptr, Pass::kName, ": out of memory on ", be.name(),
+           " for bfloat16 operands and a cuDNN workspace (", l.workspace + p.workspace, " bytes)");
+  be.copy(view_of(buf, DType::BFloat16, dims[1], true), in_a);
+  be.copy(view_of(buf + l.b, DType::BFloat16, dims[2], true), in_b);
+  void* result = p.output_in_scratch ? static_cast<void*>(buf + l.out) : out.data;
+  const cudnnStatus_t s = execute_plan(be.cudnn(lock), p, result, buf, buf + l.b, buf + l.workspace);
+  if (s == CUDNN_STATUS_SUCCESS && p.output_in_scratch) be.copy(out, view_of(result, DType::Float32, dims[0], true));
+  return s;
+}
+
+// This pass and shape's plan, made at the first ask: the result in place if an engine takes that,
+// else channels-last in the scratch buffer. A plan is kept only after it ran once on the scratch
+// buffer's contents (whatever they are: the result is not used).
+template <typename Pass>
+Bf16ConvPlan& bf16_plan(CudaBackend& be, const CudaBackend::Lock& lock, const ConvArgs& a) {
   const CudaMath settings = cuda_math();
   auto& cache = be.bf16_conv_plans(lock);
   const ConvKey key = conv_key(Pass::kId, DType::BFloat16, a, settings);
   if (const auto it = cache.find(key); it != cache.end()) return it->second;
   const cudnnHandle_t h = be.cudnn(lock);
-  const std::array<Dims, 3> dims = Pass::dims(a);
-  const ScratchLayout l = scratch_layout(dims, true);  // the trial writes its result there too
-  const auto trial = [&](const Bf16ConvPlans::Plan& plan) -> std::string {
+  const ScratchLayout l = scratch_layout(Pass::dims(a), true);  // the trial writes its result there too
+  const auto trial = [&](const Bf16ConvPlan& plan) -> std::string {
     std::byte* buf = static_cast<std::byte*>(be.scratch(lock, l.workspace + plan.workspace));
     if (buf == nullptr) return ::evenflow::detail::str_cat("no memory for its workspace of ", plan.workspace, " bytes");
     const cudnnStatus_t s = execute_plan(h, plan, buf + l.out, buf, buf + l.b, buf + l.workspace);
     return s == CUDNN_STATUS_SUCCESS ? "" : cudnnGetErrorString(s);
   };
   std::string why_in_place, why_scratch;
-  Bf16ConvPlans plans = make_bf16_graph<Pass>(h, a, settings, false, why_in_place);
-  finalize_plans(plans, h, 1, trial);
-  if (plans.plans.empty()) {
-    if (why_in_place.empty()) why_in_place = plans.refused;
-    plans = make_bf16_graph<Pass>(h, a, settings, true, why_scratch);
-    finalize_plans(plans, h, 1, trial);
-    if (why_scratch.empty()) why_scratch = plans.refused;
-  }
-  if (!plans.plans.empty() && !settings.benchmark) plans.chosen = 0;
+  Bf16ConvPlan p = make_bf16_plan<Pass>(h, a, settings, false, trial, why_in_place);
+  if (p.plan.get() == nullptr) p = make_bf16_plan<Pass>(h, a, settings, true, trial, why_scratch);
   if (cudnn_verbose()) {
-    if (plans.plans.empty()) {
+    if (p.plan.get() == nullptr) {
       std::fprintf(stderr, "evenflow cuDNN: %s bfloat16 %s: no plan (result in place: %s; channels-last: %s)\n",
                    Pass::kName, shape_text(a).c_str(), why_in_place.c_str(), why_scratch.c_str());
     } else {
-      std::fprintf(stderr, "evenflow cuDNN: %s bfloat16 %s: result %s, first plan: %s\n", Pass::kName,
-                   shape_text(a).c_str(), plans.output_in_scratch ? "channels-last in scratch" : "in place",
-                   plans.plans[0].engine.c_str());
+      std::fprintf(stderr, "evenflow cuDNN: %s bfloat16 %s: plan %s, result %s\n", Pass::kName, shape_text(a).c_str(),
+                   p.engine.c_str(), p.output_in_scratch ? "channels-last in scratch" : "in place");
     }
   }
-  return cache.emplace(key, std::move(plans)).first->second;
+  return cache.emplace(key, std::move(p)).first->second;
 }
 
-// Runs `pass` of bfloat16 compute on the plans bf16_conv made (Note [bfloat16 convolutions on cuDNN]).
+// Device memory of our own, for timing on a shape's operands outside the scratch buffer.
+class DeviceBuffer {
+ public:
+  DeviceBuffer(CudaBackend& be, size_t bytes) : be_(be), data_(be.raw_alloc(bytes)) {
+    EF_CHECK(data_ != nullptr, "out of memory on ", be.name(), " timing a convolution (", bytes, " bytes)");
+    EF_CUDA_CHECK(cudaMemsetAsync(data_, 0, bytes, be.stream()));
+  }
+  ~DeviceBuffer() { be_.raw_free(data_); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  View view(const Dims& d) const { return view_of(data_, DType::Float32, d, false); }
+
+ private:
+  CudaBackend& be_;
+  void* data_;
+};
+
+// Under cuda_math().benchmark: whether the shape's plan runs faster than the rounded operands on
+// the float32 kernels, timed once on zeros (Note [bfloat16 convolutions on cuDNN]).
+template <typename Pass>
+bool bf16_plan_faster(CudaBackend& be, const ConvArgs& a) {
+  {
+    const CudaBackend::Lock lock = be.lock_libraries();
+    const Bf16ConvPlan& p = bf16_plan<Pass>(be, lock, a);
+    if (p.plan.get() == nullptr) return false;
+    if (p.faster) return *p.faster;
+  }
+  const std::array<Dims, 3> dims = Pass::dims(a);
+  const DeviceBuffer out(be, elements(dims[0]) * sizeof(float)), in_a(be, elements(dims[1]) * sizeof(float)),
+      in_b(be, elements(dims[2]) * sizeof(float)), rounded_a(be, elements(dims[1]) * sizeof(float)),
+      rounded_b(be, elements(dims[2]) * sizeof(float));
+  const auto run_plan = [&] {
+    const CudaBackend::Lock lock = be.lock_libraries();
+    return queue_bf16_conv<Pass>(be, lock, bf16_plan<Pass>(be, lock, a), a, out.view(dims[0]), in_a.view(dims[1]),
+                                 in_b.view(dims[2]));
+  };
+  ConvArgs f32 = a;
+  f32.compute = DType::Float32;
+  const auto run_rounded = [&] {  // what the op does when bf16_conv says no
+    be.unary(UnaryOp::RoundBfloat16, rounded_a.view(dims[1]), in_a.view(dims[1]), 0.0, 0.0);
+    be.unary(UnaryOp::RoundBfloat16, rounded_b.view(dims[2]), in_b.view(dims[2]), 0.0, 0.0);
+    run_conv<Pass>(be, f32, DType::Float32, out.view(dims[0]), rounded_a.view(dims[1]), rounded_b.view(dims[2]));
+    return CUDNN_STATUS_SUCCESS;
+  };
+  EF_CUDA_CHECK(run_plan());  // warm-ups: the float32 kernels' own timed choice happens here
+  run_rounded();
+  const float plan_ms = time_on_stream(be, run_plan), rounded_ms = time_on_stream(be, run_rounded);
+  const CudaBackend::Lock lock = be.lock_libraries();
+  Bf16ConvPlan& p = bf16_plan<Pass>(be, lock, a);
+  p.faster = plan_ms < rounded_ms;
+  if (cudnn_verbose()) {
+    std::fprintf(
+        stderr, "evenflow cuDNN: %s bfloat16 %s: plan %.4f ms, rounded operands on the float32 kernels %.4f ms: %s\n",
+        Pass::kName, shape_text(a).c_str(), plan_ms, rounded_ms, *p.faster ? "the plan" : "the float32 kernels");
+  }
+  return *p.faster;
+}
+
+// Runs `pass` of bfloat16 compute on the shape's plan (Note [bfloat16 convolutions on cuDNN]).
 template <typename Pass>
 void run_bf16_conv(CudaBackend& be, const ConvArgs& a, const View& out, const View& in_a, const View& in_b) {
   be.activate();
@@ -657,53 +715,9 @@ void run_bf16_conv(CudaBackend& be, const ConvArgs& a, const View& out, const Vi
             Pass::kName, ": bfloat16 compute takes contiguous float32 operands");
   EF_ASSERT(reinterpret_cast<uintptr_t>(out.data) % 16 == 0, Pass::kName, ": the output is not 16-byte aligned");
   const CudaBackend::Lock lock = be.lock_libraries();
-  Bf16ConvPlans& p = bf16_plans<Pass>(be, lock, a);
-  // bf16_conv said yes for this shape: only math settings changed since (another key) get here.
-  EF_CHECK(!p.plans.empty(), Pass::kName, ": cuDNN has no bfloat16 plan for ", shape_text(a),
-           " under the CUDA math settings set while the convolution was being called");
-  const cudnnHandle_t h = be.cudnn(lock);
-  if (p.chosen < 0) finalize_plans(p, h, kMaxPlans, [](const Bf16ConvPlans::Plan&) { return std::string(); });
-  const std::array<Dims, 3> dims = Pass::dims(a);
-  const ScratchLayout l = scratch_layout(dims, p.output_in_scratch);
-  // The scratch buffer grows before the operands go in (growing replaces it): to the chosen plan's
-  // workspace, or at the first (benchmark) call to each plan's that memory allows.
-  std::vector<size_t> candidates;
-  for (size_t i = 0; i < p.plans.size(); ++i) {
-    if ((p.chosen < 0 || i == static_cast<size_t>(p.chosen)) && be.scratch(lock, l.workspace + p.plans[i].workspace))
-      candidates.push_back(i);
-  }
-  EF_CHECK(!candidates.empty(), Pass::kName, ": out of memory on ", be.name(),
-           " for bfloat16 operands and a cuDNN workspace (", l.workspace + p.plans[0].workspace, " bytes)");
-  std::byte* buf = static_cast<std::byte*>(be.scratch(lock, l.workspace));
-  be.copy(view_of(buf, DType::BFloat16, dims[1], true), in_a);
-  be.copy(view_of(buf + l.b, DType::BFloat16, dims[2], true), in_b);
-  void* result = p.output_in_scratch ? static_cast<void*>(buf + l.out) : out.data;
-  const auto execute = [&](size_t i) { return execute_plan(h, p.plans[i], result, buf, buf + l.b, buf + l.workspace); };
-  if (p.chosen >= 0) {
-    EF_CUDA_CHECK(execute(static_cast<size_t>(p.chosen)));
-  } else {  // cuda_math().benchmark's first call: time each plan, keep the fastest
-    cudnnStatus_t last = CUDNN_STATUS_NOT_SUPPORTED;
-    float fastest_ms = 0;
-    for (const size_t i : candidates) {
-      last = execute(i);
-      if (last != CUDNN_STATUS_SUCCESS) continue;
-      const float ms = time_on_stream(be, [&] { return execute(i); });
-      if (p.chosen < 0 || ms < fastest_ms) {
-        p.chosen = static_cast<int>(i);
-        fastest_ms = ms;
-      }
-    }
-    EF_CHECK(p.chosen >= 0, Pass::kName, ": none of cuDNN's ", candidates.size(), " bfloat16 plans for ", shape_text(a),
-             " ran on ", be.name(), "; the last one said '", cudnnGetErrorString(last), "'");
-    EF_CUDA_CHECK(execute(static_cast<size_t>(p.chosen)));  // its result, not the last's
-    p.untried.clear();
-    if (cudnn_verbose()) {
-      std::fprintf(stderr, "evenflow cuDNN: %s bfloat16 %s: %s the fastest of %zu plans (%.4f ms)%s%s\n", Pass::kName,
-                   shape_text(a).c_str(), p.plans[static_cast<size_t>(p.chosen)].engine.c_str(), candidates.size(),
-                   fastest_ms, p.refused.empty() ? "" : "; refused: ", p.refused.c_str());
-    }
-  }
-  if (p.output_in_scratch) be.copy(out, view_of(result, DType::Float32, dims[0], true));
+  const Bf16ConvPlan& p = bf16_plan<Pass>(be, lock, a);
+  EF_CHECK(p.plan.get() != nullptr, Pass::kName, ": cuDNN has no bfloat16 plan for ", shape_text(a), " on ", be.name());
+  EF_CUDA_CHECK(queue_bf16_conv<Pass>(be, lock, p, a, out, in_a, in_b));
 }
 
 }  // namespace
@@ -717,19 +731,20 @@ GraphDescriptor::~GraphDescriptor() {
 }
 
 bool CudaBackend::bf16_conv(const ConvArgs& args, ConvPass pass) {
-  // Empty operands stay on the legacy path, which writes the empty sum itself.
+  // Only a timed choice takes cuDNN's bfloat16 plan (Note [bfloat16 convolutions on cuDNN]); empty
+  // operands stay on the float32 path, which writes the empty sum itself.
+  if (!cuda_math().benchmark) return false;
   for (const int64_t size : {args.n, args.c_in, args.h, args.w, args.c_out, args.oh, args.ow}) {
     if (size == 0) return false;
   }
   activate();
-  const Lock lock = lock_libraries();
   switch (pass) {
     case ConvPass::Forward:
-      return !bf16_plans<ForwardPass>(*this, lock, args).plans.empty();
+      return bf16_plan_faster<ForwardPass>(*this, args);
     case ConvPass::InputGrad:
-      return !bf16_plans<BackwardDataPass>(*this, lock, args).plans.empty();
+      return bf16_plan_faster<BackwardDataPass>(*this, args);
     case ConvPass::WeightGrad:
-      return !bf16_plans<BackwardFilterPass>(*this, lock, args).plans.empty();
+      return bf16_plan_faster<BackwardFilterPass>(*this, args);
   }
   return false;
 }

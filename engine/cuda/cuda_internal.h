@@ -10,6 +10,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -57,20 +58,17 @@ class GraphDescriptor {
   cudnnBackendDescriptor_t desc_ = nullptr;
 };
 
-// The execution plans of cuDNN's graph API for one shape of a bfloat16 convolution pass (Note
-// [bfloat16 convolutions on cuDNN] in cuda_conv.cu). No plans: cuDNN has none for the shape.
-struct Bf16ConvPlans {
-  struct Plan {
-    GraphDescriptor config, plan;  // plan: none until finalized
-    size_t workspace = 0;
-    std::string engine;  // "engine 12, runtime compiled", for EF_CUDNN_VERBOSE
-  };
-  std::vector<GraphDescriptor> graph;  // the tensors, convolution, operation and graph the plans were made from
-  std::vector<Plan> plans;             // finalized, in the heuristics' order
-  std::vector<Plan> untried;           // allowed by their notes, not finalized yet
-  std::string refused;                 // configurations that did not finalize or run, and why (EF_CUDNN_VERBOSE)
-  int chosen = -1;  // the plan the calls run (under cuda_math().benchmark: the fastest, from the first call)
+// cuDNN's graph-API plan for one shape of a bfloat16 convolution pass (Note [bfloat16 convolutions
+// on cuDNN] in cuda_conv.cu).
+struct Bf16ConvPlan {
+  std::vector<GraphDescriptor> made_from;  // the tensors, convolution, operation, graph and engine configuration
+  GraphDescriptor plan;                    // none: cuDNN has no plan for the shape
+  size_t workspace = 0;
   bool output_in_scratch = false;  // the float32 result is written channels-last and copied out
+  std::string engine;              // "engine 71, runtime compiled", for EF_CUDNN_VERBOSE
+  // Timed under cuda_math().benchmark (at the first ask): whether the plan beats the rounded
+  // operands on the float32 kernels.
+  std::optional<bool> faster;
 };
 
 class CudaBackend final : public Backend {
@@ -121,8 +119,8 @@ class CudaBackend final : public Backend {
   void conv2d(const ConvArgs& args, const View& y, const View& x, const View& w, const View& bias) override;
   void conv2d_input_grad(const ConvArgs& args, const View& gx, const View& gy, const View& w) override;
   void conv2d_weight_grad(const ConvArgs& args, const View& gw, const View& x, const View& gy) override;
-  // Whether cuDNN's graph API has a bfloat16 plan for this pass and shape (Note [bfloat16
-  // convolutions on cuDNN]); builds and caches the plans.
+  // Under cuda_math().benchmark, whether cuDNN's graph-API plan for this pass and shape ran faster
+  // than the rounded operands on the float32 kernels (Note [bfloat16 convolutions on cuDNN]).
   bool bf16_conv(const ConvArgs& args, ConvPass pass) override;
 
   int physical_id() const { return physical_id_; }
@@ -142,7 +140,7 @@ class CudaBackend final : public Backend {
   // A device buffer of at least nbytes, valid until the next call; nullptr when out of memory.
   void* scratch(const Lock& held, size_t nbytes);
   std::map<ConvKey, ConvAlgo>& conv_algos(const Lock& held);
-  std::map<ConvKey, Bf16ConvPlans>& bf16_conv_plans(const Lock& held);
+  std::map<ConvKey, Bf16ConvPlan>& bf16_conv_plans(const Lock& held);
 
   // Note [Index checks]: reserves the flag of an indexing kernel about to be queued, with `describe`,
   // which makes the message of the error the next synchronization throws from the bad index. Queue
@@ -174,7 +172,7 @@ class CudaBackend final : public Backend {
   void* scratch_ = nullptr;
   size_t scratch_bytes_ = 0;
   std::map<ConvKey, ConvAlgo> conv_algos_;
-  std::map<ConvKey, Bf16ConvPlans> bf16_conv_plans_;  // destroyed before the cuDNN handle
+  std::map<ConvKey, Bf16ConvPlan> bf16_conv_plans_;  // destroyed before the cuDNN handle
 
   std::mutex staging_mu_;
   std::map<size_t, std::vector<void*>> staging_free_;  // by size class

@@ -434,28 +434,29 @@ TEST_CASE("cuda parity: bfloat16 compute, its gradients and a penalty's second-o
 }
 
 // Note [bfloat16 convolutions on cuDNN]: each pass of a bfloat16 convolution on the GPU is the
-// float32 convolution of the operands rounded to bfloat16 (the CPU's, float32 summation order
-// alone: kFloat32Normwise) and not of the unrounded ones. On the shapes of the programs' layers
-// (channels a multiple of 8) cuDNN's graph API must have a bfloat16 plan -- the backend runs them
-// itself, not the float32 kernels on rounded operands; grouped, dilated and one-channel
-// convolutions may take either path (EF_CUDNN_VERBOSE=1 says which), with the same result.
-TEST_CASE("cuda parity: bfloat16 convolutions on cuDNN's bfloat16 kernels, every pass") {
+// float32 convolution of the operands rounded to bfloat16 (the CPU's, float32 summation order alone:
+// kFloat32Normwise) and not of the unrounded ones -- run on cuDNN's graph-API plan (called on the
+// backend directly, where cuDNN 9.19 on an H200 has one: every pass of these shapes but the strided
+// input gradient and the one-channel layer), and through the ops under cuda_math().benchmark, where
+// bf16_conv times the plan against the float32 kernels and either may run.
+TEST_CASE("cuda parity: bfloat16 convolutions on cuDNN's bfloat16 plans, every pass") {
   if (!cuda_devices_available()) return;
-  struct Shape4 {
+  struct Case {
     Shape x, w;
     Conv2dOptions o;
-    bool native_required;
+    std::array<bool, 3> has_plan;  // forward, input gradient, weight gradient
   };
-  const std::vector<Shape4> shapes = {
-      {{8, 16, 12, 12}, {32, 16, 3, 3}, {.padding = {1, 1}}, true},
-      {{16, 32, 14, 14}, {64, 32, 4, 4}, {.stride = {2, 2}, .padding = {1, 1}}, true},  // wgan_gp's critic
-      {{4, 32, 10, 10}, {32, 16, 3, 3}, {.padding = {1, 1}, .groups = 2}, false},
-      {{4, 16, 12, 12}, {16, 16, 3, 3}, {.padding = {2, 2}, .dilation = {2, 2}}, false},
-      {{8, 1, 28, 28}, {32, 1, 4, 4}, {.stride = {2, 2}, .padding = {1, 1}}, false},  // wgan_gp's first layer
+  const std::vector<Case> cases = {
+      {{8, 16, 12, 12}, {32, 16, 3, 3}, {.padding = {1, 1}}, {true, true, true}},
+      {{16, 32, 14, 14}, {64, 32, 4, 4}, {.stride = {2, 2}, .padding = {1, 1}}, {true, false, true}},  // wgan_gp's
+      {{4, 32, 10, 10}, {32, 16, 3, 3}, {.padding = {1, 1}, .groups = 2}, {true, true, true}},
+      {{4, 16, 12, 12}, {16, 16, 3, 3}, {.padding = {2, 2}, .dilation = {2, 2}}, {true, true, true}},
+      {{8, 1, 28, 28}, {32, 1, 4, 4}, {.stride = {2, 2}, .padding = {1, 1}}, {false, false, false}},  // wgan_gp's
   };
   manual_seed(cpu(), 14);
   const auto rounded = [](const Tensor& t) { return t.detach().to(kBFloat16).to(kFloat32); };
-  for (const Shape4& c : shapes) {
+  const CudaMath saved = cuda_math();
+  for (const Case& c : cases) {
     CAPTURE(shape_str(c.x));
     CAPTURE(shape_str(c.w));
     const Tensor x = randn(c.x), w = randn(c.w) * 0.1;
@@ -463,45 +464,54 @@ TEST_CASE("cuda parity: bfloat16 convolutions on cuDNN's bfloat16 kernels, every
     const Conv2dOptions f32 = c.o;
     Conv2dOptions bf16 = c.o;
     bf16.compute = kBFloat16;
-    const Tensor xg = x.to(cuda(0)), wg = w.to(cuda(0)), gyg = gy.to(cuda(0));
-    const std::vector<std::pair<Tensor, Tensor>> passes = {
-        {conv2d(xg, wg, Tensor(), bf16), conv2d(rounded(x), rounded(w), Tensor(), f32)},
-        {conv2d_input_grad(gyg, wg, x.shape(), bf16), conv2d_input_grad(rounded(gy), rounded(w), x.shape(), f32)},
-        {conv2d_weight_grad(xg, gyg, w.shape(), bf16), conv2d_weight_grad(rounded(x), rounded(gy), w.shape(), f32)},
-    };
+    const std::vector<Tensor> want = {conv2d(rounded(x), rounded(w), Tensor(), f32),
+                                      conv2d_input_grad(rounded(gy), rounded(w), x.shape(), f32),
+                                      conv2d_weight_grad(rounded(x), rounded(gy), w.shape(), f32)};
     const std::vector<Tensor> unrounded = {conv2d(x, w, Tensor(), f32), conv2d_input_grad(gy, w, x.shape(), f32),
                                            conv2d_weight_grad(x, gy, w.shape(), f32)};
-    for (size_t i = 0; i < passes.size(); ++i) {
-      CAPTURE(i);
-      const Tensor got = passes[i].first.to(cpu());
-      CHECK(compare_normwise(got, passes[i].second, kFloat32Normwise) == "");
-      CHECK(compare_normwise(got, unrounded[i], kFloat32Normwise) != "");
-    }
-    ConvArgs a{.n = c.x[0],
-               .c_in = c.x[1],
-               .h = c.x[2],
-               .w = c.x[3],
-               .c_out = c.w[0],
-               .kh = c.w[2],
-               .kw = c.w[3],
-               .oh = y.size(2),
-               .ow = y.size(3),
-               .stride_h = c.o.stride.first,
-               .stride_w = c.o.stride.second,
-               .pad_h = c.o.padding.first,
-               .pad_w = c.o.padding.second,
-               .dil_h = c.o.dilation.first,
-               .dil_w = c.o.dilation.second,
-               .groups = c.o.groups,
-               .compute = DType::BFloat16};
+    const Tensor xg = x.to(cuda(0)), wg = w.to(cuda(0)), gyg = gy.to(cuda(0));
+    const auto check = [&](size_t pass, const Tensor& got) {
+      CAPTURE(pass);
+      CHECK(compare_normwise(got.to(cpu()), want[pass], kFloat32Normwise) == "");
+      CHECK(compare_normwise(got.to(cpu()), unrounded[pass], kFloat32Normwise) != "");
+    };
+    // The plan itself, on the backend.
+    const ConvArgs a{.n = c.x[0],
+                     .c_in = c.x[1],
+                     .h = c.x[2],
+                     .w = c.x[3],
+                     .c_out = c.w[0],
+                     .kh = c.w[2],
+                     .kw = c.w[3],
+                     .oh = y.size(2),
+                     .ow = y.size(3),
+                     .stride_h = c.o.stride.first,
+                     .stride_w = c.o.stride.second,
+                     .pad_h = c.o.padding.first,
+                     .pad_w = c.o.padding.second,
+                     .dil_h = c.o.dilation.first,
+                     .dil_w = c.o.dilation.second,
+                     .groups = c.o.groups,
+                     .compute = DType::BFloat16};
     Backend& gpu = detail::backend_of(xg);
-    for (const ConvPass pass : {ConvPass::Forward, ConvPass::InputGrad, ConvPass::WeightGrad}) {
-      CAPTURE(static_cast<int>(pass));
-      const bool native = gpu.bf16_conv(a, pass);
-      if (c.native_required) CHECK(native);
-      MESSAGE(shape_str(c.x), " * ", shape_str(c.w), " pass ", static_cast<int>(pass),
-              native ? ": cuDNN bfloat16 plan" : ": rounded operands on the float32 kernels");
+    for (size_t pass = 0; pass < 3; ++pass) {
+      if (!c.has_plan[pass]) continue;
+      const Tensor out = empty(want[pass].shape(), {.device = cuda(0)});
+      CHECK(error_of([&] {
+              if (pass == 0) gpu.conv2d(a, out.view(), xg.view(), wg.view(), View{});
+              if (pass == 1) gpu.conv2d_input_grad(a, out.view(), gyg.view(), wg.view());
+              if (pass == 2) gpu.conv2d_weight_grad(a, out.view(), xg.view(), gyg.view());
+            }) == "(no error)");
+      check(pass, out);
     }
+    // The ops, with the timed choice.
+    CudaMath timed = saved;
+    timed.benchmark = true;
+    set_cuda_math(timed);
+    check(0, conv2d(xg, wg, Tensor(), bf16));
+    check(1, conv2d_input_grad(gyg, wg, x.shape(), bf16));
+    check(2, conv2d_weight_grad(xg, gyg, w.shape(), bf16));
+    set_cuda_math(saved);
   }
 }
 
