@@ -259,9 +259,10 @@ Tensor to_device(const Tensor& x, const Device& d);
 /// penalty's norm) stays float32, and so do the weights and the optimizer's state. Where a backend
 /// has bfloat16 kernels for a case (Backend::bf16_conv, Backend::bf16_gemm: on the CPU oneDNN's,
 /// for convolutions of 16 or more input channels a group on AVX-512, for matrix products with
-/// every side 16 or more with AVX512-BF16) they run it; elsewhere the op rounds the operands and
-/// runs the float32 kernels. Both compute the same products, summed in their own orders: results
-/// agree to float32 rounding on every CPU and on CUDA.
+/// every side 16 or more with AVX512-BF16; on CUDA cuBLAS's for every product, and cuDNN's for a
+/// convolution where cuda_math().benchmark timed them faster) they run it; elsewhere the op rounds
+/// the operands and runs the float32 kernels. Both compute the same products, summed in their own
+/// orders: results agree to float32 rounding on every CPU and on CUDA.
 
 /// How a matrix product computes (Note [bfloat16 compute]).
 struct MatmulOptions {

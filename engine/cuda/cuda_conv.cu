@@ -348,14 +348,16 @@ void run_conv(CudaBackend& be, const ConvArgs& a, DType dtype, const View& out, 
 // buffer's contents), from cuDNN's heuristics (mode A) and then its fallback list, less those the
 // settings exclude (nondeterministic ones under cuda_math().deterministic; any that down-converts its
 // inputs or sums in less than float32).
-// On an H200 with cuDNN 9.19 (docs/gpu.md, 2026-11-27) mode A ranks nothing for this mix of types,
-// and the fallback list holds one runtime-compiled engine per pass, none for a strided input
-// gradient: against the rounded operands on the float32 (TF32) kernels it ran a 5x5 convolution's
-// forward 2.3x faster and a 3x3 one's forward and backward 1.3x and 2.7x slower. So the plan is taken
-// only where it was timed faster: under cuda_math().benchmark, at a shape's first ask, bf16_conv
-// times both ways on zeros of the shape (the casts and copies each way included) and keeps the
-// answer; without it bf16_conv says no and the op rounds the operands for the float32 kernels (the
-// same products). EF_CUDNN_VERBOSE=1 prints each shape's plan, times and choice to stderr.
+// On an H200 with cuDNN 9.19 (docs/gpu.md, 2026-11-27) mode A ranks nothing for this mix of types;
+// the fallback list holds one runtime-compiled engine per pass, and none for a strided input
+// gradient or one input channel. Timed against the rounded operands on the float32 (TF32) kernels,
+// casts included, it ran a 5x5 convolution (100x32x14x14 -> 64) 2.4x faster forward, 1.6x faster
+// for the input gradient and 1.7x slower for the weight gradient, and a 3x3 one (32x64x56x56 -> 64)
+// 1.1x, 1.1x and 3.4x slower. So the plan is taken only where it was timed faster: under
+// cuda_math().benchmark, at a shape's first ask, bf16_conv times both ways on zeros of the shape
+// (the casts and copies each way included) and keeps the answer; without it bf16_conv says no and
+// the op rounds the operands for the float32 kernels (the same products). EF_CUDNN_VERBOSE=1 prints
+// each shape's plan, times and choice to stderr.
 
 // The operands' unique ids in the graph and in each call's variant pack, in run's order.
 constexpr std::array<int64_t, 3> kUids = {1, 2, 3};  // out, a, b
