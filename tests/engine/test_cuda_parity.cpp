@@ -455,7 +455,6 @@ TEST_CASE("cuda parity: bfloat16 convolutions on cuDNN's bfloat16 plans, every p
   };
   manual_seed(cpu(), 14);
   const auto rounded = [](const Tensor& t) { return t.detach().to(kBFloat16).to(kFloat32); };
-  const CudaMath saved = cuda_math();
   for (const Case& c : cases) {
     CAPTURE(shape_str(c.x));
     CAPTURE(shape_str(c.w));
@@ -505,13 +504,12 @@ TEST_CASE("cuda parity: bfloat16 convolutions on cuDNN's bfloat16 plans, every p
       check(pass, out);
     }
     // The ops, with the timed choice.
-    CudaMath timed = saved;
+    CudaMath timed = cuda_math();
     timed.benchmark = true;
-    set_cuda_math(timed);
+    const CudaMathGuard benchmark(timed);
     check(0, conv2d(xg, wg, Tensor(), bf16));
     check(1, conv2d_input_grad(gyg, wg, x.shape(), bf16));
     check(2, conv2d_weight_grad(xg, gyg, w.shape(), bf16));
-    set_cuda_math(saved);
   }
 }
 
