@@ -24,6 +24,7 @@
 #include "evenflow/engine/cpu/onednn_conv.h"
 #include "evenflow/engine/cpu/onednn_matmul.h"
 #endif
+#include "evenflow/engine/cpu/vector_math.h"
 #include "evenflow/engine/device.h"
 #include "evenflow/engine/error.h"
 #include "evenflow/engine/random.h"
@@ -235,6 +236,10 @@ void copy_impl(const View& out, const View& x) {
 
 void unary_impl(UnaryOp op, const View& out, const View& x, double a, double b) {
   EF_ASSERT(out.dtype == x.dtype, "unary: output and input dtypes differ");
+  if (op == UnaryOp::Tanh && out.dtype == DType::Float32) {  // Note [Vectorized tanh]
+    map_elements<float, float>(out, {x}, [](float v) { return tanh_vectorizable(v); });
+    return;
+  }
   EF_DISPATCH_FLOAT(out.dtype, "unary", [&] {
     visit_unary(op, [&](auto fn) {
       map_elements<scalar_t, scalar_t>(out, {x}, [fn, a, b](scalar_t v) { return fn(v, a, b); });

@@ -2,6 +2,8 @@
 // generators, the errors bad arguments get (sizes past int64 among them), and NaN propagation.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -296,6 +298,50 @@ TEST_CASE("NaN propagates as in PyTorch (activations clamp maximum minimum max_p
 TEST_CASE("size(d) of a 0-d tensor is an error, not a read past its shape") {
   CHECK(error_of([] { scalar_tensor(1.0).size(0); }) == "size: a 0-d tensor has no dim 0");
   CHECK(error_of([] { scalar_tensor(1.0).size(-1); }) == "size: a 0-d tensor has no dim -1");
+}
+
+// Note [Vectorized tanh] (engine/cpu/vector_math.h): float32 tanh on the CPU is our own polynomial
+// and exponential, not glibc's; over a spread of every float32 magnitude up to 12 (every 997th bit
+// pattern, both signs) it stays within 1.5 ulp of tanh in float64 (a full sweep measured 1.37), the
+// same in the contiguous and the strided loop, with NaN, infinities and signed zeros as tanh has
+// them.
+TEST_CASE("tanh of float32 on the CPU: within 1.5 ulp of the exact value, special values kept") {
+  std::vector<double> xs;
+  for (uint32_t bits = 0; std::bit_cast<float>(bits) <= 12.0f; bits += 997) {
+    xs.push_back(std::bit_cast<float>(bits));
+    xs.push_back(-std::bit_cast<float>(bits));
+  }
+  const int64_t n = static_cast<int64_t>(xs.size());
+  const Tensor x = from_vector(xs, {n}, {.dtype = kFloat32});
+  const std::vector<double> y = tanh(x).to_vector();
+  // Strided: the kernel's general loop over the same values, [n/2, 2] read as its transpose.
+  const std::vector<double> y_strided = tanh(reshape(x, {n / 2, 2}).t()).to_vector();
+  double worst = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double want = std::tanh(xs[static_cast<size_t>(i)]);
+    const float rounded = static_cast<float>(want);
+    const double ulp =
+        want == 0 ? std::ldexp(1.0, -149) : std::nextafter(std::fabs(rounded), INFINITY) - std::fabs(rounded);
+    worst = std::max(worst, std::fabs(y[static_cast<size_t>(i)] - want) / ulp);
+    CHECK(y_strided[static_cast<size_t>((i % 2) * (n / 2) + i / 2)] == y[static_cast<size_t>(i)]);
+  }
+  CAPTURE(worst);
+  CHECK(worst <= 1.5);
+  const double inf = std::numeric_limits<double>::infinity();
+  const std::vector<double> special =
+      tanh(
+          from_vector({std::nan(""), inf, -inf, 0.0, -0.0, 1e-30, -1e-30, 9.5, -20.0, 1e30}, {10}, {.dtype = kFloat32}))
+          .to_vector();
+  CHECK(std::isnan(special[0]));
+  CHECK(special[1] == 1.0);
+  CHECK(special[2] == -1.0);
+  CHECK((special[3] == 0.0 && !std::signbit(special[3])));
+  CHECK((special[4] == 0.0 && std::signbit(special[4])));
+  CHECK(special[5] == static_cast<double>(1e-30f));
+  CHECK(special[6] == -static_cast<double>(1e-30f));
+  CHECK(special[7] == 1.0);
+  CHECK(special[8] == -1.0);
+  CHECK(special[9] == 1.0);
 }
 
 // --- bfloat16 (engine/bfloat16.h) ----------------------------------------------------------------------
