@@ -190,7 +190,7 @@ class Backend {
   // Whether this backend runs `pass` of this float32 convolution with bfloat16 operands itself
   // (ConvArgs::compute); otherwise the op rounds the operands and calls the float32 kernel (Note
   // [bfloat16 compute] in ops.h: the same products). Not const: to answer, the CUDA backend builds
-  // the shape's cuDNN plan and keeps it for the call that follows.
+  // and times the shape's cuDNN plan, and keeps both for the calls that follow.
   virtual bool bf16_conv(const ConvArgs& args, ConvPass pass) {
     (void)args;
     (void)pass;
