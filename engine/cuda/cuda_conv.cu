@@ -338,16 +338,16 @@ void run_conv(CudaBackend& be, const ConvArgs& a, DType dtype, const View& out, 
 // Bfloat16 compute (Note [bfloat16 compute] in engine/ops.h) multiplies bfloat16 operands and sums
 // in float32 into a float32 result. cuDNN's legacy API computes a convolution in one data type (its
 // bfloat16 configuration rounds the result to bfloat16 as well), so a bfloat16 convolution of our
-// own is a graph of cuDNN's graph API (cudnnBackend* descriptors): one convolution whose two operands
-// are bfloat16 and whose result is float32, computing in float32. The operands are cast into the
-// scratch buffer channels-last (NHWC; the weight KRSC), the layout of cuDNN's bfloat16 kernels, by the
-// copy kernel every cast uses (round to nearest even, as in Note [bfloat16 products on cuBLAS]); the
-// workspace follows them. The result goes straight into the output (NCHW) where an engine takes
-// that, else channels-last into the scratch buffer, copied out after. The plan, per pass, shape and
-// math setting: the first engine configuration that finalizes and runs (once, on the scratch
-// buffer's contents), from cuDNN's heuristics (mode A) and then its fallback list, less those the
-// settings exclude (nondeterministic ones under cuda_math().deterministic; any that down-converts its
-// inputs or sums in less than float32).
+// own is a graph of cuDNN's graph API (cudnnBackend* descriptors): one convolution whose two
+// operands are bfloat16 and whose result is float32, computing in float32. The operands are cast
+// into the scratch buffer channels-last (NHWC; the weight KRSC), the layout of cuDNN's bfloat16
+// kernels, by the copy kernel every cast uses (round to nearest even, as in Note [bfloat16 products
+// on cuBLAS]); the workspace follows them. The result goes straight into the output, NCHW (the
+// first GPU run also offered the engines a channels-last result: none needed it). The plan, per
+// pass, shape and math setting: the first engine configuration that finalizes and runs (once, on
+// the scratch buffer's contents), from cuDNN's heuristics (mode A) and then its fallback list, less
+// those the settings exclude (nondeterministic ones under cuda_math().deterministic; any that
+// down-converts its inputs or sums in less than float32).
 // On an H200 with cuDNN 9.19 (docs/gpu.md, 2026-11-27) mode A ranks nothing for this mix of types;
 // the fallback list holds one runtime-compiled engine per pass, and none for a strided input
 // gradient or one input channel. Timed against the rounded operands on the float32 (TF32) kernels,
@@ -391,16 +391,15 @@ View view_of(void* data, DType dtype, const Dims& d, bool channels_last) {
   return v;
 }
 
-// Where a call's pieces lie in the scratch buffer: the bfloat16 operands a (at 0) and b, the float32
-// result when it goes there, the workspace.
+// Where a call's pieces lie in the scratch buffer: the bfloat16 operands a (at 0) and b, then the
+// workspace.
 struct ScratchLayout {
-  size_t b = 0, out = 0, workspace = 0;
+  size_t b = 0, workspace = 0;
 };
-ScratchLayout scratch_layout(const std::array<Dims, 3>& dims, bool output_in_scratch) {
+ScratchLayout scratch_layout(const std::array<Dims, 3>& dims) {
   ScratchLayout l;
   l.b = aligned_256(elements(dims[1]) * 2);
-  l.out = l.b + aligned_256(elements(dims[2]) * 2);
-  l.workspace = l.out + (output_in_scratch ? aligned_256(elements(dims[0]) * sizeof(float)) : 0);
+  l.workspace = l.b + aligned_256(elements(dims[2]) * 2);
   return l;
 }
 
@@ -493,17 +492,16 @@ cudnnStatus_t execute_plan(cudnnHandle_t h, const Bf16ConvPlan& p, void* result,
   return cudnnBackendExecute(h, p.plan.get(), pack.get());
 }
 
-// The plan of one pass and shape with the result stored as `output_in_scratch` says: the first
-// engine configuration allowed by its notes that finalizes and passes `trial` (which returns why a
-// plan failed, or "" if it ran). Why there is none: `why_none`.
+// The plan of one pass and shape: the first engine configuration allowed by its notes that
+// finalizes and passes `trial` (which returns why a plan failed, or "" if it ran). Why there is
+// none: `why_none`.
 template <typename Pass, typename Trial>
-Bf16ConvPlan make_bf16_plan(cudnnHandle_t h, const ConvArgs& a, const CudaMath& settings, bool output_in_scratch,
-                            const Trial& trial, std::string& why_none) {
+Bf16ConvPlan make_bf16_plan(cudnnHandle_t h, const ConvArgs& a, const CudaMath& settings, const Trial& trial,
+                            std::string& why_none) {
   Bf16ConvPlan p;
-  p.output_in_scratch = output_in_scratch;
   const std::array<Dims, 3> dims = Pass::dims(a);
   std::vector<GraphDescriptor>& made = p.made_from;
-  made.push_back(graph_tensor(kUids[0], CUDNN_DATA_FLOAT, dims[0], output_in_scratch));
+  made.push_back(graph_tensor(kUids[0], CUDNN_DATA_FLOAT, dims[0], false));
   made.push_back(graph_tensor(kUids[1], CUDNN_DATA_BFLOAT16, dims[1], true));
   made.push_back(graph_tensor(kUids[2], CUDNN_DATA_BFLOAT16, dims[2], true));
 
@@ -600,27 +598,23 @@ std::string shape_text(const ConvArgs& a) {
 }
 
 // Queues one pass on `p`'s plan: the operands cast into the scratch buffer (grown first: growing
-// replaces it), the plan, the result copied out where it went to the scratch buffer. The plan's
-// status; our own failures throw.
+// replaces it), then the plan. The plan's status; our own failures throw.
 template <typename Pass>
 cudnnStatus_t queue_bf16_conv(CudaBackend& be, const CudaBackend::Lock& lock, const Bf16ConvPlan& p, const ConvArgs& a,
                               const View& out, const View& in_a, const View& in_b) {
   const std::array<Dims, 3> dims = Pass::dims(a);
-  const ScratchLayout l = scratch_layout(dims, p.output_in_scratch);
+  const ScratchLayout l = scratch_layout(dims);
   std::byte* buf = static_cast<std::byte*>(be.scratch(lock, l.workspace + p.workspace));
   EF_CHECK(buf != nullptr, Pass::kName, ": out of memory on ", be.name(),
            " for bfloat16 operands and a cuDNN workspace (", l.workspace + p.workspace, " bytes)");
   be.copy(view_of(buf, DType::BFloat16, dims[1], true), in_a);
   be.copy(view_of(buf + l.b, DType::BFloat16, dims[2], true), in_b);
-  void* result = p.output_in_scratch ? static_cast<void*>(buf + l.out) : out.data;
-  const cudnnStatus_t s = execute_plan(be.cudnn(lock), p, result, buf, buf + l.b, buf + l.workspace);
-  if (s == CUDNN_STATUS_SUCCESS && p.output_in_scratch) be.copy(out, view_of(result, DType::Float32, dims[0], true));
-  return s;
+  return execute_plan(be.cudnn(lock), p, out.data, buf, buf + l.b, buf + l.workspace);
 }
 
-// This pass and shape's plan, made at the first ask: the result in place if an engine takes that,
-// else channels-last in the scratch buffer. A plan is kept only after it ran once on the scratch
-// buffer's contents (whatever they are: the result is not used).
+// This pass and shape's plan, made at the first ask. A plan is kept only after it ran once on the
+// scratch buffer's contents (whatever they are: the result, written into the scratch buffer too, is
+// not used).
 template <typename Pass>
 Bf16ConvPlan& bf16_plan(CudaBackend& be, const CudaBackend::Lock& lock, const ConvArgs& a) {
   const CudaMath settings = cuda_math();
@@ -628,23 +622,25 @@ Bf16ConvPlan& bf16_plan(CudaBackend& be, const CudaBackend::Lock& lock, const Co
   const ConvKey key = conv_key(Pass::kId, DType::BFloat16, a, settings);
   if (const auto it = cache.find(key); it != cache.end()) return it->second;
   const cudnnHandle_t h = be.cudnn(lock);
-  const ScratchLayout l = scratch_layout(Pass::dims(a), true);  // the trial writes its result there too
+  const std::array<Dims, 3> dims = Pass::dims(a);
+  const ScratchLayout l = scratch_layout(dims);
+  const size_t result_bytes = aligned_256(elements(dims[0]) * sizeof(float));  // after the workspace
   const auto trial = [&](const Bf16ConvPlan& plan) -> std::string {
-    std::byte* buf = static_cast<std::byte*>(be.scratch(lock, l.workspace + plan.workspace));
+    const size_t result = l.workspace + aligned_256(plan.workspace);
+    std::byte* buf = static_cast<std::byte*>(be.scratch(lock, result + result_bytes));
     if (buf == nullptr) return ::evenflow::detail::str_cat("no memory for its workspace of ", plan.workspace, " bytes");
-    const cudnnStatus_t s = execute_plan(h, plan, buf + l.out, buf, buf + l.b, buf + l.workspace);
+    const cudnnStatus_t s = execute_plan(h, plan, buf + result, buf, buf + l.b, buf + l.workspace);
     return s == CUDNN_STATUS_SUCCESS ? "" : cudnnGetErrorString(s);
   };
-  std::string why_in_place, why_scratch;
-  Bf16ConvPlan p = make_bf16_plan<Pass>(h, a, settings, false, trial, why_in_place);
-  if (p.plan.get() == nullptr) p = make_bf16_plan<Pass>(h, a, settings, true, trial, why_scratch);
+  std::string why_none;
+  Bf16ConvPlan p = make_bf16_plan<Pass>(h, a, settings, trial, why_none);
   if (cudnn_verbose()) {
     if (p.plan.get() == nullptr) {
-      std::fprintf(stderr, "evenflow cuDNN: %s bfloat16 %s: no plan (result in place: %s; channels-last: %s)\n",
-                   Pass::kName, shape_text(a).c_str(), why_in_place.c_str(), why_scratch.c_str());
+      std::fprintf(stderr, "evenflow cuDNN: %s bfloat16 %s: no plan (%s)\n", Pass::kName, shape_text(a).c_str(),
+                   why_none.c_str());
     } else {
-      std::fprintf(stderr, "evenflow cuDNN: %s bfloat16 %s: plan %s, result %s\n", Pass::kName, shape_text(a).c_str(),
-                   p.engine.c_str(), p.output_in_scratch ? "channels-last in scratch" : "in place");
+      std::fprintf(stderr, "evenflow cuDNN: %s bfloat16 %s: plan %s\n", Pass::kName, shape_text(a).c_str(),
+                   p.engine.c_str());
     }
   }
   return cache.emplace(key, std::move(p)).first->second;

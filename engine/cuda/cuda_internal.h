@@ -64,8 +64,7 @@ struct Bf16ConvPlan {
   std::vector<GraphDescriptor> made_from;  // the tensors, convolution, operation, graph and engine configuration
   GraphDescriptor plan;                    // none: cuDNN has no plan for the shape
   size_t workspace = 0;
-  bool output_in_scratch = false;  // the float32 result is written channels-last and copied out
-  std::string engine;              // "engine 71, runtime compiled", for EF_CUDNN_VERBOSE
+  std::string engine;  // "engine 71, runtime compiled", for EF_CUDNN_VERBOSE
   // Timed under cuda_math().benchmark (at the first ask): whether the plan beats the rounded
   // operands on the float32 kernels.
   std::optional<bool> faster;
