@@ -5,7 +5,13 @@
 #include <bit>
 #include <cstdint>
 
+#include "evenflow/engine/cpu/isa.h"
+
 namespace evenflow::cpu_backend {
+// Per instruction set, as every engine/cpu declaration (isa.h): a portable build compiles this
+// three times, and one symbol for all three would let the linker hand AVX-512 code to the baseline
+// kernels.
+inline namespace EF_CPU_ISA {
 
 // Note [Vectorized tanh]
 // tanh of a float32, without calls or branches, so that an elementwise loop over it vectorizes:
@@ -40,4 +46,5 @@ inline float tanh_vectorizable(float x) {
   return x != x || a == 0.0f ? x : y;  // NaN; and -0, which the polynomial turns into +0
 }
 
+}  // namespace EF_CPU_ISA
 }  // namespace evenflow::cpu_backend
