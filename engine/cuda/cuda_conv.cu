@@ -667,11 +667,12 @@ class DeviceBuffer {
 // the float32 kernels, timed once on zeros (Note [bfloat16 convolutions on cuDNN]).
 template <typename Pass>
 bool bf16_plan_faster(CudaBackend& be, const ConvArgs& a) {
+  Bf16ConvPlan* plan = nullptr;  // in the backend's cache, whose entries stay where they are
   {
     const CudaBackend::Lock lock = be.lock_libraries();
-    const Bf16ConvPlan& p = bf16_plan<Pass>(be, lock, a);
-    if (p.plan.get() == nullptr) return false;
-    if (p.faster) return *p.faster;
+    plan = &bf16_plan<Pass>(be, lock, a);
+    if (plan->plan.get() == nullptr) return false;
+    if (plan->faster) return *plan->faster;
   }
   const std::array<Dims, 3> dims = Pass::dims(a);
   const DeviceBuffer out(be, elements(dims[0]) * sizeof(float)), in_a(be, elements(dims[1]) * sizeof(float)),
@@ -679,8 +680,7 @@ bool bf16_plan_faster(CudaBackend& be, const ConvArgs& a) {
       rounded_b(be, elements(dims[2]) * sizeof(float));
   const auto run_plan = [&] {
     const CudaBackend::Lock lock = be.lock_libraries();
-    return queue_bf16_conv<Pass>(be, lock, bf16_plan<Pass>(be, lock, a), a, out.view(dims[0]), in_a.view(dims[1]),
-                                 in_b.view(dims[2]));
+    return queue_bf16_conv<Pass>(be, lock, *plan, a, out.view(dims[0]), in_a.view(dims[1]), in_b.view(dims[2]));
   };
   ConvArgs f32 = a;
   f32.compute = DType::Float32;
@@ -694,14 +694,13 @@ bool bf16_plan_faster(CudaBackend& be, const ConvArgs& a) {
   run_rounded();
   const float plan_ms = time_on_stream(be, run_plan), rounded_ms = time_on_stream(be, run_rounded);
   const CudaBackend::Lock lock = be.lock_libraries();
-  Bf16ConvPlan& p = bf16_plan<Pass>(be, lock, a);
-  p.faster = plan_ms < rounded_ms;
+  plan->faster = plan_ms < rounded_ms;
   if (cudnn_verbose()) {
     std::fprintf(
         stderr, "evenflow cuDNN: %s bfloat16 %s: plan %.4f ms, rounded operands on the float32 kernels %.4f ms: %s\n",
-        Pass::kName, shape_text(a).c_str(), plan_ms, rounded_ms, *p.faster ? "the plan" : "the float32 kernels");
+        Pass::kName, shape_text(a).c_str(), plan_ms, rounded_ms, *plan->faster ? "the plan" : "the float32 kernels");
   }
-  return *p.faster;
+  return *plan->faster;
 }
 
 // Runs `pass` of bfloat16 compute on the shape's plan (Note [bfloat16 convolutions on cuDNN]).
