@@ -241,6 +241,16 @@ std::vector<Tensor> take_grads(GraphTask& task, Node* node) {
 // The graph task whose node this thread is running: a grad() called inside a node (a backward that
 // differentiates) starts a task of its own and restores this one after (run_node).
 thread_local GraphTask* tls_running_task = nullptr;
+// The node whose closure this thread is running (input_grad_needed asks about its edges), set for
+// the closure's run; a grad() inside it runs nodes of its own and restores this one after.
+thread_local const Node* tls_applying_node = nullptr;
+struct ApplyingNode {
+  const Node* const outer = tls_applying_node;
+  explicit ApplyingNode(const Node* node) { tls_applying_node = node; }
+  ~ApplyingNode() { tls_applying_node = outer; }
+  ApplyingNode(const ApplyingNode&) = delete;
+  ApplyingNode& operator=(const ApplyingNode&) = delete;
+};
 
 void run_node(const std::shared_ptr<GraphTask>& task, Node* node) {
   std::vector<Tensor> input_grads;
@@ -273,6 +283,7 @@ void run_node(const std::shared_ptr<GraphTask>& task, Node* node) {
         }
       }
       if (needed) {
+        const ApplyingNode applying(node);
         input_grads = node->apply(grads);
         if (!task->retain_graph) node->release();
         EF_ASSERT(input_grads.empty() || input_grads.size() == node->next_edges().size(), node->name(),
@@ -541,6 +552,25 @@ static std::vector<Tensor> run_backward(const std::vector<Tensor>& outputs, cons
              ") was not used to compute the outputs; pass allow_unused=true if that is expected");
   }
   return task->captured;
+}
+
+// Note [Gradients nobody asked for]
+// A closure returns a gradient for every input that requires grad, but a grad() with respect to
+// some inputs prunes the nodes that lead nowhere it was asked for (run_backward: task->needed), and
+// their gradients are dropped unread. A gradient penalty, grad(D(x), x), is the costly case: every
+// convolution of the critic would compute its weight gradient, and under create_graph record it,
+// for nothing (on the wgan_gp critic, one of the five weight gradients of a critic step's
+// largest convolution). Closures whose inputs' gradients cost a kernel each ask this first, as
+// PyTorch's formulas ask should_compute_output.
+bool input_grad_needed(size_t i) {
+  const GraphTask* task = tls_running_task;
+  const Node* node = tls_applying_node;
+  if (task == nullptr || node == nullptr) return true;
+  const std::vector<Edge>& edges = node->next_edges();
+  if (i >= edges.size() || !edges[i].fn) return false;
+  // Built before the pass started and only read since: no lock.
+  Node* next = edges[i].fn.get();
+  return task->needed.count(next) != 0 || task->captures.count(next) != 0 || !next->retained.empty();
 }
 
 std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,

@@ -130,6 +130,14 @@ void set_post_accumulate_hook(const Tensor& leaf, std::function<void(const Tenso
 /// to have gradients synchronized when backward() returns.
 bool queue_backward_callback(std::function<void()> fn);
 
+/// From inside a backward closure (record()'s BackwardFn), on the thread running it: whether the
+/// pass needs the gradient of the node's input `i`. False when the input has no edge (it does not
+/// require grad) or when nothing below its edge leads to what grad() was asked for (a critic's
+/// weights in grad(D(x), x)); backward() needs every edge. Outside a closure, true. A closure may
+/// return an undefined tensor for an input that is not needed instead of computing it (Note
+/// [Gradients nobody asked for] in autograd.cpp).
+bool input_grad_needed(size_t i);
+
 /// Options of grad().
 struct GradOptions {
   /// Record the backward pass, so that the returned gradients can be differentiated again.

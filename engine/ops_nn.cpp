@@ -178,8 +178,8 @@ Tensor matmul(const Tensor& a, const Tensor& b, const MatmulOptions& o) {
   }
   // dA = g·Bᵀ [M,N]x[N,K], dB = Aᵀ·g [K,M]x[M,N], each summed over broadcast batch dims.
   record("matmul", {y}, {a, b}, {a, b}, [a, b, o](const Grads& g) {
-    return Grads{a.requires_grad() ? sum_to(matmul(g[0], transpose(b, -1, -2), o), a.shape()) : Tensor(),
-                 b.requires_grad() ? sum_to(matmul(transpose(a, -1, -2), g[0], o), b.shape()) : Tensor()};
+    return Grads{input_grad_needed(0) ? sum_to(matmul(g[0], transpose(b, -1, -2), o), a.shape()) : Tensor(),
+                 input_grad_needed(1) ? sum_to(matmul(transpose(a, -1, -2), g[0], o), b.shape()) : Tensor()};
   });
   return y;
 }
@@ -203,8 +203,8 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, const M
   // the accumulated gradient needs no copy (Note [Gradient layout] in autograd.cpp), as matmul's
   // transposed Aᵀ·g would.
   record("linear", {y}, {flat, weight}, {flat, weight}, [flat, weight, o](const Grads& g) {
-    return Grads{flat.requires_grad() ? matmul(g[0], weight, o) : Tensor(),
-                 weight.requires_grad() ? matmul(transpose(g[0], 0, 1), flat, o) : Tensor()};
+    return Grads{input_grad_needed(0) ? matmul(g[0], weight, o) : Tensor(),
+                 input_grad_needed(1) ? matmul(transpose(g[0], 0, 1), flat, o) : Tensor()};
   });
   y = reshape(y, out_shape);
   if (bias.defined()) {
@@ -279,9 +279,9 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const C
                          bias.defined() ? bias.contiguous().view() : View{});
   }
   record("conv2d", {y}, {x, weight, bias}, {x, weight}, [x, weight, bias, o](const Grads& g) {
-    return Grads{x.requires_grad() ? conv2d_input_grad(g[0], weight, x.shape(), o) : Tensor(),
-                 weight.requires_grad() ? conv2d_weight_grad(x, g[0], weight.shape(), o) : Tensor(),
-                 bias.defined() && bias.requires_grad() ? sum(g[0], {0, 2, 3}) : Tensor()};
+    return Grads{input_grad_needed(0) ? conv2d_input_grad(g[0], weight, x.shape(), o) : Tensor(),
+                 input_grad_needed(1) ? conv2d_weight_grad(x, g[0], weight.shape(), o) : Tensor(),
+                 input_grad_needed(2) ? sum(g[0], {0, 2, 3}) : Tensor()};
   });
   return y;
 }
@@ -298,8 +298,8 @@ Tensor conv2d_input_grad(const Tensor& gy, const Tensor& weight, const Shape& in
     backend_of(gy).conv2d_input_grad(c.args, gx.view(), c.in0.view(), c.in1.view());
   }
   record("conv2d_input_grad", {gx}, {gy, weight}, {gy, weight}, [gy, weight, o](const Grads& g) {
-    return Grads{gy.requires_grad() ? conv2d(g[0], weight, Tensor(), o) : Tensor(),
-                 weight.requires_grad() ? conv2d_weight_grad(g[0], gy, weight.shape(), o) : Tensor()};
+    return Grads{input_grad_needed(0) ? conv2d(g[0], weight, Tensor(), o) : Tensor(),
+                 input_grad_needed(1) ? conv2d_weight_grad(g[0], gy, weight.shape(), o) : Tensor()};
   });
   return gx;
 }
@@ -320,8 +320,8 @@ Tensor conv2d_weight_grad(const Tensor& x, const Tensor& gy, const Shape& weight
     }
   }
   record("conv2d_weight_grad", {gw}, {x, gy}, {x, gy}, [x, gy, o](const Grads& g) {
-    return Grads{x.requires_grad() ? conv2d_input_grad(gy, g[0], x.shape(), o) : Tensor(),
-                 gy.requires_grad() ? conv2d(x, g[0], Tensor(), o) : Tensor()};
+    return Grads{input_grad_needed(0) ? conv2d_input_grad(gy, g[0], x.shape(), o) : Tensor(),
+                 input_grad_needed(1) ? conv2d(x, g[0], Tensor(), o) : Tensor()};
   });
   return gw;
 }

@@ -111,6 +111,52 @@ TEST_CASE("create_graph: a gradient penalty differentiates through the gradient"
   CHECK(vals(x.grad()) == std::vector<double>{36, -288, 4.5});
 }
 
+// Note [Gradients nobody asked for] in engine/autograd.cpp.
+TEST_CASE("a closure learns which of its inputs' gradients the pass needs") {
+  Tensor a = from_vector({1, 2}, {2}, f64).requires_grad_();
+  Tensor b = from_vector({3, 4}, {2}, f64).requires_grad_();
+  const Tensor c = from_vector({5, 6}, {2}, f64);  // requires no grad: no edge
+  std::vector<bool> asked;
+  Tensor hidden;  // a non-leaf input, made anew for each pass (a pass frees its graph)
+  const auto probe = [&] {
+    hidden = b * 2.0;
+    Tensor y;
+    {
+      NoGradGuard no_grad;
+      y = a + hidden + c;
+    }
+    record("probe", {y}, {a, hidden, c}, {}, [&asked](const std::vector<Tensor>& g) {
+      asked = {input_grad_needed(0), input_grad_needed(1), input_grad_needed(2)};
+      return std::vector<Tensor>{g[0], g[0], Tensor()};
+    });
+    return sum(y);
+  };
+  CHECK(input_grad_needed(0));  // outside a closure
+  grad({probe()}, {a});
+  CHECK(asked == std::vector<bool>{true, false, false});
+  grad({probe()}, {b});  // through the non-leaf
+  CHECK(asked == std::vector<bool>{false, true, false});
+  const Tensor loss = probe();
+  grad({loss}, {hidden});  // a capture at the non-leaf itself
+  CHECK(asked == std::vector<bool>{false, true, false});
+  probe().backward();
+  CHECK(asked == std::vector<bool>{true, true, false});
+  CHECK(vals(b.grad()) == std::vector<double>{2, 2});
+
+  // A penalty through a convolution: its first pass, with respect to the images alone, computes
+  // no weight gradient; the second still reaches the weight, and gets what it gets when the first
+  // pass is asked for the weight's gradient too.
+  Tensor x = from_vector({0.5, -1, 2, 0.25, 1.5, -0.75, 1, 2, -2}, {1, 1, 3, 3}, f64).requires_grad_();
+  Tensor w = from_vector({1, -2, 0.5, 3}, {1, 1, 2, 2}, f64).requires_grad_();
+  const auto penalty_grad = [&](const std::vector<Tensor>& first_pass_inputs) {
+    const Tensor gx = grad({sum(square(conv2d(x, w)))}, first_pass_inputs, {}, {.create_graph = true})[0];
+    return vals(grad({sum(square(gx))}, {w})[0]);
+  };
+  const std::vector<double> pruned = penalty_grad({x});
+  CHECK(pruned == penalty_grad({x, w}));
+  CHECK(pruned != std::vector<double>(4, 0.0));
+}
+
 TEST_CASE("accumulated gradients are differentiable under create_graph") {
   Tensor x = from_vector({3}, {1}, f64).requires_grad_();
   sum(x * x * x).backward(Tensor(), false, /*create_graph=*/true);
