@@ -4,7 +4,8 @@
 # batch, Adam, norm, seed and threads. Prints the images/s of each (real images consumed by the critic
 # steps) and the ratio evenflow / PyTorch (> 1: evenflow is faster).
 #   scripts/bench_wgan_gp.sh [--steps N] [--warmup W] [--devices cuda:0] [--threads T] [--norm layernorm]
-#                            [--batch-size B] [--seed S] [--precision fp32|bf16] [--build DIR] [--data DIR]
+#                            [--batch-size B] [--seed S] [--precision fp32|bf16] [--rounds R] [--build DIR]
+#                            [--data DIR]
 # --precision bf16 runs the app with --precision bf16 and PyTorch under torch.autocast(bfloat16)
 # (wgan_gp_torch.py --autocast bf16): the mixed precision each offers, compared like with like.
 #   PYTHON=python3 scripts/bench_wgan_gp.sh ...   (PyTorch's interpreter; default: PyTorch 2.15 from PyPI
@@ -15,12 +16,15 @@
 # Sampling and the Frechet distance are kept out of the run (--sample-every/--fid-every past the end);
 # what the app does after its last step (a last sample, and a Frechet distance when
 # runs/classify/model.safetensors exists) is not timed.
+# --rounds R runs evenflow and PyTorch R times, taking turns, prints each round, and reports each side's
+# median: on a shared VM one side's rate can move by 30% from one minute to the next (docs/benchmarks.md,
+# "On an AMD Zen 4"), so a single round can tell the wrong story.
 # PyTorch runs on one device, the first --devices names (cuda:0,1 -> cuda:0; cpu:N -> cpu); with
 # several devices the ratio is evenflow data-parallel against PyTorch's single-device step.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-steps=50 warmup=5 devices=cuda:0 threads=$(nproc) norm=layernorm batch=64 seed=0 build=build precision=fp32
+steps=50 warmup=5 devices=cuda:0 threads=$(nproc) norm=layernorm batch=64 seed=0 build=build precision=fp32 rounds=1
 data=/usr/share/datasets/fashion-mnist
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -32,6 +36,7 @@ while [[ $# -gt 0 ]]; do
     --batch-size) batch=$2; shift 2 ;;
     --seed) seed=$2; shift 2 ;;
     --precision) precision=$2; shift 2 ;;
+    --rounds) rounds=$2; shift 2 ;;
     --build) build=$2; shift 2 ;;
     --data) data=$2; shift 2 ;;
     *) echo "bench_wgan_gp.sh: unknown argument $1" >&2; exit 2 ;;
@@ -39,6 +44,7 @@ while [[ $# -gt 0 ]]; do
 done
 [[ -x "$build/apps/wgan_gp" ]] || { echo "bench_wgan_gp.sh: $build/apps/wgan_gp not built (--build DIR)" >&2; exit 2; }
 [[ "$steps" =~ ^[1-9][0-9]*$ ]] || { echo "bench_wgan_gp.sh: --steps must be a positive integer, got $steps" >&2; exit 2; }
+[[ "$rounds" =~ ^[1-9][0-9]*$ ]] || { echo "bench_wgan_gp.sh: --rounds must be a positive integer, got $rounds" >&2; exit 2; }
 [[ "$warmup" =~ ^[0-9]+$ ]] || { echo "bench_wgan_gp.sh: --warmup must be a non-negative integer, got $warmup" >&2; exit 2; }
 case "$precision" in
   fp32) autocast=none ;;
@@ -61,38 +67,54 @@ total=$((warmup + steps))
 
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
-echo "== evenflow wgan_gp: $warmup warm-up + $steps timed generator steps, $devices, $threads thread(s), norm $norm, batch $batch, precision $precision" >&2
 # cuDNN's timed algorithm choice on both sides: wgan_gp_torch.py turns cudnn.benchmark on.
 cudnn=()
 [[ "$devices" == cuda* ]] && cudnn=(--cudnn-benchmark)
-"$build/apps/wgan_gp" --steps "$total" --devices "$devices" --threads "$threads" --norm "$norm" --precision "$precision" \
-  "${cudnn[@]}" --batch-size "$batch" --critic-steps "$critic_steps" --lr "$lr" --seed "$seed" --data "$data" \
-  --sample-every 1000000000 --fid-every 1000000000 --final-fid-samples 0 --out "$out/ef" >&2
-echo "== PyTorch $("$python" -c 'import torch; print(torch.__version__)') on $torch_device" >&2
-"$python" scripts/wgan_gp_torch.py --steps "$steps" --warmup "$warmup" --device "$torch_device" --threads "$threads" \
-  --norm "$norm" --batch-size "$batch" --critic-steps "$critic_steps" --lr "$lr" --seed "$seed" --data "$data" --autocast "$autocast" |
-  tee "$out/torch.txt" >&2
 
-# metrics.csv: step,critic_loss,generator_loss,wasserstein,frechet,frechet_floor,seconds,images_per_s
-# (cumulative seconds; the columns are found by name). Prints "images_per_s seconds_per_step".
-ef=$(awk -F, -v warmup="$warmup" -v steps="$steps" -v images="$((batch * critic_steps))" '
-  NR == 1 { for (i = 1; i <= NF; ++i) col[$i] = i; next }
-  $col["step"] == warmup { start = $col["seconds"] }
-  { last = $col["seconds"]; last_step = $col["step"] }
-  END {
-    if (last_step != warmup + steps) { print "metrics.csv ends at step " last_step > "/dev/stderr"; exit 1 }
-    s = last - start
-    printf "%.1f %.6f\n", steps * images / s, s / steps
-  }' "$out/ef/metrics.csv")
-th=$(awk '$1 == "images_per_s" { print $2, $4 }' "$out/torch.txt" | tail -n 1)
-[[ -n "$th" ]] || { echo "bench_wgan_gp.sh: no images_per_s line from wgan_gp_torch.py" >&2; exit 1; }
+# One round: evenflow, then PyTorch. Prints "evenflow_images_per_s evenflow_s_per_step pytorch_images_per_s
+# pytorch_s_per_step".
+one_round() {
+  echo "== evenflow wgan_gp: $warmup warm-up + $steps timed generator steps, $devices, $threads thread(s), norm $norm, batch $batch, precision $precision" >&2
+  rm -rf "$out/ef"
+  "$build/apps/wgan_gp" --steps "$total" --devices "$devices" --threads "$threads" --norm "$norm" --precision "$precision" \
+    "${cudnn[@]}" --batch-size "$batch" --critic-steps "$critic_steps" --lr "$lr" --seed "$seed" --data "$data" \
+    --sample-every 1000000000 --fid-every 1000000000 --final-fid-samples 0 --out "$out/ef" >&2
+  echo "== PyTorch $("$python" -c 'import torch; print(torch.__version__)') on $torch_device" >&2
+  "$python" scripts/wgan_gp_torch.py --steps "$steps" --warmup "$warmup" --device "$torch_device" --threads "$threads" \
+    --norm "$norm" --batch-size "$batch" --critic-steps "$critic_steps" --lr "$lr" --seed "$seed" --data "$data" --autocast "$autocast" |
+    tee "$out/torch.txt" >&2
+  # metrics.csv: step,critic_loss,generator_loss,wasserstein,frechet,frechet_floor,seconds,images_per_s
+  # (cumulative seconds; the columns are found by name).
+  local ef th
+  ef=$(awk -F, -v warmup="$warmup" -v steps="$steps" -v images="$((batch * critic_steps))" '
+    NR == 1 { for (i = 1; i <= NF; ++i) col[$i] = i; next }
+    $col["step"] == warmup { start = $col["seconds"] }
+    { last = $col["seconds"]; last_step = $col["step"] }
+    END {
+      if (last_step != warmup + steps) { print "metrics.csv ends at step " last_step > "/dev/stderr"; exit 1 }
+      s = last - start
+      printf "%.1f %.6f\n", steps * images / s, s / steps
+    }' "$out/ef/metrics.csv")
+  th=$(awk '$1 == "images_per_s" { print $2, $4 }' "$out/torch.txt" | tail -n 1)
+  [[ -n "$th" ]] || { echo "bench_wgan_gp.sh: no images_per_s line from wgan_gp_torch.py" >&2; exit 1; }
+  echo "$ef $th"
+}
+
+for ((r = 1; r <= rounds; ++r)); do one_round >>"$out/rounds.txt"; done
 case "$devices" in
   cpu | cpu:1 | cuda:[0-9] | cuda:[0-9][0-9]) ;;
   *) echo "note: evenflow ran on $devices (maybe several devices), PyTorch on one ($torch_device)" >&2 ;;
 esac
 echo
+if ((rounds > 1)); then
+  awk '{ printf "round %-4d evenflow %8.1f images/s  pytorch %8.1f images/s  ratio %.2f\n", NR, $1, $3, $1 / $3 }' "$out/rounds.txt"
+fi
+# The median of the rounds, each side on its own (one round: its figures).
+median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) }'; }
+ef_ips=$(awk '{ print $1 }' "$out/rounds.txt" | median)
+ef_sps=$(awk '{ print $2 }' "$out/rounds.txt" | median)
+th_ips=$(awk '{ print $3 }' "$out/rounds.txt" | median)
+th_sps=$(awk '{ print $4 }' "$out/rounds.txt" | median)
 printf '%-10s %12s %12s\n' "" "images/s" "s/step"
-read -r ef_ips ef_sps <<<"$ef"
-read -r th_ips th_sps <<<"$th"
 printf '%-10s %12.1f %12.4f\n' evenflow "$ef_ips" "$ef_sps" pytorch "$th_ips" "$th_sps"
 awk -v a="$ef_ips" -v b="$th_ips" 'BEGIN { printf "%-10s %12.2f   (evenflow / pytorch, > 1: evenflow faster)\n", "ratio", a / b }'
