@@ -8,8 +8,11 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdlib>
+#include <string>
+#include <vector>
 
 #include "evenflow/engine/cpu/onednn_plan.h"
+#include "evenflow/engine/cpu/threads.h"
 #include "evenflow/engine/device.h"
 #include "evenflow/engine/error.h"
 
@@ -173,6 +176,61 @@ void run(const ConvArgs& a, ConvPass pass, const void* in0, const void* in1, voi
   }
 }
 
+// Note [Weight gradients split by images]
+// oneDNN parallelizes a weight gradient inside the primitive and sums the threads' partial
+// gradients behind spin barriers. On wgan_gp's critic (32 -> 64 channels, 4x4, stride 2, 14x14
+// to 7x7, batch 64) its bfloat16 kernel without AMX (jit_bf16:avx512_core_bf16) takes 970-1070 us
+// on two threads, and 2100 us in streaks where the VM's other tenants intrude; on a CPU device
+// whose threads outnumber the cores it waited out whole time slices at its barriers (256 ms at
+// the 90th percentile: the step ran 12x slower). One thread on half the batch takes 640 us, two at
+// once too. So a weight gradient with a batch to share out runs as one single-threaded primitive
+// per thread, each on its own slice of the images into its own partial gradient, and the partials
+// are summed here, in thread order: the same result for the same team size, whatever the timing.
+// Where the partials would cost more to sum than the images cost to read (a weight as large as the
+// batch's input), oneDNN's own threading stays. Measured on the AMD Zen 4 VM, oneDNN 3.2
+// (docs/benchmarks.md, "On an AMD Zen 4"): classify's 5x5 stride-1 layer the same either way
+// (4.34 against 4.35 ms bfloat16, 7.47 against 7.41 float32).
+bool split_by_images(const ConvArgs& a, int threads) {
+  const int64_t weight = a.c_out * (a.c_in / a.groups) * a.kh * a.kw;
+  return threads > 1 && a.n >= threads && threads * weight <= a.n * a.c_in * a.h * a.w;
+}
+
+void weight_grad_split_by_images(const ConvArgs& a, int threads, float* gw, const float* x, const float* gy) {
+  const int64_t weight = a.c_out * (a.c_in / a.groups) * a.kh * a.kw;
+  const int64_t x_image = a.c_in * a.h * a.w, gy_image = a.c_out * a.oh * a.ow;
+  std::vector<float> partials(static_cast<size_t>(threads - 1) * static_cast<size_t>(weight));  // thread 0: gw
+  std::string failure;  // nothing may leave an OpenMP region by exception
+#pragma omp parallel num_threads(threads)
+  {
+    const int t = thread_index();
+    const int team = team_size();
+    const int64_t begin = a.n * t / team, end = a.n * (t + 1) / team;
+    ConvArgs slice = a;
+    slice.n = end - begin;
+    float* out = t == 0 ? gw : partials.data() + static_cast<size_t>(t - 1) * static_cast<size_t>(weight);
+    try {
+      // Before the plan is made: oneDNN sizes a primitive's threading for the team it is made in.
+      set_team_size(1);
+      execute_plan(plan_for(slice, ConvPass::WeightGrad, 1, false), 1, x + begin * x_image, gy + begin * gy_image, out);
+    } catch (const dnnl::error& e) {
+#pragma omp critical(ef_weight_grad_split)
+      if (failure.empty()) failure = "oneDNN failed (" + std::string(e.what()) + ")";
+    } catch (const std::exception& e) {
+#pragma omp critical(ef_weight_grad_split)
+      if (failure.empty()) failure = e.what();
+    }
+  }
+  if (!failure.empty())
+    EF_ERROR("conv2d_weight_grad: a thread's share of the images failed: ", failure, " (input [", a.n, ", ", a.c_in,
+             ", ", a.h, ", ", a.w, "], weight [", a.c_out, ", ", a.c_in / a.groups, ", ", a.kh, ", ", a.kw, "])");
+  // The partials start at zero: a team smaller than asked for (OpenMP may give fewer threads) adds
+  // nothing for the threads it lacked.
+  for (int t = 1; t < threads; ++t) {
+    const float* p = partials.data() + static_cast<size_t>(t - 1) * static_cast<size_t>(weight);
+    for (int64_t i = 0; i < weight; ++i) gw[i] += p[i];
+  }
+}
+
 }  // namespace
 
 // Note [oneDNN convolution dispatch]
@@ -213,6 +271,11 @@ void onednn_conv2d_input_grad(const ConvArgs& args, float* gx, const float* gy, 
 }
 
 void onednn_conv2d_weight_grad(const ConvArgs& args, float* gw, const float* x, const float* gy) {
+  const int threads = std::max(1, kernel_threads());
+  if (split_by_images(args, threads)) {
+    weight_grad_split_by_images(args, threads, gw, x, gy);
+    return;
+  }
   run(args, ConvPass::WeightGrad, x, gy, gw);
 }
 

@@ -165,13 +165,17 @@ struct Reference {
   std::vector<double> want, magnitude;
 };
 
-Reference reference(const ConvArgs& a, Pass pass, uint32_t seed) {
+// With bf16_inputs the inputs are bfloat16 values, which a bfloat16 kernel multiplies unrounded.
+Reference reference(const ConvArgs& a, Pass pass, uint32_t seed, bool bf16_inputs = false) {
   std::mt19937 rng(seed);
   std::normal_distribution<double> normal;
   Operands<double> o = operands<double>(a);
   // Inputs are drawn in float32 so that both sides multiply the same numbers.
   for (std::vector<double>* v : {&o.x, &o.w, &o.y, &o.b})
-    for (double& e : *v) e = static_cast<float>(normal(rng));
+    for (double& e : *v) {
+      const auto drawn = static_cast<float>(normal(rng));
+      e = bf16_inputs ? static_cast<float>(bfloat16(drawn)) : drawn;
+    }
   Reference r;
   r.inputs = operands<float>(a);
   for (auto [d, f] : {std::pair{&o.x, &r.inputs.x}, std::pair{&o.w, &r.inputs.w}, std::pair{&o.y, &r.inputs.y},
@@ -281,6 +285,35 @@ TEST_CASE("conv float32: two threads convolving different shapes at once get the
 }
 
 #if EF_ONEDNN
+// Note [Weight gradients split by images] in engine/cpu/onednn_conv.cpp: teams of 2 and 3 threads
+// share out the images (3 in slices of unequal size), a team of 1 runs oneDNN's own primitive; each
+// gets the float64 result, float32 and bfloat16 operands alike.
+TEST_CASE("conv weight gradient on teams of 1, 2 and 3 threads, the images split among them, equals float64") {
+  const int threads_before = num_threads();
+  uint32_t seed = 500;
+  for (const Geometry& g : geometries()) {
+    for (DType compute : {kFloat32, kBFloat16}) {
+      ConvArgs a = g.args();
+      a.compute = compute;
+      // Elsewhere the op rounds bfloat16 operands for the float32 kernels (the float32 case).
+      if (compute == kBFloat16 && !cpu_backend::onednn_takes_bf16(a, ConvPass::WeightGrad)) continue;
+      const Reference r = reference(a, kWeightGrad, seed++, compute == kBFloat16);
+      for (int threads : {1, 2, 3}) {
+        CAPTURE(g.name);
+        CAPTURE(dtype_name(compute));
+        CAPTURE(threads);
+        set_num_threads(threads);
+        Operands<float> o = r.inputs;
+        std::fill(o.w.begin(), o.w.end(), NAN);  // every element must be written
+        onednn_pass(a, kWeightGrad, o);
+        const std::string bad = mismatch(o.w, r);
+        CHECK_MESSAGE(bad.empty(), bad);
+      }
+    }
+  }
+  set_num_threads(threads_before);
+}
+
 TEST_CASE("conv float32: a case oneDNN refuses is an ef::Error naming the op and the geometry") {
   // 3 output channels in 2 groups: oneDNN rejects the descriptor (the dispatch never sends this).
   const ConvArgs a = Geometry{"3x3 groups 2", 1, 2, 5, 5, 3, 3, 3, 1, 1, 0, 0, 1, 1, 2}.args();
