@@ -89,13 +89,20 @@ class Reader {
   size_t at_ = 0;
 };
 
-// The start of bytes that are not a batch, if they read as text (Ray's failure descriptions).
+// What bytes that are not a batch say: their runs of 4 or more printable characters, up to 300 (Ray
+// hands some failures over as the result: plain text, or a message inside msgpack framing).
 std::string quote(std::string_view bytes) {
-  const std::string_view head = bytes.substr(0, 300);
-  const bool text = std::all_of(head.begin(), head.end(), [](char c) {
+  const auto printable = [](char c) {
     return std::isprint(static_cast<unsigned char>(c)) != 0 || c == '\n' || c == '\t';
-  });
-  return text && !head.empty() ? ": \"" + std::string(head) + (bytes.size() > head.size() ? "...\"" : "\"") : "";
+  };
+  std::string text;
+  for (size_t i = 0; i < bytes.size() && text.size() < 300; ++i) {
+    const size_t start = i;
+    while (i < bytes.size() && printable(bytes[i])) ++i;
+    if (i - start >= 4) text += (text.empty() ? "" : " ") + std::string(bytes.substr(start, i - start));
+  }
+  if (text.empty()) return "";
+  return ": \"" + text.substr(0, 300) + (text.size() > 300 ? "...\"" : "\"");
 }
 
 }  // namespace

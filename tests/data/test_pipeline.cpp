@@ -77,6 +77,10 @@ TEST_CASE("pipeline: decode_batch refuses damaged, truncated and foreign bytes, 
   CHECK(error_of([&] {
           decode_batch("The raylet died unexpectedly", "batch 9");
         }).find("\"The raylet died unexpectedly\"") != std::string::npos);
+  // Or as a message in binary framing (msgpack): the text in it.
+  CHECK(error_of([&] {
+          decode_batch(std::string("\x92\x01\xda\x00\x1aWorker exited unexpectedly\x00\xc3", 33), "batch 9");
+        }).find("\"Worker exited unexpectedly\"") != std::string::npos);
   CHECK(error_of([&] { encode_batch(Batch{}); }).find("undefined") != std::string::npos);
 }
 
