@@ -33,33 +33,39 @@ add_library(ef_ray_api SHARED IMPORTED GLOBAL)
 set_target_properties(ef_ray_api PROPERTIES IMPORTED_LOCATION "${EF_RAY_CPP}/lib/libray_api.so"
   IMPORTED_NO_SONAME TRUE INTERFACE_INCLUDE_DIRECTORIES "${EF_RAY_CPP}/include")
 
-# ef_add_ray_driver(<pipelines source> [LIBRARIES <libs>]): the task library ef_ray_tasks (the
-# source defines data::make_ray_pipeline, data/ray/make_pipeline.h) and the driver ef_ray_driver
-# next to it, whose path RayBatches uses by default. Ray's files are compiled with the old string ABI
+# ef_add_ray_driver(<driver> <task library> <pipelines source> [LIBRARIES <libs>] [DEFAULT]): the
+# task library (the source defines data::make_ray_pipeline, data/ray/make_pipeline.h) and the
+# driver executable linked to it; DEFAULT: the driver RayBatches uses when RayOptions::driver is
+# empty (the programs'). Workers load every library in the task library's folder: give each task
+# library a folder of its own. Ray's files are compiled with the old string ABI
 # (_GLIBCXX_USE_CXX11_ABI=0, as libray_api.so was: without it ray::Init crashes); nothing of the
 # standard library crosses between them and the rest (worker.h).
-function(ef_add_ray_driver pipelines)
-  cmake_parse_arguments(arg "" "" "LIBRARIES" ${ARGN})
+function(ef_add_ray_driver driver tasks pipelines)
+  cmake_parse_arguments(arg "DEFAULT" "" "LIBRARIES" ${ARGN})
   set(dir ${PROJECT_SOURCE_DIR}/data/ray)
-  # The normal-ABI half of a task: the pipeline cache and make_batch behind a C boundary (worker.h).
-  add_library(ef_ray_worker OBJECT ${dir}/worker.cpp)
-  target_link_libraries(ef_ray_worker PRIVATE ef_data ef_options)
-  add_library(ef_ray_task OBJECT ${dir}/task.cpp)
-  target_compile_definitions(ef_ray_task PRIVATE _GLIBCXX_USE_CXX11_ABI=0)
-  # Ray's headers (Boost, msgpack) are not warning-clean: included as system headers, without -Werror.
-  target_include_directories(ef_ray_task SYSTEM PRIVATE ${EF_RAY_CPP}/include)
-  target_include_directories(ef_ray_task PRIVATE ${PROJECT_SOURCE_DIR})
-  add_library(ef_ray_tasks SHARED ${pipelines})
-  target_link_libraries(ef_ray_tasks PRIVATE ef_ray_task ef_ray_worker ef_data ef_options ${arg_LIBRARIES} ef_ray_api)
+  if(NOT TARGET ef_ray_worker)
+    # The normal-ABI half of a task: the pipeline cache and make_batch behind a C boundary (worker.h).
+    add_library(ef_ray_worker OBJECT ${dir}/worker.cpp)
+    target_link_libraries(ef_ray_worker PRIVATE ef_data ef_options)
+    add_library(ef_ray_task OBJECT ${dir}/task.cpp)
+    target_compile_definitions(ef_ray_task PRIVATE _GLIBCXX_USE_CXX11_ABI=0)
+    # Ray's headers (Boost, msgpack) are not warning-clean: included as system headers, without -Werror.
+    target_include_directories(ef_ray_task SYSTEM PRIVATE ${EF_RAY_CPP}/include)
+    target_include_directories(ef_ray_task PRIVATE ${PROJECT_SOURCE_DIR})
+  endif()
+  add_library(${tasks} SHARED ${pipelines})
+  target_link_libraries(${tasks} PRIVATE ef_ray_task ef_ray_worker ef_data ef_options ${arg_LIBRARIES} ef_ray_api)
   # Workers dlopen this library and look its tasks up by name: keep the link to libray_api.so even
   # though nothing here calls it directly, or registration finds no runtime (RayFunctionNotFound).
-  target_link_options(ef_ray_tasks PRIVATE -Wl,--no-as-needed)
+  target_link_options(${tasks} PRIVATE -Wl,--no-as-needed)
 
-  add_executable(ef_ray_driver ${dir}/driver.cpp)
-  target_compile_definitions(ef_ray_driver PRIVATE _GLIBCXX_USE_CXX11_ABI=0)
-  target_include_directories(ef_ray_driver SYSTEM PRIVATE ${EF_RAY_CPP}/include)
-  target_include_directories(ef_ray_driver PRIVATE ${PROJECT_SOURCE_DIR})
-  target_link_libraries(ef_ray_driver PRIVATE ef_ray_tasks ef_ray_api)
-  target_link_options(ef_ray_driver PRIVATE -Wl,--no-as-needed)
-  target_compile_definitions(ef_data PRIVATE EF_RAY_DRIVER="$<TARGET_FILE:ef_ray_driver>")
+  add_executable(${driver} ${dir}/driver.cpp)
+  target_compile_definitions(${driver} PRIVATE _GLIBCXX_USE_CXX11_ABI=0)
+  target_include_directories(${driver} SYSTEM PRIVATE ${EF_RAY_CPP}/include)
+  target_include_directories(${driver} PRIVATE ${PROJECT_SOURCE_DIR})
+  target_link_libraries(${driver} PRIVATE ${tasks} ef_ray_api)
+  target_link_options(${driver} PRIVATE -Wl,--no-as-needed)
+  if(arg_DEFAULT)
+    target_compile_definitions(ef_data PRIVATE EF_RAY_DRIVER="$<TARGET_FILE:${driver}>")
+  endif()
 endfunction()
