@@ -148,7 +148,7 @@ std::vector<std::pair<std::vector<double>, std::vector<int64_t>>> epoch_batches(
     out.emplace_back(b.images.to_vector(), b.labels.to_int_vector());
     if (kill_after.count(static_cast<int>(out.size())) > 0) {
       const int n = kill_ray_workers();
-      *killed += n;
+      if (killed != nullptr) *killed += n;
       MESSAGE("killed ", n, " Ray workers after batch ", out.size());
     }
   }
