@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Benchmark: oneDNN's bfloat16 convolutions against its float32 ones on wgan_gp's two convolution
-# shapes, each pass alone and with the reorders engine/cpu/onednn_conv.cpp runs around it, in the
-# oneDNN 3.2 evenflow links (scripts/setup.sh) and, when Debian's libdnnl-dev is installed, in its
-# 2.6 too, in the same run: why evenflow moved to 3.x (docs/benchmarks.md, "Mixed precision").
+# shapes, each pass alone and with the reorders engine/cpu/onednn_conv.cpp runs around it, and
+# again with the activations channels-last on both sides (what keeping them in that layout would
+# save), in the oneDNN 3.2 evenflow links (scripts/setup.sh) and, when Debian's libdnnl-dev is
+# installed, in its 2.6 too, in the same run: why evenflow moved to 3.x (docs/benchmarks.md,
+# "Mixed precision"), and the lever left on an AMD Zen 4 ("On an AMD Zen 4").
 #   bash scripts/bench_onednn_bf16.sh [--threads N] [--batch B]
 set -euo pipefail
 cd "$(dirname "$0")/.."
