@@ -107,6 +107,10 @@ struct ConvArgs {
   // BFloat16: the float32 operands are multiplied as bfloat16 (rounded by the kernel) with float32
   // accumulation; only where the backend said it can (Backend::bf16_conv). Float32: as given.
   DType compute = DType::Float32;
+  // The activations (x and y, or their gradients) are channels-last: NCHW-shaped views with NHWC
+  // strides (Note [Channels-last] in ops.h); only where the backend said it can
+  // (Backend::channels_last_conv). The weight is OIHW either way.
+  bool channels_last = false;
 };
 
 // The three passes of a convolution, for Backend::bf16_conv.
@@ -181,8 +185,8 @@ class Backend {
     return false;
   }
 
-  // Convolution kernels; every view is contiguous. conv2d_input_grad and conv2d_weight_grad
-  // overwrite their outputs. conv2d adds `bias` ([c_out]; an empty view when there is none) to every
+  // Convolution kernels; every view is contiguous, but the activations where args.channels_last. conv2d_input_grad and
+  // conv2d_weight_grad overwrite their outputs. conv2d adds `bias` ([c_out]; an empty view when there is none) to every
   // output channel, inside the convolution where the kernel can, saving a pass over y.
   virtual void conv2d(const ConvArgs& args, const View& y, const View& x, const View& w, const View& bias) = 0;
   virtual void conv2d_input_grad(const ConvArgs& args, const View& gx, const View& gy, const View& w) = 0;
@@ -194,6 +198,15 @@ class Backend {
   virtual bool bf16_conv(const ConvArgs& args, ConvPass pass) {
     (void)args;
     (void)pass;
+    return false;
+  }
+  // Whether this backend runs `pass` of this convolution of `dtype` tensors on channels-last
+  // activations (ConvArgs::channels_last, with args.compute final); otherwise the op gives it
+  // contiguous ones.
+  virtual bool channels_last_conv(const ConvArgs& args, ConvPass pass, DType dtype) {
+    (void)args;
+    (void)pass;
+    (void)dtype;
     return false;
   }
 

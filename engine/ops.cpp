@@ -79,6 +79,23 @@ std::vector<int64_t> normalize_dims(const Shape& dims, int64_t ndim, const char*
   return out;
 }
 
+Tensor empty_in_format(const Tensor& t, const Shape& shape, MemoryFormat format) {
+  if (format == MemoryFormat::Contiguous) return empty_like_shape(t, shape);
+  EF_ASSERT(shape.size() == 4, "empty_in_format: channels-last needs a 4-D shape");
+  const Tensor nhwc = empty_like_shape(t, {shape[0], shape[2], shape[3], shape[1]});
+  return make_view(nhwc, shape, channels_last_strides(shape), 0);
+}
+
+MemoryFormat format_for(const Shape& shape, std::initializer_list<const Tensor*> operands) {
+  for (const Tensor* t : operands) {
+    if (t->shape() != shape) continue;
+    if (t->is_channels_last()) return MemoryFormat::ChannelsLast;
+    if (t->is_contiguous()) return MemoryFormat::Contiguous;
+    // else an expanded or strided view: it has no layout to keep
+  }
+  return MemoryFormat::Contiguous;
+}
+
 }  // namespace detail
 
 using detail::backend_of;
@@ -89,7 +106,7 @@ namespace {
 // --- Elementwise helpers -------------------------------------------------------------------------
 
 Tensor unary_kernel(const Tensor& x, UnaryOp op, double a = 0, double b = 0) {
-  Tensor y = detail::empty_like_shape(x, x.shape());
+  Tensor y = detail::empty_in_format(x, x.shape(), detail::format_for(x.shape(), {&x}));
   if (y.numel() > 0) backend_of(x).unary(op, y.view(), x.view(), a, b);
   return y;
 }
@@ -107,7 +124,7 @@ Tensor unary_op(const char* name, UnaryOp op, const Tensor& x, UnaryGrad grad_fn
 Tensor binary_kernel(const char* name, BinaryOp op, const Tensor& a, const Tensor& b) {
   detail::check_compatible(name, a, b);
   const Shape shape = detail::broadcast_shapes(name, a.shape(), b.shape());
-  Tensor y = detail::empty_like_shape(a, shape);
+  Tensor y = detail::empty_in_format(a, shape, detail::format_for(shape, {&a, &b}));
   if (y.numel() > 0)
     backend_of(a).binary(op, y.view(), detail::broadcast_view(a, shape), detail::broadcast_view(b, shape));
   return y;
@@ -291,7 +308,7 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   detail::check_compatible("where", cond, a, "condition", "first input");
   const Shape shape =
       detail::broadcast_shapes("where", cond.shape(), detail::broadcast_shapes("where", a.shape(), b.shape()));
-  Tensor y = detail::empty_like_shape(a, shape);
+  Tensor y = detail::empty_in_format(a, shape, detail::format_for(shape, {&a, &b}));
   if (y.numel() > 0)
     backend_of(a).where(y.view(), detail::broadcast_view(cond, shape), detail::broadcast_view(a, shape),
                         detail::broadcast_view(b, shape));
@@ -814,7 +831,29 @@ Tensor clone(const Tensor& x) {
   detail::check_defined("clone", x);
   Tensor y = detail::empty_like_shape(x, x.shape());
   if (x.numel() > 0) backend_of(x).copy(y.view(), x.view());
-  record("clone", {y}, {x}, {}, [](const Grads& g) { return Grads{g[0]}; });
+  // A channels-last x gets its gradient channels-last, so that the backward past the copy (a
+  // flatten's, say) keeps the layout the forward had (Note [Channels-last] in ops.h).
+  const MemoryFormat layout = x.is_channels_last() ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous;
+  record("clone", {y}, {x}, {}, [layout](const Grads& g) { return Grads{contiguous(g[0], layout)}; });
+  return y;
+}
+
+Tensor contiguous(const Tensor& x, MemoryFormat format) {
+  detail::check_defined("contiguous", x);
+  if (format == MemoryFormat::Contiguous) return x.contiguous();
+  EF_CHECK(x.dim() == 4, "contiguous: channels-last needs a 4-D [N, C, H, W] tensor, got ", x.str());
+  if (x.is_channels_last()) return x;
+  const Shape strides = channels_last_strides(x.shape());
+  bool same_memory = true;  // the strides differ only where a dim has size 1
+  for (size_t d = 0; d < 4; ++d) same_memory = same_memory && (x.shape()[d] == 1 || x.strides()[d] == strides[d]);
+  Tensor y;
+  if (same_memory) {
+    y = make_view(x, x.shape(), strides, x.offset());
+  } else {
+    y = detail::empty_in_format(x, x.shape(), format);
+    if (x.numel() > 0) backend_of(x).copy(y.view(), x.view());
+  }
+  record("contiguous", {y}, {x}, {}, [](const Grads& g) { return Grads{g[0]}; });
   return y;
 }
 

@@ -36,7 +36,7 @@ namespace evenflow {
   /* reductions */ X(sum) X(mean) X(var) X(max) X(amax) X(norm) X(sum_to)                               \
   /* shape */ X(reshape) X(permute) X(transpose) X(slice) X(select) X(cat) X(stack) X(split) X(chunk)   \
   X(expand) X(flatten) X(squeeze) X(unsqueeze) X(pad)                                                   \
-  /* copies */ X(clone) X(to_dtype) X(to_device)                                                        \
+  /* copies */ X(clone) X(contiguous) X(to_dtype) X(to_device)                                                        \
   /* linear algebra, convolution */ X(matmul) X(linear) X(conv2d) X(conv2d_input_grad)                  \
   X(conv2d_weight_grad) X(conv_transpose2d)                                                             \
   /* pooling, resampling */ X(max_pool2d) X(avg_pool2d) X(adaptive_avg_pool2d) X(upsample_bilinear2d)   \
@@ -237,6 +237,27 @@ Tensor slice_backward(const Tensor& g, const Shape& input_shape, int64_t dim, in
 
 /// A new contiguous copy of x (any dtype). Backward: g.
 Tensor clone(const Tensor& x);
+/// Note [Channels-last]
+/// A 4-D [N, C, H, W] tensor may be stored channels-last ([N, H, W, C] in memory, strides
+/// channels_last_strides(): Tensor::is_channels_last()), the layout oneDNN's fastest CPU
+/// convolutions run on without reordering (docs/benchmarks.md, "Channels-last"). Its shape, its
+/// indexing and every op's result are the same as a contiguous tensor's, to rounding (a reduction
+/// sums in memory order); only speed differs. Who chooses it: a convolution asked to by
+/// Conv2dOptions::memory_format (nn::Conv2dConfig::channels_last), for its output and, in its
+/// backward, the input's gradient, in the passes its backend runs on channels-last activations
+/// (Backend::channels_last_conv: oneDNN's float32 and bfloat16 CPU paths); the other passes
+/// (float64, CUDA, our own CPU kernels) take contiguous copies and give contiguous results, so the
+/// option costs nothing where it does not help. Who keeps it, as PyTorch's channels_last does: elementwise ops give a channels-last
+/// result where the first operand of the result's shape is one; layer_norm over [C, H, W] does;
+/// clone (and so a reshape or flatten that must copy) gives a contiguous result, and its gradient
+/// back in the input's layout, so that a backward keeps the forward's layouts. Everything else
+/// (batch_norm, pooling, ...) gives contiguous results. `x.contiguous(MemoryFormat::ChannelsLast)`
+/// converts a tensor (a view when x has one channel: the same memory).
+///
+/// x in `format`: x itself when it is already (is_contiguous(), is_channels_last()), a view when its
+/// memory already is (a size-1 dim's stride aside), else a copy. ChannelsLast needs a 4-D x
+/// (ef::Error otherwise). Backward: g.
+Tensor contiguous(const Tensor& x, MemoryFormat format);
 /// x converted to dtype t; x itself when it already has it. Recorded only between float32 and
 /// float64 (a conversion to or from int64 carries no gradient). Backward: g.to(x.dtype).
 Tensor to_dtype(const Tensor& x, DType t);
@@ -287,6 +308,10 @@ struct Conv2dOptions {
 
   int64_t groups = 1;        ///< channel groups (positive); divides the input and output channels
   DType compute = kFloat32;  ///< kBFloat16: bfloat16-rounded operands (Note [bfloat16 compute])
+  /// ChannelsLast: the passes the backend runs on channels-last activations take and give them
+  /// (y, and in the backward the input's gradient); the others stay contiguous (Note
+  /// [Channels-last]). Any input layout is taken either way.
+  MemoryFormat memory_format = MemoryFormat::Contiguous;
 };
 /// x [N, C, H, W], weight [O, C/groups, kh, kw], bias [O] (optional) -> [N, O, OH, OW], with
 /// OH = (H + 2·padding - dilation·(kh - 1) - 1)/stride + 1 (rounded down), likewise OW; a padded

@@ -87,27 +87,42 @@ GemmOperand gemm_operand(const Tensor& t_in, const Shape& batch_shape) {
 Tensor operand_for(const char* op, const Tensor& t, DType compute) {
   if (compute != kBFloat16) return t;
   EF_CHECK(t.dtype() == kFloat32, op, ": bfloat16 compute takes float32 operands, got ", dtype_name(t.dtype()));
-  Tensor rounded = detail::empty_like_shape(t, t.shape());
+  Tensor rounded = detail::empty_in_format(t, t.shape(), detail::format_for(t.shape(), {&t}));
   if (t.numel() > 0) backend_of(t).unary(UnaryOp::RoundBfloat16, rounded.view(), t.view(), 0.0, 0.0);
   return rounded;
 }
 
 // A convolution pass's geometry for the backend, and the operands it is given: with bfloat16
 // compute, the unrounded operands where the backend multiplies in bfloat16 itself (oneDNN's
-// bfloat16 kernels), else operand_for's. Contiguous either way.
+// bfloat16 kernels), else operand_for's. Contiguous, but the activations (every operand but the
+// weight) channels-last where `layout` asks for it and the backend runs the pass on them (Note
+// [Channels-last] in ops.h).
 struct ConvCall {
   ConvArgs args;
   Tensor in0, in1;
 };
-ConvCall conv_call(const char* op, ConvArgs a, ConvPass pass, const Tensor& in0, const Tensor& in1, DType compute) {
+ConvCall conv_call(const char* op, ConvArgs a, ConvPass pass, const Tensor& in0, const Tensor& in1, DType compute,
+                   MemoryFormat layout) {
+  bool backend_rounds = false;
   if (compute == kBFloat16) {
     for (const Tensor* t : {&in0, &in1})
       EF_CHECK(t->dtype() == kFloat32, op, ": bfloat16 compute takes float32 operands, got ", dtype_name(t->dtype()));
     a.compute = DType::BFloat16;
-    if (backend_of(in0).bf16_conv(a, pass)) return {a, in0.contiguous(), in1.contiguous()};
-    a.compute = DType::Float32;
+    backend_rounds = backend_of(in0).bf16_conv(a, pass);
+    if (!backend_rounds) a.compute = DType::Float32;
   }
-  return {a, operand_for(op, in0, compute).contiguous(), operand_for(op, in1, compute).contiguous()};
+  a.channels_last = layout == MemoryFormat::ChannelsLast && backend_of(in0).channels_last_conv(a, pass, in0.dtype());
+  const MemoryFormat activations = a.channels_last ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous;
+  const Tensor x0 = backend_rounds ? in0 : operand_for(op, in0, compute);
+  const Tensor x1 = backend_rounds ? in1 : operand_for(op, in1, compute);
+  // The second operand is the weight but in the weight gradient, where it is the output's gradient.
+  return {a, x0.contiguous(activations),
+          x1.contiguous(pass == ConvPass::WeightGrad ? activations : MemoryFormat::Contiguous)};
+}
+
+// An empty activation for a pass to write: in the layout the backend runs it on.
+Tensor empty_activation(const Tensor& like, const Shape& shape, const ConvArgs& a) {
+  return detail::empty_in_format(like, shape, a.channels_last ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous);
 }
 
 }  // namespace
@@ -270,11 +285,13 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const C
     EF_CHECK(bias.dim() == 1 && bias.size(0) == a.c_out, "conv2d: bias has shape ", shape_str(bias.shape()),
              ", expected [", a.c_out, "]");
   }
-  Tensor y = detail::empty_like_shape(x, {a.n, a.c_out, a.oh, a.ow});
+  const Shape y_shape{a.n, a.c_out, a.oh, a.ow};
+  Tensor y = detail::empty_like_shape(x, y_shape);
   // The bias is added by the kernel (one pass over y fewer than a separate add); its gradient is
   // the output gradient summed over batch and space.
   if (y.numel() > 0) {
-    const ConvCall c = conv_call("conv2d", a, ConvPass::Forward, x, weight, o.compute);
+    const ConvCall c = conv_call("conv2d", a, ConvPass::Forward, x, weight, o.compute, o.memory_format);
+    y = empty_activation(x, y_shape, c.args);
     backend_of(x).conv2d(c.args, y.view(), c.in0.view(), c.in1.view(),
                          bias.defined() ? bias.contiguous().view() : View{});
   }
@@ -294,7 +311,8 @@ Tensor conv2d_input_grad(const Tensor& gy, const Tensor& weight, const Shape& in
            shape_str(gy.shape()), ", the convolution's output is ", shape_str({a.n, a.c_out, a.oh, a.ow}));
   Tensor gx = detail::empty_like_shape(gy, input_shape);
   if (gx.numel() > 0) {
-    const ConvCall c = conv_call("conv2d_input_grad", a, ConvPass::InputGrad, gy, weight, o.compute);
+    const ConvCall c = conv_call("conv2d_input_grad", a, ConvPass::InputGrad, gy, weight, o.compute, o.memory_format);
+    gx = empty_activation(gy, input_shape, c.args);
     backend_of(gy).conv2d_input_grad(c.args, gx.view(), c.in0.view(), c.in1.view());
   }
   record("conv2d_input_grad", {gx}, {gy, weight}, {gy, weight}, [gy, weight, o](const Grads& g) {
@@ -315,7 +333,7 @@ Tensor conv2d_weight_grad(const Tensor& x, const Tensor& gy, const Shape& weight
     if (x.numel() == 0)
       backend_of(x).fill(gw.view(), 0.0);
     else {
-      const ConvCall c = conv_call("conv2d_weight_grad", a, ConvPass::WeightGrad, x, gy, o.compute);
+      const ConvCall c = conv_call("conv2d_weight_grad", a, ConvPass::WeightGrad, x, gy, o.compute, o.memory_format);
       backend_of(x).conv2d_weight_grad(c.args, gw.view(), c.in0.view(), c.in1.view());
     }
   }
@@ -689,7 +707,34 @@ struct Normalization {
   Shape affine_shape;  // weight and bias broadcast against x
   Shape affine_dims;   // the dims gw and gb sum over
   Shape param_shape;   // weight's and bias's own shape
+  // A channels-last input normalized over its [C, H, W] (layer_norm of a 4-D tensor): a group is
+  // then still one contiguous block, in H, W, C order (Note [Channels-last] in ops.h).
+  bool takes_channels_last = false;
 };
+
+// The [N, C, H, W] tensor t as the [N, H, W, C] view of its memory; no autograd.
+Tensor nhwc_view(const Tensor& t) {
+  const Shape& s = t.shape();
+  const Shape& st = t.strides();
+  return make_view(t, {s[0], s[2], s[3], s[1]}, {st[0], st[2], st[3], st[1]}, t.offset());
+}
+// A [C, H, W] affine parameter in H, W, C order, as a channels-last group meets it; no autograd.
+Tensor hwc_copy(const Tensor& p) {
+  const Shape& s = p.shape();
+  const Shape& st = p.strides();
+  return make_view(p, {s[1], s[2], s[0]}, {st[1], st[2], st[0]}, p.offset()).contiguous();
+}
+// The [H, W, C] gradient of an affine parameter back in [C, H, W] order.
+Tensor chw_copy(const Tensor& g) {
+  const Shape& s = g.shape();
+  const Shape& st = g.strides();
+  return make_view(g, {s[2], s[0], s[1]}, {st[2], st[0], st[1]}, g.offset()).contiguous();
+}
+
+// Whether normalize runs on x channels-last (else on a contiguous copy).
+bool normalizes_channels_last(const Normalization& n, const Tensor& x) {
+  return n.takes_channels_last && x.is_channels_last();
+}
 
 // The sum of t over n.affine_dims, shaped like weight.
 Tensor sum_to_param(const Normalization& n, const Tensor& t) {
@@ -699,19 +744,30 @@ Tensor sum_to_param(const Normalization& n, const Tensor& t) {
 // The first-order gradients of normalize (no graph of them needed): one backend kernel.
 detail::Grads normalize_backward(const Normalization& n, const Tensor& gy, const Tensor& x, const Tensor& mean,
                                  const Tensor& rstd, const Tensor& weight, const Tensor& bias) {
-  const Tensor xc = x.contiguous(), gyc = gy.contiguous();
+  const bool nhwc = normalizes_channels_last(n, x);
+  const MemoryFormat layout = nhwc ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous;
+  // The kernel's operands: contiguous, or channels-last ones seen as [N, H, W, C] with the affine
+  // parameters (and their gradients) in H, W, C order.
+  const auto flat = [nhwc](const Tensor& t) { return nhwc ? nhwc_view(t) : t; };
+  const Shape param_shape = nhwc ? Shape{n.param_shape[1], n.param_shape[2], n.param_shape[0]} : n.param_shape;
+  const Tensor xc = x.contiguous(layout), gyc = gy.contiguous(layout);
   Tensor gx, gw, gb;
-  if (x.requires_grad()) gx = detail::empty_like_shape(x, x.shape());
-  if (weight.defined() && weight.requires_grad()) gw = detail::empty_like_shape(x, n.param_shape);
-  if (bias.defined() && bias.requires_grad()) gb = detail::empty_like_shape(x, n.param_shape);
+  if (x.requires_grad()) gx = detail::empty_in_format(x, x.shape(), layout);
+  if (weight.defined() && weight.requires_grad()) gw = detail::empty_like_shape(x, param_shape);
+  if (bias.defined() && bias.requires_grad()) gb = detail::empty_like_shape(x, param_shape);
   if (x.numel() > 0) {
-    const auto view_or_none = [](const Tensor& t) { return t.defined() ? t.view() : View{}; };
-    backend_of(x).normalize_backward(n.args, view_or_none(gx), view_or_none(gw), view_or_none(gb), gyc.view(),
-                                     xc.view(), mean.view(), rstd.view(),
-                                     weight.defined() ? weight.contiguous().view() : View{});
+    const auto view_or_none = [&flat](const Tensor& t) { return t.defined() ? flat(t).view() : View{}; };
+    const Tensor w = !weight.defined() ? Tensor() : nhwc ? hwc_copy(weight) : weight.contiguous();
+    backend_of(x).normalize_backward(n.args, view_or_none(gx), gw.defined() ? gw.view() : View{},
+                                     gb.defined() ? gb.view() : View{}, flat(gyc).view(), flat(xc).view(), mean.view(),
+                                     rstd.view(), w.defined() ? w.view() : View{});
   } else {
     for (Tensor* t : {&gw, &gb})
       if (t->defined()) t->fill_(0.0);
+  }
+  if (nhwc) {
+    for (Tensor* t : {&gw, &gb})
+      if (t->defined()) *t = chw_copy(*t);
   }
   return {gx, gw, gb};
 }
@@ -722,13 +778,18 @@ struct Normalized {
 };
 
 Normalized normalize(const Normalization& n, const Tensor& x_in, const Tensor& weight, const Tensor& bias) {
-  const Tensor x = x_in.contiguous();
-  Normalized out{detail::empty_like_shape(x, x.shape()), detail::empty_like_shape(x, n.stat_shape),
-                 detail::empty_like_shape(x, n.stat_shape)};
+  const bool nhwc = normalizes_channels_last(n, x_in);
+  const Tensor x = nhwc ? x_in : x_in.contiguous();
+  Normalized out{detail::empty_in_format(x, x.shape(), nhwc ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous),
+                 detail::empty_like_shape(x, n.stat_shape), detail::empty_like_shape(x, n.stat_shape)};
   if (x.numel() > 0) {
-    backend_of(x).normalize(n.args, out.y.view(), out.mean.view(), out.var.view(), x.view(),
-                            weight.defined() ? weight.contiguous().view() : View{},
-                            bias.defined() ? bias.contiguous().view() : View{});
+    const auto param = [nhwc](const Tensor& p) {
+      return !p.defined() ? Tensor() : nhwc ? hwc_copy(p) : p.contiguous();
+    };
+    const Tensor w = param(weight), b = param(bias);
+    backend_of(x).normalize(n.args, (nhwc ? nhwc_view(out.y) : out.y).view(), out.mean.view(), out.var.view(),
+                            (nhwc ? nhwc_view(x) : x).view(), w.defined() ? w.view() : View{},
+                            b.defined() ? b.view() : View{});
   }
   const Tensor rstd = rsqrt(add_scalar(out.var, n.args.eps));
   std::vector<Tensor> saved{x_in};
@@ -757,7 +818,12 @@ Normalized normalize(const Normalization& n, const Tensor& x_in, const Tensor& w
              if (bias.defined() && bias.requires_grad()) gb = reshape(sum_gy, n.param_shape);
            } else {
              if (x.requires_grad()) {
-               const Tensor g_hat = weight.defined() ? gy * reshape(weight, n.affine_shape) : gy;
+               // The weight in x's layout, so that the product walks both in the same order.
+               const auto in_x_layout = [&x](const Tensor& p) {
+                 if (!x.is_channels_last() || p.dim() != 3) return p;
+                 return contiguous(unsqueeze(p, 0), MemoryFormat::ChannelsLast);
+               };
+               const Tensor g_hat = weight.defined() ? gy * in_x_layout(reshape(weight, n.affine_shape)) : gy;
                gx = r * (g_hat - ::evenflow::mean(g_hat, n.reduce_dims, true) -
                          x_hat * ::evenflow::mean(g_hat * x_hat, n.reduce_dims, true));
              }
@@ -846,7 +912,7 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
       "layer_norm",     {.outer = 1, .groups = x.numel() / features, .inner = features, .eps = eps},
       stat_shape,       reduce_dims,
       normalized_shape, leading_dims,
-      normalized_shape};
+      normalized_shape, x.dim() == 4 && k == 3};
   return normalize(geometry, x, weight, bias).y;
 }
 

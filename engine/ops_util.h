@@ -18,6 +18,12 @@ inline TensorOptions options_of(const Tensor& t) {
 inline Tensor empty_like_shape(const Tensor& t, const Shape& shape) {
   return empty(shape, options_of(t));
 }
+// An uninitialized tensor of t's dtype and device in `format` (ChannelsLast: 4-D shapes).
+Tensor empty_in_format(const Tensor& t, const Shape& shape, MemoryFormat format);
+// The layout of an op's result of `shape` (Note [Channels-last] in ops.h): that of the first of
+// `operands` with that shape that is channels-last or contiguous (not an expanded or strided view),
+// else contiguous.
+MemoryFormat format_for(const Shape& shape, std::initializer_list<const Tensor*> operands);
 
 void check_defined(const char* op, const Tensor& t, const char* what = "input");
 void check_float(const char* op, const Tensor& t, const char* what = "input");

@@ -71,6 +71,12 @@ Shape contiguous_strides(const Shape& s) {
   return st;
 }
 
+Shape channels_last_strides(const Shape& s) {
+  EF_ASSERT(s.size() == 4, "channels_last_strides: a 4-D shape is needed");
+  const int64_t c = s[1], h = s[2], w = s[3];
+  return {h * w * c, 1, w * c, c};
+}
+
 int64_t normalize_dim(int64_t dim, int64_t ndim, const char* op) {
   const int64_t lo = ndim == 0 ? -1 : -ndim, hi = ndim == 0 ? 0 : ndim - 1;
   EF_CHECK(dim >= lo && dim <= hi, op, ": dim ", dim, " is out of range for a tensor with ", ndim, " dims (expected ",
@@ -127,6 +133,10 @@ bool Tensor::is_contiguous() const {
     expected *= impl_->shape[d];
   }
   return true;
+}
+
+bool Tensor::is_channels_last() const {
+  return impl_->shape.size() == 4 && impl_->strides == channels_last_strides(impl_->shape);
 }
 
 std::string Tensor::str() const {
@@ -251,8 +261,9 @@ Tensor Tensor::to(const Device& d) const {
 Tensor Tensor::to(DType t) const {
   return evenflow::to_dtype(*this, t);
 }
-Tensor Tensor::contiguous() const {
-  return is_contiguous() ? *this : evenflow::clone(*this);
+Tensor Tensor::contiguous(MemoryFormat format) const {
+  if (format == MemoryFormat::Contiguous) return is_contiguous() ? *this : evenflow::clone(*this);
+  return evenflow::contiguous(*this, format);
 }
 Tensor Tensor::clone() const {
   return evenflow::clone(*this);

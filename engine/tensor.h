@@ -23,6 +23,12 @@ namespace evenflow {
 
 /// The sizes of a tensor's dims ({} for a 0-d scalar); also used for lists of dims and for strides.
 using Shape = std::vector<int64_t>;
+
+/// How a tensor's elements lie in memory (Note [Channels-last] in ops.h).
+enum class MemoryFormat {
+  Contiguous,    ///< row-major: the last dim's neighbours are adjacent
+  ChannelsLast,  ///< a 4-D [N, C, H, W] tensor stored as [N, H, W, C]: a pixel's channels adjacent
+};
 /// A shape as text: "[2, 3]", or "[]" for a 0-d scalar.
 std::string shape_str(const Shape& s);
 
@@ -91,6 +97,9 @@ class Tensor {
   Device device() const;   ///< The device of the storage.
   /// Whether the elements are laid out row-major without gaps (dims of size 1 may have any stride).
   bool is_contiguous() const;
+  /// Whether this is a 4-D tensor with exactly the strides channels_last_strides() gives its shape:
+  /// what the ops take for a channels-last tensor (Note [Channels-last] in ops.h).
+  bool is_channels_last() const;
   std::string str() const;  ///< "Tensor[2, 3] float32 cpu:0" ("Tensor(undefined)" for an undefined one)
   /// @}
 
@@ -172,8 +181,10 @@ class Tensor {
   /// A copy converted to dtype `t` (float to int64 truncates toward zero), or this tensor itself when
   /// it already is `t`. Only a float-to-float conversion records autograd history.
   Tensor to(DType t) const;
-  Tensor contiguous() const;  ///< This tensor if is_contiguous(), else a contiguous copy (clone()).
-  Tensor clone() const;       ///< A copy in new, contiguous storage (the gradient passes through).
+  /// This tensor if is_contiguous(), else a contiguous copy (clone()). With ChannelsLast: this tensor
+  /// if is_channels_last(), else a view or copy that is (ops.h contiguous(x, format)).
+  Tensor contiguous(MemoryFormat format = MemoryFormat::Contiguous) const;
+  Tensor clone() const;  ///< A copy in new, contiguous storage (the gradient passes through).
   /// @}
 
   /// @name In-place
@@ -362,6 +373,8 @@ int64_t numel_of(const Shape& s);
 int64_t checked_numel(const Shape& s, const char* op);
 /// The strides of a contiguous, row-major tensor of shape `s` (the last dim's is 1).
 Shape contiguous_strides(const Shape& s);
+/// The strides of a channels-last tensor of 4-D shape `s` = [N, C, H, W]: [H·W·C, 1, W·C, C].
+Shape channels_last_strides(const Shape& s);
 /// `dim` made non-negative for a tensor with `ndim` dims: -ndim to ndim - 1 are accepted (-1 and 0
 /// when ndim is 0, both giving 0); anything else is an ef::Error naming `op`.
 int64_t normalize_dim(int64_t dim, int64_t ndim, const char* op);

@@ -73,7 +73,8 @@ Tensor Conv2d::forward(const Tensor& x) {
                  .padding = config_.padding.pair(),
                  .dilation = config_.dilation.pair(),
                  .groups = config_.groups,
-                 .compute = compute_dtype()});
+                 .compute = compute_dtype(),
+                 .memory_format = config_.channels_last ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous});
 }
 
 std::string Conv2d::extra_repr() const {

@@ -46,6 +46,10 @@ struct Conv2dConfig {
   Size2 stride = 1, padding = 0, dilation = 1;
   int64_t groups = 1;  ///< channel groups, each convolved separately; divides both channel counts
   bool bias = true;    ///< whether the layer has a learnable bias
+  /// The layer's output (and, in backward, its input's gradient) channels-last where the backend
+  /// runs it so (oneDNN on CPUs: faster), else contiguous (Note [Channels-last] in engine/ops.h); the
+  /// values are the same to rounding.
+  bool channels_last = false;
 };
 
 /// A 2-d convolution (cross-correlation), as torch.nn.Conv2d: x [N, in, H, W] (float32 or float64,

@@ -70,9 +70,41 @@ struct StridedIter {
   }
 };
 
+// The dims of `v` from its largest stride to its smallest, when v is dense but not row-major (a
+// permuted layout: channels-last); false (and no order) otherwise, for which row-major order stays.
+bool memory_order(const View& v, int order[kMaxDims]) {
+  if (v.is_contiguous()) return false;
+  int n = 0;
+  for (int d = 0; d < v.ndim; ++d)
+    if (v.shape[d] != 1) order[n++] = d;
+  std::stable_sort(order, order + n, [&v](int a, int b) { return v.strides[a] > v.strides[b]; });
+  int64_t expected = 1;
+  for (int i = n; i-- > 0;) {
+    if (v.strides[order[i]] != expected) return false;  // gaps, overlaps or broadcast: not a layout
+    expected *= v.shape[order[i]];
+  }
+  for (int d = 0; d < v.ndim; ++d)  // size-1 dims anywhere: make_iter drops them
+    if (v.shape[d] == 1) order[n++] = d;
+  return true;
+}
+
+// Note [Memory order]: with `order_by` set, the walk follows that operand's memory order where it is
+// dense but permuted (a channels-last output or input), so its rows are contiguous and merge like a
+// row-major operand's; elementwise kernels order by their output, reductions by their input.
+// Row-major and broadcast operands keep row-major order, so their results and summation order are
+// unchanged.
 template <size_t M>
-StridedIter<static_cast<int>(M)> make_iter(const std::array<View, M>& views) {
+StridedIter<static_cast<int>(M)> make_iter(const std::array<View, M>& views_in, int order_by = -1) {
   constexpr int N = static_cast<int>(M);
+  std::array<View, M> views = views_in;
+  int order[kMaxDims];
+  if (order_by >= 0 && memory_order(views_in[static_cast<size_t>(order_by)], order)) {
+    for (size_t k = 0; k < M; ++k)
+      for (int d = 0; d < views[k].ndim; ++d) {
+        views[k].shape[d] = views_in[k].shape[order[d]];
+        views[k].strides[d] = views_in[k].strides[order[d]];
+      }
+  }
   const View& ref = views[0];
   StridedIter<N> it;
   int nd = 0;
@@ -165,7 +197,7 @@ template <typename Out, typename... In, typename F>
 void map_elements(const View& out, const std::array<View, sizeof...(In)>& ins, F f) {
   constexpr int N = 1 + static_cast<int>(sizeof...(In));
   [&]<size_t... I>(std::index_sequence<I...>) {
-    const StridedIter<N> it = make_iter(std::array<View, N>{out, ins[I]...});
+    const StridedIter<N> it = make_iter(std::array<View, N>{out, ins[I]...}, 0);
     for_each_row(it, [&f](char* const* p, const int64_t* s, int64_t n) {
       constexpr size_t kOperands = 1 + sizeof...(In);
       Out* o = reinterpret_cast<Out*>(p[0]);
@@ -230,7 +262,47 @@ void copy_to(const View& out, const View& x) {
                       [&] { map_elements<Out, scalar_t>(out, {x}, [](scalar_t v) { return dtype_cast<Out>(v); }); });
 }
 
+// Note [Transposing copies]
+// A copy between a channels-last and a contiguous tensor is, per image, the transpose of a
+// [C, H·W] matrix. Walked in the output's order, one side moves by C elements a step, which the
+// strided loop of map_elements pays for on every element (about 3x a plain copy on wgan_gp's
+// critic). So a same-dtype copy whose walk is a batch of 2-D transposes goes tile by tile, each
+// tile's rows and columns both within a few cache lines.
+template <typename T>
+bool copy_transposing(const View& out, const View& x) {
+  const StridedIter<2> it = make_iter(std::array<View, 2>{out, x}, 0);
+  const int last = it.ndim - 1;
+  constexpr auto kT = static_cast<int64_t>(sizeof(T));
+  // Out's walk: [batch, rows, cols] with cols unit-stride; x: rows unit-stride, cols strided.
+  if (it.ndim < 2 || it.ndim > 3 || it.strides[0][last] != kT || it.strides[1][last - 1] != kT) return false;
+  const int64_t rows = it.shape[last - 1], cols = it.shape[last];
+  const int64_t batch = it.ndim == 3 ? it.shape[0] : 1;
+  const int64_t out_row = it.strides[0][last - 1] / kT, x_col = it.strides[1][last] / kT;
+  const int64_t out_batch = it.ndim == 3 ? it.strides[0][0] / kT : 0,
+                x_batch = it.ndim == 3 ? it.strides[1][0] / kT : 0;
+  constexpr int64_t kTile = 16;
+  const int64_t row_tiles = (rows + kTile - 1) / kTile, col_tiles = (cols + kTile - 1) / kTile;
+  const int64_t tasks = batch * row_tiles;
+  T* const o = reinterpret_cast<T*>(it.data[0]);
+  const T* const in = reinterpret_cast<const T*>(it.data[1]);
+  [[maybe_unused]] const int nt = threads_for(batch * rows * cols);
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
+  for (int64_t task = 0; task < tasks; ++task) {
+    const int64_t b = task / row_tiles, r0 = (task % row_tiles) * kTile, r1 = std::min(rows, r0 + kTile);
+    T* ob = o + b * out_batch;
+    const T* ib = in + b * x_batch;
+    for (int64_t ct = 0; ct < col_tiles; ++ct) {
+      const int64_t c0 = ct * kTile, c1 = std::min(cols, c0 + kTile);
+      for (int64_t r = r0; r < r1; ++r)
+        for (int64_t c = c0; c < c1; ++c) ob[r * out_row + c] = ib[c * x_col + r];
+    }
+  }
+  return true;
+}
+
 void copy_impl(const View& out, const View& x) {
+  if (out.dtype == x.dtype && out.dtype == DType::Float32 && copy_transposing<float>(out, x)) return;
+  if (out.dtype == x.dtype && out.dtype == DType::Float64 && copy_transposing<double>(out, x)) return;
   EF_DISPATCH_STORAGE(out.dtype, "copy", [&] { copy_to<scalar_t>(out, x); });
 }
 
@@ -379,7 +451,7 @@ void reduce_typed(const View& out, const View& x) {
     ob.shape[d] = x.shape[d];
     if (out.shape[d] == 1 && x.shape[d] != 1) ob.strides[d] = 0;
   }
-  const StridedIter<2> it = make_iter(std::array<View, 2>{ob, x});
+  const StridedIter<2> it = make_iter(std::array<View, 2>{ob, x}, 1);
   DimSet kept, red;
   for (int d = 0; d < it.ndim; ++d) {
     if (it.shape[d] == 1) continue;
@@ -1131,6 +1203,17 @@ class CpuBackend final : public Backend {
 #else
     (void)args;
     (void)pass;
+    return false;
+#endif
+  }
+  bool channels_last_conv(const ConvArgs& args, ConvPass pass, DType dtype) override {
+#if EF_ONEDNN
+    // The passes oneDNN runs (cpu_conv.cpp's dispatch): our own kernels take contiguous views.
+    return dtype == DType::Float32 && (args.compute == DType::BFloat16 || onednn_takes(args, pass));
+#else
+    (void)args;
+    (void)pass;
+    (void)dtype;
     return false;
 #endif
   }

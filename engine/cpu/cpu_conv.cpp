@@ -322,10 +322,24 @@ struct ConvGeometry {
   int64_t tile_pixels(const ConvArgs& a) const { return tile_rows * a.ow; }
 };
 
-void check_conv(const char* op, const ConvArgs& a, const View& big, const View& w) {
+// Whether v, an activation of a pass (x, y or a gradient of one), is laid out as args says:
+// contiguous, or channels-last [N, C, H, W] with strides [H·W·C, 1, W·C, C] (Note [Channels-last]).
+bool activation_laid_out(const ConvArgs& a, const View& v) {
+  if (!a.channels_last) return v.is_contiguous();
+  const int64_t c = v.shape[1], h = v.shape[2], w = v.shape[3];
+  return v.ndim == 4 && v.strides[0] == h * w * c && v.strides[1] == 1 && v.strides[2] == w * c && v.strides[3] == c;
+}
+
+// `second` is the weight, or (weight gradient) the output's gradient: an activation too.
+void check_conv(const char* op, const ConvArgs& a, const View& activation, const View& second,
+                bool second_is_activation = false) {
   EF_ASSERT(a.groups > 0 && a.c_in % a.groups == 0 && a.c_out % a.groups == 0, op, ": bad groups");
-  EF_ASSERT(big.is_contiguous() && w.is_contiguous() && big.dtype == w.dtype, op,
-            ": expects contiguous views of one dtype");
+  EF_ASSERT(activation_laid_out(a, activation) &&
+                (second_is_activation ? activation_laid_out(a, second) : second.is_contiguous()) &&
+                activation.dtype == second.dtype,
+            op, ": expects views of one dtype, contiguous", a.channels_last ? " (activations channels-last)" : "");
+  EF_ASSERT(!a.channels_last || activation.dtype == DType::Float32, op,
+            ": channels-last activations only on oneDNN's float32 path");
 }
 
 // Walks the im2col matrix of one sample for output rows [oh0, oh1): for each col row
@@ -678,7 +692,7 @@ void gemm(const GemmArgs& args) {
 
 void conv2d_forward(const ConvArgs& args, const View& y, const View& x, const View& w, const View& bias) {
   check_conv("conv2d", args, x, w);
-  EF_ASSERT(y.is_contiguous() && y.dtype == x.dtype, "conv2d: bad output view");
+  EF_ASSERT(activation_laid_out(args, y) && y.dtype == x.dtype, "conv2d: bad output view");
   EF_ASSERT(bias.data == nullptr || (bias.is_contiguous() && bias.numel() == args.c_out && bias.dtype == x.dtype),
             "conv2d: bad bias view");
 #if EF_ONEDNN
@@ -694,7 +708,7 @@ void conv2d_forward(const ConvArgs& args, const View& y, const View& x, const Vi
 
 void conv2d_input_grad(const ConvArgs& args, const View& gx, const View& gy, const View& w) {
   check_conv("conv2d_input_grad", args, gy, w);
-  EF_ASSERT(gx.is_contiguous() && gx.dtype == gy.dtype, "conv2d_input_grad: bad output view");
+  EF_ASSERT(activation_laid_out(args, gx) && gx.dtype == gy.dtype, "conv2d_input_grad: bad output view");
 #if EF_ONEDNN
   if (gy.dtype == DType::Float32 && (args.compute == DType::BFloat16 || onednn_takes(args, ConvPass::InputGrad)))
     return onednn_conv2d_input_grad(args, static_cast<float*>(gx.data), static_cast<const float*>(gy.data),
@@ -707,7 +721,7 @@ void conv2d_input_grad(const ConvArgs& args, const View& gx, const View& gy, con
 }
 
 void conv2d_weight_grad(const ConvArgs& args, const View& gw, const View& x, const View& gy) {
-  check_conv("conv2d_weight_grad", args, x, gy);
+  check_conv("conv2d_weight_grad", args, x, gy, true);
   EF_ASSERT(gw.is_contiguous() && gw.dtype == x.dtype, "conv2d_weight_grad: bad output view");
 #if EF_ONEDNN
   if (x.dtype == DType::Float32 && (args.compute == DType::BFloat16 || onednn_takes(args, ConvPass::WeightGrad)))

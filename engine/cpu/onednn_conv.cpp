@@ -46,7 +46,7 @@ using Dims = dnnl::memory::dims;
 
 // Every field of ConvArgs (its compute dtype first), the pass, the team size and whether a forward
 // pass adds a bias.
-using Key = OnednnPlanCache<20>::Key;
+using Key = OnednnPlanCache<21>::Key;
 
 Key make_key(const ConvArgs& a, ConvPass pass, int threads, bool bias) {
   return {static_cast<int64_t>(a.compute),
@@ -68,7 +68,8 @@ Key make_key(const ConvArgs& a, ConvPass pass, int threads, bool bias) {
           a.groups,
           static_cast<int64_t>(pass),
           threads,
-          bias};
+          bias,
+          a.channels_last};
 }
 
 using Plan = OnednnPlan;
@@ -82,6 +83,18 @@ dnnl::memory::desc any_desc(const Dims& dims, dnnl::memory::data_type type = dnn
   return dnnl::memory::desc(dims, type, Tag::any);
 }
 
+// Activations: ours (plain: NCHW, or NHWC when channels-last) and the primitive's (any, or NHWC when
+// channels-last: the primitive then runs on ours, a bfloat16 operand only converted, no reorder).
+struct ActivationDescs {
+  bool channels_last;
+  dnnl::memory::desc plain(const Dims& dims) const {
+    return channels_last ? dnnl::memory::desc(dims, dnnl::memory::data_type::f32, Tag::nhwc) : plain_desc(dims);
+  }
+  dnnl::memory::desc used(const Dims& dims, dnnl::memory::data_type type = dnnl::memory::data_type::f32) const {
+    return dnnl::memory::desc(dims, type, channels_last ? Tag::nhwc : Tag::any);
+  }
+};
+
 Plan make_plan(const ConvArgs& a, ConvPass pass, bool bias) {
   const Dims src{a.n, a.c_in, a.h, a.w}, dst{a.n, a.c_out, a.oh, a.ow};
   const Dims wei = a.groups == 1 ? Dims{a.c_out, a.c_in, a.kh, a.kw}
@@ -90,6 +103,7 @@ Plan make_plan(const ConvArgs& a, ConvPass pass, bool bias) {
   const Dims strides{a.stride_h, a.stride_w}, dilates{a.dil_h - 1, a.dil_w - 1}, pad_l{a.pad_h, a.pad_w};
   const Dims pad_r{(a.oh - 1) * a.stride_h + (a.kh - 1) * a.dil_h + 1 - a.h - a.pad_h,
                    (a.ow - 1) * a.stride_w + (a.kw - 1) * a.dil_w + 1 - a.w - a.pad_w};
+  const ActivationDescs act{a.channels_last};
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   const dnnl::engine& eng = onednn_engine();
@@ -106,38 +120,38 @@ Plan make_plan(const ConvArgs& a, ConvPass pass, bool bias) {
   const dt fwd_src = bf16 ? dt::bf16 : dt::f32;
   const dnnl::convolution_forward::primitive_desc fwd =
       bias ? dnnl::convolution_forward::primitive_desc(eng, dnnl::prop_kind::forward_training, algo,
-                                                       any_desc(src, fwd_src), any_desc(wei, in), plan.bias,
-                                                       any_desc(dst, fwd_dst), strides, dilates, pad_l, pad_r, attr)
+                                                       act.used(src, fwd_src), any_desc(wei, in), plan.bias,
+                                                       act.used(dst, fwd_dst), strides, dilates, pad_l, pad_r, attr)
            : dnnl::convolution_forward::primitive_desc(eng, dnnl::prop_kind::forward_training, algo,
-                                                       any_desc(src, fwd_src), any_desc(wei, in),
-                                                       any_desc(dst, fwd_dst), strides, dilates, pad_l, pad_r, attr);
+                                                       act.used(src, fwd_src), any_desc(wei, in),
+                                                       act.used(dst, fwd_dst), strides, dilates, pad_l, pad_r, attr);
 
   dnnl::memory::desc scratch;
   switch (pass) {
     case ConvPass::Forward:
       plan.primitive = dnnl::convolution_forward(fwd);
       scratch = fwd.scratchpad_desc();
-      plan.in0 = {DNNL_ARG_SRC, plain_desc(src), fwd.src_desc(), {}, 0};
+      plan.in0 = {DNNL_ARG_SRC, act.plain(src), fwd.src_desc(), {}, 0};
       plan.in1 = {DNNL_ARG_WEIGHTS, plain_desc(wei), fwd.weights_desc(), {}, 0};
-      plan.out = {DNNL_ARG_DST, plain_desc(dst), fwd.dst_desc(), {}, 0};
+      plan.out = {DNNL_ARG_DST, act.plain(dst), fwd.dst_desc(), {}, 0};
       break;
     case ConvPass::InputGrad: {
       const dnnl::convolution_backward_data::primitive_desc pd(
-          eng, algo, any_desc(src), any_desc(wei, in), any_desc(dst, in), strides, dilates, pad_l, pad_r, fwd, attr);
+          eng, algo, act.used(src), any_desc(wei, in), act.used(dst, in), strides, dilates, pad_l, pad_r, fwd, attr);
       plan.primitive = dnnl::convolution_backward_data(pd);
       scratch = pd.scratchpad_desc();
-      plan.in0 = {DNNL_ARG_DIFF_DST, plain_desc(dst), pd.diff_dst_desc(), {}, 0};
+      plan.in0 = {DNNL_ARG_DIFF_DST, act.plain(dst), pd.diff_dst_desc(), {}, 0};
       plan.in1 = {DNNL_ARG_WEIGHTS, plain_desc(wei), pd.weights_desc(), {}, 0};
-      plan.out = {DNNL_ARG_DIFF_SRC, plain_desc(src), pd.diff_src_desc(), {}, 0};
+      plan.out = {DNNL_ARG_DIFF_SRC, act.plain(src), pd.diff_src_desc(), {}, 0};
       break;
     }
     case ConvPass::WeightGrad: {
       const dnnl::convolution_backward_weights::primitive_desc pd(
-          eng, algo, any_desc(src, in), any_desc(wei), any_desc(dst, in), strides, dilates, pad_l, pad_r, fwd, attr);
+          eng, algo, act.used(src, in), any_desc(wei), act.used(dst, in), strides, dilates, pad_l, pad_r, fwd, attr);
       plan.primitive = dnnl::convolution_backward_weights(pd);
       scratch = pd.scratchpad_desc();
-      plan.in0 = {DNNL_ARG_SRC, plain_desc(src), pd.src_desc(), {}, 0};
-      plan.in1 = {DNNL_ARG_DIFF_DST, plain_desc(dst), pd.diff_dst_desc(), {}, 0};
+      plan.in0 = {DNNL_ARG_SRC, act.plain(src), pd.src_desc(), {}, 0};
+      plan.in1 = {DNNL_ARG_DIFF_DST, act.plain(dst), pd.diff_dst_desc(), {}, 0};
       plan.out = {DNNL_ARG_DIFF_WEIGHTS, plain_desc(wei), pd.diff_weights_desc(), {}, 0};
       break;
     }
@@ -147,7 +161,7 @@ Plan make_plan(const ConvArgs& a, ConvPass pass, bool bias) {
 }
 
 const Plan& plan_for(const ConvArgs& a, ConvPass pass, int threads, bool bias) {
-  static OnednnPlanCache<20> plans;
+  static OnednnPlanCache<21> plans;
   return plans.get(make_key(a, pass, threads, bias), [&] { return make_plan(a, pass, bias); });
 }
 

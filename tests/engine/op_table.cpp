@@ -43,6 +43,12 @@ std::vector<OpCase> build() {
   add_case("sum", {{{2, 3, 4}}}, [](const V& x) { return sum(x[0], {0, 2}); });
   add_case("sum", {{{2, 3}}}, [](const V& x) { return sum(x[0]); });
   add_case("mean", {{{2, 3, 4}}}, [](const V& x) { return mean(x[0], {1}, true); });
+  add_case("sum", {{{2, 3, 2, 2}}}, [](const V& x) {
+    return sum(contiguous(x[0], MemoryFormat::ChannelsLast), {0, 2, 3});
+  });
+  add_case("mean", {{{2, 3, 2, 2}}}, [](const V& x) {
+    return mean(contiguous(x[0], MemoryFormat::ChannelsLast), {1, 2, 3}, true);
+  });
   add_case("var", {{{3, 4}}}, [](const V& x) { return var(x[0], {1}); });
   add_case("var", {{{3, 4}}}, [](const V& x) { return var(x[0], {0}, false, true); });
   add_case("max", {{{3, 4}}}, [](const V& x) { return max(x[0], 1).first; });
@@ -73,6 +79,13 @@ std::vector<OpCase> build() {
   add_case("unsqueeze", {{{2, 3}}}, [](const V& x) { return unsqueeze(x[0], 1) * unsqueeze(x[0], 0); });
   add_case("pad", {{{2, 2, 3}}}, [](const V& x) { return square(pad(x[0], {1, 2, 0, 1}, 0.5)); });
   add_case("clone", {{{2, 3}}}, [](const V& x) { return clone(x[0]) * x[0]; });
+  // Channels-last (Note [Channels-last]): a layout change, elementwise ops on mixed layouts, and a
+  // clone of a channels-last tensor, whose gradient goes back channels-last.
+  const MemoryFormat cl = MemoryFormat::ChannelsLast;
+  add_case("contiguous", {{{2, 3, 2, 2}}}, [cl](const V& x) { return contiguous(square(x[0]), cl) * x[0]; });
+  add_case("contiguous", {{{2, 3, 2, 2}}}, [cl](const V& x) {
+    return reshape(contiguous(x[0], cl), {2, -1}) * reshape(x[0], {2, -1});
+  });
   add_case("to_dtype", {{{2, 3}}}, [](const V& x) { return to_dtype(to_dtype(x[0], kFloat32) * 3.0, x[0].dtype()); },
            {.eps = 1e-2, .atol = 1e-4, .rtol = 1e-3});
   t.push_back({"to_device",
@@ -91,6 +104,16 @@ std::vector<OpCase> build() {
            [co](const V& x) { return conv2d(x[0], x[1], x[2], co); });
   add_case("conv2d", {{{1, 2, 4, 4}}, {{3, 2, 3, 3}}}, [](const V& x) {
     return conv2d(x[0], x[1], Tensor(), {.padding = {1, 1}});
+  });
+  Conv2dOptions co_cl = co;  // outputs channels-last (copies here: float64 runs on our kernels)
+  co_cl.memory_format = MemoryFormat::ChannelsLast;
+  add_case("conv2d", {{{2, 4, 5, 6}}, {{6, 2, 3, 2}}, {{6}}},
+           [co_cl](const V& x) { return conv2d(contiguous(x[0], MemoryFormat::ChannelsLast), x[1], x[2], co_cl); });
+  add_case("conv2d_input_grad", {{{2, 6, 3, 4}}, {{6, 2, 3, 2}}}, [co_cl](const V& x) {
+    return conv2d_input_grad(x[0], x[1], {2, 4, 5, 6}, co_cl);
+  });
+  add_case("conv2d_weight_grad", {{{2, 4, 5, 6}}, {{2, 6, 3, 4}}}, [co_cl](const V& x) {
+    return conv2d_weight_grad(contiguous(x[0], MemoryFormat::ChannelsLast), x[1], {6, 2, 3, 2}, co_cl);
   });
   add_case("conv2d_input_grad", {{{2, 6, 3, 4}}, {{6, 2, 3, 2}}}, [co](const V& x) {
     return conv2d_input_grad(x[0], x[1], {2, 4, 5, 6}, co);
@@ -149,6 +172,9 @@ std::vector<OpCase> build() {
   add_case("batch_norm", {{{3, 2, 2, 3}}}, [](const V& x) { return batch_norm(x[0], {}, {}, {}, {}, true); });
   add_case("batch_norm", {{{5, 2, 3}}, {{2}}}, [](const V& x) { return batch_norm(x[0], x[1], {}, {}, {}, true); });
   add_case("layer_norm", {{{2, 3, 4}}}, [](const V& x) { return layer_norm(x[0], {3, 4}); });
+  add_case("layer_norm", {{{2, 3, 2, 2}}, {{3, 2, 2}}, {{3, 2, 2}}}, [](const V& x) {  // channels-last
+    return layer_norm(contiguous(x[0], MemoryFormat::ChannelsLast), {3, 2, 2}, x[1], x[2]);
+  });
   add_case("layer_norm", {{{5}}, {{5}}, {{5}}}, [](const V& x) { return layer_norm(x[0], {5}, x[1], x[2]); });
   add_case("layer_norm", {{{4, 3}}, {{4}}},
            [](const V& x) { return layer_norm(transpose(x[0], 0, 1), {4}, {}, x[1]); });

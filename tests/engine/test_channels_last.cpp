@@ -1,0 +1,135 @@
+// Note [Channels-last] (engine/ops.h): a channels-last tensor holds the same values as a contiguous
+// one; the ops keep the layout where the Note says and give the same results, exactly for
+// elementwise ops and copies, to rounding where a sum runs in another order (reductions, and
+// oneDNN's channels-last kernels, whose products are summed in their own order: 1e-5 normwise in
+// float32, a few units of float32 rounding over these sizes). Gradients and second derivatives in
+// float64 are checked for every op in test_gradcheck's table, channels-last cases included.
+#include <doctest/doctest.h>
+
+#include "evenflow/engine/ops.h"
+#include "tests/testing/gradcheck.h"
+#include "tests/testing/helpers.h"
+
+using namespace evenflow;
+using namespace evenflow::testing;
+
+namespace {
+
+constexpr MemoryFormat kCL = MemoryFormat::ChannelsLast;
+
+}  // namespace
+
+TEST_CASE("channels-last: a layout change keeps every value, and a one-channel tensor is a view") {
+  manual_seed(cpu(), 1);
+  // Sizes past the transposing copy's 16x16 tiles and not a multiple of them; both float dtypes.
+  for (const DType dtype : {kFloat32, kFloat64}) {
+    for (const Shape& shape : {Shape{2, 3, 4, 5}, Shape{3, 17, 5, 7}, Shape{2, 40, 3, 11}}) {
+      CAPTURE(shape_str(shape));
+      const Tensor x = randn(shape, {.dtype = dtype});
+      const Tensor y = x.contiguous(kCL);
+      CHECK(y.is_channels_last());
+      CHECK(!y.is_contiguous());
+      CHECK(y.strides() == Shape{shape[1] * shape[2] * shape[3], 1, shape[1] * shape[3], shape[1]});
+      CHECK(vals(y) == vals(x));
+      const Tensor back = y.contiguous();
+      CHECK(back.is_contiguous());
+      CHECK(vals(back) == vals(x));
+      CHECK(y.contiguous(kCL).same(y));
+    }
+  }
+  const Tensor one = randn({2, 1, 4, 5});
+  const Tensor one_cl = one.contiguous(kCL);
+  CHECK(one_cl.is_channels_last());
+  CHECK(one_cl.data_ptr() == one.data_ptr());
+  CHECK(error_of([] {
+          (void)contiguous(randn({2, 3}), kCL);
+        }).find("contiguous: channels-last needs a 4-D [N, C, H, W] tensor, got Tensor[2, 3]") == 0);
+}
+
+TEST_CASE("channels-last: elementwise ops keep the layout of their first operand of the result's shape") {
+  manual_seed(cpu(), 2);
+  const Tensor a = randn({2, 5, 3, 4}, {.dtype = kFloat64}), b = randn({2, 5, 3, 4}, {.dtype = kFloat64});
+  const Tensor a_cl = a.contiguous(kCL), b_cl = b.contiguous(kCL);
+  const Tensor bias = randn({1, 5, 1, 1}, {.dtype = kFloat64}), per_sample = randn({2, 1, 1, 1}, {.dtype = kFloat64});
+  CHECK(exp(a_cl).is_channels_last());
+  CHECK(vals(exp(a_cl)) == vals(exp(a)));
+  CHECK((a_cl + b).is_channels_last());
+  CHECK((b + a_cl).is_contiguous());
+  CHECK(vals(a_cl + b) == vals(a + b));
+  CHECK(vals(b + a_cl) == vals(a + b));
+  CHECK(vals(a_cl * b_cl) == vals(a * b));
+  CHECK((a_cl * bias).is_channels_last());
+  CHECK(vals(a_cl * bias - per_sample) == vals(a * bias - per_sample));
+  // An expanded operand has no layout of its own: the next operand's counts.
+  const Tensor expanded = expand(per_sample, a.shape());
+  CHECK((expanded * a_cl).is_channels_last());
+  CHECK(vals(expanded * a_cl) == vals(expanded * a));
+  CHECK(vals(where(gt(a_cl, b), a_cl, b_cl)) == vals(where(gt(a, b), a, b)));
+  CHECK(where(gt(a_cl, b), a_cl, b_cl).is_channels_last());
+  // Reductions sum in memory order: the same values to rounding.
+  for (const Shape& dims : {Shape{0, 2, 3}, Shape{1, 2, 3}, Shape{1}, Shape{}}) {
+    CAPTURE(shape_str(dims));
+    CHECK(compare(sum(a_cl, dims), sum(a, dims), 1e-13, 1e-13) == "");
+  }
+}
+
+TEST_CASE("channels-last: layer_norm over [C, H, W] keeps the layout, with the contiguous one's gradients") {
+  manual_seed(cpu(), 3);
+  const TensorOptions f64{.dtype = kFloat64};
+  const Tensor x = randn({3, 6, 4, 5}, f64), w = randn({6, 4, 5}, f64), b = randn({6, 4, 5}, f64);
+  const Tensor gy = randn({3, 6, 4, 5}, f64);
+  // Each case: the layout of x; the output, the first gradients and, with create_graph, a second
+  // derivative (the gradient of a function of gx, as a gradient penalty takes it).
+  std::vector<std::vector<Tensor>> results;
+  for (const bool channels_last : {false, true}) {
+    const Tensor xl = (channels_last ? x.contiguous(kCL) : x).detach().requires_grad_();
+    const Tensor wl = w.detach().requires_grad_(), bl = b.detach().requires_grad_();
+    const Tensor y = layer_norm(xl, {6, 4, 5}, wl, bl);
+    CHECK(y.is_channels_last() == channels_last);
+    const std::vector<Tensor> first = grad({y}, {xl, wl, bl}, {gy});  // the fused backward kernel
+    CHECK(first[0].is_channels_last() == channels_last);
+    const std::vector<Tensor> g = grad({layer_norm(xl, {6, 4, 5}, wl, bl)}, {xl, wl}, {gy}, {.create_graph = true});
+    const std::vector<Tensor> second = grad({sum(square(g[0])) + sum(g[1] * g[1])}, {xl, wl});
+    results.push_back({y, first[0], first[1], first[2], second[0], second[1]});
+  }
+  for (size_t i = 0; i < results[0].size(); ++i) {
+    CAPTURE(i);
+    CHECK(compare(results[1][i], results[0][i], 1e-12, 1e-12) == "");
+  }
+}
+
+// Where oneDNN runs a pass (float32; bfloat16 compute on AVX-512 machines), its channels-last kernels
+// take and give our channels-last tensors themselves; elsewhere the pass runs contiguous. Either way
+// each pass must give the contiguous pass's values.
+TEST_CASE("channels-last: convolutions give the contiguous ones' values, forward, backward and double backward") {
+  manual_seed(cpu(), 4);
+  for (const DType compute : {kFloat32, kBFloat16}) {
+    for (const int64_t c_in : {1, 3, 32}) {
+      CAPTURE(c_in);
+      CAPTURE(dtype_name(compute));
+      const Tensor x = rand({4, c_in, 14, 14}), w = randn({16, c_in, 4, 4}) * 0.2, bias = randn({16});
+      std::vector<std::vector<Tensor>> results;
+      for (const bool channels_last : {false, true}) {
+        const Conv2dOptions o{.stride = {2, 2},
+                              .padding = {1, 1},
+                              .compute = compute,
+                              .memory_format = channels_last ? kCL : MemoryFormat::Contiguous};
+        const Tensor xl = x.detach().requires_grad_(), wl = w.detach().requires_grad_();
+        const Tensor y = conv2d(xl, wl, bias, o);
+        CHECK(y.is_channels_last() == (channels_last && EF_ONEDNN));  // oneDNN runs every forward here
+        // A critic's penalty: the gradient of the output at x, then its norm's gradient.
+        const Tensor h = leaky_relu(y, 0.2);
+        const std::vector<Tensor> g = grad({sum(square(h))}, {xl, wl}, {}, {.create_graph = true});
+        // oneDNN runs the input gradient of more than 4 input channels (Note [oneDNN convolution
+        // dispatch]); our kernels, which give it contiguous, the others.
+        CHECK(g[0].is_channels_last() == (channels_last && EF_ONEDNN && c_in > 4));
+        const std::vector<Tensor> second = grad({sum(square(g[0]))}, {xl, wl});
+        results.push_back({y, g[0], g[1], second[0], second[1]});
+      }
+      for (size_t i = 0; i < results[0].size(); ++i) {
+        CAPTURE(i);
+        CHECK(compare_normwise(results[1][i], results[0][i], 1e-5) == "");
+      }
+    }
+  }
+}
