@@ -242,17 +242,20 @@ Tensor clone(const Tensor& x);
 /// channels_last_strides(): Tensor::is_channels_last()), the layout oneDNN's fastest CPU
 /// convolutions run on without reordering (docs/benchmarks.md, "Channels-last"). Its shape, its
 /// indexing and every op's result are the same as a contiguous tensor's, to rounding (a reduction
-/// sums in memory order); only speed differs. Who chooses it: a convolution asked to by
-/// Conv2dOptions::memory_format (nn::Conv2dConfig::channels_last), for its output and, in its
-/// backward, the input's gradient, in the passes its backend runs on channels-last activations
-/// (Backend::channels_last_conv: oneDNN's float32 and bfloat16 CPU paths); the other passes
-/// (float64, CUDA, our own CPU kernels) take contiguous copies and give contiguous results, so the
-/// option costs nothing where it does not help. Who keeps it, as PyTorch's channels_last does: elementwise ops give a channels-last
-/// result where the first operand of the result's shape is one; layer_norm over [C, H, W] does;
-/// clone (and so a reshape or flatten that must copy) gives a contiguous result, and its gradient
-/// back in the input's layout, so that a backward keeps the forward's layouts. Everything else
-/// (batch_norm, pooling, ...) gives contiguous results. `x.contiguous(MemoryFormat::ChannelsLast)`
-/// converts a tensor (a view when x has one channel: the same memory).
+/// sums in memory order); only speed differs.
+/// - Who chooses it: a convolution asked to by Conv2dOptions::memory_format
+///   (nn::Conv2dConfig::channels_last), for its output and, in its backward, the input's gradient,
+///   in the passes its backend runs on channels-last activations (Backend::channels_last_conv:
+///   oneDNN's float32 and bfloat16 CPU paths). The other passes (float64, CUDA, our own CPU
+///   kernels) take contiguous copies and give contiguous results: the option costs nothing where it
+///   does not help.
+/// - Who keeps it, as PyTorch's channels_last does: elementwise ops give a channels-last result
+///   where the first operand of the result's shape is one; layer_norm over [C, H, W] does; clone
+///   (and so a reshape or flatten that must copy) gives a contiguous result, and its gradient back
+///   in the input's layout, so that a backward keeps the forward's layouts. Everything else
+///   (batch_norm, pooling, ...) gives contiguous results.
+/// - `x.contiguous(MemoryFormat::ChannelsLast)` converts a tensor (a view when x has one channel:
+///   the same memory).
 ///
 /// x in `format`: x itself when it is already (is_contiguous(), is_channels_last()), a view when its
 /// memory already is (a size-1 dim's stride aside), else a copy. ChannelsLast needs a 4-D x
