@@ -9,7 +9,10 @@
 #include <functional>
 
 #include "apps/common/program.h"
+#include "apps/common/run.h"
+#include "apps/common/wgan_critic.h"
 #include "evenflow/engine/ops.h"
+#include "evenflow/losses/losses.h"
 #include "evenflow/optim/optimizer.h"
 
 namespace ef = evenflow;
@@ -130,6 +133,83 @@ int main(int argc, char** argv) {
       }
       const ef::Tensor xg = x.detach().requires_grad_();
       report(name + "_fwdbwd", time_it([&] { norm(xg).backward(gy); }, d, min_seconds), elements, "Gelem/s");
+    }
+
+    // Copies between layouts (Note [Transposing copies]) against a plain copy of the same tensor:
+    // the critic's activations.
+    if (only.empty() || std::string("layout_copy").find(only) != std::string::npos) {
+      for (const ef::Shape& shape : {ef::Shape{64, 64, 7, 7}, ef::Shape{64, 32, 14, 14}}) {
+        const ef::Tensor x = ef::randn(shape, o), x_cl = x.contiguous(ef::MemoryFormat::ChannelsLast);
+        const std::string name = "layout_copy_" + std::to_string(shape[0]) + "x" + std::to_string(shape[1]) + "x" +
+                                 std::to_string(shape[2]) + "x" + std::to_string(shape[3]);
+        const double bytes = 2.0 * 4.0 * static_cast<double>(x.numel());
+        report(name + "_plain", time_it([&] { ef::clone(x); }, d, min_seconds), bytes, "GB/s");
+        report(name + "_to_contiguous", time_it([&] { ef::clone(x_cl); }, d, min_seconds), bytes, "GB/s");
+        report(name + "_to_channels_last",
+               time_it([&] { ef::contiguous(x, ef::MemoryFormat::ChannelsLast); }, d, min_seconds), bytes, "GB/s");
+      }
+    }
+
+    // One critic step of wgan_gp (batch 64, width 32, LayerNorm): the critic on a real and a generated
+    // batch, the WGAN-GP penalty (a double backward), and the weights' gradients, with the critic's
+    // activations contiguous (NCHW) and channels-last, in float32 and with bfloat16 compute (whatever
+    // --precision says: the point is their ratios), the same weights. The four take turns, a few
+    // steps each, round after round (this VM's speed drifts by up to 30% within a minute): medians
+    // over rounds in µs a step, and the medians of each round's ratios.
+    if (only.empty() || std::string("wgan_critic_step").find(only) != std::string::npos) {
+      struct Config {
+        std::string name;
+        ef::DType compute;
+        bool channels_last;
+      };
+      const std::vector<Config> configs = {{"fp32_nchw", ef::kFloat32, false},
+                                           {"fp32_channels_last", ef::kFloat32, true},
+                                           {"bf16_nchw", ef::kBFloat16, false},
+                                           {"bf16_channels_last", ef::kBFloat16, true}};
+      std::vector<std::shared_ptr<ef::apps::WganCritic>> critics;
+      for (const Config& c : configs) {
+        ef::manual_seed(d, 1);
+        critics.push_back(std::make_shared<ef::apps::WganCritic>(32, "layernorm", ef::nn::ModuleOptions{.device = d},
+                                                                 c.channels_last));
+        ef::apps::set_precision(*critics.back(), c.compute, "conv1");
+      }
+      const ef::Tensor real = ef::rand({64, 1, 28, 28}, o), fake = ef::rand({64, 1, 28, 28}, o);
+      const ef::Tensor eps = ef::rand({64, 1, 1, 1}, o);
+      const auto step = [&](ef::nn::Module& critic) {
+        const ef::losses::Critic net = [&critic](const ef::Tensor& x) { return critic(x); };
+        const ef::Tensor loss = ef::mean(net(fake)) - ef::mean(net(real)) +
+                                ef::losses::wgan_gp_penalty(net, real, fake, {.lambda = 10, .eps = eps});
+        loss.backward();
+      };
+      constexpr int kSteps = 3, kRounds = 25;
+      std::vector<std::vector<double>> seconds(configs.size());
+      for (int round = 0; round <= kRounds; ++round) {
+        for (size_t c = 0; c < configs.size(); ++c) {
+          const auto t0 = std::chrono::steady_clock::now();
+          for (int i = 0; i < kSteps; ++i) step(*critics[c]);
+          ef::synchronize(d);
+          const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          if (round > 0) seconds[c].push_back(s / kSteps);  // round 0 warms up
+        }
+      }
+      const auto median = [](std::vector<double> v) {
+        std::sort(v.begin(), v.end());
+        return v[v.size() / 2];
+      };
+      for (size_t c = 0; c < configs.size(); ++c)
+        report_latency("wgan_critic_step_" + configs[c].name, median(seconds[c]), 1);
+      const auto ratio = [&](size_t num, size_t den) {
+        std::vector<double> r;
+        for (size_t i = 0; i < seconds[num].size(); ++i) r.push_back(seconds[num][i] / seconds[den][i]);
+        std::printf("wgan_critic_step_%s_over_%s\t%.4f\t%.3f\tratio\n", configs[num].name.c_str(),
+                    configs[den].name.c_str(), median(r), median(r));
+      };
+      ratio(0, 2);  // bfloat16's gain, NCHW
+      ratio(1, 3);  // bfloat16's gain, channels-last
+      ratio(0, 3);  // channels-last bfloat16 over NCHW float32
+      ratio(0, 1);  // channels-last's gain in float32
+      ratio(2, 3);  // channels-last's gain in bfloat16
+      std::fflush(stdout);
     }
 
     if (only.empty() || std::string("add_bandwidth").find(only) != std::string::npos) {

@@ -4,10 +4,10 @@
 
 namespace evenflow::apps {
 
-WganCritic::WganCritic(int64_t width, const std::string& norm, const nn::ModuleOptions& o) {
-  register_module("conv1", std::make_shared<nn::Conv2d>(1, width, 4, nn::Conv2dConfig{.stride = 2, .padding = 1}, o));
-  register_module("conv2",
-                  std::make_shared<nn::Conv2d>(width, 2 * width, 4, nn::Conv2dConfig{.stride = 2, .padding = 1}, o));
+WganCritic::WganCritic(int64_t width, const std::string& norm, const nn::ModuleOptions& o, bool channels_last) {
+  const nn::Conv2dConfig conv{.stride = 2, .padding = 1, .channels_last = channels_last};
+  register_module("conv1", std::make_shared<nn::Conv2d>(1, width, 4, conv, o));
+  register_module("conv2", std::make_shared<nn::Conv2d>(width, 2 * width, 4, conv, o));
   if (norm == "layernorm") {
     register_module("norm", std::make_shared<nn::LayerNorm>(Shape{2 * width, 7, 7}, nn::LayerNormConfig{}, o));
   } else if (norm == "syncbn") {
@@ -23,8 +23,18 @@ Tensor WganCritic::forward(const Tensor& x) {
   Tensor h = leaky_relu(child("conv1")->forward(x), 0.2);
   h = child("conv2")->forward(h);
   h = child("norm")->forward(h);
-  h = flatten(leaky_relu(h, 0.2), 1);
-  return reshape(child("fc")->forward(h), {x.size(0)});
+  h = leaky_relu(h, 0.2);
+  if (!h.is_channels_last()) return reshape(child("fc")->forward(flatten(h, 1)), {x.size(0)});
+  // Channels-last: flattening h would copy it into C, H, W order (and its gradient back), twice the
+  // activations per pass; the features in memory order (H, W, C: a view) meet fc's weight put in
+  // that order instead (a copy of the weight, 3136 values). The same products, summed in another
+  // order.
+  auto& fc = dynamic_cast<nn::Linear&>(*child("fc"));
+  const int64_t c = h.size(1), height = h.size(2), width = h.size(3);
+  const Tensor features = reshape(permute(h, {0, 2, 3, 1}), {x.size(0), -1});
+  const Tensor weight =
+      reshape(permute(reshape(fc.weight(), {-1, c, height, width}), {0, 2, 3, 1}), {-1, features.size(1)});
+  return reshape(linear(features, weight, fc.bias(), {.compute = fc.compute_dtype()}), {x.size(0)});
 }
 
 }  // namespace evenflow::apps

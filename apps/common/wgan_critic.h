@@ -13,7 +13,8 @@ namespace evenflow::apps {
 // another), and a linear output: [N, 1, 28, 28] -> [N].
 class WganCritic : public nn::Cloneable<WganCritic> {
  public:
-  WganCritic(int64_t width, const std::string& norm, const nn::ModuleOptions& o);
+  // channels_last: the convolutions' activations channels-last (nn::Conv2dConfig::channels_last).
+  WganCritic(int64_t width, const std::string& norm, const nn::ModuleOptions& o, bool channels_last = false);
   std::string name() const override { return "Critic"; }
   Tensor forward(const Tensor& x) override;
 };
