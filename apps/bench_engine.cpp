@@ -135,8 +135,8 @@ int main(int argc, char** argv) {
       report(name + "_fwdbwd", time_it([&] { norm(xg).backward(gy); }, d, min_seconds), elements, "Gelem/s");
     }
 
-    // Copies between layouts (Note [Transposing copies]) against a plain copy of the same tensor:
-    // the critic's activations.
+    // Copies between layouts (a transpose per image) against a plain copy of the same tensor: the
+    // critic's activations. What a flatten of a channels-last tensor costs (WganCritic::forward).
     if (only.empty() || std::string("layout_copy").find(only) != std::string::npos) {
       for (const ef::Shape& shape : {ef::Shape{64, 64, 7, 7}, ef::Shape{64, 32, 14, 14}}) {
         const ef::Tensor x = ef::randn(shape, o), x_cl = x.contiguous(ef::MemoryFormat::ChannelsLast);

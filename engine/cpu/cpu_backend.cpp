@@ -262,47 +262,7 @@ void copy_to(const View& out, const View& x) {
                       [&] { map_elements<Out, scalar_t>(out, {x}, [](scalar_t v) { return dtype_cast<Out>(v); }); });
 }
 
-// Note [Transposing copies]
-// A copy between a channels-last and a contiguous tensor is, per image, the transpose of a
-// [C, H·W] matrix. Walked in the output's order, one side moves by C elements a step, which the
-// strided loop of map_elements pays for on every element (about 3x a plain copy on wgan_gp's
-// critic). So a same-dtype copy whose walk is a batch of 2-D transposes goes tile by tile, each
-// tile's rows and columns both within a few cache lines.
-template <typename T>
-bool copy_transposing(const View& out, const View& x) {
-  const StridedIter<2> it = make_iter(std::array<View, 2>{out, x}, 0);
-  const int last = it.ndim - 1;
-  constexpr auto kT = static_cast<int64_t>(sizeof(T));
-  // Out's walk: [batch, rows, cols] with cols unit-stride; x: rows unit-stride, cols strided.
-  if (it.ndim < 2 || it.ndim > 3 || it.strides[0][last] != kT || it.strides[1][last - 1] != kT) return false;
-  const int64_t rows = it.shape[last - 1], cols = it.shape[last];
-  const int64_t batch = it.ndim == 3 ? it.shape[0] : 1;
-  const int64_t out_row = it.strides[0][last - 1] / kT, x_col = it.strides[1][last] / kT;
-  const int64_t out_batch = it.ndim == 3 ? it.strides[0][0] / kT : 0,
-                x_batch = it.ndim == 3 ? it.strides[1][0] / kT : 0;
-  constexpr int64_t kTile = 16;
-  const int64_t row_tiles = (rows + kTile - 1) / kTile, col_tiles = (cols + kTile - 1) / kTile;
-  const int64_t tasks = batch * row_tiles;
-  T* const o = reinterpret_cast<T*>(it.data[0]);
-  const T* const in = reinterpret_cast<const T*>(it.data[1]);
-  [[maybe_unused]] const int nt = threads_for(batch * rows * cols);
-#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
-  for (int64_t task = 0; task < tasks; ++task) {
-    const int64_t b = task / row_tiles, r0 = (task % row_tiles) * kTile, r1 = std::min(rows, r0 + kTile);
-    T* ob = o + b * out_batch;
-    const T* ib = in + b * x_batch;
-    for (int64_t ct = 0; ct < col_tiles; ++ct) {
-      const int64_t c0 = ct * kTile, c1 = std::min(cols, c0 + kTile);
-      for (int64_t r = r0; r < r1; ++r)
-        for (int64_t c = c0; c < c1; ++c) ob[r * out_row + c] = ib[c * x_col + r];
-    }
-  }
-  return true;
-}
-
 void copy_impl(const View& out, const View& x) {
-  if (out.dtype == x.dtype && out.dtype == DType::Float32 && copy_transposing<float>(out, x)) return;
-  if (out.dtype == x.dtype && out.dtype == DType::Float64 && copy_transposing<double>(out, x)) return;
   EF_DISPATCH_STORAGE(out.dtype, "copy", [&] { copy_to<scalar_t>(out, x); });
 }
 
