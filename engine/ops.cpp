@@ -833,8 +833,9 @@ Tensor clone(const Tensor& x) {
   if (x.numel() > 0) backend_of(x).copy(y.view(), x.view());
   // A channels-last x gets its gradient channels-last, so that the backward past the copy (a
   // flatten's, say) keeps the layout the forward had (Note [Channels-last] in ops.h).
-  const MemoryFormat layout = x.is_channels_last() ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous;
-  record("clone", {y}, {x}, {}, [layout](const Grads& g) { return Grads{contiguous(g[0], layout)}; });
+  record("clone", {y}, {x}, {}, [channels_last = x.is_channels_last()](const Grads& g) {
+    return Grads{channels_last ? contiguous(g[0], MemoryFormat::ChannelsLast) : g[0]};
+  });
   return y;
 }
 
