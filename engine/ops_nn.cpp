@@ -712,24 +712,19 @@ struct Normalization {
   bool takes_channels_last = false;
 };
 
-// The [N, C, H, W] tensor t as the [N, H, W, C] view of its memory; no autograd.
-Tensor nhwc_view(const Tensor& t) {
-  const Shape& s = t.shape();
-  const Shape& st = t.strides();
-  return make_view(t, {s[0], s[2], s[3], s[1]}, {st[0], st[2], st[3], st[1]}, t.offset());
+// t with its dims in the order `dims` (a view, no autograd): a channels-last [N, C, H, W] tensor as
+// {0, 2, 3, 1} is its [N, H, W, C] memory, contiguous; a [C, H, W] affine parameter as {1, 2, 0}
+// (copied) is in the order a channels-last group meets it, and its [H, W, C] gradient as {2, 0, 1}
+// is back in [C, H, W] order.
+Tensor dims_in_order(const Tensor& t, const Shape& dims) {
+  Shape shape, strides;
+  for (const int64_t d : dims) {
+    shape.push_back(t.shape()[static_cast<size_t>(d)]);
+    strides.push_back(t.strides()[static_cast<size_t>(d)]);
+  }
+  return make_view(t, shape, strides, t.offset());
 }
-// A [C, H, W] affine parameter in H, W, C order, as a channels-last group meets it; no autograd.
-Tensor hwc_copy(const Tensor& p) {
-  const Shape& s = p.shape();
-  const Shape& st = p.strides();
-  return make_view(p, {s[1], s[2], s[0]}, {st[1], st[2], st[0]}, p.offset()).contiguous();
-}
-// The [H, W, C] gradient of an affine parameter back in [C, H, W] order.
-Tensor chw_copy(const Tensor& g) {
-  const Shape& s = g.shape();
-  const Shape& st = g.strides();
-  return make_view(g, {s[2], s[0], s[1]}, {st[2], st[0], st[1]}, g.offset()).contiguous();
-}
+const Shape kNhwc{0, 2, 3, 1}, kHwc{1, 2, 0}, kChw{2, 0, 1};
 
 // Whether normalize runs on x channels-last (else on a contiguous copy).
 bool normalizes_channels_last(const Normalization& n, const Tensor& x) {
@@ -748,7 +743,7 @@ detail::Grads normalize_backward(const Normalization& n, const Tensor& gy, const
   const MemoryFormat layout = nhwc ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous;
   // The kernel's operands: contiguous, or channels-last ones seen as [N, H, W, C] with the affine
   // parameters (and their gradients) in H, W, C order.
-  const auto flat = [nhwc](const Tensor& t) { return nhwc ? nhwc_view(t) : t; };
+  const auto flat = [nhwc](const Tensor& t) { return nhwc ? dims_in_order(t, kNhwc) : t; };
   const Shape param_shape = nhwc ? Shape{n.param_shape[1], n.param_shape[2], n.param_shape[0]} : n.param_shape;
   const Tensor xc = x.contiguous(layout), gyc = gy.contiguous(layout);
   Tensor gx, gw, gb;
@@ -757,7 +752,9 @@ detail::Grads normalize_backward(const Normalization& n, const Tensor& gy, const
   if (bias.defined() && bias.requires_grad()) gb = detail::empty_like_shape(x, param_shape);
   if (x.numel() > 0) {
     const auto view_or_none = [&flat](const Tensor& t) { return t.defined() ? flat(t).view() : View{}; };
-    const Tensor w = !weight.defined() ? Tensor() : nhwc ? hwc_copy(weight) : weight.contiguous();
+    const Tensor w = !weight.defined() ? Tensor()
+                     : nhwc            ? dims_in_order(weight, kHwc).contiguous()
+                                       : weight.contiguous();
     backend_of(x).normalize_backward(n.args, view_or_none(gx), gw.defined() ? gw.view() : View{},
                                      gb.defined() ? gb.view() : View{}, flat(gyc).view(), flat(xc).view(), mean.view(),
                                      rstd.view(), w.defined() ? w.view() : View{});
@@ -767,7 +764,7 @@ detail::Grads normalize_backward(const Normalization& n, const Tensor& gy, const
   }
   if (nhwc) {
     for (Tensor* t : {&gw, &gb})
-      if (t->defined()) *t = chw_copy(*t);
+      if (t->defined()) *t = dims_in_order(*t, kChw).contiguous();
   }
   return {gx, gw, gb};
 }
@@ -784,12 +781,12 @@ Normalized normalize(const Normalization& n, const Tensor& x_in, const Tensor& w
                  detail::empty_like_shape(x, n.stat_shape), detail::empty_like_shape(x, n.stat_shape)};
   if (x.numel() > 0) {
     const auto param = [nhwc](const Tensor& p) {
-      return !p.defined() ? Tensor() : nhwc ? hwc_copy(p) : p.contiguous();
+      return !p.defined() ? Tensor() : nhwc ? dims_in_order(p, kHwc).contiguous() : p.contiguous();
     };
     const Tensor w = param(weight), b = param(bias);
-    backend_of(x).normalize(n.args, (nhwc ? nhwc_view(out.y) : out.y).view(), out.mean.view(), out.var.view(),
-                            (nhwc ? nhwc_view(x) : x).view(), w.defined() ? w.view() : View{},
-                            b.defined() ? b.view() : View{});
+    backend_of(x).normalize(n.args, (nhwc ? dims_in_order(out.y, kNhwc) : out.y).view(), out.mean.view(),
+                            out.var.view(), (nhwc ? dims_in_order(x, kNhwc) : x).view(),
+                            w.defined() ? w.view() : View{}, b.defined() ? b.view() : View{});
   }
   const Tensor rstd = rsqrt(add_scalar(out.var, n.args.eps));
   std::vector<Tensor> saved{x_in};
@@ -818,12 +815,12 @@ Normalized normalize(const Normalization& n, const Tensor& x_in, const Tensor& w
              if (bias.defined() && bias.requires_grad()) gb = reshape(sum_gy, n.param_shape);
            } else {
              if (x.requires_grad()) {
-               // The weight in x's layout, so that the product walks both in the same order.
-               const auto in_x_layout = [&x](const Tensor& p) {
-                 if (!x.is_channels_last() || p.dim() != 3) return p;
-                 return contiguous(unsqueeze(p, 0), MemoryFormat::ChannelsLast);
-               };
-               const Tensor g_hat = weight.defined() ? gy * in_x_layout(reshape(weight, n.affine_shape)) : gy;
+               // A channels-last x meets the weight in its own layout ([1, C, H, W]), so that the
+               // product walks both in memory order.
+               Tensor w = weight.defined() ? reshape(weight, n.affine_shape) : Tensor();
+               if (w.defined() && normalizes_channels_last(n, x))
+                 w = contiguous(unsqueeze(w, 0), MemoryFormat::ChannelsLast);
+               const Tensor g_hat = w.defined() ? gy * w : gy;
                gx = r * (g_hat - ::evenflow::mean(g_hat, n.reduce_dims, true) -
                          x_hat * ::evenflow::mean(g_hat * x_hat, n.reduce_dims, true));
              }
