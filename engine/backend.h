@@ -39,6 +39,12 @@ struct View {
     }
     return true;
   }
+  // Whether it is a 4-D [N, C, H, W] view with channels-last strides [H·W·C, 1, W·C, C] exactly
+  // (Note [Channels-last] in ops.h; Tensor::is_channels_last asks this).
+  bool is_channels_last() const {
+    const int64_t c = shape[1], h = shape[2], w = shape[3];
+    return ndim == 4 && strides[0] == h * w * c && strides[1] == 1 && strides[2] == w * c && strides[3] == c;
+  }
 };
 
 // Row-major batched GEMM: C[b] = alpha * op(A[b]) * op(B[b]) + beta * C[b], op(A) is [m, k],

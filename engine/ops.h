@@ -36,7 +36,7 @@ namespace evenflow {
   /* reductions */ X(sum) X(mean) X(var) X(max) X(amax) X(norm) X(sum_to)                               \
   /* shape */ X(reshape) X(permute) X(transpose) X(slice) X(select) X(cat) X(stack) X(split) X(chunk)   \
   X(expand) X(flatten) X(squeeze) X(unsqueeze) X(pad)                                                   \
-  /* copies */ X(clone) X(contiguous) X(to_dtype) X(to_device)                                                        \
+  /* copies */ X(clone) X(contiguous) X(to_dtype) X(to_device)                                          \
   /* linear algebra, convolution */ X(matmul) X(linear) X(conv2d) X(conv2d_input_grad)                  \
   X(conv2d_weight_grad) X(conv_transpose2d)                                                             \
   /* pooling, resampling */ X(max_pool2d) X(avg_pool2d) X(adaptive_avg_pool2d) X(upsample_bilinear2d)   \

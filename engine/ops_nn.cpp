@@ -726,6 +726,18 @@ Tensor dims_in_order(const Tensor& t, const Shape& dims) {
 }
 const Shape kNhwc{0, 2, 3, 1}, kHwc{1, 2, 0}, kChw{2, 0, 1};
 
+// An activation (x, y or a gradient of one) as the normalize kernels take it: itself, or with nhwc
+// (a channels-last tensor) its [N, H, W, C] memory; undefined where t is.
+Tensor kernel_activation(const Tensor& t, bool nhwc) {
+  return nhwc && t.defined() ? dims_in_order(t, kNhwc) : t;
+}
+// An affine parameter as the normalize kernels take it: contiguous, and with nhwc in H, W, C order;
+// undefined where p is.
+Tensor kernel_param(const Tensor& p, bool nhwc) {
+  if (!p.defined()) return Tensor();
+  return nhwc ? dims_in_order(p, kHwc).contiguous() : p.contiguous();
+}
+
 // Whether normalize runs on x channels-last (else on a contiguous copy).
 bool normalizes_channels_last(const Normalization& n, const Tensor& x) {
   return n.takes_channels_last && x.is_channels_last();
@@ -743,7 +755,6 @@ detail::Grads normalize_backward(const Normalization& n, const Tensor& gy, const
   const MemoryFormat layout = nhwc ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous;
   // The kernel's operands: contiguous, or channels-last ones seen as [N, H, W, C] with the affine
   // parameters (and their gradients) in H, W, C order.
-  const auto flat = [nhwc](const Tensor& t) { return nhwc ? dims_in_order(t, kNhwc) : t; };
   const Shape param_shape = nhwc ? Shape{n.param_shape[1], n.param_shape[2], n.param_shape[0]} : n.param_shape;
   const Tensor xc = x.contiguous(layout), gyc = gy.contiguous(layout);
   Tensor gx, gw, gb;
@@ -751,13 +762,11 @@ detail::Grads normalize_backward(const Normalization& n, const Tensor& gy, const
   if (weight.defined() && weight.requires_grad()) gw = detail::empty_like_shape(x, param_shape);
   if (bias.defined() && bias.requires_grad()) gb = detail::empty_like_shape(x, param_shape);
   if (x.numel() > 0) {
-    const auto view_or_none = [&flat](const Tensor& t) { return t.defined() ? flat(t).view() : View{}; };
-    const Tensor w = !weight.defined() ? Tensor()
-                     : nhwc            ? dims_in_order(weight, kHwc).contiguous()
-                                       : weight.contiguous();
-    backend_of(x).normalize_backward(n.args, view_or_none(gx), gw.defined() ? gw.view() : View{},
-                                     gb.defined() ? gb.view() : View{}, flat(gyc).view(), flat(xc).view(), mean.view(),
-                                     rstd.view(), w.defined() ? w.view() : View{});
+    const auto view_or_none = [](const Tensor& t) { return t.defined() ? t.view() : View{}; };
+    backend_of(x).normalize_backward(n.args, view_or_none(kernel_activation(gx, nhwc)), view_or_none(gw),
+                                     view_or_none(gb), kernel_activation(gyc, nhwc).view(),
+                                     kernel_activation(xc, nhwc).view(), mean.view(), rstd.view(),
+                                     view_or_none(kernel_param(weight, nhwc)));
   } else {
     for (Tensor* t : {&gw, &gb})
       if (t->defined()) t->fill_(0.0);
@@ -780,13 +789,10 @@ Normalized normalize(const Normalization& n, const Tensor& x_in, const Tensor& w
   Normalized out{detail::empty_in_format(x, x.shape(), nhwc ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous),
                  detail::empty_like_shape(x, n.stat_shape), detail::empty_like_shape(x, n.stat_shape)};
   if (x.numel() > 0) {
-    const auto param = [nhwc](const Tensor& p) {
-      return !p.defined() ? Tensor() : nhwc ? dims_in_order(p, kHwc).contiguous() : p.contiguous();
-    };
-    const Tensor w = param(weight), b = param(bias);
-    backend_of(x).normalize(n.args, (nhwc ? dims_in_order(out.y, kNhwc) : out.y).view(), out.mean.view(),
-                            out.var.view(), (nhwc ? dims_in_order(x, kNhwc) : x).view(),
-                            w.defined() ? w.view() : View{}, b.defined() ? b.view() : View{});
+    const Tensor w = kernel_param(weight, nhwc), b = kernel_param(bias, nhwc);
+    backend_of(x).normalize(n.args, kernel_activation(out.y, nhwc).view(), out.mean.view(), out.var.view(),
+                            kernel_activation(x, nhwc).view(), w.defined() ? w.view() : View{},
+                            b.defined() ? b.view() : View{});
   }
   const Tensor rstd = rsqrt(add_scalar(out.var, n.args.eps));
   std::vector<Tensor> saved{x_in};

@@ -136,7 +136,7 @@ bool Tensor::is_contiguous() const {
 }
 
 bool Tensor::is_channels_last() const {
-  return impl_->shape.size() == 4 && impl_->strides == channels_last_strides(impl_->shape);
+  return dim() == 4 && view().is_channels_last();
 }
 
 std::string Tensor::str() const {

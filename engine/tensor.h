@@ -97,8 +97,9 @@ class Tensor {
   Device device() const;   ///< The device of the storage.
   /// Whether the elements are laid out row-major without gaps (dims of size 1 may have any stride).
   bool is_contiguous() const;
-  /// Whether this is a 4-D tensor with exactly the strides channels_last_strides() gives its shape:
-  /// what the ops take for a channels-last tensor (Note [Channels-last] in ops.h).
+  /// Whether this is a 4-D tensor with exactly the strides channels_last_strides() gives its shape
+  /// (View::is_channels_last): what the ops take for a channels-last tensor (Note [Channels-last] in
+  /// ops.h).
   bool is_channels_last() const;
   std::string str() const;  ///< "Tensor[2, 3] float32 cpu:0" ("Tensor(undefined)" for an undefined one)
   /// @}

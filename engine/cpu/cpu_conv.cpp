@@ -323,11 +323,9 @@ struct ConvGeometry {
 };
 
 // Whether v, an activation of a pass (x, y or a gradient of one), is laid out as args says:
-// contiguous, or channels-last [N, C, H, W] with strides [H·W·C, 1, W·C, C] (Note [Channels-last]).
+// contiguous, or channels-last (Note [Channels-last]).
 bool activation_laid_out(const ConvArgs& a, const View& v) {
-  if (!a.channels_last) return v.is_contiguous();
-  const int64_t c = v.shape[1], h = v.shape[2], w = v.shape[3];
-  return v.ndim == 4 && v.strides[0] == h * w * c && v.strides[1] == 1 && v.strides[2] == w * c && v.strides[3] == c;
+  return a.channels_last ? v.is_channels_last() : v.is_contiguous();
 }
 
 // `second` is the weight, or (weight gradient) the output's gradient: an activation too.
