@@ -175,7 +175,7 @@ class Backend {
   virtual void arange(const View& out, double start, double step) = 0;  // contiguous 1-D
   virtual void copy(const View& out, const View& x) = 0;                // casts between dtypes
   virtual void unary(UnaryOp op, const View& out, const View& x, double a, double b) = 0;
-  virtual void binary(BinaryOp op, const View& out, const View& x, const View& y) = 0;
+  virtual void binary(BinaryOp op, const View& out, const View& x, const View& y, double a) = 0;
   virtual void where(const View& out, const View& cond, const View& x, const View& y) = 0;
 
   // Reduction: out has x's ndim; each dim of out is either x's size or 1 (a reduced dim).

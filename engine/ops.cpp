@@ -121,12 +121,13 @@ Tensor unary_op(const char* name, UnaryOp op, const Tensor& x, UnaryGrad grad_fn
   return y;
 }
 
-Tensor binary_kernel(const char* name, BinaryOp op, const Tensor& a, const Tensor& b) {
+// `s`: the op's scalar (LeakyReluGrad's slope).
+Tensor binary_kernel(const char* name, BinaryOp op, const Tensor& a, const Tensor& b, double s = 0) {
   detail::check_compatible(name, a, b);
   const Shape shape = detail::broadcast_shapes(name, a.shape(), b.shape());
   Tensor y = detail::empty_in_format(a, shape, detail::format_for(shape, {&a, &b}));
   if (y.numel() > 0)
-    backend_of(a).binary(op, y.view(), detail::broadcast_view(a, shape), detail::broadcast_view(b, shape));
+    backend_of(a).binary(op, y.view(), detail::broadcast_view(a, shape), detail::broadcast_view(b, shape), s);
   return y;
 }
 
@@ -261,13 +262,21 @@ Tensor relu(const Tensor& x) {
   return unary_op("relu", UnaryOp::Relu, x,
                   [](const Tensor& in, const Tensor& g, double, double) { return relu_backward(g, in); });
 }
+// leaky_relu's derivative applied to g in one pass: g where x > 0, else slope·g (NaN too), the
+// product with a mask of 1 and slope without the mask (a pass over x and a tensor fewer, in every
+// backward and in a gradient penalty's double backward). Linear in g, piecewise constant in x, as
+// relu_backward.
+static Tensor leaky_relu_backward(const Tensor& g, const Tensor& x, double slope) {
+  Tensor y = binary_kernel("leaky_relu_backward", BinaryOp::LeakyReluGrad, g, x, slope);
+  record("leaky_relu_backward", {y}, {g}, {x},
+         [x, slope](const Grads& gg) { return Grads{leaky_relu_backward(gg[0], x, slope)}; });
+  return y;
+}
+
 Tensor leaky_relu(const Tensor& x, double slope) {
   return unary_op(
       "leaky_relu", UnaryOp::LeakyRelu, x,
-      [](const Tensor& in, const Tensor& g, double s, double) {
-        return g * mask_of(in, UnaryOp::LeakyReluSlope, s);  // 1 where x > 0, else slope
-      },
-      slope);
+      [](const Tensor& in, const Tensor& g, double s, double) { return leaky_relu_backward(g, in, s); }, slope);
 }
 Tensor elu(const Tensor& x, double alpha) {
   return unary_op(
@@ -911,10 +920,10 @@ void add_(const Tensor& x, const Tensor& other, double alpha) {
   if (x.numel() == 0) return;
   NoGradGuard no_grad;
   if (alpha == 1.0) {
-    backend_of(x).binary(BinaryOp::Add, x.view(), x.view(), detail::broadcast_view(other, x.shape()));
+    backend_of(x).binary(BinaryOp::Add, x.view(), x.view(), detail::broadcast_view(other, x.shape()), 0.0);
   } else {
     const Tensor scaled = mul_scalar(other.detach(), alpha);
-    backend_of(x).binary(BinaryOp::Add, x.view(), x.view(), detail::broadcast_view(scaled, x.shape()));
+    backend_of(x).binary(BinaryOp::Add, x.view(), x.view(), detail::broadcast_view(scaled, x.shape()), 0.0);
   }
   bump(x);
 }

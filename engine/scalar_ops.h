@@ -99,11 +99,13 @@ EF_HD inline bool isnan_(T x) {
   X(GtScalar, T(x > T(a)))                                                             \
   X(LeScalar, T(x <= T(a)))                                                            \
   X(InRange, T(x >= T(a) && x <= T(b)))                                                \
-  /* leaky_relu's derivative: 1 where x > 0, else a (NaN too); a mask */               \
-  X(LeakyReluSlope, x > T(0) ? T(1) : T(a))                                            \
   /* x rounded to bfloat16, kept in T: Note [bfloat16 compute]'s operands */           \
   X(RoundBfloat16, T(static_cast<float>(::evenflow::bfloat16(static_cast<float>(x)))))
 
+// Binary ops: out = f(x, y; a), `a` the op's scalar parameter (unused by most). The *Grad ops
+// apply an activation's derivative at y to the incoming gradient x in one pass (no mask tensor):
+// ReluGrad is PyTorch's threshold_backward, y <= 0 ? 0 : x; LeakyReluGrad multiplies x by 1 where
+// y > 0 and by the slope a elsewhere (NaN too), as a mask of those values would.
 #define EF_BINARY_OPS(X)                 \
   X(Add, x + y)                          \
   X(Sub, x - y)                          \
@@ -117,7 +119,8 @@ EF_HD inline bool isnan_(T x) {
   X(Le, T(x <= y))                       \
   X(Eq, T(x == y))                       \
   X(Ne, T(x != y))                       \
-  X(ReluGrad, y <= T(0) ? T(0) : x)
+  X(ReluGrad, y <= T(0) ? T(0) : x)      \
+  X(LeakyReluGrad, y > T(0) ? x : T(a) * x)
 
 #define EF_DECLARE_UNARY_FUNCTOR(name, expr)            \
   struct name {                                         \
@@ -130,6 +133,7 @@ EF_HD inline bool isnan_(T x) {
   };
 #define EF_DECLARE_BINARY_FUNCTOR(name, expr) \
   struct name {                               \
+    double a = 0; /* the op's scalar */       \
     template <typename T>                     \
     EF_HD T operator()(T x, T y) const {      \
       return expr;                            \
@@ -213,13 +217,13 @@ EF_HD inline auto visit_unary(UnaryOp op, F&& f) {
 #undef EF_UNARY_CASE
 #define EF_BINARY_CASE(name, expr) \
   case ::evenflow::BinaryOp::name: \
-    return f(::evenflow::scalar::binary::name{});
+    return f(::evenflow::scalar::binary::name{a});
 template <typename F>
-EF_HD inline auto visit_binary(BinaryOp op, F&& f) {
+EF_HD inline auto visit_binary(BinaryOp op, double a, F&& f) {
   switch (op) {
     EF_BINARY_OPS(EF_BINARY_CASE)
     default:
-      return f(::evenflow::scalar::binary::Add{});
+      return f(::evenflow::scalar::binary::Add{a});
   }
 }
 #undef EF_BINARY_CASE

@@ -199,6 +199,9 @@ void map_elements(const View& out, const std::array<View, sizeof...(In)>& ins, F
   [&]<size_t... I>(std::index_sequence<I...>) {
     const StridedIter<N> it = make_iter(std::array<View, N>{out, ins[I]...}, 0);
     for_each_row(it, [&f](char* const* p, const int64_t* s, int64_t n) {
+      // A local copy: a functor's scalar (LeakyReluGrad's slope) read through the reference would
+      // be reloaded for every element, and the loops would not vectorize.
+      const F fn = f;
       constexpr size_t kOperands = 1 + sizeof...(In);
       Out* o = reinterpret_cast<Out*>(p[0]);
       const std::tuple<const In*...> in{reinterpret_cast<const In*>(p[I + 1])...};
@@ -206,7 +209,7 @@ void map_elements(const View& out, const std::array<View, sizeof...(In)>& ins, F
                                      (s[I + 1] / static_cast<int64_t>(sizeof(In)))...};
       // Written once; stride(i) is the constant 1 in the unit-stride instantiation.
       const auto loop = [&](auto stride) {
-        for (int64_t k = 0; k < n; ++k) o[k * stride(0)] = f(std::get<I>(in)[k * stride(I + 1)]...);
+        for (int64_t k = 0; k < n; ++k) o[k * stride(0)] = fn(std::get<I>(in)[k * stride(I + 1)]...);
       };
       if (std::all_of(es, es + kOperands, [](int64_t e) { return e == 1; })) {
         loop([](size_t) { return int64_t{1}; });
@@ -222,7 +225,7 @@ void map_elements(const View& out, const std::array<View, sizeof...(In)>& ins, F
           const int64_t m = std::min(kChunk, n - c);
           const std::tuple<const In*...> src{(es[I + 1] == 0 ? std::get<I>(copies).data() : std::get<I>(in) + c)...};
           Out* oc = o + c;
-          for (int64_t k = 0; k < m; ++k) oc[k] = f(std::get<I>(src)[k]...);
+          for (int64_t k = 0; k < m; ++k) oc[k] = fn(std::get<I>(src)[k]...);
         }
       } else {
         loop([&es](size_t i) { return es[i]; });
@@ -279,14 +282,14 @@ void unary_impl(UnaryOp op, const View& out, const View& x, double a, double b) 
   });
 }
 
-void binary_impl(BinaryOp op, const View& out, const View& x, const View& y) {
+void binary_impl(BinaryOp op, const View& out, const View& x, const View& y, double a) {
   EF_ASSERT(out.dtype == x.dtype && out.dtype == y.dtype, "binary: operand dtypes differ");
   // Integer division by zero is undefined behaviour in C++; PyTorch's int64 division is floor
   // division anyway, not what the Div functor computes.
   EF_CHECK(!(op == BinaryOp::Div && out.dtype == DType::Int64),
            "div: int64 tensors are not supported (convert to a float dtype first)");
   EF_DISPATCH_ALL(out.dtype, "binary", [&] {
-    visit_binary(op, [&](auto fn) { map_elements<scalar_t, scalar_t, scalar_t>(out, {x, y}, fn); });
+    visit_binary(op, a, [&](auto fn) { map_elements<scalar_t, scalar_t, scalar_t>(out, {x, y}, fn); });
   });
 }
 
@@ -1135,7 +1138,9 @@ class CpuBackend final : public Backend {
   void arange(const View& out, double start, double step) override { arange_impl(out, start, step); }
   void copy(const View& out, const View& x) override { copy_impl(out, x); }
   void unary(UnaryOp op, const View& out, const View& x, double a, double b) override { unary_impl(op, out, x, a, b); }
-  void binary(BinaryOp op, const View& out, const View& x, const View& y) override { binary_impl(op, out, x, y); }
+  void binary(BinaryOp op, const View& out, const View& x, const View& y, double a) override {
+    binary_impl(op, out, x, y, a);
+  }
   void where(const View& out, const View& cond, const View& x, const View& y) override { where_impl(out, cond, x, y); }
   void reduce(ReduceOp op, const View& out, const View& x) override { reduce_impl(op, out, x); }
 

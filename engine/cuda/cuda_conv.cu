@@ -752,7 +752,7 @@ void CudaBackend::conv2d(const ConvArgs& args, const View& y, const View& x, con
   else
     run_conv<ForwardPass>(*this, args, x.dtype, y, x, w);
   // In place on the stream, with the elementwise kernel every other bias add uses.
-  if (bias.data != nullptr) binary(BinaryOp::Add, y, y, channel_broadcast(bias, y));
+  if (bias.data != nullptr) binary(BinaryOp::Add, y, y, channel_broadcast(bias, y), 0.0);
 }
 
 void CudaBackend::conv2d_input_grad(const ConvArgs& args, const View& gx, const View& gy, const View& w) {

@@ -27,11 +27,12 @@ void CudaBackend::copy(const View& out, const View& x) {
   EF_DISPATCH_STORAGE(out.dtype, "copy", [&] { copy_cast<scalar_t>(*this, out, x); });
 }
 
-void CudaBackend::binary(BinaryOp op, const View& out, const View& x, const View& y) {
+void CudaBackend::binary(BinaryOp op, const View& out, const View& x, const View& y, double a) {
   activate();
   EF_ASSERT(out.dtype == x.dtype && out.dtype == y.dtype, "binary: mixed dtypes");
-  EF_DISPATCH_ALL(out.dtype, "binary op",
-                  [&] { visit_binary(op, [&](auto fn) { map<scalar_t, scalar_t, scalar_t>(*this, fn, out, x, y); }); });
+  EF_DISPATCH_ALL(out.dtype, "binary op", [&] {
+    visit_binary(op, a, [&](auto fn) { map<scalar_t, scalar_t, scalar_t>(*this, fn, out, x, y); });
+  });
 }
 
 void CudaBackend::where(const View& out, const View& cond, const View& x, const View& y) {
