@@ -11,6 +11,7 @@
 #include "apps/common/program.h"
 #include "apps/common/run.h"
 #include "apps/common/wgan_critic.h"
+#include "apps/common/wgan_generator.h"
 #include "evenflow/engine/ops.h"
 #include "evenflow/losses/losses.h"
 #include "evenflow/optim/optimizer.h"
@@ -46,6 +47,37 @@ void report(const std::string& name, double seconds, double amount, const char* 
 // For the overhead cases: seconds per op or step, shown in µs.
 void report_latency(const std::string& name, double seconds, double per) {
   std::printf("%s\t%.9f\t%.3f\tus/op\n", name.c_str(), seconds / per, seconds / per * 1e6);
+  std::fflush(stdout);
+}
+
+// Configurations that take turns: each runs `steps` steps, one after the other, round after
+// round (this VM's speed drifts by up to 30% within a minute, so only what was measured side by side
+// compares). Seconds a step, per configuration, per round; round 0 warms up and is left out.
+std::vector<std::vector<double>> time_in_turns(const std::vector<std::function<void()>>& step, int steps, int rounds,
+                                               const ef::Device& d) {
+  std::vector<std::vector<double>> seconds(step.size());
+  for (int round = 0; round <= rounds; ++round) {
+    for (size_t c = 0; c < step.size(); ++c) {
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < steps; ++i) step[c]();
+      ef::synchronize(d);
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (round > 0) seconds[c].push_back(s / steps);
+    }
+  }
+  return seconds;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// The median over rounds of configuration num's time over den's (> 1: den is faster).
+void report_turn_ratio(const std::string& name, const std::vector<double>& num, const std::vector<double>& den) {
+  std::vector<double> r;
+  for (size_t i = 0; i < num.size(); ++i) r.push_back(num[i] / den[i]);
+  std::printf("%s\t%.4f\t%.3f\tratio\n", name.c_str(), median(r), median(r));
   std::fflush(stdout);
 }
 
@@ -153,9 +185,9 @@ int main(int argc, char** argv) {
     // One critic step of wgan_gp (batch 64, width 32, LayerNorm): the critic on a real and a generated
     // batch, the WGAN-GP penalty (a double backward), and the weights' gradients, with the critic's
     // activations contiguous (NCHW) and channels-last, in float32 and with bfloat16 compute (whatever
-    // --precision says: the point is their ratios), the same weights. The four take turns, a few
-    // steps each, round after round (this VM's speed drifts by up to 30% within a minute): medians
-    // over rounds in µs a step, and the medians of each round's ratios.
+    // --precision says: the point is their ratios), the same weights. The four take turns, three
+    // steps each (time_in_turns): medians over rounds in µs a step, and the medians of each round's
+    // ratios.
     if (only.empty() || std::string("wgan_critic_step").find(only) != std::string::npos) {
       struct Config {
         std::string name;
@@ -175,41 +207,87 @@ int main(int argc, char** argv) {
       }
       const ef::Tensor real = ef::rand({64, 1, 28, 28}, o), fake = ef::rand({64, 1, 28, 28}, o);
       const ef::Tensor eps = ef::rand({64, 1, 1, 1}, o);
-      const auto step = [&](ef::nn::Module& critic) {
-        const ef::losses::Critic net = [&critic](const ef::Tensor& x) { return critic(x); };
-        const ef::Tensor loss = ef::mean(net(fake)) - ef::mean(net(real)) +
-                                ef::losses::wgan_gp_penalty(net, real, fake, {.lambda = 10, .eps = eps});
-        loss.backward();
-      };
-      constexpr int kSteps = 3, kRounds = 25;
-      std::vector<std::vector<double>> seconds(configs.size());
-      for (int round = 0; round <= kRounds; ++round) {
-        for (size_t c = 0; c < configs.size(); ++c) {
-          const auto t0 = std::chrono::steady_clock::now();
-          for (int i = 0; i < kSteps; ++i) step(*critics[c]);
-          ef::synchronize(d);
-          const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-          if (round > 0) seconds[c].push_back(s / kSteps);  // round 0 warms up
-        }
+      std::vector<std::function<void()>> steps;
+      for (const auto& critic : critics) {
+        steps.push_back([&, critic] {
+          const ef::losses::Critic net = [&critic](const ef::Tensor& x) { return (*critic)(x); };
+          const ef::Tensor loss = ef::mean(net(fake)) - ef::mean(net(real)) +
+                                  ef::losses::wgan_gp_penalty(net, real, fake, {.lambda = 10, .eps = eps});
+          loss.backward();
+        });
       }
-      const auto median = [](std::vector<double> v) {
-        std::sort(v.begin(), v.end());
-        return v[v.size() / 2];
-      };
+      const auto seconds = time_in_turns(steps, 3, 25, d);
       for (size_t c = 0; c < configs.size(); ++c)
         report_latency("wgan_critic_step_" + configs[c].name, median(seconds[c]), 1);
       const auto ratio = [&](size_t num, size_t den) {
-        std::vector<double> r;
-        for (size_t i = 0; i < seconds[num].size(); ++i) r.push_back(seconds[num][i] / seconds[den][i]);
-        std::printf("wgan_critic_step_%s_over_%s\t%.4f\t%.3f\tratio\n", configs[num].name.c_str(),
-                    configs[den].name.c_str(), median(r), median(r));
+        report_turn_ratio("wgan_critic_step_" + configs[num].name + "_over_" + configs[den].name, seconds[num],
+                          seconds[den]);
       };
       ratio(0, 2);  // bfloat16's gain, NCHW
       ratio(1, 3);  // bfloat16's gain, channels-last
       ratio(0, 3);  // channels-last bfloat16 over NCHW float32
       ratio(0, 1);  // channels-last's gain in float32
       ratio(2, 3);  // channels-last's gain in bfloat16
-      std::fflush(stdout);
+    }
+
+    // The whole wgan_gp training step, as `wgan_gp --devices cpu` runs it on one device (the figure
+    // issue 25's 1.3x is about): 5 critic steps (a generated batch made without gradients, the critic
+    // on it and on a real batch, the WGAN-GP penalty, Adam), then a generator step (the critic's
+    // verdict on a generated batch, Adam); width 32, LayerNorm, batch 64, the critic channels-last
+    // (wgan_gp's default). Float32 against wgan_gp --precision bf16's setting (apps::set_precision),
+    // from the same weights, taking turns a whole step at a time; µs a step (the 5 critic steps and
+    // the generator step) and the median of each round's ratio.
+    if (only.empty() || std::string("wgan_step").find(only) != std::string::npos) {
+      struct Networks {
+        std::shared_ptr<ef::apps::WganGenerator> generator;
+        std::shared_ptr<ef::apps::WganCritic> critic;
+        std::unique_ptr<ef::optim::Adam> opt_g, opt_d;
+      };
+      const std::vector<std::pair<std::string, ef::DType>> configs = {{"fp32", ef::kFloat32}, {"bf16", ef::kBFloat16}};
+      std::vector<Networks> nets;
+      for (const auto& config : configs) {
+        ef::manual_seed(d, 1);
+        Networks n;
+        n.generator = std::make_shared<ef::apps::WganGenerator>(128, 32, ef::nn::ModuleOptions{.device = d});
+        n.critic = std::make_shared<ef::apps::WganCritic>(32, "layernorm", ef::nn::ModuleOptions{.device = d}, true);
+        n.generator->set_compute_dtype(config.second);
+        ef::apps::set_precision(*n.critic, config.second, "conv1");
+        const ef::optim::AdamOptions adam{.lr = 1e-4, .betas = {0.0, 0.9}};
+        n.opt_g = std::make_unique<ef::optim::Adam>(n.generator->parameters(), adam);
+        n.opt_d = std::make_unique<ef::optim::Adam>(n.critic->parameters(), adam);
+        nets.push_back(std::move(n));
+      }
+      const ef::Tensor real = ef::add_scalar(ef::mul_scalar(ef::rand({64, 1, 28, 28}, o), 2.0), -1.0);  // in [-1, 1]
+      std::vector<std::function<void()>> steps;
+      for (Networks& n : nets) {
+        steps.push_back([&] {
+          ef::nn::Module& critic = *n.critic;
+          const ef::losses::Critic net = [&critic](const ef::Tensor& x) { return critic(x); };
+          for (int k = 0; k < 5; ++k) {
+            ef::Tensor fake;
+            {
+              ef::NoGradGuard no_grad;
+              fake = (*n.generator)(ef::randn({64, 128}, o));
+            }
+            const ef::Tensor eps = ef::rand({64, 1, 1, 1}, o);
+            const ef::Tensor loss = ef::losses::wasserstein_critic_loss(net(real), net(fake)) +
+                                    ef::losses::wgan_gp_penalty(net, real, fake, {.lambda = 10, .eps = eps});
+            n.opt_d->zero_grad();
+            loss.backward();
+            n.opt_d->step();
+          }
+          for (ef::Tensor p : critic.parameters()) p.requires_grad_(false);
+          const ef::Tensor loss = ef::losses::wasserstein_generator_loss(net((*n.generator)(ef::randn({64, 128}, o))));
+          n.opt_g->zero_grad();
+          loss.backward();
+          n.opt_g->step();
+          for (ef::Tensor p : critic.parameters()) p.requires_grad_(true);
+        });
+      }
+      const auto seconds = time_in_turns(steps, 1, 15, d);
+      for (size_t c = 0; c < configs.size(); ++c)
+        report_latency("wgan_step_" + configs[c].first, median(seconds[c]), 1);
+      report_turn_ratio("wgan_step_fp32_over_bf16", seconds[0], seconds[1]);
     }
 
     if (only.empty() || std::string("add_bandwidth").find(only) != std::string::npos) {

@@ -40,6 +40,7 @@
 #include "apps/common/progress.h"
 #include "apps/common/run.h"
 #include "apps/common/wgan_critic.h"
+#include "apps/common/wgan_generator.h"
 #include "evenflow/data/fashion_mnist.h"
 #include "evenflow/data/loader.h"
 #include "evenflow/engine/device.h"
@@ -82,31 +83,6 @@ struct Args : ef::apps::RunOptions {
   double ema_decay = 0;               // off: it sampled worse at 2000 steps of 5 critic steps (README)
   std::string classifier = kDefaultClassifier;
   static constexpr const char* kDefaultClassifier = "runs/classify/model.safetensors";
-};
-
-// DCGAN-style generator for 28x28: z -> Linear -> [2w, 7, 7] -> ConvTranspose (14x14) -> ConvTranspose
-// (28x28) -> tanh, with batch normalization (synchronized over the devices) and ReLU between.
-class Generator : public nn::Cloneable<Generator> {
- public:
-  Generator(int64_t z_dim, int64_t width, const nn::ModuleOptions& o) : width_(width) {
-    register_module("fc", std::make_shared<nn::Linear>(z_dim, 2 * width * 7 * 7, true, o));
-    register_module("bn0", std::make_shared<par::SyncBatchNorm>(2 * width * 7 * 7, nn::BatchNormConfig{}, o));
-    register_module("up1", std::make_shared<nn::ConvTranspose2d>(
-                               2 * width, width, 4, nn::ConvTranspose2dConfig{.stride = 2, .padding = 1}, o));
-    register_module("bn1", std::make_shared<par::SyncBatchNorm>(width, nn::BatchNormConfig{}, o));
-    register_module("up2", std::make_shared<nn::ConvTranspose2d>(
-                               width, 1, 4, nn::ConvTranspose2dConfig{.stride = 2, .padding = 1}, o));
-  }
-  std::string name() const override { return "Generator"; }
-  Tensor forward(const Tensor& z) override {
-    Tensor h = ef::relu(child("bn0")->forward(child("fc")->forward(z)));
-    h = ef::reshape(h, {z.size(0), 2 * width_, 7, 7});
-    h = ef::relu(child("bn1")->forward(child("up1")->forward(h)));
-    return ef::tanh(child("up2")->forward(h));
-  }
-
- private:
-  int64_t width_;
 };
 
 // The standard deviation (unbiased) of every value of a batch of `batch` images of which this
@@ -299,7 +275,7 @@ int run(const Args& a) {
   // --precision bf16: both networks' convolutions and products in bfloat16 but the critic's first,
   // which reads the images (set_precision); the penalty's norm and everything else float32 (Note
   // [bfloat16 compute]).
-  auto generator = std::make_shared<Generator>(a.z_dim, a.width, nn::ModuleOptions{.dtype = dtype});
+  auto generator = std::make_shared<ef::apps::WganGenerator>(a.z_dim, a.width, nn::ModuleOptions{.dtype = dtype});
   auto critic_net = std::make_shared<ef::apps::WganCritic>(a.width, a.norm, nn::ModuleOptions{.dtype = dtype},
                                                            a.critic_layout == "channels-last");
   generator->set_compute_dtype(compute);

@@ -1,0 +1,24 @@
+// apps/wgan_gp's generator, shared with apps/bench_engine (which times the whole training step).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "evenflow/layers/layers.h"
+
+namespace evenflow::apps {
+
+// DCGAN-style generator for 28x28: z -> Linear -> [2w, 7, 7] -> ConvTranspose (14x14) -> ConvTranspose
+// (28x28) -> tanh, with batch normalization (synchronized over the devices) and ReLU between:
+// [N, z_dim] -> [N, 1, 28, 28].
+class WganGenerator : public nn::Cloneable<WganGenerator> {
+ public:
+  WganGenerator(int64_t z_dim, int64_t width, const nn::ModuleOptions& o);
+  std::string name() const override { return "Generator"; }
+  Tensor forward(const Tensor& z) override;
+
+ private:
+  int64_t width_;
+};
+
+}  // namespace evenflow::apps
