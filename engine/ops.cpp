@@ -249,34 +249,30 @@ Tensor clamp(const Tensor& x, double lo, double hi) {
       },
       lo, hi);
 }
-// relu's derivative applied to g in one pass: PyTorch's threshold_backward(g, x, 0), x <= 0 ? 0 : g,
-// so a NaN input passes g. Linear in g (so its own derivative in g is itself); piecewise constant
+// A piecewise-linear activation's derivative at x applied to g in one pass (`op`, one of the
+// binary *Grad ops; `s` its scalar), without a mask tensor: relu's is PyTorch's
+// threshold_backward(g, x, 0), x <= 0 ? 0 : g, so a NaN input passes g; leaky_relu's is g where
+// x > 0, else s·g (NaN too). Linear in g (so its own derivative in g is itself); piecewise constant
 // in x, whose derivative is 0.
-static Tensor relu_backward(const Tensor& g, const Tensor& x) {
-  Tensor y = binary_kernel("relu_backward", BinaryOp::ReluGrad, g, x);
-  record("relu_backward", {y}, {g}, {x}, [x](const Grads& gg) { return Grads{relu_backward(gg[0], x)}; });
+static Tensor activation_backward(const char* name, BinaryOp op, const Tensor& g, const Tensor& x, double s) {
+  Tensor y = binary_kernel(name, op, g, x, s);
+  record(name, {y}, {g}, {x},
+         [name, op, x, s](const Grads& gg) { return Grads{activation_backward(name, op, gg[0], x, s)}; });
   return y;
 }
 
 Tensor relu(const Tensor& x) {
-  return unary_op("relu", UnaryOp::Relu, x,
-                  [](const Tensor& in, const Tensor& g, double, double) { return relu_backward(g, in); });
+  return unary_op("relu", UnaryOp::Relu, x, [](const Tensor& in, const Tensor& g, double, double) {
+    return activation_backward("relu_backward", BinaryOp::ReluGrad, g, in, 0.0);
+  });
 }
-// leaky_relu's derivative applied to g in one pass: g where x > 0, else slope·g (NaN too), the
-// product with a mask of 1 and slope without the mask (a pass over x and a tensor fewer, in every
-// backward and in a gradient penalty's double backward). Linear in g, piecewise constant in x, as
-// relu_backward.
-static Tensor leaky_relu_backward(const Tensor& g, const Tensor& x, double slope) {
-  Tensor y = binary_kernel("leaky_relu_backward", BinaryOp::LeakyReluGrad, g, x, slope);
-  record("leaky_relu_backward", {y}, {g}, {x},
-         [x, slope](const Grads& gg) { return Grads{leaky_relu_backward(gg[0], x, slope)}; });
-  return y;
-}
-
 Tensor leaky_relu(const Tensor& x, double slope) {
   return unary_op(
       "leaky_relu", UnaryOp::LeakyRelu, x,
-      [](const Tensor& in, const Tensor& g, double s, double) { return leaky_relu_backward(g, in, s); }, slope);
+      [](const Tensor& in, const Tensor& g, double s, double) {
+        return activation_backward("leaky_relu_backward", BinaryOp::LeakyReluGrad, g, in, s);
+      },
+      slope);
 }
 Tensor elu(const Tensor& x, double alpha) {
   return unary_op(

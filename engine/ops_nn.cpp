@@ -738,6 +738,11 @@ Tensor kernel_param(const Tensor& p, bool nhwc) {
   return nhwc ? dims_in_order(p, kHwc).contiguous() : p.contiguous();
 }
 
+// t's view for a kernel, or an empty View where t is undefined (an operand the kernel goes without).
+View view_or_none(const Tensor& t) {
+  return t.defined() ? t.view() : View{};
+}
+
 // Whether normalize runs on x channels-last (else on a contiguous copy).
 bool normalizes_channels_last(const Normalization& n, const Tensor& x) {
   return n.takes_channels_last && x.is_channels_last();
@@ -762,7 +767,6 @@ detail::Grads normalize_backward(const Normalization& n, const Tensor& gy, const
   if (weight.defined() && weight.requires_grad()) gw = detail::empty_like_shape(x, param_shape);
   if (bias.defined() && bias.requires_grad()) gb = detail::empty_like_shape(x, param_shape);
   if (x.numel() > 0) {
-    const auto view_or_none = [](const Tensor& t) { return t.defined() ? t.view() : View{}; };
     backend_of(x).normalize_backward(n.args, view_or_none(kernel_activation(gx, nhwc)), view_or_none(gw),
                                      view_or_none(gb), kernel_activation(gyc, nhwc).view(),
                                      kernel_activation(xc, nhwc).view(), mean.view(), rstd.view(),
@@ -791,8 +795,7 @@ Normalized normalize(const Normalization& n, const Tensor& x_in, const Tensor& w
   if (x.numel() > 0) {
     const Tensor w = kernel_param(weight, nhwc), b = kernel_param(bias, nhwc);
     backend_of(x).normalize(n.args, kernel_activation(out.y, nhwc).view(), out.mean.view(), out.var.view(),
-                            kernel_activation(x, nhwc).view(), w.defined() ? w.view() : View{},
-                            b.defined() ? b.view() : View{});
+                            kernel_activation(x, nhwc).view(), view_or_none(w), view_or_none(b));
   }
   const Tensor rstd = rsqrt(add_scalar(out.var, n.args.eps));
   std::vector<Tensor> saved{x_in};
