@@ -15,8 +15,9 @@ critic gradients from float64, in evenflow (--precision bf16) and in PyTorch (to
                            create_graph and the penalty's norm inside autocast, as a training step
                            wraps its loss; the parameter gradients taken after it), reads evenflow's
                            (apps/tools/penalty_grads: float64, float32, bf16 as wgan_gp --precision bf16
-                           computes, its first convolution in float32, and bf16 with that one in bfloat16
-                           too) and prints, per parameter
+                           computes, its first convolution in float32, bf16 with that one in bfloat16
+                           too, and bf16 with the activations between the critic's layers stored in
+                           bfloat16, as autocast stores them) and prints, per parameter
                            and then as max and median over the parameters, each one's relative error
                            |g - g64|_2 / |g64|_2 against PyTorch's float64 gradients. evenflow's float64
                            against PyTorch's shows that the two compute the same penalty (~1e-15).
@@ -93,6 +94,7 @@ def report(a):
         "evenflow float32": {n: ours["float32." + n].double() for n in ref},
         "evenflow bf16": {n: ours["bf16." + n].double() for n in ref},
         "evenflow bf16, conv1 too": {n: ours["bf16_all." + n].double() for n in ref},
+        "evenflow bf16, bf16 storage": {n: ours["bf16_storage." + n].double() for n in ref},
         "PyTorch float32": torch_grads(a, inputs, "float32"),
         "PyTorch autocast bf16": torch_grads(a, inputs, "autocast bf16"),
     }

@@ -1,10 +1,11 @@
 // penalty_grads: the WGAN-GP penalty's gradients with respect to apps/wgan_gp's critic parameters,
-// computed four ways from one inputs file -- float64, float32, wgan_gp --precision bf16's arithmetic
+// computed five ways from one inputs file -- float64, float32, wgan_gp --precision bf16's arithmetic
 // (Note [bfloat16 compute] in engine/ops.h: the critic's convolutions and products with bfloat16
 // operands and float32 accumulation but the first, which reads the images (apps::set_precision);
-// the LayerNorm, the penalty's norm and every sum in float32), and the same with the first
-// convolution in bfloat16 too -- written to one output file as
-// "<float64|float32|bf16|bf16_all>.<parameter>". scripts/bench_penalty.sh
+// the LayerNorm, the penalty's norm and every sum in float32), the same with the first
+// convolution in bfloat16 too, and wgan_gp's bf16 with every activation between the critic's
+// layers stored in bfloat16 (critic_with_bf16_storage) -- written to one output file as
+// "<float64|float32|bf16|bf16_all|bf16_storage>.<parameter>". scripts/bench_penalty.sh
 // writes the inputs with PyTorch (critic weights, a real and a generated batch, the interpolation
 // weights), computes PyTorch's own gradients (float64, float32, autocast bfloat16) and prints each
 // one's relative error against float64.
@@ -20,6 +21,26 @@
 
 namespace ef = evenflow;
 
+namespace {
+
+// The critic's forward (WganCritic::forward's, contiguous) with every activation between its layers
+// stored in bfloat16: the value, its gradient and its gradient's gradient rounded to bfloat16 there
+// (a round trip through the dtype, whose casts round in both directions of autograd), as
+// torch.autocast keeps a convolution's output and its gradient. What holding activations in
+// bfloat16 (to halve their memory traffic) would cost the penalty; the engine holds them in
+// float32 (Note [bfloat16 compute]).
+ef::Tensor critic_with_bf16_storage(const ef::apps::WganCritic& critic, const ef::Tensor& x) {
+  const auto stored = [](const ef::Tensor& t) { return t.to(ef::kBFloat16).to(ef::kFloat32); };
+  ef::Tensor h = stored(critic.child("conv1")->forward(x));
+  h = stored(ef::leaky_relu(h, 0.2));
+  h = stored(critic.child("conv2")->forward(h));
+  h = stored(critic.child("norm")->forward(h));
+  h = stored(ef::leaky_relu(h, 0.2));
+  return ef::reshape(critic.child("fc")->forward(ef::flatten(h, 1)), {x.size(0)});
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   CLI::App app{"the WGAN-GP penalty's critic gradients in float64, float32 and bfloat16 compute"};
   std::string inputs, out, norm = "layernorm";
@@ -30,7 +51,7 @@ int main(int argc, char** argv) {
                  "safetensors: critic.<parameter> (PyTorch's names, float32), real, fake [N, 1, 28, 28] and eps "
                  "[N, 1, 1, 1] (float32)")
       ->required();
-  app.add_option("--out", out, "safetensors written: float64.<parameter>, float32.<...>, bf16.<...>, bf16_all.<...>")
+  app.add_option("--out", out, "safetensors written: float64.<parameter>, float32.<...>, bf16.<...>, bf16_all.<...>, bf16_storage.<...>")
       ->required();
   app.add_option("--width", width, "the critic's width, as wgan_gp's --width")->check(CLI::PositiveNumber);
   app.add_option("--norm", norm, "the critic's normalization: layernorm, syncbn or none");
@@ -46,18 +67,22 @@ int main(int argc, char** argv) {
     ef::io::NamedTensors grads;
     for (const auto& [mode, dtype, compute] :
          {std::tuple{"float64", ef::kFloat64, ef::kFloat64}, std::tuple{"float32", ef::kFloat32, ef::kFloat32},
-          std::tuple{"bf16", ef::kFloat32, ef::kBFloat16}, std::tuple{"bf16_all", ef::kFloat32, ef::kBFloat16}}) {
+          std::tuple{"bf16", ef::kFloat32, ef::kBFloat16}, std::tuple{"bf16_all", ef::kFloat32, ef::kBFloat16},
+          std::tuple{"bf16_storage", ef::kFloat32, ef::kBFloat16}}) {
       ef::apps::WganCritic critic(width, norm, {.dtype = dtype});
       ef::nn::NamedTensors weights;
       for (const auto& [name, p] : critic.named_parameters())
         weights.emplace_back(name, file.at("critic." + name).to(dtype));
       // Every parameter is named; syncbn's running statistics are not used in training mode.
       critic.load_state_dict(weights, /*strict=*/false);
-      if (std::string(mode) == "bf16")
+      const std::string m = mode;
+      if (m == "bf16" || m == "bf16_storage")
         ef::apps::set_precision(critic, compute, "conv1");  // as wgan_gp --precision bf16
       else if (compute == ef::kBFloat16)
         critic.set_compute_dtype(compute);
-      const ef::losses::Critic d = [&critic](const ef::Tensor& x) { return critic(x); };
+      const ef::losses::Critic d = [&critic, &m](const ef::Tensor& x) {
+        return m == "bf16_storage" ? critic_with_bf16_storage(critic, x) : critic(x);
+      };
       const ef::Tensor penalty = ef::losses::wgan_gp_penalty(d, file.at("real").to(dtype), file.at("fake").to(dtype),
                                                              {.lambda = lambda, .eps = file.at("eps").to(dtype)});
       const auto params = critic.named_parameters();
