@@ -51,7 +51,9 @@ int main(int argc, char** argv) {
                  "safetensors: critic.<parameter> (PyTorch's names, float32), real, fake [N, 1, 28, 28] and eps "
                  "[N, 1, 1, 1] (float32)")
       ->required();
-  app.add_option("--out", out, "safetensors written: float64.<parameter>, float32.<...>, bf16.<...>, bf16_all.<...>, bf16_storage.<...>")
+  app.add_option(
+         "--out", out,
+         "safetensors written: float64.<parameter>, float32.<...>, bf16.<...>, bf16_all.<...>, bf16_storage.<...>")
       ->required();
   app.add_option("--width", width, "the critic's width, as wgan_gp's --width")->check(CLI::PositiveNumber);
   app.add_option("--norm", norm, "the critic's normalization: layernorm, syncbn or none");
