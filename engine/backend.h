@@ -227,6 +227,19 @@ class Backend {
   // weight, bias) are overwritten, each skipped when its data is null.
   virtual void normalize_backward(const NormArgs& args, const View& gx, const View& gw, const View& gb, const View& gy,
                                   const View& x, const View& mean, const View& rstd, const View& weight) = 0;
+  // Its second-order gradient, for a double backward whose own graph is not needed (Note [Fused
+  // normalization] in ops_nn.cpp): given ggx, ggw and ggb, the gradients reaching gx, gw and gb
+  // (shaped like x, weight, weight; a view with null data is zero), writes the gradients of gy, x
+  // and weight (dgy and dx like x, dw like weight; each skipped when its data is null). Operands as
+  // in normalize_backward. Returns false, writing nothing, where the backend has no kernel for
+  // `args`: the op then computes the same formula with differentiable ops.
+  virtual bool normalize_double_backward(const NormArgs& args, const View& dgy, const View& dx, const View& dw,
+                                         const View& ggx, const View& ggw, const View& ggb, const View& gy,
+                                         const View& x, const View& mean, const View& rstd, const View& weight) {
+    (void)args, (void)dgy, (void)dx, (void)dw, (void)ggx, (void)ggw, (void)ggb, (void)gy, (void)x, (void)mean,
+        (void)rstd, (void)weight;
+    return false;
+  }
 
   // Softmax or log-softmax over the last dim of a contiguous [rows, cols] view.
   virtual void softmax(const View& out, const View& x, bool log) = 0;

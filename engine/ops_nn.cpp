@@ -695,10 +695,13 @@ namespace {
 // over memory, where the composite (mean, sub, square, mean, add, rsqrt, mul, mul, add) made about
 // ten, each with a temporary. Over the n elements of a group, with x̂ = (x - μ)·r and ĝ = gy·w,
 //   gx = r·(ĝ - mean(ĝ) - x̂·mean(ĝ·x̂)),  gw = Σ gy·x̂,  gb = Σ gy.
-// A backward that needs no graph of its own (no create_graph) computes that in one kernel too
-// (Backend::normalize_backward: two passes). Under create_graph it is differentiable ops, so that
-// double backward (gradient penalties) works, with μ and r computed again from x, so that the
-// second derivative sees their dependence on x; the kernel's μ and r serve otherwise.
+// The backward computes that in one kernel too (Backend::normalize_backward: two passes). Under
+// create_graph (a gradient penalty) those gradients are recorded as one node, whose backward, the
+// second-order gradients, is again one kernel (Backend::normalize_double_backward: two passes)
+// where no graph of it is needed; otherwise (a third order, or a backend without that kernel) it is
+// the same closed form as differentiable ops, with μ and r computed again from x so that the next
+// derivative sees their dependence on x. (The first order as differentiable ops, differentiated by
+// autograd, was about fifty elementwise ops and reductions per normalization in a penalty.)
 struct Normalization {
   const char* op;
   NormArgs args;
@@ -782,6 +785,96 @@ detail::Grads normalize_backward(const Normalization& n, const Tensor& gy, const
   return {gx, gw, gb};
 }
 
+// normalize's second-order gradients -- of gy, x and the weight, given ggx, ggw and ggb reaching gx,
+// gw and gb (each undefined where none does) -- as differentiable ops: the closed form of
+// normalize_double_backward_typed (cpu_backend.cpp), with μ and r computed again from x where the
+// result is itself differentiated with respect to x (a third order), as the first order's composite
+// did. For a backend without the kernel, and for a double backward under create_graph.
+detail::Grads normalize_double_backward_ops(const Normalization& n, const Tensor& ggx, const Tensor& ggw,
+                                            const Tensor& ggb, const Tensor& gy, const Tensor& x, const Tensor& mean,
+                                            const Tensor& rstd, const Tensor& weight) {
+  Tensor mu = mean, r = rstd;
+  if (grad_enabled() && x.requires_grad()) {
+    mu = ::evenflow::mean(x, n.reduce_dims, true);
+    r = rsqrt(add_scalar(::evenflow::mean(square(x - mu), n.reduce_dims, true), n.args.eps));
+  }
+  const auto group_mean = [&n](const Tensor& t) { return ::evenflow::mean(t, n.reduce_dims, true); };
+  const Tensor x_hat = (x - mu) * r;
+  const Tensor w = weight.defined() ? reshape(weight, n.affine_shape) : Tensor();
+  const Tensor bw = ggw.defined() ? reshape(ggw, n.affine_shape) : Tensor();
+  const Tensor g_hat = w.defined() ? gy * w : gy;
+  const Tensor a = ggx.defined() ? ggx : zeros_like(x);
+  const Tensor a2 = group_mean(a * x_hat);
+  const Tensor t = r * (a - group_mean(a) - x_hat * a2);  // the gradient reaching ĝ
+  Tensor dgy, dx, dw;
+  if (input_grad_needed(0)) {
+    dgy = w.defined() ? t * w : t;
+    if (ggb.defined()) dgy = dgy + reshape(ggb, n.affine_shape);
+    if (bw.defined()) dgy = dgy + bw * x_hat;
+  }
+  if (input_grad_needed(1)) {
+    const Tensor m2 = group_mean(g_hat * x_hat);
+    const Tensor gx = r * (g_hat - group_mean(g_hat) - x_hat * m2);
+    Tensor big_g = -(r * m2 * a) - r * a2 * g_hat;  // the gradient reaching x̂
+    if (bw.defined()) big_g = big_g + bw * gy;
+    dx = r * (big_g - group_mean(big_g) - x_hat * group_mean(big_g * x_hat)) - r * x_hat * group_mean(a * gx);
+  }
+  if (weight.defined() && input_grad_needed(2)) dw = sum_to_param(n, gy * t);
+  return {dgy, dx, dw};
+}
+
+// The same, by the backend's kernel where it has one and no graph of the result is needed.
+detail::Grads normalize_double_backward(const Normalization& n, const Tensor& ggx, const Tensor& ggw, const Tensor& ggb,
+                                        const Tensor& gy, const Tensor& x, const Tensor& mean, const Tensor& rstd,
+                                        const Tensor& weight) {
+  if (grad_enabled()) return normalize_double_backward_ops(n, ggx, ggw, ggb, gy, x, mean, rstd, weight);
+  const bool nhwc = normalizes_channels_last(n, x);
+  const MemoryFormat layout = nhwc ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous;
+  const Shape param_shape = nhwc ? Shape{n.param_shape[1], n.param_shape[2], n.param_shape[0]} : n.param_shape;
+  const Tensor xc = x.contiguous(layout), gyc = gy.contiguous(layout);
+  const Tensor ggxc = ggx.defined() ? ggx.contiguous(layout) : Tensor();
+  Tensor dgy, dx, dw;
+  if (input_grad_needed(0)) dgy = detail::empty_in_format(x, x.shape(), layout);
+  if (input_grad_needed(1)) dx = detail::empty_in_format(x, x.shape(), layout);
+  if (weight.defined() && input_grad_needed(2)) dw = detail::empty_like_shape(x, param_shape);
+  if (!backend_of(x).normalize_double_backward(
+          n.args, view_or_none(kernel_activation(dgy, nhwc)), view_or_none(kernel_activation(dx, nhwc)),
+          view_or_none(dw), view_or_none(kernel_activation(ggxc, nhwc)), view_or_none(kernel_param(ggw, nhwc)),
+          view_or_none(kernel_param(ggb, nhwc)), kernel_activation(gyc, nhwc).view(),
+          kernel_activation(xc, nhwc).view(), mean.view(), rstd.view(), view_or_none(kernel_param(weight, nhwc))))
+    return normalize_double_backward_ops(n, ggx, ggw, ggb, gy, x, mean, rstd, weight);
+  if (nhwc && dw.defined()) dw = dims_in_order(dw, kChw).contiguous();
+  return {dgy, dx, dw};
+}
+
+// The first-order gradients under create_graph: normalize_backward's, recorded as one node whose
+// backward is normalize_double_backward (Note [Fused normalization]).
+detail::Grads differentiable_normalize_backward(const Normalization& n, const Tensor& gy, const Tensor& x,
+                                                const Tensor& mean, const Tensor& rstd, const Tensor& weight,
+                                                const Tensor& bias) {
+  detail::Grads first;
+  {
+    NoGradGuard no_grad;
+    first = normalize_backward(n, gy, x, mean, rstd, weight, bias);
+  }
+  std::vector<Tensor> outputs;  // gx, gw and gb, those computed
+  for (const Tensor& t : first)
+    if (t.defined()) outputs.push_back(t);
+  if (outputs.empty()) return first;
+  const bool has_gx = first[0].defined(), has_gw = first[1].defined(), has_gb = first[2].defined();
+  std::vector<Tensor> saved{gy, x};
+  if (weight.defined()) saved.push_back(weight);
+  record("normalize_backward", outputs, {gy, x, weight}, saved,
+         [n, gy, x, mean, rstd, weight, has_gx, has_gw, has_gb](const Grads& g) {
+           size_t k = 0;
+           const Tensor ggx = has_gx ? g[k++] : Tensor();
+           const Tensor ggw = has_gw ? g[k++] : Tensor();
+           const Tensor ggb = has_gb ? g[k++] : Tensor();
+           return normalize_double_backward(n, ggx, ggw, ggb, gy, x, mean, rstd, weight);
+         });
+  return first;
+}
+
 // y, and the group statistics μ and biased variance in n.stat_shape (Note [Fused normalization]).
 struct Normalized {
   Tensor y, mean, var;
@@ -803,40 +896,7 @@ Normalized normalize(const Normalization& n, const Tensor& x_in, const Tensor& w
   record(n.op, {out.y}, {x_in, weight, bias}, saved,
          [x = x_in, weight, bias, mean = out.mean, rstd, n](const Grads& g) {
            if (!grad_enabled()) return normalize_backward(n, g[0], x, mean, rstd, weight, bias);
-           Tensor mu = mean, r = rstd;
-           if (x.requires_grad()) {
-             mu = ::evenflow::mean(x, n.reduce_dims, true);
-             r = rsqrt(add_scalar(::evenflow::mean(square(x - mu), n.reduce_dims, true), n.args.eps));
-           }
-           const Tensor& gy = g[0];
-           const Tensor x_hat = (x - mu) * r;
-           Tensor gx, gw, gb;
-           if (n.args.affine_per_group) {
-             // w is one number per group, so mean(ĝ) = w·Σgy/n and mean(ĝ·x̂) = w·Σ(gy·x̂)/n: two
-             // reductions, which are also gb and gw, instead of four.
-             const Tensor sum_gy = sum(gy, n.reduce_dims, true), sum_gy_x_hat = sum(gy * x_hat, n.reduce_dims, true);
-             if (x.requires_grad()) {
-               const double inv_count = 1.0 / static_cast<double>(n.args.outer * n.args.inner);
-               const Tensor scale = weight.defined() ? r * reshape(weight, n.affine_shape) : r;
-               gx = (gy - mul_scalar(sum_gy, inv_count) - x_hat * mul_scalar(sum_gy_x_hat, inv_count)) * scale;
-             }
-             if (weight.defined() && weight.requires_grad()) gw = reshape(sum_gy_x_hat, n.param_shape);
-             if (bias.defined() && bias.requires_grad()) gb = reshape(sum_gy, n.param_shape);
-           } else {
-             if (x.requires_grad()) {
-               // A channels-last x meets the weight in its own layout ([1, C, H, W]), so that the
-               // product walks both in memory order.
-               Tensor w = weight.defined() ? reshape(weight, n.affine_shape) : Tensor();
-               if (w.defined() && normalizes_channels_last(n, x))
-                 w = contiguous(unsqueeze(w, 0), MemoryFormat::ChannelsLast);
-               const Tensor g_hat = w.defined() ? gy * w : gy;
-               gx = r * (g_hat - ::evenflow::mean(g_hat, n.reduce_dims, true) -
-                         x_hat * ::evenflow::mean(g_hat * x_hat, n.reduce_dims, true));
-             }
-             if (weight.defined() && weight.requires_grad()) gw = sum_to_param(n, gy * x_hat);
-             if (bias.defined() && bias.requires_grad()) gb = sum_to_param(n, gy);
-           }
-           return Grads{gx, gw, gb};
+           return differentiable_normalize_backward(n, g[0], x, mean, rstd, weight, bias);
          });
   return out;
 }

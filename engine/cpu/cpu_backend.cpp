@@ -842,6 +842,113 @@ void normalize_backward_typed(const NormArgs& a, T* gx, T* gw, T* gb, const T* g
   }
 }
 
+// Backend::normalize_double_backward, for every layout (normalize_columns' too: batch_norm of [N, C],
+// whose double backward no training here takes, walks its columns one element a row). Per group,
+// with x̂, ĝ, r as in the backward, A the gradient reaching gx and Bw, Bb those reaching gw, gb (each
+// per feature, or one number for the group), and m1 = mean(ĝ), m2 = mean(ĝ·x̂), a1 = mean(A),
+// a2 = mean(A·x̂):
+//   t = r·(A - a1 - x̂·a2)                       (the gradient reaching ĝ)
+//   dgy = w·t + Bb + Bw·x̂,  dw = Σ gy·t
+//   G = Bw·gy - r·m2·A - r·a2·ĝ                  (the gradient reaching x̂)
+//   dx = r·(G - mean(G) - x̂·mean(G·x̂)) - r·x̂·mean(A·gx)
+// (the last term: gx's own factor r depends on x). Two passes over a group: seven sums (mean(G) and
+// mean(G·x̂) follow from them), then the outputs. ops_nn.cpp's normalize_double_backward_ops is the
+// same formula as differentiable ops.
+// One row (`inner` elements) of the second pass. Operands absent or per group come as rows of
+// that value, outputs not asked for as a scratch row, so the loop has no branches and vectorizes.
+template <typename T>
+void normalize_double_backward_row(int64_t inner, T* __restrict dgy, T* __restrict dx, acc_t<T>* __restrict dw,
+                                   const T* __restrict ggx, const T* __restrict bw, const T* __restrict bb,
+                                   const T* __restrict gy, const T* __restrict x, const T* __restrict w, T m, T r, T a1,
+                                   T a2, T a3, T r_m2, T r_a2, T mean_big_g, T mean_big_g_x_hat) {
+  for (int64_t i = 0; i < inner; ++i) {
+    const T x_hat = (x[i] - m) * r, dy = gy[i], gg = ggx[i];
+    const T t = r * (gg - a1 - x_hat * a2);
+    dgy[i] = w[i] * t + bb[i] + bw[i] * x_hat;
+    const T big_g = bw[i] * dy - r_m2 * gg - r_a2 * (dy * w[i]);
+    dx[i] = r * (big_g - mean_big_g - x_hat * mean_big_g_x_hat) - r * x_hat * a3;
+    dw[i] += static_cast<acc_t<T>>(dy * t);
+  }
+}
+
+template <typename T>
+void normalize_double_backward_typed(const NormArgs& a, T* dgy, T* dx, T* dw, const T* ggx, const T* ggw, const T* ggb,
+                                     const T* gy, const T* x, const T* mean, const T* rstd, const T* w) {
+  using A = acc_t<T>;
+  const int64_t n = a.outer * a.inner, stride = a.groups * a.inner;
+  const auto inner = static_cast<size_t>(a.inner);
+  const bool per_feature = !a.affine_per_group;
+  const int nt = threads_for(a.groups * n * 3);
+  // dw's sums per feature, one row a thread (summed in thread order at the end); per group, a row
+  // summed at the end of each group.
+  std::vector<A> dw_rows(static_cast<size_t>(nt) * inner, A(0));
+#pragma omp parallel num_threads(nt) if (nt > 1)
+  {
+    A* dw_row = dw_rows.data() + static_cast<size_t>(thread_index()) * inner;
+    // Rows standing in for operands absent or per group, and for outputs not asked for.
+    std::vector<T> w_row(inner, T(1)), bw_row(inner, T(0)), bb_row(inner, T(0)), zero_row(inner, T(0)), dgy_sink(inner),
+        dx_sink(inner);
+    const T* fw = per_feature && w != nullptr ? w : w_row.data();
+    const T* fbw = per_feature && ggw != nullptr ? ggw : bw_row.data();
+    const T* fbb = per_feature && ggb != nullptr ? ggb : bb_row.data();
+#pragma omp for schedule(static)
+    for (int64_t g = 0; g < a.groups; ++g) {
+      const T m = mean[g], r = rstd[g];
+      if (!per_feature) {
+        std::fill(w_row.begin(), w_row.end(), w != nullptr ? w[g] : T(1));
+        std::fill(bw_row.begin(), bw_row.end(), ggw != nullptr ? ggw[g] : T(0));
+        std::fill(bb_row.begin(), bb_row.end(), ggb != nullptr ? ggb[g] : T(0));
+        std::fill(dw_row, dw_row + inner, A(0));
+      }
+      const int64_t base = g * a.inner;
+      A s_g[kLanes] = {}, s_gx[kLanes] = {}, s_a[kLanes] = {}, s_ax[kLanes] = {}, s_ag[kLanes] = {}, s_b[kLanes] = {},
+        s_bx[kLanes] = {};
+      for (int64_t o = 0; o < a.outer; ++o) {
+        const T* xr = x + base + o * stride;
+        const T* gyr = gy + base + o * stride;
+        const T* ggr = ggx != nullptr ? ggx + base + o * stride : zero_row.data();
+        for_lanes(a.inner, [&](int64_t i, int l) {
+          const T x_hat = (xr[i] - m) * r, g_hat = gyr[i] * fw[i], gg = ggr[i], b_gy = gyr[i] * fbw[i];
+          s_g[l] += g_hat;
+          s_gx[l] += g_hat * x_hat;
+          s_a[l] += gg;
+          s_ax[l] += gg * x_hat;
+          s_ag[l] += gg * g_hat;
+          s_b[l] += b_gy;
+          s_bx[l] += b_gy * x_hat;
+        });
+      }
+      const A inv_n = A(1) / static_cast<A>(n);
+      const A sum_g = lanes_total(s_g), sum_gx = lanes_total(s_gx), sum_a = lanes_total(s_a),
+              sum_ax = lanes_total(s_ax);
+      const T m1 = static_cast<T>(sum_g * inv_n), m2 = static_cast<T>(sum_gx * inv_n);
+      const T a1 = static_cast<T>(sum_a * inv_n), a2 = static_cast<T>(sum_ax * inv_n);
+      const T a3 = r * static_cast<T>(lanes_total(s_ag) * inv_n - A(a1) * A(m1) - A(a2) * A(m2));
+      const T r_m2 = r * m2, r_a2 = r * a2;
+      const T mean_big_g = static_cast<T>((lanes_total(s_b) - A(r_m2) * sum_a - A(r_a2) * sum_g) * inv_n);
+      const T mean_big_g_x_hat = static_cast<T>((lanes_total(s_bx) - A(r_m2) * sum_ax - A(r_a2) * sum_gx) * inv_n);
+      for (int64_t o = 0; o < a.outer; ++o) {
+        const int64_t at = base + o * stride;
+        normalize_double_backward_row<T>(a.inner, dgy != nullptr ? dgy + at : dgy_sink.data(),
+                                         dx != nullptr ? dx + at : dx_sink.data(), dw_row,
+                                         ggx != nullptr ? ggx + at : zero_row.data(), fbw, fbb, gy + at, x + at, fw, m,
+                                         r, a1, a2, a3, r_m2, r_a2, mean_big_g, mean_big_g_x_hat);
+      }
+      if (dw != nullptr && !per_feature) {
+        A sum = 0;
+        for (size_t i = 0; i < inner; ++i) sum += dw_row[i];
+        dw[g] = static_cast<T>(sum);
+      }
+    }
+  }
+  if (dw == nullptr || !per_feature) return;
+  for (size_t i = 0; i < inner; ++i) {
+    A sum = 0;
+    for (int t = 0; t < nt; ++t) sum += dw_rows[static_cast<size_t>(t) * inner + i];
+    dw[i] = static_cast<T>(sum);
+  }
+}
+
 // The common 2x2, stride-2 window without padding or dilation, 8 outputs at a time: the general
 // loop's comparisons become unpredictable branches on real data (GCC does not turn them into
 // selects), which made it ~45 cycles an output; vector selects take a few. Same rule as the general
@@ -1214,6 +1321,22 @@ class CpuBackend final : public Backend {
                                   static_cast<const T*>(mean.data), static_cast<const T*>(rstd.data),
                                   static_cast<const T*>(weight.data));
     });
+  }
+
+  bool normalize_double_backward(const NormArgs& args, const View& dgy, const View& dx, const View& dw, const View& ggx,
+                                 const View& ggw, const View& ggb, const View& gy, const View& x, const View& mean,
+                                 const View& rstd, const View& weight) override {
+    EF_ASSERT(x.is_contiguous() && gy.is_contiguous() && mean.is_contiguous() && rstd.is_contiguous(),
+              "normalize_double_backward: expects contiguous views");
+    EF_DISPATCH_FLOAT(x.dtype, "normalize_double_backward", [&] {
+      using T = scalar_t;
+      normalize_double_backward_typed<T>(
+          args, static_cast<T*>(dgy.data), static_cast<T*>(dx.data), static_cast<T*>(dw.data),
+          static_cast<const T*>(ggx.data), static_cast<const T*>(ggw.data), static_cast<const T*>(ggb.data),
+          static_cast<const T*>(gy.data), static_cast<const T*>(x.data), static_cast<const T*>(mean.data),
+          static_cast<const T*>(rstd.data), static_cast<const T*>(weight.data));
+    });
+    return true;
   }
 
   void max_pool2d(const PoolArgs& args, const View& out, const View& indices, const View& x) override {

@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <set>
 
@@ -155,6 +156,128 @@ TEST_CASE("layer_norm and batch_norm: the fused kernel equals the unfused formul
     const Tensor batch_var = reshape(var(x, {0, 2, 3}, true), {3});  // unbiased, as PyTorch keeps it
     CHECK(compare(running_mean, mul_scalar(batch_mean, 0.25), tol, tol).empty());
     CHECK(compare(running_var, add_scalar(mul_scalar(batch_var, 0.25), 0.75), tol, tol).empty());
+  }
+}
+
+// Note [Fused normalization]: the second-order gradients, from the kernel (a double backward without
+// create_graph) and from its differentiable form (with it), against those of the unfused formula:
+// reaching the input, the output gradient and the weight through all three first-order gradients,
+// for layer norm (also channels-last and without affine parameters) and batch norm (also of [N, C]).
+TEST_CASE("layer_norm and batch_norm: the double backward, kernel and differentiable form, equals the unfused one") {
+  manual_seed(cpu(), 13);
+  using Norm = std::function<Tensor(const Tensor&, const Tensor&, const Tensor&)>;
+  const auto unfused = [](const Shape& dims, const Shape& affine, double eps) {
+    return [dims, affine, eps](const Tensor& x, const Tensor& w, const Tensor& b) {
+      const Tensor centered = x - mean(x, dims, true);
+      const Tensor y = centered * rsqrt(mean(square(centered), dims, true) + eps);
+      return w.defined() ? y * reshape(w, affine) + reshape(b, affine) : y;
+    };
+  };
+  struct Case {
+    const char* name;
+    Shape x_shape, param_shape;
+    bool channels_last;
+    Norm fused, reference;
+  };
+  const std::vector<Case> cases{
+      {"layer_norm",
+       {3, 4, 5},
+       {4, 5},
+       false,
+       [](const Tensor& x, const Tensor& w, const Tensor& b) {
+         return layer_norm(x, {4, 5}, w, b, 1e-3);
+       },
+       unfused({1, 2}, {1, 4, 5}, 1e-3)},
+      {"layer_norm, channels-last",
+       {2, 3, 4, 5},
+       {3, 4, 5},
+       true,
+       [](const Tensor& x, const Tensor& w, const Tensor& b) {
+         return layer_norm(x, {3, 4, 5}, w, b, 1e-3);
+       },
+       unfused({1, 2, 3}, {1, 3, 4, 5}, 1e-3)},
+      {"layer_norm, no affine",
+       {3, 8},
+       {},
+       false,
+       [](const Tensor& x, const Tensor&, const Tensor&) { return layer_norm(x, {8}, {}, {}, 1e-3); },
+       unfused({1}, {}, 1e-3)},
+      {"batch_norm",
+       {4, 3, 2, 5},
+       {3},
+       false,
+       [](const Tensor& x, const Tensor& w, const Tensor& b) { return batch_norm(x, w, b, {}, {}, true, 0.1, 1e-4); },
+       unfused({0, 2, 3}, {1, 3, 1, 1}, 1e-4)},
+      {"batch_norm of [N, C]",
+       {6, 5},
+       {5},
+       false,
+       [](const Tensor& x, const Tensor& w, const Tensor& b) { return batch_norm(x, w, b, {}, {}, true, 0.1, 1e-4); },
+       unfused({0}, {1, 5}, 1e-4)},
+  };
+  for (const DType dtype : {kFloat64, kFloat32}) {
+    CAPTURE(dtype_name(dtype));
+    const TensorOptions o{.dtype = dtype};
+    const double tol = dtype == kFloat64 ? 1e-11 : 1e-4;
+    for (const Case& c : cases) {
+      CAPTURE(c.name);
+      Tensor x = add_scalar(randn(c.x_shape, o), 2.0);
+      if (c.channels_last) x = contiguous(x, MemoryFormat::ChannelsLast);
+      x.requires_grad_();
+      const bool affine = !c.param_shape.empty();
+      const Tensor w = affine ? randn(c.param_shape, o).requires_grad_() : Tensor();
+      const Tensor b = affine ? randn(c.param_shape, o).requires_grad_() : Tensor();
+      const Tensor gy = randn(c.x_shape, o).requires_grad_();
+      const Tensor cw = affine ? randn(c.param_shape, o) : Tensor(), cb = affine ? randn(c.param_shape, o) : Tensor();
+      // A second loss of all three first-order gradients; its gradients with respect to x, gy and w.
+      const auto second = [&](const Norm& norm, bool create_graph) {
+        const std::vector<Tensor> inputs = affine ? std::vector<Tensor>{x, w, b} : std::vector<Tensor>{x};
+        const std::vector<Tensor> g = grad({norm(x, w, b)}, inputs, {gy}, {.create_graph = true});
+        Tensor loss = sum(square(g[0]));
+        if (affine) loss = loss + sum(g[1] * cw) + sum(g[2] * cb);
+        const std::vector<Tensor> wrt = affine ? std::vector<Tensor>{x, gy, w} : std::vector<Tensor>{x, gy};
+        return grad({loss}, wrt, {}, {.create_graph = create_graph});
+      };
+      const std::vector<Tensor> expected = second(c.reference, false);
+      for (const bool create_graph : {false, true}) {
+        CAPTURE(create_graph);
+        const std::vector<Tensor> got = second(c.fused, create_graph);
+        for (size_t i = 0; i < got.size(); ++i)
+          CHECK_MESSAGE(compare(got[i], expected[i], tol, tol).empty(),
+                        "gradient " << i << ": " << compare(got[i], expected[i], tol, tol));
+      }
+    }
+  }
+}
+
+// The double backward's differentiable form, differentiated once more: third-order gradients of
+// layer norm (also channels-last) and batch norm, in float64 against central differences.
+TEST_CASE("layer_norm and batch_norm: third-order gradients") {
+  manual_seed(cpu(), 14);
+  const TensorOptions f64{.dtype = kFloat64};
+  const std::vector<std::pair<const char*, Fn>> cases{
+      {"layer_norm",
+       [](const std::vector<Tensor>& p) {
+         return layer_norm(p[0], {3}, slice(p[1], 0, 0, 3), slice(p[2], 0, 0, 3), 1e-3);
+       }},
+      {"layer_norm, channels-last",
+       [](const std::vector<Tensor>& p) {
+         return layer_norm(contiguous(p[0], MemoryFormat::ChannelsLast), {2, 1, 3}, reshape(p[1], {2, 1, 3}),
+                           reshape(p[2], {2, 1, 3}), 1e-3);
+       }},
+      {"batch_norm", [](const std::vector<Tensor>& p) {
+         return batch_norm(p[0], slice(p[1], 0, 0, 2), slice(p[2], 0, 0, 2), {}, {}, true, 0.1, 1e-3);
+       }}};
+  for (const auto& [name, fn] : cases) {
+    CAPTURE(name);
+    const bool layer = std::string(name).starts_with("layer_norm");
+    const std::vector<Tensor> inputs{add_scalar(randn(layer ? Shape{2, 2, 1, 3} : Shape{3, 2, 1, 3}, f64), 1.0),
+                                     randn({6}, f64), randn({6}, f64)};
+    std::vector<Tensor> args = inputs;
+    args.push_back(randn(fn(inputs).shape(), f64));
+    const std::string failure =
+        gradgradcheck(first_derivative(fn, inputs.size()), args, {.eps = 1e-5, .atol = 1e-5, .rtol = 1e-3});
+    CHECK_MESSAGE(failure.empty(), failure);
   }
 }
 
