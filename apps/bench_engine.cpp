@@ -167,6 +167,29 @@ int main(int argc, char** argv) {
       report(name + "_fwdbwd", time_it([&] { norm(xg).backward(gy); }, d, min_seconds), elements, "Gelem/s");
     }
 
+    // A gradient penalty's pass through the wgan_gp critic's LayerNorm ([64, 64, 7, 7] channels-last,
+    // over [64, 7, 7]): the forward, the input gradient with create_graph, and the gradient of that
+    // gradient's sum of squares (the double backward) -- by the kernel (Backend::normalize_double_backward),
+    // and as differentiable ops (what a third order, or a backend without the kernel, runs: the same
+    // second backward with create_graph). In input elements per second.
+    if (only.empty() || std::string("layer_norm_penalty").find(only) != std::string::npos) {
+      const ef::Tensor x = ef::randn({64, 64, 7, 7}, o).contiguous(ef::MemoryFormat::ChannelsLast).requires_grad_();
+      const ef::Tensor w = ef::randn({64, 7, 7}, o).requires_grad_(), b = ef::randn({64, 7, 7}, o).requires_grad_();
+      const ef::Tensor gy = ef::randn({64, 64, 7, 7}, o).contiguous(ef::MemoryFormat::ChannelsLast);
+      const auto elements = static_cast<double>(x.numel());
+      for (const bool ops : {false, true}) {
+        report(std::string("layer_norm_penalty_64x64x7x7_") + (ops ? "ops" : "kernel"),
+               time_it(
+                   [&] {
+                     const ef::Tensor gx =
+                         ef::grad({ef::layer_norm(x, {64, 7, 7}, w, b)}, {x}, {gy}, {.create_graph = true})[0];
+                     ef::grad({ef::sum(ef::square(gx))}, {x, w}, {}, {.create_graph = ops});
+                   },
+                   d, min_seconds),
+               elements, "Gelem/s");
+      }
+    }
+
     // Copies between layouts (a transpose per image) against a plain copy of the same tensor: the
     // critic's activations. What a flatten of a channels-last tensor costs (WganCritic::forward).
     if (only.empty() || std::string("layout_copy").find(only) != std::string::npos) {
