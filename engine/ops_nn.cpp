@@ -701,7 +701,9 @@ namespace {
 // where no graph of it is needed; otherwise (a third order, or a backend without that kernel) it is
 // the same closed form as differentiable ops, with μ and r computed again from x so that the next
 // derivative sees their dependence on x. (The first order as differentiable ops, differentiated by
-// autograd, was about fifty elementwise ops and reductions per normalization in a penalty.)
+// autograd, was about fifty elementwise ops and reductions per normalization in a penalty; the
+// critic's LayerNorm through a penalty now takes 0.49 ms against the closed form's 1.8-2.1 ms as
+// ops: bench_engine --only layer_norm_penalty, AMD Zen 4, 2 threads.)
 struct Normalization {
   const char* op;
   NormArgs args;

@@ -842,18 +842,6 @@ void normalize_backward_typed(const NormArgs& a, T* gx, T* gw, T* gb, const T* g
   }
 }
 
-// Backend::normalize_double_backward, for every layout (normalize_columns' too: batch_norm of [N, C],
-// whose double backward no training here takes, walks its columns one element a row). Per group,
-// with x̂, ĝ, r as in the backward, A the gradient reaching gx and Bw, Bb those reaching gw, gb (each
-// per feature, or one number for the group), and m1 = mean(ĝ), m2 = mean(ĝ·x̂), a1 = mean(A),
-// a2 = mean(A·x̂):
-//   t = r·(A - a1 - x̂·a2)                       (the gradient reaching ĝ)
-//   dgy = w·t + Bb + Bw·x̂,  dw = Σ gy·t
-//   G = Bw·gy - r·m2·A - r·a2·ĝ                  (the gradient reaching x̂)
-//   dx = r·(G - mean(G) - x̂·mean(G·x̂)) - r·x̂·mean(A·gx)
-// (the last term: gx's own factor r depends on x). Two passes over a group: seven sums (mean(G) and
-// mean(G·x̂) follow from them), then the outputs. ops_nn.cpp's normalize_double_backward_ops is the
-// same formula as differentiable ops.
 // One row (`inner` elements) of the second pass. Operands absent or per group come as rows of
 // that value, outputs not asked for as a scratch row, so the loop has no branches and vectorizes.
 template <typename T>
@@ -871,6 +859,18 @@ void normalize_double_backward_row(int64_t inner, T* __restrict dgy, T* __restri
   }
 }
 
+// Backend::normalize_double_backward, for every layout (normalize_columns' too: batch_norm of [N, C],
+// whose double backward no training here takes, walks its columns one element a row). Per group,
+// with x̂, ĝ, r as in the backward, A the gradient reaching gx and Bw, Bb those reaching gw, gb (each
+// per feature, or one number for the group), and m1 = mean(ĝ), m2 = mean(ĝ·x̂), a1 = mean(A),
+// a2 = mean(A·x̂):
+//   t = r·(A - a1 - x̂·a2)                       (the gradient reaching ĝ)
+//   dgy = w·t + Bb + Bw·x̂,  dw = Σ gy·t
+//   G = Bw·gy - r·m2·A - r·a2·ĝ                  (the gradient reaching x̂)
+//   dx = r·(G - mean(G) - x̂·mean(G·x̂)) - r·x̂·mean(A·gx)
+// (the last term: gx's own factor r depends on x). Two passes over a group: seven sums (mean(G) and
+// mean(G·x̂) follow from them), then the outputs. ops_nn.cpp's normalize_double_backward_ops is the
+// same formula as differentiable ops.
 template <typename T>
 void normalize_double_backward_typed(const NormArgs& a, T* dgy, T* dx, T* dw, const T* ggx, const T* ggw, const T* ggb,
                                      const T* gy, const T* x, const T* mean, const T* rstd, const T* w) {
