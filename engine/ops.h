@@ -246,9 +246,10 @@ Tensor clone(const Tensor& x);
 /// - Who chooses it: a convolution asked to by Conv2dOptions::memory_format
 ///   (nn::Conv2dConfig::channels_last), for its output and, in its backward, the input's gradient,
 ///   in the passes its backend runs on channels-last activations (Backend::channels_last_conv:
-///   oneDNN's float32 and bfloat16 CPU paths). The other passes (float64, CUDA, our own CPU
-///   kernels) take contiguous copies and give contiguous results: the option costs nothing where it
-///   does not help.
+///   oneDNN's float32 and bfloat16 CPU paths, and the CPU's own input gradient of a one-channel
+///   input, in any float dtype). The other passes (float64, CUDA, our other CPU kernels) take
+///   contiguous copies and give contiguous results: the option costs nothing where it does not
+///   help.
 /// - Who keeps it, as PyTorch's channels_last does: elementwise ops give a channels-last result
 ///   where the first operand of the result's shape is one; layer_norm over [C, H, W] does; clone
 ///   (and so a reshape or flatten that must copy) gives a contiguous result, and its gradient back

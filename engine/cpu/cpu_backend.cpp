@@ -1280,14 +1280,12 @@ class CpuBackend final : public Backend {
   }
   bool channels_last_conv(const ConvArgs& args, ConvPass pass, DType dtype) override {
 #if EF_ONEDNN
-    // The passes oneDNN runs (cpu_conv.cpp's dispatch): our own kernels take contiguous views.
-    return dtype == DType::Float32 && (args.compute == DType::BFloat16 || onednn_takes(args, pass));
+    // The passes oneDNN runs (cpu_conv.cpp's dispatch), and the one of our own kernels that reads them.
+    if (dtype == DType::Float32 && (args.compute == DType::BFloat16 || onednn_takes(args, pass))) return true;
 #else
-    (void)args;
-    (void)pass;
     (void)dtype;
-    return false;
 #endif
+    return own_conv_takes_channels_last(args, pass);
   }
 
   void softmax(const View& out, const View& x, bool log) override {

@@ -336,8 +336,12 @@ void check_conv(const char* op, const ConvArgs& a, const View& activation, const
                 (second_is_activation ? activation_laid_out(a, second) : second.is_contiguous()) &&
                 activation.dtype == second.dtype,
             op, ": expects views of one dtype, contiguous", a.channels_last ? " (activations channels-last)" : "");
-  EF_ASSERT(!a.channels_last || activation.dtype == DType::Float32, op,
-            ": channels-last activations only on oneDNN's float32 path");
+}
+
+// Our kernels take channels-last activations only where own_conv_takes_channels_last says so.
+void check_own_kernel_layout(const char* op, const ConvArgs& args, ConvPass pass) {
+  EF_ASSERT(!args.channels_last || own_conv_takes_channels_last(args, pass), op,
+            ": channels-last activations on a pass only oneDNN runs so");
 }
 
 // Walks the im2col matrix of one sample for output rows [oh0, oh1): for each col row
@@ -578,6 +582,8 @@ void conv_forward_typed(const ConvArgs& a, T* y, const T* x, const T* w, const T
   });
 }
 
+// gy channels-last where a.channels_last (own_conv_takes_channels_last: one input channel, so gx's
+// memory is NCHW's either way).
 template <typename T>
 void conv_input_grad_typed(const ConvArgs& a, T* gx, const T* gy, const T* w) {
   constexpr TileShape S = TileShape::Wide;
@@ -595,7 +601,11 @@ void conv_input_grad_typed(const ConvArgs& a, T* gx, const T* gy, const T* w) {
     for (int64_t oh0 = 0; oh0 < a.oh; oh0 += geo.tile_rows) {
       const int64_t oh1 = std::min(a.oh, oh0 + geo.tile_rows), pt = (oh1 - oh0) * a.ow;
       for (int64_t g = 0; g < a.groups; ++g) {
-        pack_b<T, S>(geo.og, pt, gy + s * geo.y_sample + g * geo.og * geo.p + oh0 * a.ow, geo.p, int64_t{1}, gy_packed);
+        // Element (o, pixel) of the group's gy rows: at o·P + pixel, or channels-last at pixel·c_out + o.
+        const T* gy_tile = gy + s * geo.y_sample +
+                           (a.channels_last ? g * geo.og + oh0 * a.ow * a.c_out : g * geo.og * geo.p + oh0 * a.ow);
+        pack_b<T, S>(geo.og, pt, gy_tile, a.channels_last ? int64_t{1} : geo.p, a.channels_last ? a.c_out : int64_t{1},
+                     gy_packed);
         packed_gemm<T, S, true>(geo.kc, pt, geo.og, work.shared + g * a_elems, 0, gy_packed, gcol + g * geo.kc * pt, pt,
                                 false, work.gemm_threads());
       }
@@ -688,6 +698,10 @@ void gemm(const GemmArgs& args) {
   EF_DISPATCH_FLOAT(args.dtype, "matmul", [&] { gemm_typed<scalar_t>(args); });
 }
 
+bool own_conv_takes_channels_last(const ConvArgs& args, ConvPass pass) {
+  return pass == ConvPass::InputGrad && args.c_in == 1;
+}
+
 void conv2d_forward(const ConvArgs& args, const View& y, const View& x, const View& w, const View& bias) {
   check_conv("conv2d", args, x, w);
   EF_ASSERT(activation_laid_out(args, y) && y.dtype == x.dtype, "conv2d: bad output view");
@@ -698,6 +712,7 @@ void conv2d_forward(const ConvArgs& args, const View& y, const View& x, const Vi
     return onednn_conv2d_forward(args, static_cast<float*>(y.data), static_cast<const float*>(x.data),
                                  static_cast<const float*>(w.data), static_cast<const float*>(bias.data));
 #endif
+  check_own_kernel_layout("conv2d", args, ConvPass::Forward);
   EF_DISPATCH_FLOAT(x.dtype, "conv2d", [&] {
     conv_forward_typed(args, static_cast<scalar_t*>(y.data), static_cast<const scalar_t*>(x.data),
                        static_cast<const scalar_t*>(w.data), static_cast<const scalar_t*>(bias.data));
@@ -712,6 +727,7 @@ void conv2d_input_grad(const ConvArgs& args, const View& gx, const View& gy, con
     return onednn_conv2d_input_grad(args, static_cast<float*>(gx.data), static_cast<const float*>(gy.data),
                                     static_cast<const float*>(w.data));
 #endif
+  check_own_kernel_layout("conv2d_input_grad", args, ConvPass::InputGrad);
   EF_DISPATCH_FLOAT(gy.dtype, "conv2d_input_grad", [&] {
     conv_input_grad_typed(args, static_cast<scalar_t*>(gx.data), static_cast<const scalar_t*>(gy.data),
                           static_cast<const scalar_t*>(w.data));
@@ -726,6 +742,7 @@ void conv2d_weight_grad(const ConvArgs& args, const View& gw, const View& x, con
     return onednn_conv2d_weight_grad(args, static_cast<float*>(gw.data), static_cast<const float*>(x.data),
                                      static_cast<const float*>(gy.data));
 #endif
+  check_own_kernel_layout("conv2d_weight_grad", args, ConvPass::WeightGrad);
   EF_DISPATCH_FLOAT(x.dtype, "conv2d_weight_grad", [&] {
     conv_weight_grad_typed(args, static_cast<scalar_t*>(gw.data), static_cast<const scalar_t*>(x.data),
                            static_cast<const scalar_t*>(gy.data));

@@ -17,10 +17,17 @@ void* thread_workspace(size_t bytes);
 // Batched row-major GEMM as described at GemmArgs (Eigen; beta == 0 ignores C's old contents).
 void gemm(const GemmArgs& args);
 
-// The three convolution kernels of Backend (every view contiguous; outputs are overwritten).
+// The three convolution kernels of Backend (every view contiguous, but the activations where
+// args.channels_last: Backend::channels_last_conv; outputs are overwritten).
 void conv2d_forward(const ConvArgs& args, const View& y, const View& x, const View& w, const View& bias);
 void conv2d_input_grad(const ConvArgs& args, const View& gx, const View& gy, const View& w);
 void conv2d_weight_grad(const ConvArgs& args, const View& gw, const View& x, const View& gy);
+
+// Whether our own kernels run `pass` on channels-last activations: the input gradient of a
+// one-channel input (wgan_gp's critic's first layer, in a penalty), whose output is the same memory
+// in either layout; the kernel reads the output gradient in its channels-last order. (The passes
+// oneDNN runs take channels-last activations too: CpuBackend::channels_last_conv.)
+bool own_conv_takes_channels_last(const ConvArgs& args, ConvPass pass);
 
 }  // namespace EF_CPU_ISA
 }  // namespace evenflow::cpu_backend

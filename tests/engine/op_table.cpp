@@ -115,6 +115,11 @@ std::vector<OpCase> build() {
   add_case("conv2d_weight_grad", {{{2, 4, 5, 6}}, {{2, 6, 3, 4}}}, [co_cl](const V& x) {
     return conv2d_weight_grad(contiguous(x[0], MemoryFormat::ChannelsLast), x[1], {6, 2, 3, 2}, co_cl);
   });
+  // A one-channel input's gradient from a channels-last output gradient (the CPU's own kernel reads it).
+  add_case("conv2d_input_grad", {{{2, 3, 3, 3}}, {{3, 1, 3, 2}}}, [](const V& x) {
+    return conv2d_input_grad(contiguous(x[0], MemoryFormat::ChannelsLast), x[1], {2, 1, 6, 6},
+                             {.stride = {2, 2}, .padding = {1, 0}, .memory_format = MemoryFormat::ChannelsLast});
+  });
   add_case("conv2d_input_grad", {{{2, 6, 3, 4}}, {{6, 2, 3, 2}}}, [co](const V& x) {
     return conv2d_input_grad(x[0], x[1], {2, 4, 5, 6}, co);
   });
