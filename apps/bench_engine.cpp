@@ -190,6 +190,28 @@ int main(int argc, char** argv) {
       }
     }
 
+    // The wgan_gp critic's first layer's input gradient (a penalty's gradient at the images: 32 -> 1
+    // channel, 4x4, stride 2, 14x14 -> 28x28, batch 64), which our own kernel computes: from a
+    // channels-last output gradient as the channels-last critic gives it (read in place), from a
+    // contiguous one, and from a channels-last one asked for contiguous (copied first).
+    if (only.empty() || std::string("conv1_input_grad").find(only) != std::string::npos) {
+      const ef::Tensor gy = ef::randn({64, 32, 14, 14}, o), w = ef::randn({32, 1, 4, 4}, o);
+      const ef::Tensor gy_cl = gy.contiguous(ef::MemoryFormat::ChannelsLast);
+      const ef::Conv2dOptions contiguous{.stride = {2, 2}, .padding = {1, 1}};
+      ef::Conv2dOptions channels_last = contiguous;
+      channels_last.memory_format = ef::MemoryFormat::ChannelsLast;
+      for (const auto& [name, g, co] :
+           {std::tuple{"channels_last", gy_cl, channels_last}, std::tuple{"contiguous", gy, contiguous},
+            std::tuple{"channels_last_copied", gy_cl, contiguous}})
+        report_latency(std::string("conv1_input_grad_") + name,
+                       time_it(
+                           [&] {
+                             ef::conv2d_input_grad(g, w, {64, 1, 28, 28}, co);
+                           },
+                           d, min_seconds),
+                       1);
+    }
+
     // Copies between layouts (a transpose per image) against a plain copy of the same tensor: the
     // critic's activations. What a flatten of a channels-last tensor costs (WganCritic::forward).
     if (only.empty() || std::string("layout_copy").find(only) != std::string::npos) {
