@@ -79,10 +79,10 @@ std::vector<int64_t> normalize_dims(const Shape& dims, int64_t ndim, const char*
   return out;
 }
 
-Tensor empty_in_format(const Tensor& t, const Shape& shape, MemoryFormat format) {
-  if (format == MemoryFormat::Contiguous) return empty_like_shape(t, shape);
+Tensor empty_in_format(const Shape& shape, MemoryFormat format, const TensorOptions& options) {
+  if (format == MemoryFormat::Contiguous) return empty(shape, options);
   EF_ASSERT(shape.size() == 4, "empty_in_format: channels-last needs a 4-D shape");
-  const Tensor nhwc = empty_like_shape(t, {shape[0], shape[2], shape[3], shape[1]});
+  const Tensor nhwc = empty({shape[0], shape[2], shape[3], shape[1]}, options);
   return make_view(nhwc, shape, channels_last_strides(shape), 0);
 }
 

@@ -92,8 +92,35 @@ Tensor operand_for(const char* op, const Tensor& t, DType compute) {
   return rounded;
 }
 
+// Note [bfloat16 operands converted once]
+// Where the backend multiplies a convolution pass in bfloat16 itself (Backend::bf16_conv), the op
+// gives it bfloat16 operands. A tensor takes part in several passes -- an activation in the forward
+// and the weight gradient, an output gradient in both gradients, the weight in the forward and the
+// input gradient, and each again in a penalty's double backward -- and is converted once: a
+// ConvOperand carries its bfloat16 copy from the pass that made it to the others, in the backward
+// of its node and the nodes that backward records (the copy is of the value the node saved, whose
+// version autograd checks). The nodes keep the float32 tensors too: they are what gets
+// differentiated. On wgan_gp's critic this halves the conversions of a bfloat16 step
+// (docs/benchmarks.md, "Convolution operands converted to bfloat16 once"); the copies held for
+// the backward cost half again the memory of each saved convolution input.
+struct ConvOperand {
+  explicit ConvOperand(Tensor t) : value(std::move(t)) {}
+  Tensor value;  // what nodes record and differentiate
+  Tensor bf16;   // `value` in bfloat16, once a pass needed it
+};
+
+// `o.value` in bfloat16 and `format`, converted at the first ask.
+const Tensor& bf16_operand(ConvOperand& o, MemoryFormat format) {
+  if (!o.bf16.defined()) {
+    o.bf16 = detail::empty_in_format(o.value.shape(), format, {.dtype = kBFloat16, .device = o.value.device()});
+    backend_of(o.value).copy(o.bf16.view(), o.value.view());  // rounds to nearest, ties to even
+  }
+  o.bf16 = o.bf16.contiguous(format);  // a pass of another layout (where the backend chose differently)
+  return o.bf16;
+}
+
 // A convolution pass's geometry for the backend, and the operands it is given: with bfloat16
-// compute, the unrounded operands where the backend multiplies in bfloat16 itself (oneDNN's
+// compute, bfloat16 operands where the backend multiplies in bfloat16 itself (oneDNN's and cuDNN's
 // bfloat16 kernels), else operand_for's. Contiguous, but the activations (every operand but the
 // weight) channels-last where `layout` asks for it and the backend runs the pass on them (Note
 // [Channels-last] in ops.h).
@@ -101,23 +128,25 @@ struct ConvCall {
   ConvArgs args;
   Tensor in0, in1;
 };
-ConvCall conv_call(const char* op, ConvArgs a, ConvPass pass, const Tensor& in0, const Tensor& in1, DType compute,
+ConvCall conv_call(const char* op, ConvArgs a, ConvPass pass, ConvOperand& in0, ConvOperand& in1, DType compute,
                    MemoryFormat layout) {
-  bool backend_rounds = false;
+  bool backend_converts = false;
   if (compute == kBFloat16) {
-    for (const Tensor* t : {&in0, &in1})
-      EF_CHECK(t->dtype() == kFloat32, op, ": bfloat16 compute takes float32 operands, got ", dtype_name(t->dtype()));
+    for (const ConvOperand* o : {&in0, &in1})
+      EF_CHECK(o->value.dtype() == kFloat32, op, ": bfloat16 compute takes float32 operands, got ",
+               dtype_name(o->value.dtype()));
     a.compute = DType::BFloat16;
-    backend_rounds = backend_of(in0).bf16_conv(a, pass);
-    if (!backend_rounds) a.compute = DType::Float32;
+    backend_converts = backend_of(in0.value).bf16_conv(a, pass);
+    if (!backend_converts) a.compute = DType::Float32;
   }
-  a.channels_last = layout == MemoryFormat::ChannelsLast && backend_of(in0).channels_last_conv(a, pass, in0.dtype());
+  a.channels_last =
+      layout == MemoryFormat::ChannelsLast && backend_of(in0.value).channels_last_conv(a, pass, in0.value.dtype());
   const MemoryFormat activations = a.channels_last ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous;
-  const Tensor x0 = backend_rounds ? in0 : operand_for(op, in0, compute);
-  const Tensor x1 = backend_rounds ? in1 : operand_for(op, in1, compute);
   // The second operand is the weight but in the weight gradient, where it is the output's gradient.
-  return {a, x0.contiguous(activations),
-          x1.contiguous(pass == ConvPass::WeightGrad ? activations : MemoryFormat::Contiguous)};
+  const MemoryFormat second = pass == ConvPass::WeightGrad ? activations : MemoryFormat::Contiguous;
+  if (backend_converts) return {a, bf16_operand(in0, activations), bf16_operand(in1, second)};
+  return {a, operand_for(op, in0.value, compute).contiguous(activations),
+          operand_for(op, in1.value, compute).contiguous(second)};
 }
 
 // An empty activation for a pass to write: in the layout the backend runs it on.
@@ -276,7 +305,16 @@ ConvArgs conv_args(const char* op, const Shape& x, const Shape& w, const Conv2dO
 
 }  // namespace
 
-Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const Conv2dOptions& o) {
+namespace {
+
+// conv2d and its two gradients on ConvOperands (Note [bfloat16 operands converted once]): each
+// converts what its pass needs and its node keeps the copies for the passes of its backward.
+Tensor conv2d_of(ConvOperand& x, ConvOperand& weight, const Tensor& bias, const Conv2dOptions& o);
+Tensor conv2d_input_grad_of(ConvOperand& gy, ConvOperand& weight, const Shape& input_shape, const Conv2dOptions& o);
+Tensor conv2d_weight_grad_of(ConvOperand& x, ConvOperand& gy, const Shape& weight_shape, const Conv2dOptions& o);
+
+Tensor conv2d_of(ConvOperand& x_op, ConvOperand& w_op, const Tensor& bias, const Conv2dOptions& o) {
+  const Tensor &x = x_op.value, &weight = w_op.value;
   detail::check_float("conv2d", x);
   detail::check_compatible("conv2d", x, weight, "input", "weight");
   const ConvArgs a = conv_args("conv2d", x.shape(), weight.shape(), o);
@@ -290,20 +328,22 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const C
   // The bias is added by the kernel (one pass over y fewer than a separate add); its gradient is
   // the output gradient summed over batch and space.
   if (y.numel() > 0) {
-    const ConvCall c = conv_call("conv2d", a, ConvPass::Forward, x, weight, o.compute, o.memory_format);
+    const ConvCall c = conv_call("conv2d", a, ConvPass::Forward, x_op, w_op, o.compute, o.memory_format);
     y = empty_activation(x, y_shape, c.args);
     backend_of(x).conv2d(c.args, y.view(), c.in0.view(), c.in1.view(),
                          bias.defined() ? bias.contiguous().view() : View{});
   }
-  record("conv2d", {y}, {x, weight, bias}, {x, weight}, [x, weight, bias, o](const Grads& g) {
-    return Grads{input_grad_needed(0) ? conv2d_input_grad(g[0], weight, x.shape(), o) : Tensor(),
-                 input_grad_needed(1) ? conv2d_weight_grad(x, g[0], weight.shape(), o) : Tensor(),
+  record("conv2d", {y}, {x, weight, bias}, {x, weight}, [x_op, w_op, bias, o](const Grads& g) {
+    ConvOperand gy(g[0]), input = x_op, w = w_op;
+    return Grads{input_grad_needed(0) ? conv2d_input_grad_of(gy, w, input.value.shape(), o) : Tensor(),
+                 input_grad_needed(1) ? conv2d_weight_grad_of(input, gy, w.value.shape(), o) : Tensor(),
                  input_grad_needed(2) ? sum(g[0], {0, 2, 3}) : Tensor()};
   });
   return y;
 }
 
-Tensor conv2d_input_grad(const Tensor& gy, const Tensor& weight, const Shape& input_shape, const Conv2dOptions& o) {
+Tensor conv2d_input_grad_of(ConvOperand& gy_op, ConvOperand& w_op, const Shape& input_shape, const Conv2dOptions& o) {
+  const Tensor &gy = gy_op.value, &weight = w_op.value;
   detail::check_float("conv2d_input_grad", gy);
   detail::check_compatible("conv2d_input_grad", gy, weight, "gradient", "weight");
   const ConvArgs a = conv_args("conv2d_input_grad", input_shape, weight.shape(), o);
@@ -311,18 +351,20 @@ Tensor conv2d_input_grad(const Tensor& gy, const Tensor& weight, const Shape& in
            shape_str(gy.shape()), ", the convolution's output is ", shape_str({a.n, a.c_out, a.oh, a.ow}));
   Tensor gx = detail::empty_like_shape(gy, input_shape);
   if (gx.numel() > 0) {
-    const ConvCall c = conv_call("conv2d_input_grad", a, ConvPass::InputGrad, gy, weight, o.compute, o.memory_format);
+    const ConvCall c = conv_call("conv2d_input_grad", a, ConvPass::InputGrad, gy_op, w_op, o.compute, o.memory_format);
     gx = empty_activation(gy, input_shape, c.args);
     backend_of(gy).conv2d_input_grad(c.args, gx.view(), c.in0.view(), c.in1.view());
   }
-  record("conv2d_input_grad", {gx}, {gy, weight}, {gy, weight}, [gy, weight, o](const Grads& g) {
-    return Grads{input_grad_needed(0) ? conv2d(g[0], weight, Tensor(), o) : Tensor(),
-                 input_grad_needed(1) ? conv2d_weight_grad(g[0], gy, weight.shape(), o) : Tensor()};
+  record("conv2d_input_grad", {gx}, {gy, weight}, {gy, weight}, [gy_op, w_op, o](const Grads& g) {
+    ConvOperand ggx(g[0]), output_grad = gy_op, w = w_op;
+    return Grads{input_grad_needed(0) ? conv2d_of(ggx, w, Tensor(), o) : Tensor(),
+                 input_grad_needed(1) ? conv2d_weight_grad_of(ggx, output_grad, w.value.shape(), o) : Tensor()};
   });
   return gx;
 }
 
-Tensor conv2d_weight_grad(const Tensor& x, const Tensor& gy, const Shape& weight_shape, const Conv2dOptions& o) {
+Tensor conv2d_weight_grad_of(ConvOperand& x_op, ConvOperand& gy_op, const Shape& weight_shape, const Conv2dOptions& o) {
+  const Tensor &x = x_op.value, &gy = gy_op.value;
   detail::check_float("conv2d_weight_grad", x);
   detail::check_compatible("conv2d_weight_grad", x, gy, "input", "gradient");
   const ConvArgs a = conv_args("conv2d_weight_grad", x.shape(), weight_shape, o);
@@ -333,15 +375,34 @@ Tensor conv2d_weight_grad(const Tensor& x, const Tensor& gy, const Shape& weight
     if (x.numel() == 0)
       backend_of(x).fill(gw.view(), 0.0);
     else {
-      const ConvCall c = conv_call("conv2d_weight_grad", a, ConvPass::WeightGrad, x, gy, o.compute, o.memory_format);
+      const ConvCall c =
+          conv_call("conv2d_weight_grad", a, ConvPass::WeightGrad, x_op, gy_op, o.compute, o.memory_format);
       backend_of(x).conv2d_weight_grad(c.args, gw.view(), c.in0.view(), c.in1.view());
     }
   }
-  record("conv2d_weight_grad", {gw}, {x, gy}, {x, gy}, [x, gy, o](const Grads& g) {
-    return Grads{input_grad_needed(0) ? conv2d_input_grad(gy, g[0], x.shape(), o) : Tensor(),
-                 input_grad_needed(1) ? conv2d(x, g[0], Tensor(), o) : Tensor()};
+  record("conv2d_weight_grad", {gw}, {x, gy}, {x, gy}, [x_op, gy_op, o](const Grads& g) {
+    ConvOperand ggw(g[0]), input = x_op, output_grad = gy_op;
+    return Grads{input_grad_needed(0) ? conv2d_input_grad_of(output_grad, ggw, input.value.shape(), o) : Tensor(),
+                 input_grad_needed(1) ? conv2d_of(input, ggw, Tensor(), o) : Tensor()};
   });
   return gw;
+}
+
+}  // namespace
+
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const Conv2dOptions& o) {
+  ConvOperand x_op(x), w_op(weight);
+  return conv2d_of(x_op, w_op, bias, o);
+}
+
+Tensor conv2d_input_grad(const Tensor& gy, const Tensor& weight, const Shape& input_shape, const Conv2dOptions& o) {
+  ConvOperand gy_op(gy), w_op(weight);
+  return conv2d_input_grad_of(gy_op, w_op, input_shape, o);
+}
+
+Tensor conv2d_weight_grad(const Tensor& x, const Tensor& gy, const Shape& weight_shape, const Conv2dOptions& o) {
+  ConvOperand x_op(x), gy_op(gy);
+  return conv2d_weight_grad_of(x_op, gy_op, weight_shape, o);
 }
 
 Tensor conv_transpose2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const ConvTranspose2dOptions& o) {

@@ -18,8 +18,11 @@ inline TensorOptions options_of(const Tensor& t) {
 inline Tensor empty_like_shape(const Tensor& t, const Shape& shape) {
   return empty(shape, options_of(t));
 }
-// An uninitialized tensor of t's dtype and device in `format` (ChannelsLast: 4-D shapes).
-Tensor empty_in_format(const Tensor& t, const Shape& shape, MemoryFormat format);
+// An uninitialized tensor in `format` (ChannelsLast: 4-D shapes), of t's dtype and device or of `options`'.
+Tensor empty_in_format(const Shape& shape, MemoryFormat format, const TensorOptions& options);
+inline Tensor empty_in_format(const Tensor& t, const Shape& shape, MemoryFormat format) {
+  return empty_in_format(shape, format, options_of(t));
+}
 // The layout of an op's result of `shape` (Note [Channels-last] in ops.h): that of the first of
 // `operands` with that shape that is channels-last or contiguous (not an expanded or strided view),
 // else contiguous.

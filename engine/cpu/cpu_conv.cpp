@@ -702,15 +702,37 @@ bool own_conv_takes_channels_last(const ConvArgs& args, ConvPass pass) {
   return pass == ConvPass::InputGrad && args.c_in == 1;
 }
 
+namespace {
+
+// A pass's result: float32 for bfloat16 compute (bfloat16 operands, float32 sums), else the operands'.
+DType result_dtype(const ConvArgs& args, DType operands) {
+  return args.compute == DType::BFloat16 ? DType::Float32 : operands;
+}
+
+#if EF_ONEDNN
+// Whether oneDNN runs a pass: every one of bfloat16 compute, whose operands the op gives in
+// bfloat16 (Note [bfloat16 operands converted once] in ops_nn.cpp), and the float32 ones it runs
+// faster than our kernels (Note [oneDNN convolution dispatch]).
+bool onednn_runs(const ConvArgs& args, ConvPass pass, DType operands) {
+  if (args.compute == DType::BFloat16) {
+    EF_ASSERT(operands == DType::BFloat16, "conv2d: bfloat16 compute takes bfloat16 operands");
+    return true;
+  }
+  return operands == DType::Float32 && onednn_takes(args, pass);
+}
+#endif
+
+}  // namespace
+
 void conv2d_forward(const ConvArgs& args, const View& y, const View& x, const View& w, const View& bias) {
   check_conv("conv2d", args, x, w);
-  EF_ASSERT(activation_laid_out(args, y) && y.dtype == x.dtype, "conv2d: bad output view");
-  EF_ASSERT(bias.data == nullptr || (bias.is_contiguous() && bias.numel() == args.c_out && bias.dtype == x.dtype),
+  EF_ASSERT(activation_laid_out(args, y) && y.dtype == result_dtype(args, x.dtype), "conv2d: bad output view");
+  EF_ASSERT(bias.data == nullptr || (bias.is_contiguous() && bias.numel() == args.c_out && bias.dtype == y.dtype),
             "conv2d: bad bias view");
 #if EF_ONEDNN
-  if (x.dtype == DType::Float32 && (args.compute == DType::BFloat16 || onednn_takes(args, ConvPass::Forward)))
-    return onednn_conv2d_forward(args, static_cast<float*>(y.data), static_cast<const float*>(x.data),
-                                 static_cast<const float*>(w.data), static_cast<const float*>(bias.data));
+  if (onednn_runs(args, ConvPass::Forward, x.dtype))
+    return onednn_conv2d_forward(args, static_cast<float*>(y.data), x.data, w.data,
+                                 static_cast<const float*>(bias.data));
 #endif
   check_own_kernel_layout("conv2d", args, ConvPass::Forward);
   EF_DISPATCH_FLOAT(x.dtype, "conv2d", [&] {
@@ -721,11 +743,10 @@ void conv2d_forward(const ConvArgs& args, const View& y, const View& x, const Vi
 
 void conv2d_input_grad(const ConvArgs& args, const View& gx, const View& gy, const View& w) {
   check_conv("conv2d_input_grad", args, gy, w);
-  EF_ASSERT(activation_laid_out(args, gx) && gx.dtype == gy.dtype, "conv2d_input_grad: bad output view");
+  EF_ASSERT(activation_laid_out(args, gx) && gx.dtype == result_dtype(args, gy.dtype), "conv2d_input_grad: bad output view");
 #if EF_ONEDNN
-  if (gy.dtype == DType::Float32 && (args.compute == DType::BFloat16 || onednn_takes(args, ConvPass::InputGrad)))
-    return onednn_conv2d_input_grad(args, static_cast<float*>(gx.data), static_cast<const float*>(gy.data),
-                                    static_cast<const float*>(w.data));
+  if (onednn_runs(args, ConvPass::InputGrad, gy.dtype))
+    return onednn_conv2d_input_grad(args, static_cast<float*>(gx.data), gy.data, w.data);
 #endif
   check_own_kernel_layout("conv2d_input_grad", args, ConvPass::InputGrad);
   EF_DISPATCH_FLOAT(gy.dtype, "conv2d_input_grad", [&] {
@@ -736,11 +757,10 @@ void conv2d_input_grad(const ConvArgs& args, const View& gx, const View& gy, con
 
 void conv2d_weight_grad(const ConvArgs& args, const View& gw, const View& x, const View& gy) {
   check_conv("conv2d_weight_grad", args, x, gy, true);
-  EF_ASSERT(gw.is_contiguous() && gw.dtype == x.dtype, "conv2d_weight_grad: bad output view");
+  EF_ASSERT(gw.is_contiguous() && gw.dtype == result_dtype(args, x.dtype), "conv2d_weight_grad: bad output view");
 #if EF_ONEDNN
-  if (x.dtype == DType::Float32 && (args.compute == DType::BFloat16 || onednn_takes(args, ConvPass::WeightGrad)))
-    return onednn_conv2d_weight_grad(args, static_cast<float*>(gw.data), static_cast<const float*>(x.data),
-                                     static_cast<const float*>(gy.data));
+  if (onednn_runs(args, ConvPass::WeightGrad, x.dtype))
+    return onednn_conv2d_weight_grad(args, static_cast<float*>(gw.data), x.data, gy.data);
 #endif
   check_own_kernel_layout("conv2d_weight_grad", args, ConvPass::WeightGrad);
   EF_DISPATCH_FLOAT(x.dtype, "conv2d_weight_grad", [&] {

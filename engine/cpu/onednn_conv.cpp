@@ -74,8 +74,8 @@ Key make_key(const ConvArgs& a, ConvPass pass, int threads, bool bias) {
 
 using Plan = OnednnPlan;
 
-dnnl::memory::desc plain_desc(const Dims& dims) {
-  return dnnl::memory::desc(dims, dnnl::memory::data_type::f32,
+dnnl::memory::desc plain_desc(const Dims& dims, dnnl::memory::data_type type = dnnl::memory::data_type::f32) {
+  return dnnl::memory::desc(dims, type,
                             dims.size() == 5 ? Tag::goihw : Tag::nchw);  // nchw and oihw are one tag
 }
 
@@ -84,11 +84,11 @@ dnnl::memory::desc any_desc(const Dims& dims, dnnl::memory::data_type type = dnn
 }
 
 // Activations: ours (plain: NCHW, or NHWC when channels-last) and the primitive's (any, or NHWC when
-// channels-last: the primitive then runs on ours, a bfloat16 operand only converted, no reorder).
+// channels-last: the primitive then runs on ours, no reorder).
 struct ActivationDescs {
   bool channels_last;
-  dnnl::memory::desc plain(const Dims& dims) const {
-    return channels_last ? dnnl::memory::desc(dims, dnnl::memory::data_type::f32, Tag::nhwc) : plain_desc(dims);
+  dnnl::memory::desc plain(const Dims& dims, dnnl::memory::data_type type = dnnl::memory::data_type::f32) const {
+    return channels_last ? dnnl::memory::desc(dims, type, Tag::nhwc) : plain_desc(dims, type);
   }
   dnnl::memory::desc used(const Dims& dims, dnnl::memory::data_type type = dnnl::memory::data_type::f32) const {
     return dnnl::memory::desc(dims, type, channels_last ? Tag::nhwc : Tag::any);
@@ -110,9 +110,9 @@ Plan make_plan(const ConvArgs& a, ConvPass pass, bool bias) {
   const auto algo = dnnl::algorithm::convolution_direct;
   Plan plan;
   if (bias) plan.bias = dnnl::memory::desc({a.c_out}, dnnl::memory::data_type::f32, Tag::a);
-  // bfloat16 compute: the pass's two inputs in bfloat16 (our float32 rounded by the reorders into
-  // the primitive's layout), its output float32. The forward descriptor, the backward passes' hint,
-  // is then the all-bfloat16 one.
+  // bfloat16 compute: the pass's two inputs in bfloat16, ours and the primitive's (Note [bfloat16
+  // operands converted once] in ops_nn.cpp: the op converts them), its output float32. The forward
+  // descriptor, the backward passes' hint, is then the all-bfloat16 one.
   using dt = dnnl::memory::data_type;
   const bool bf16 = a.compute == DType::BFloat16;
   const dt in = bf16 ? dt::bf16 : dt::f32;
@@ -131,8 +131,8 @@ Plan make_plan(const ConvArgs& a, ConvPass pass, bool bias) {
     case ConvPass::Forward:
       plan.primitive = dnnl::convolution_forward(fwd);
       scratch = fwd.scratchpad_desc();
-      plan.in0 = {DNNL_ARG_SRC, act.plain(src), fwd.src_desc(), {}, 0};
-      plan.in1 = {DNNL_ARG_WEIGHTS, plain_desc(wei), fwd.weights_desc(), {}, 0};
+      plan.in0 = {DNNL_ARG_SRC, act.plain(src, in), fwd.src_desc(), {}, 0};
+      plan.in1 = {DNNL_ARG_WEIGHTS, plain_desc(wei, in), fwd.weights_desc(), {}, 0};
       plan.out = {DNNL_ARG_DST, act.plain(dst), fwd.dst_desc(), {}, 0};
       break;
     case ConvPass::InputGrad: {
@@ -140,8 +140,8 @@ Plan make_plan(const ConvArgs& a, ConvPass pass, bool bias) {
           eng, algo, act.used(src), any_desc(wei, in), act.used(dst, in), strides, dilates, pad_l, pad_r, fwd, attr);
       plan.primitive = dnnl::convolution_backward_data(pd);
       scratch = pd.scratchpad_desc();
-      plan.in0 = {DNNL_ARG_DIFF_DST, act.plain(dst), pd.diff_dst_desc(), {}, 0};
-      plan.in1 = {DNNL_ARG_WEIGHTS, plain_desc(wei), pd.weights_desc(), {}, 0};
+      plan.in0 = {DNNL_ARG_DIFF_DST, act.plain(dst, in), pd.diff_dst_desc(), {}, 0};
+      plan.in1 = {DNNL_ARG_WEIGHTS, plain_desc(wei, in), pd.weights_desc(), {}, 0};
       plan.out = {DNNL_ARG_DIFF_SRC, act.plain(src), pd.diff_src_desc(), {}, 0};
       break;
     }
@@ -150,8 +150,8 @@ Plan make_plan(const ConvArgs& a, ConvPass pass, bool bias) {
           eng, algo, act.used(src, in), any_desc(wei), act.used(dst, in), strides, dilates, pad_l, pad_r, fwd, attr);
       plan.primitive = dnnl::convolution_backward_weights(pd);
       scratch = pd.scratchpad_desc();
-      plan.in0 = {DNNL_ARG_SRC, act.plain(src), pd.src_desc(), {}, 0};
-      plan.in1 = {DNNL_ARG_DIFF_DST, act.plain(dst), pd.diff_dst_desc(), {}, 0};
+      plan.in0 = {DNNL_ARG_SRC, act.plain(src, in), pd.src_desc(), {}, 0};
+      plan.in1 = {DNNL_ARG_DIFF_DST, act.plain(dst, in), pd.diff_dst_desc(), {}, 0};
       plan.out = {DNNL_ARG_DIFF_WEIGHTS, plain_desc(wei), pd.diff_weights_desc(), {}, 0};
       break;
     }
@@ -209,9 +209,11 @@ bool split_by_images(const ConvArgs& a, int threads) {
   return threads > 1 && a.n >= threads && threads * weight <= a.n * a.c_in * a.h * a.w;
 }
 
-void weight_grad_split_by_images(const ConvArgs& a, int threads, float* gw, const float* x, const float* gy) {
+void weight_grad_split_by_images(const ConvArgs& a, int threads, float* gw, const void* x, const void* gy) {
   const int64_t weight = a.c_out * (a.c_in / a.groups) * a.kh * a.kw;
-  const int64_t x_image = a.c_in * a.h * a.w, gy_image = a.c_out * a.oh * a.ow;
+  // An image's bytes, of the input and of the output's gradient.
+  const int64_t operand_size = a.compute == DType::BFloat16 ? 2 : 4;
+  const int64_t x_image = a.c_in * a.h * a.w * operand_size, gy_image = a.c_out * a.oh * a.ow * operand_size;
   std::vector<float> partials(static_cast<size_t>(threads - 1) * static_cast<size_t>(weight));  // thread 0: gw
   std::string failure;  // nothing may leave an OpenMP region by exception
 #pragma omp parallel num_threads(threads)
@@ -225,7 +227,8 @@ void weight_grad_split_by_images(const ConvArgs& a, int threads, float* gw, cons
     try {
       // Before the plan is made: oneDNN sizes a primitive's threading for the team it is made in.
       set_team_size(1);
-      execute_plan(plan_for(slice, ConvPass::WeightGrad, 1, false), 1, x + begin * x_image, gy + begin * gy_image, out);
+      execute_plan(plan_for(slice, ConvPass::WeightGrad, 1, false), 1, static_cast<const std::byte*>(x) + begin * x_image,
+                   static_cast<const std::byte*>(gy) + begin * gy_image, out);
     } catch (const dnnl::error& e) {
 #pragma omp critical(ef_weight_grad_split)
       if (failure.empty()) failure = "oneDNN failed (" + std::string(e.what()) + ")";
@@ -276,15 +279,15 @@ bool onednn_takes_bf16(const ConvArgs& a, ConvPass pass) {
   return avx512 && a.c_in / a.groups >= 16 && onednn_takes(a, pass);
 }
 
-void onednn_conv2d_forward(const ConvArgs& args, float* y, const float* x, const float* w, const float* bias) {
+void onednn_conv2d_forward(const ConvArgs& args, float* y, const void* x, const void* w, const float* bias) {
   run(args, ConvPass::Forward, x, w, y, bias);
 }
 
-void onednn_conv2d_input_grad(const ConvArgs& args, float* gx, const float* gy, const float* w) {
+void onednn_conv2d_input_grad(const ConvArgs& args, float* gx, const void* gy, const void* w) {
   run(args, ConvPass::InputGrad, gy, w, gx);
 }
 
-void onednn_conv2d_weight_grad(const ConvArgs& args, float* gw, const float* x, const float* gy) {
+void onednn_conv2d_weight_grad(const ConvArgs& args, float* gw, const void* x, const void* gy) {
   const int threads = std::max(1, kernel_threads());
   if (split_by_images(args, threads)) {
     weight_grad_split_by_images(args, threads, gw, x, gy);

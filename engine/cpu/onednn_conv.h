@@ -13,16 +13,17 @@ inline namespace EF_CPU_ISA {
 // Whether oneDNN runs this float32 case faster than the im2col kernels.
 bool onednn_takes(const ConvArgs& args, ConvPass pass);
 // Whether oneDNN runs this case with bfloat16 operands (args.compute: AVX-512 or newer, natively
-// with AVX512-BF16 or AMX, else emulated by oneDNN) -- the kernels below then round the float32
-// operands to bfloat16 in their reorders and accumulate in float32.
+// with AVX512-BF16 or AMX, else emulated by oneDNN) -- the kernels below then take bfloat16
+// operands and accumulate in float32.
 bool onednn_takes_bf16(const ConvArgs& args, ConvPass pass);
 
-// The three kernels of Backend for float32 (outputs are overwritten). They run on this thread's
-// OpenMP team (omp_get_max_threads()), and may be called from several threads at once. The forward
-// adds `bias` (c_out floats; null for none) to every output channel.
-void onednn_conv2d_forward(const ConvArgs& args, float* y, const float* x, const float* w, const float* bias);
-void onednn_conv2d_input_grad(const ConvArgs& args, float* gx, const float* gy, const float* w);
-void onednn_conv2d_weight_grad(const ConvArgs& args, float* gw, const float* x, const float* gy);
+// The three kernels of Backend (outputs are overwritten): float32 results of float32 operands, or
+// of bfloat16 ones for bfloat16 compute. They run on this thread's OpenMP team
+// (omp_get_max_threads()), and may be called from several threads at once. The forward adds `bias`
+// (c_out floats; null for none) to every output channel.
+void onednn_conv2d_forward(const ConvArgs& args, float* y, const void* x, const void* w, const float* bias);
+void onednn_conv2d_input_grad(const ConvArgs& args, float* gx, const void* gy, const void* w);
+void onednn_conv2d_weight_grad(const ConvArgs& args, float* gw, const void* x, const void* gy);
 
 }  // namespace EF_CPU_ISA
 }  // namespace evenflow::cpu_backend

@@ -339,10 +339,11 @@ void run_conv(CudaBackend& be, const ConvArgs& a, DType dtype, const View& out, 
 // in float32 into a float32 result. cuDNN's legacy API computes a convolution in one data type (its
 // bfloat16 configuration rounds the result to bfloat16 as well), so a bfloat16 convolution of our
 // own is a graph of cuDNN's graph API (cudnnBackend* descriptors): one convolution whose two
-// operands are bfloat16 and whose result is float32, computing in float32. The operands are cast
-// into the scratch buffer channels-last (NHWC; the weight KRSC), the layout of cuDNN's bfloat16
-// kernels, by the copy kernel every cast uses (round to nearest even, as in Note [bfloat16 products
-// on cuBLAS]); the workspace follows them. The result goes straight into the output, NCHW (the
+// operands are bfloat16 and whose result is float32, computing in float32. The operands, given in
+// bfloat16 (Note [bfloat16 operands converted once] in ops_nn.cpp), are copied into the scratch
+// buffer channels-last (NHWC; the weight KRSC), the layout of cuDNN's bfloat16 kernels, by the copy
+// kernel every cast uses (where it casts: round to nearest even, as in Note [bfloat16 products on
+// cuBLAS]); the workspace follows them. The result goes straight into the output, NCHW (the
 // first GPU run also offered the engines a channels-last result: none needed it). The plan, per
 // pass, shape and math setting: the first engine configuration that finalizes and runs (once, on
 // the scratch buffer's contents), from cuDNN's heuristics (mode A) and then its fallback list, less
@@ -707,9 +708,10 @@ bool bf16_plan_faster(CudaBackend& be, const ConvArgs& a) {
 template <typename Pass>
 void run_bf16_conv(CudaBackend& be, const ConvArgs& a, const View& out, const View& in_a, const View& in_b) {
   be.activate();
-  EF_ASSERT(out.dtype == DType::Float32 && in_a.dtype == DType::Float32 && in_b.dtype == DType::Float32 &&
+  // The op gives bfloat16 operands (Note [bfloat16 operands converted once] in ops_nn.cpp).
+  EF_ASSERT(out.dtype == DType::Float32 && in_a.dtype == DType::BFloat16 && in_b.dtype == DType::BFloat16 &&
                 out.is_contiguous() && in_a.is_contiguous() && in_b.is_contiguous(),
-            Pass::kName, ": bfloat16 compute takes contiguous float32 operands");
+            Pass::kName, ": bfloat16 compute takes contiguous bfloat16 operands");
   EF_ASSERT(reinterpret_cast<uintptr_t>(out.data) % 16 == 0, Pass::kName, ": the output is not 16-byte aligned");
   const CudaBackend::Lock lock = be.lock_libraries();
   const Bf16ConvPlan& p = bf16_plan<Pass>(be, lock, a);

@@ -72,6 +72,37 @@ TEST_CASE("bfloat16 compute: every convolution pass with a backend's own bfloat1
   }
 }
 
+// Note [bfloat16 operands converted once] (engine/ops_nn.cpp): a convolution's nodes carry the
+// bfloat16 copies of their operands to the passes of their backward, and those of the backward to
+// the double backward. Each product there must still be the float32 product of its own operands
+// rounded (1e-6 normwise), in both layouts: a copy carried to a pass must be of the right tensor.
+TEST_CASE("bfloat16 compute: a convolution's gradients and second-order gradients multiply rounded operands") {
+  manual_seed(cpu(), 6);
+  for (const MemoryFormat layout : {MemoryFormat::Contiguous, MemoryFormat::ChannelsLast}) {
+    CAPTURE(layout == MemoryFormat::ChannelsLast);
+    const Conv2dOptions f32{.stride = {2, 2}, .padding = {1, 1}, .memory_format = layout};
+    Conv2dOptions bf16 = f32;
+    bf16.compute = kBFloat16;
+    const Tensor x = randn({4, 32, 10, 10}).contiguous(layout).requires_grad_(true);
+    const Tensor w = (randn({16, 32, 4, 4}) * 0.1).requires_grad_(true);
+    const Tensor y = conv2d(x, w, Tensor(), bf16);
+    const Tensor gy = randn(y.shape()).requires_grad_(true);
+    const auto first = grad({y}, {x, w}, {gy}, {.create_graph = true});
+    CHECK(compare_normwise(first[0], conv2d_input_grad(rounded(gy), rounded(w), x.shape(), f32), 1e-6) == "");
+    CHECK(compare_normwise(first[1], conv2d_weight_grad(rounded(x), rounded(gy), w.shape(), f32), 1e-6) == "");
+    // A penalty's second order: <gx, vx> + <gw, vw> differentiated by x, w and gy.
+    const Tensor vx = randn(x.shape()), vw = randn(w.shape());
+    const auto second = grad({sum(first[0] * vx) + sum(first[1] * vw)}, {x, w, gy});
+    const Tensor want_x = conv2d_input_grad(rounded(gy), rounded(vw), x.shape(), f32);
+    const Tensor want_w = conv2d_weight_grad(rounded(vx), rounded(gy), w.shape(), f32);
+    const Tensor want_gy = conv2d(rounded(vx), rounded(w), Tensor(), f32) + conv2d(rounded(x), rounded(vw), Tensor(), f32);
+    CHECK(compare_normwise(second[0], want_x, 1e-6) == "");
+    CHECK(compare_normwise(second[1], want_w, 1e-6) == "");
+    CHECK(compare_normwise(second[2], want_gy, 1e-6) == "");
+    CHECK(compare_normwise(second[2], conv2d(vx, w, Tensor(), f32) + conv2d(x, vw, Tensor(), f32), 1e-4) != "");
+  }
+}
+
 // Every layout a product's operands come in (Backend::gemm's transposes, leading dimensions past
 // the row, batches, a broadcast operand): with a backend's own bfloat16 kernel (oneDNN's matmul,
 // whose reorders read our strides) each must be the float32 product of the rounded operands, summed

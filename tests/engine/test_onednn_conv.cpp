@@ -142,7 +142,22 @@ void backend_pass(const ConvArgs& a, Pass pass, Operands<T>& o) {
 }
 
 #if EF_ONEDNN
+// The inputs in bfloat16, as the op gives them for bfloat16 compute.
+std::vector<bfloat16> bf16_of(const std::vector<float>& v) {
+  std::vector<bfloat16> out(v.size());
+  std::transform(v.begin(), v.end(), out.begin(), [](float f) { return bfloat16(f); });
+  return out;
+}
+
 void onednn_pass(const ConvArgs& a, Pass pass, Operands<float>& o) {
+  if (a.compute == kBFloat16) {
+    const std::vector<bfloat16> x = bf16_of(o.x), w = bf16_of(o.w), y = bf16_of(o.y);
+    if (pass == kForward) cpu_backend::onednn_conv2d_forward(a, o.y.data(), x.data(), w.data(), nullptr);
+    if (pass == kForwardBias) cpu_backend::onednn_conv2d_forward(a, o.y.data(), x.data(), w.data(), o.b.data());
+    if (pass == kInputGrad) cpu_backend::onednn_conv2d_input_grad(a, o.x.data(), y.data(), w.data());
+    if (pass == kWeightGrad) cpu_backend::onednn_conv2d_weight_grad(a, o.w.data(), x.data(), y.data());
+    return;
+  }
   if (pass == kForward) cpu_backend::onednn_conv2d_forward(a, o.y.data(), o.x.data(), o.w.data(), nullptr);
   if (pass == kForwardBias) cpu_backend::onednn_conv2d_forward(a, o.y.data(), o.x.data(), o.w.data(), o.b.data());
   if (pass == kInputGrad) cpu_backend::onednn_conv2d_input_grad(a, o.x.data(), o.y.data(), o.w.data());
@@ -181,11 +196,13 @@ Reference reference(const ConvArgs& a, Pass pass, uint32_t seed, bool bf16_input
   for (auto [d, f] : {std::pair{&o.x, &r.inputs.x}, std::pair{&o.w, &r.inputs.w}, std::pair{&o.y, &r.inputs.y},
                       std::pair{&o.b, &r.inputs.b}})
     for (size_t i = 0; i < d->size(); ++i) (*f)[i] = static_cast<float>((*d)[i]);
-  backend_pass(a, pass, o);
+  ConvArgs float64 = a;  // the float64 kernels, whatever `a` computes in
+  float64.compute = kFloat32;
+  backend_pass(float64, pass, o);
   r.want = output_of(o, pass);
   for (std::vector<double>* v : {&o.x, &o.w, &o.y, &o.b})
     for (double& e : *v) e = std::abs(e);
-  backend_pass(a, pass, o);
+  backend_pass(float64, pass, o);
   r.magnitude = output_of(o, pass);
   return r;
 }
