@@ -94,10 +94,11 @@ Tensor operand_for(const char* op, const Tensor& t, DType compute) {
 
 // Note [bfloat16 operands converted once]
 // Where the backend multiplies a convolution pass in bfloat16 itself (Backend::bf16_conv), the op
-// gives it bfloat16 operands. A tensor takes part in several passes -- an activation in the forward
+// gives it bfloat16 operands; elsewhere, operands rounded to bfloat16 in float32 (operand_for). A
+// tensor takes part in several passes -- an activation in the forward
 // and the weight gradient, an output gradient in both gradients, the weight in the forward and the
 // input gradient, and each again in a penalty's double backward -- and is converted once: a
-// ConvOperand carries its bfloat16 copy from the pass that made it to the others, in the backward
+// ConvOperand carries its copies from the pass that made them to the others, in the backward
 // of its node and the nodes that backward records (the copy is of the value the node saved, whose
 // version autograd checks). The nodes keep the float32 tensors too: they are what gets
 // differentiated. On wgan_gp's critic this halves the conversions of a bfloat16 step
@@ -105,8 +106,9 @@ Tensor operand_for(const char* op, const Tensor& t, DType compute) {
 // the backward cost half again the memory of each saved convolution input.
 struct ConvOperand {
   explicit ConvOperand(Tensor t) : value(std::move(t)) {}
-  Tensor value;  // what nodes record and differentiate
-  Tensor bf16;   // `value` in bfloat16, once a pass needed it
+  Tensor value;    // what nodes record and differentiate
+  Tensor bf16;     // `value` in bfloat16, once a pass needed it
+  Tensor rounded;  // `value` rounded to bfloat16, in float32, once a pass needed it
 };
 
 // `o.value` in bfloat16 and `format`, converted at the first ask.
@@ -117,6 +119,13 @@ const Tensor& bf16_operand(ConvOperand& o, MemoryFormat format) {
   }
   o.bf16 = o.bf16.contiguous(format);  // a pass of another layout (where the backend chose differently)
   return o.bf16;
+}
+
+// operand_for(o.value), kept for the next pass.
+const Tensor& rounded_operand(const char* op, ConvOperand& o, DType compute) {
+  if (compute != kBFloat16) return o.value;
+  if (!o.rounded.defined()) o.rounded = operand_for(op, o.value, compute);
+  return o.rounded;
 }
 
 // A convolution pass's geometry for the backend, and the operands it is given: with bfloat16
@@ -145,8 +154,8 @@ ConvCall conv_call(const char* op, ConvArgs a, ConvPass pass, ConvOperand& in0, 
   // The second operand is the weight but in the weight gradient, where it is the output's gradient.
   const MemoryFormat second = pass == ConvPass::WeightGrad ? activations : MemoryFormat::Contiguous;
   if (backend_converts) return {a, bf16_operand(in0, activations), bf16_operand(in1, second)};
-  return {a, operand_for(op, in0.value, compute).contiguous(activations),
-          operand_for(op, in1.value, compute).contiguous(second)};
+  return {a, rounded_operand(op, in0, compute).contiguous(activations),
+          rounded_operand(op, in1, compute).contiguous(second)};
 }
 
 // An empty activation for a pass to write: in the layout the backend runs it on.
