@@ -743,7 +743,8 @@ void conv2d_forward(const ConvArgs& args, const View& y, const View& x, const Vi
 
 void conv2d_input_grad(const ConvArgs& args, const View& gx, const View& gy, const View& w) {
   check_conv("conv2d_input_grad", args, gy, w);
-  EF_ASSERT(activation_laid_out(args, gx) && gx.dtype == result_dtype(args, gy.dtype), "conv2d_input_grad: bad output view");
+  EF_ASSERT(activation_laid_out(args, gx) && gx.dtype == result_dtype(args, gy.dtype),
+            "conv2d_input_grad: bad output view");
 #if EF_ONEDNN
   if (onednn_runs(args, ConvPass::InputGrad, gy.dtype))
     return onednn_conv2d_input_grad(args, static_cast<float*>(gx.data), gy.data, w.data);

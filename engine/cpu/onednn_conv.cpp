@@ -1,6 +1,6 @@
-// float32 convolution through oneDNN (Note [oneDNN convolution]): one primitive per geometry, pass
-// and team size, created once and kept, with the reorders between our plain NCHW / OIHW layout and
-// the blocked layouts the primitive runs on.
+// float32 and bfloat16-compute convolution through oneDNN (Note [oneDNN convolution]): one
+// primitive per geometry, pass and team size, created once and kept, with the reorders between our
+// plain NCHW (or NHWC) / OIHW layout and the blocked layouts the primitive runs on.
 #include "evenflow/engine/cpu/onednn_conv.h"
 
 #include <oneapi/dnnl/dnnl.hpp>
@@ -227,7 +227,8 @@ void weight_grad_split_by_images(const ConvArgs& a, int threads, float* gw, cons
     try {
       // Before the plan is made: oneDNN sizes a primitive's threading for the team it is made in.
       set_team_size(1);
-      execute_plan(plan_for(slice, ConvPass::WeightGrad, 1, false), 1, static_cast<const std::byte*>(x) + begin * x_image,
+      execute_plan(plan_for(slice, ConvPass::WeightGrad, 1, false), 1,
+                   static_cast<const std::byte*>(x) + begin * x_image,
                    static_cast<const std::byte*>(gy) + begin * gy_image, out);
     } catch (const dnnl::error& e) {
 #pragma omp critical(ef_weight_grad_split)

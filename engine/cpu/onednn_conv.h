@@ -1,6 +1,7 @@
-// Internal to the CPU backend: float32 2-D convolution (forward, input gradient, weight gradient)
-// through oneDNN, on our contiguous NCHW data and OIHW weights. cpu_conv.cpp routes a float32 case
-// here when `onednn_takes` says so (Note [oneDNN convolution dispatch]); float64 and builds without
+// Internal to the CPU backend: 2-D convolution (forward, input gradient, weight gradient) through
+// oneDNN, on our contiguous NCHW (or channels-last) data and OIHW weights. cpu_conv.cpp routes a
+// float32 case here when `onednn_takes` says so (Note [oneDNN convolution dispatch]), and every
+// pass of bfloat16 compute (bfloat16 operands: `onednn_takes_bf16`); float64 and builds without
 // oneDNN (EF_ONEDNN == 0) keep the im2col kernels.
 #pragma once
 

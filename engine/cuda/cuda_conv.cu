@@ -356,7 +356,8 @@ void run_conv(CudaBackend& be, const ConvArgs& a, DType dtype, const View& out, 
 // for the input gradient and 1.7x slower for the weight gradient, and a 3x3 one (32x64x56x56 -> 64)
 // 1.1x, 1.1x and 3.4x slower. So the plan is taken only where it was timed faster: under
 // cuda_math().benchmark, at a shape's first ask, bf16_conv times both ways on zeros of the shape
-// (the casts and copies each way included) and keeps the answer; without it bf16_conv says no and
+// (the casts and copies each way included, a cast per pass: the op's operands, converted once for
+// several passes, make the plan's side cheaper than timed) and keeps the answer; without it bf16_conv says no and
 // the op rounds the operands for the float32 kernels (the same products). EF_CUDNN_VERBOSE=1 prints
 // each shape's plan, times and choice to stderr.
 

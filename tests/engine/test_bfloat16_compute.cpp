@@ -80,9 +80,9 @@ TEST_CASE("bfloat16 compute: every convolution pass with a backend's own bfloat1
 // must be of the right tensor.
 TEST_CASE("bfloat16 compute: a convolution's gradients and second-order gradients multiply rounded operands") {
   manual_seed(cpu(), 6);
-  for (const auto& [c_in, layout] : {std::pair{int64_t{32}, MemoryFormat::Contiguous},
-                                     std::pair{int64_t{32}, MemoryFormat::ChannelsLast},
-                                     std::pair{int64_t{1}, MemoryFormat::ChannelsLast}}) {
+  for (const auto& [c_in, layout] :
+       {std::pair{int64_t{32}, MemoryFormat::Contiguous}, std::pair{int64_t{32}, MemoryFormat::ChannelsLast},
+        std::pair{int64_t{1}, MemoryFormat::ChannelsLast}}) {
     CAPTURE(c_in);
     CAPTURE(layout == MemoryFormat::ChannelsLast);
     const Conv2dOptions f32{.stride = {2, 2}, .padding = {1, 1}, .memory_format = layout};
@@ -100,7 +100,8 @@ TEST_CASE("bfloat16 compute: a convolution's gradients and second-order gradient
     const auto second = grad({sum(first[0] * vx) + sum(first[1] * vw)}, {x, w, gy});
     const Tensor want_x = conv2d_input_grad(rounded(gy), rounded(vw), x.shape(), f32);
     const Tensor want_w = conv2d_weight_grad(rounded(vx), rounded(gy), w.shape(), f32);
-    const Tensor want_gy = conv2d(rounded(vx), rounded(w), Tensor(), f32) + conv2d(rounded(x), rounded(vw), Tensor(), f32);
+    const Tensor want_gy =
+        conv2d(rounded(vx), rounded(w), Tensor(), f32) + conv2d(rounded(x), rounded(vw), Tensor(), f32);
     CHECK(compare_normwise(second[0], want_x, 1e-6) == "");
     CHECK(compare_normwise(second[1], want_w, 1e-6) == "");
     CHECK(compare_normwise(second[2], want_gy, 1e-6) == "");
