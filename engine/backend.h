@@ -115,7 +115,9 @@ struct ConvArgs {
   DType compute = DType::Float32;
   // The activations (x and y, or their gradients) are channels-last: NCHW-shaped views with NHWC
   // strides (Note [Channels-last] in ops.h); only where the backend said it can
-  // (Backend::channels_last_conv). The weight is OIHW either way.
+  // (Backend::channels_last_conv). The weight is OIHW, but OHWI (channels-last too) for bfloat16
+  // compute: the op converts it so, from which oneDNN's reorder into its blocked layouts runs 2-3x
+  // as fast (10-14 against 28-30 us for wgan_gp's conv2, AMD Zen 4).
   bool channels_last = false;
 };
 

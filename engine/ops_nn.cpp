@@ -151,8 +151,10 @@ ConvCall conv_call(const char* op, ConvArgs a, ConvPass pass, ConvOperand& in0, 
   a.channels_last =
       layout == MemoryFormat::ChannelsLast && backend_of(in0.value).channels_last_conv(a, pass, in0.value.dtype());
   const MemoryFormat activations = a.channels_last ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous;
+  // The weight's bfloat16 copy is OHWI beside channels-last activations (ConvArgs::channels_last).
+  const MemoryFormat weight = backend_converts ? activations : MemoryFormat::Contiguous;
   // The second operand is the weight but in the weight gradient, where it is the output's gradient.
-  const MemoryFormat second = pass == ConvPass::WeightGrad ? activations : MemoryFormat::Contiguous;
+  const MemoryFormat second = pass == ConvPass::WeightGrad ? activations : weight;
   if (backend_converts) return {a, bf16_operand(in0, activations), bf16_operand(in1, second)};
   return {a, rounded_operand(op, in0, compute).contiguous(activations),
           rounded_operand(op, in1, compute).contiguous(second)};

@@ -328,12 +328,16 @@ bool activation_laid_out(const ConvArgs& a, const View& v) {
   return a.channels_last ? v.is_channels_last() : v.is_contiguous();
 }
 
+bool weight_laid_out(const ConvArgs& a, const View& v) {
+  return a.channels_last && a.compute == DType::BFloat16 ? v.is_channels_last() : v.is_contiguous();
+}
+
 // `second` is the weight, or (weight gradient) the output's gradient: an activation too.
 void check_conv(const char* op, const ConvArgs& a, const View& activation, const View& second,
                 bool second_is_activation = false) {
   EF_ASSERT(a.groups > 0 && a.c_in % a.groups == 0 && a.c_out % a.groups == 0, op, ": bad groups");
   EF_ASSERT(activation_laid_out(a, activation) &&
-                (second_is_activation ? activation_laid_out(a, second) : second.is_contiguous()) &&
+                (second_is_activation ? activation_laid_out(a, second) : weight_laid_out(a, second)) &&
                 activation.dtype == second.dtype,
             op, ": expects views of one dtype, contiguous", a.channels_last ? " (activations channels-last)" : "");
 }

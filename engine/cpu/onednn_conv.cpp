@@ -79,6 +79,13 @@ dnnl::memory::desc plain_desc(const Dims& dims, dnnl::memory::data_type type = d
                             dims.size() == 5 ? Tag::goihw : Tag::nchw);  // nchw and oihw are one tag
 }
 
+// The weight as the op gives it: OIHW, or OHWI for bfloat16 compute beside channels-last
+// activations (ConvArgs::channels_last).
+dnnl::memory::desc weight_desc(const ConvArgs& a, const Dims& dims, dnnl::memory::data_type type) {
+  if (!(a.channels_last && a.compute == DType::BFloat16)) return plain_desc(dims, type);
+  return dnnl::memory::desc(dims, type, dims.size() == 5 ? Tag::gohwi : Tag::ohwi);
+}
+
 dnnl::memory::desc any_desc(const Dims& dims, dnnl::memory::data_type type = dnnl::memory::data_type::f32) {
   return dnnl::memory::desc(dims, type, Tag::any);
 }
@@ -132,7 +139,7 @@ Plan make_plan(const ConvArgs& a, ConvPass pass, bool bias) {
       plan.primitive = dnnl::convolution_forward(fwd);
       scratch = fwd.scratchpad_desc();
       plan.in0 = {DNNL_ARG_SRC, act.plain(src, in), fwd.src_desc(), {}, 0};
-      plan.in1 = {DNNL_ARG_WEIGHTS, plain_desc(wei, in), fwd.weights_desc(), {}, 0};
+      plan.in1 = {DNNL_ARG_WEIGHTS, weight_desc(a, wei, in), fwd.weights_desc(), {}, 0};
       plan.out = {DNNL_ARG_DST, act.plain(dst), fwd.dst_desc(), {}, 0};
       break;
     case ConvPass::InputGrad: {
@@ -141,7 +148,7 @@ Plan make_plan(const ConvArgs& a, ConvPass pass, bool bias) {
       plan.primitive = dnnl::convolution_backward_data(pd);
       scratch = pd.scratchpad_desc();
       plan.in0 = {DNNL_ARG_DIFF_DST, act.plain(dst, in), pd.diff_dst_desc(), {}, 0};
-      plan.in1 = {DNNL_ARG_WEIGHTS, plain_desc(wei, in), pd.weights_desc(), {}, 0};
+      plan.in1 = {DNNL_ARG_WEIGHTS, weight_desc(a, wei, in), pd.weights_desc(), {}, 0};
       plan.out = {DNNL_ARG_DIFF_SRC, act.plain(src), pd.diff_src_desc(), {}, 0};
       break;
     }

@@ -74,22 +74,26 @@ TEST_CASE("bfloat16 compute: every convolution pass with a backend's own bfloat1
 
 // Note [bfloat16 operands converted once] (engine/ops_nn.cpp): a convolution's nodes carry the
 // bfloat16 copies of their operands to the passes of their backward, and those of the backward to
-// the double backward (bfloat16 ones for the backend's bfloat16 kernels: 32 input channels;
-// rounded float32 ones for the float32 kernels: 1). Each product there must still be the float32
-// product of its own operands rounded (1e-6 normwise), in both layouts: a copy carried to a pass
-// must be of the right tensor.
+// the double backward (bfloat16 ones for the backend's bfloat16 kernels: 16 or more input channels
+// a group, the weight's copy OHWI beside channels-last activations; rounded float32 ones for the
+// float32 kernels: 1). Each product there must still be the float32 product of its own operands
+// rounded (1e-6 normwise), in both layouts: a copy carried to a pass must be of the right tensor.
 TEST_CASE("bfloat16 compute: a convolution's gradients and second-order gradients multiply rounded operands") {
   manual_seed(cpu(), 6);
-  for (const auto& [c_in, layout] :
-       {std::pair{int64_t{32}, MemoryFormat::Contiguous}, std::pair{int64_t{32}, MemoryFormat::ChannelsLast},
-        std::pair{int64_t{1}, MemoryFormat::ChannelsLast}}) {
-    CAPTURE(c_in);
-    CAPTURE(layout == MemoryFormat::ChannelsLast);
-    const Conv2dOptions f32{.stride = {2, 2}, .padding = {1, 1}, .memory_format = layout};
+  struct Case {
+    int64_t c_in, groups;
+    MemoryFormat layout;
+  };
+  for (const Case& c : {Case{32, 1, MemoryFormat::Contiguous}, Case{32, 1, MemoryFormat::ChannelsLast},
+                        Case{32, 2, MemoryFormat::ChannelsLast}, Case{1, 1, MemoryFormat::ChannelsLast}}) {
+    CAPTURE(c.c_in);
+    CAPTURE(c.groups);
+    CAPTURE(c.layout == MemoryFormat::ChannelsLast);
+    const Conv2dOptions f32{.stride = {2, 2}, .padding = {1, 1}, .groups = c.groups, .memory_format = c.layout};
     Conv2dOptions bf16 = f32;
     bf16.compute = kBFloat16;
-    const Tensor x = randn({4, c_in, 10, 10}).contiguous(layout).requires_grad_(true);
-    const Tensor w = (randn({16, c_in, 4, 4}) * 0.1).requires_grad_(true);
+    const Tensor x = randn({4, c.c_in, 10, 10}).contiguous(c.layout).requires_grad_(true);
+    const Tensor w = (randn({16, c.c_in / c.groups, 4, 4}) * 0.1).requires_grad_(true);
     const Tensor y = conv2d(x, w, Tensor(), bf16);
     const Tensor gy = randn(y.shape()).requires_grad_(true);
     const auto first = grad({y}, {x, w}, {gy}, {.create_graph = true});
