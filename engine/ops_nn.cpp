@@ -95,15 +95,15 @@ Tensor operand_for(const char* op, const Tensor& t, DType compute) {
 // Note [bfloat16 operands converted once]
 // Where the backend multiplies a convolution pass in bfloat16 itself (Backend::bf16_conv), the op
 // gives it bfloat16 operands; elsewhere, operands rounded to bfloat16 in float32 (operand_for). A
-// tensor takes part in several passes -- an activation in the forward
-// and the weight gradient, an output gradient in both gradients, the weight in the forward and the
-// input gradient, and each again in a penalty's double backward -- and is converted once: a
-// ConvOperand carries its copies from the pass that made them to the others, in the backward
-// of its node and the nodes that backward records (the copy is of the value the node saved, whose
-// version autograd checks). The nodes keep the float32 tensors too: they are what gets
-// differentiated. On wgan_gp's critic this halves the conversions of a bfloat16 step
-// (docs/benchmarks.md, "Convolution operands converted to bfloat16 once"); the copies held for
-// the backward cost half again the memory of each saved convolution input.
+// tensor takes part in several passes -- an activation in the forward and the weight gradient, an
+// output gradient in both gradients, the weight in the forward and the input gradient, and each
+// again in a penalty's double backward -- and is converted once: a ConvOperand carries its copies
+// from the pass that made them to the others, in the backward of its node and the nodes that
+// backward records (the copy is of the value the node saved, whose version autograd checks). The
+// nodes keep the float32 tensors too: they are what gets differentiated. A convolution's forward
+// and backward so convert three tensors, not six; on wgan_gp's step that is about 1% of a bfloat16
+// step on an AMD Zen 4 (docs/benchmarks.md, "Convolution operands converted to bfloat16 once"). The
+// copies held for the backward cost half again the memory of each saved convolution input.
 struct ConvOperand {
   explicit ConvOperand(Tensor t) : value(std::move(t)) {}
   Tensor value;    // what nodes record and differentiate
