@@ -248,7 +248,7 @@ int main(int argc, char** argv) {
         ef::manual_seed(d, 1);
         critics.push_back(std::make_shared<ef::apps::WganCritic>(32, "layernorm", ef::nn::ModuleOptions{.device = d},
                                                                  c.channels_last));
-        ef::apps::set_precision(*critics.back(), c.compute, "conv1");
+        ef::apps::set_precision(*critics.back(), c.compute, ef::apps::WganCritic::kImageLayer);
       }
       const ef::Tensor real = ef::rand({64, 1, 28, 28}, o), fake = ef::rand({64, 1, 28, 28}, o);
       const ef::Tensor eps = ef::rand({64, 1, 1, 1}, o);
@@ -296,7 +296,7 @@ int main(int argc, char** argv) {
         n.generator = std::make_shared<ef::apps::WganGenerator>(128, 32, ef::nn::ModuleOptions{.device = d});
         n.critic = std::make_shared<ef::apps::WganCritic>(32, "layernorm", ef::nn::ModuleOptions{.device = d}, true);
         n.generator->set_compute_dtype(config.second);
-        ef::apps::set_precision(*n.critic, config.second, "conv1");
+        ef::apps::set_precision(*n.critic, config.second, ef::apps::WganCritic::kImageLayer);
         const ef::optim::AdamOptions adam{.lr = 1e-4, .betas = {0.0, 0.9}};
         n.opt_g = std::make_unique<ef::optim::Adam>(n.generator->parameters(), adam);
         n.opt_d = std::make_unique<ef::optim::Adam>(n.critic->parameters(), adam);

@@ -279,7 +279,7 @@ int run(const Args& a) {
   auto critic_net = std::make_shared<ef::apps::WganCritic>(a.width, a.norm, nn::ModuleOptions{.dtype = dtype},
                                                            a.critic_layout == "channels-last");
   generator->set_compute_dtype(compute);
-  ef::apps::set_precision(*critic_net, compute, "conv1");
+  ef::apps::set_precision(*critic_net, compute, ef::apps::WganCritic::kImageLayer);
   par::DataParallelModel gen(generator, devices);
   par::DataParallelModel critic(critic_net, devices);
   const ef::optim::AdamOptions adam{.lr = a.lr, .betas = {a.beta1, a.beta2}};

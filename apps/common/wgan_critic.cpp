@@ -6,7 +6,7 @@ namespace evenflow::apps {
 
 WganCritic::WganCritic(int64_t width, const std::string& norm, const nn::ModuleOptions& o, bool channels_last) {
   const nn::Conv2dConfig conv{.stride = 2, .padding = 1, .channels_last = channels_last};
-  register_module("conv1", std::make_shared<nn::Conv2d>(1, width, 4, conv, o));
+  register_module(kImageLayer, std::make_shared<nn::Conv2d>(1, width, 4, conv, o));
   register_module("conv2", std::make_shared<nn::Conv2d>(width, 2 * width, 4, conv, o));
   if (norm == "layernorm") {
     register_module("norm", std::make_shared<nn::LayerNorm>(Shape{2 * width, 7, 7}, nn::LayerNormConfig{}, o));
@@ -20,7 +20,7 @@ WganCritic::WganCritic(int64_t width, const std::string& norm, const nn::ModuleO
 }
 
 Tensor WganCritic::forward(const Tensor& x) {
-  Tensor h = leaky_relu(child("conv1")->forward(x), 0.2);
+  Tensor h = leaky_relu(child(kImageLayer)->forward(x), 0.2);
   h = child("conv2")->forward(h);
   h = child("norm")->forward(h);
   h = leaky_relu(h, 0.2);

@@ -15,6 +15,8 @@ class WganCritic : public nn::Cloneable<WganCritic> {
  public:
   // channels_last: the convolutions' activations channels-last (nn::Conv2dConfig::channels_last).
   WganCritic(int64_t width, const std::string& norm, const nn::ModuleOptions& o, bool channels_last = false);
+  // The convolution that reads the images: it stays float32 under --precision bf16 (set_precision).
+  static constexpr const char* kImageLayer = "conv1";
   std::string name() const override { return "Critic"; }
   Tensor forward(const Tensor& x) override;
 };

@@ -31,7 +31,7 @@ namespace {
 // float32 (Note [bfloat16 compute]).
 ef::Tensor critic_with_bf16_storage(const ef::apps::WganCritic& critic, const ef::Tensor& x) {
   const auto stored = [](const ef::Tensor& t) { return t.to(ef::kBFloat16).to(ef::kFloat32); };
-  ef::Tensor h = stored(critic.child("conv1")->forward(x));
+  ef::Tensor h = stored(critic.child(ef::apps::WganCritic::kImageLayer)->forward(x));
   h = stored(ef::leaky_relu(h, 0.2));
   h = stored(critic.child("conv2")->forward(h));
   h = stored(critic.child("norm")->forward(h));
@@ -79,7 +79,7 @@ int main(int argc, char** argv) {
       critic.load_state_dict(weights, /*strict=*/false);
       const std::string m = mode;
       if (m == "bf16" || m == "bf16_storage")
-        ef::apps::set_precision(critic, compute, "conv1");  // as wgan_gp --precision bf16
+        ef::apps::set_precision(critic, compute, ef::apps::WganCritic::kImageLayer);  // as wgan_gp --precision bf16
       else if (compute == ef::kBFloat16)
         critic.set_compute_dtype(compute);
       const ef::losses::Critic d = [&critic, &m](const ef::Tensor& x) {
