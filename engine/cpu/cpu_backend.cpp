@@ -1279,13 +1279,7 @@ class CpuBackend final : public Backend {
 #endif
   }
   bool channels_last_conv(const ConvArgs& args, ConvPass pass, DType dtype) override {
-#if EF_ONEDNN
-    // The passes oneDNN runs (cpu_conv.cpp's dispatch), and the one of our own kernels that reads them.
-    if (dtype == DType::Float32 && (args.compute == DType::BFloat16 || onednn_takes(args, pass))) return true;
-#else
-    (void)dtype;
-#endif
-    return own_conv_takes_channels_last(args, pass);
+    return conv_takes_channels_last(args, pass, dtype);
   }
 
   void softmax(const View& out, const View& x, bool log) override {

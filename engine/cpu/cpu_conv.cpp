@@ -340,6 +340,16 @@ void check_conv(const char* op, const ConvArgs& a, const View& activation, const
                 (second_is_activation ? activation_laid_out(a, second) : weight_laid_out(a, second)) &&
                 activation.dtype == second.dtype,
             op, ": expects views of one dtype, contiguous", a.channels_last ? " (activations channels-last)" : "");
+  // Note [bfloat16 operands converted once] in ops_nn.cpp.
+  EF_ASSERT(a.compute != DType::BFloat16 || activation.dtype == DType::BFloat16, op,
+            ": bfloat16 compute takes bfloat16 operands");
+}
+
+// Whether our own kernels run `pass` on channels-last activations: the input gradient of a
+// one-channel input (wgan_gp's critic's first layer, in a penalty), whose output is the same memory
+// in either layout; the kernel reads the output gradient in its channels-last order.
+bool own_conv_takes_channels_last(const ConvArgs& args, ConvPass pass) {
+  return pass == ConvPass::InputGrad && args.c_in == 1;
 }
 
 // Our kernels take channels-last activations only where own_conv_takes_channels_last says so.
@@ -702,10 +712,6 @@ void gemm(const GemmArgs& args) {
   EF_DISPATCH_FLOAT(args.dtype, "matmul", [&] { gemm_typed<scalar_t>(args); });
 }
 
-bool own_conv_takes_channels_last(const ConvArgs& args, ConvPass pass) {
-  return pass == ConvPass::InputGrad && args.c_in == 1;
-}
-
 namespace {
 
 // A pass's result: float32 for bfloat16 compute (bfloat16 operands, float32 sums), else the operands'.
@@ -714,19 +720,24 @@ DType result_dtype(const ConvArgs& args, DType operands) {
 }
 
 #if EF_ONEDNN
-// Whether oneDNN runs a pass: every one of bfloat16 compute, whose operands the op gives in
-// bfloat16 (Note [bfloat16 operands converted once] in ops_nn.cpp), and the float32 ones it runs
-// faster than our kernels (Note [oneDNN convolution dispatch]).
-bool onednn_runs(const ConvArgs& args, ConvPass pass, DType operands) {
-  if (args.compute == DType::BFloat16) {
-    EF_ASSERT(operands == DType::BFloat16, "conv2d: bfloat16 compute takes bfloat16 operands");
-    return true;
-  }
-  return operands == DType::Float32 && onednn_takes(args, pass);
+// Whether oneDNN runs a pass on operands of `dtype`: every one of bfloat16 compute (whose operands
+// the op converts to bfloat16, Note [bfloat16 operands converted once] in ops_nn.cpp), and the
+// float32 ones it runs faster than our kernels (Note [oneDNN convolution dispatch]).
+bool onednn_runs(const ConvArgs& args, ConvPass pass, DType dtype) {
+  return args.compute == DType::BFloat16 || (dtype == DType::Float32 && onednn_takes(args, pass));
 }
 #endif
 
 }  // namespace
+
+bool conv_takes_channels_last(const ConvArgs& args, ConvPass pass, DType dtype) {
+#if EF_ONEDNN
+  if (onednn_runs(args, pass, dtype)) return true;
+#else
+  (void)dtype;
+#endif
+  return own_conv_takes_channels_last(args, pass);
+}
 
 void conv2d_forward(const ConvArgs& args, const View& y, const View& x, const View& w, const View& bias) {
   check_conv("conv2d", args, x, w);

@@ -23,11 +23,10 @@ void conv2d_forward(const ConvArgs& args, const View& y, const View& x, const Vi
 void conv2d_input_grad(const ConvArgs& args, const View& gx, const View& gy, const View& w);
 void conv2d_weight_grad(const ConvArgs& args, const View& gw, const View& x, const View& gy);
 
-// Whether our own kernels run `pass` on channels-last activations: the input gradient of a
-// one-channel input (wgan_gp's critic's first layer, in a penalty), whose output is the same memory
-// in either layout; the kernel reads the output gradient in its channels-last order. (The passes
-// oneDNN runs take channels-last activations too: CpuBackend::channels_last_conv.)
-bool own_conv_takes_channels_last(const ConvArgs& args, ConvPass pass);
+// Backend::channels_last_conv (`dtype`: the operands' before any bfloat16 conversion): the passes
+// oneDNN runs, and the one of our own kernels that reads channels-last activations (the input
+// gradient of a one-channel input).
+bool conv_takes_channels_last(const ConvArgs& args, ConvPass pass, DType dtype);
 
 }  // namespace EF_CPU_ISA
 }  // namespace evenflow::cpu_backend
