@@ -815,6 +815,15 @@ Tensor kernel_param(const Tensor& p, bool nhwc) {
   return nhwc ? dims_in_order(p, kHwc).contiguous() : p.contiguous();
 }
 
+// The affine parameters' shape as the normalize kernels take them (kernel_param), and a gradient
+// the kernels wrote in that shape back in the parameters' own order.
+Shape kernel_param_shape(const Normalization& n, bool nhwc) {
+  return nhwc ? Shape{n.param_shape[1], n.param_shape[2], n.param_shape[0]} : n.param_shape;
+}
+Tensor param_from_kernel(const Tensor& g, bool nhwc) {
+  return nhwc && g.defined() ? dims_in_order(g, kChw).contiguous() : g;
+}
+
 // t's view for a kernel, or an empty View where t is undefined (an operand the kernel goes without).
 View view_or_none(const Tensor& t) {
   return t.defined() ? t.view() : View{};
@@ -837,7 +846,7 @@ detail::Grads normalize_backward(const Normalization& n, const Tensor& gy, const
   const MemoryFormat layout = nhwc ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous;
   // The kernel's operands: contiguous, or channels-last ones seen as [N, H, W, C] with the affine
   // parameters (and their gradients) in H, W, C order.
-  const Shape param_shape = nhwc ? Shape{n.param_shape[1], n.param_shape[2], n.param_shape[0]} : n.param_shape;
+  const Shape param_shape = kernel_param_shape(n, nhwc);
   const Tensor xc = x.contiguous(layout), gyc = gy.contiguous(layout);
   Tensor gx, gw, gb;
   if (x.requires_grad()) gx = detail::empty_in_format(x, x.shape(), layout);
@@ -852,11 +861,7 @@ detail::Grads normalize_backward(const Normalization& n, const Tensor& gy, const
     for (Tensor* t : {&gw, &gb})
       if (t->defined()) t->fill_(0.0);
   }
-  if (nhwc) {
-    for (Tensor* t : {&gw, &gb})
-      if (t->defined()) *t = dims_in_order(*t, kChw).contiguous();
-  }
-  return {gx, gw, gb};
+  return {gx, param_from_kernel(gw, nhwc), param_from_kernel(gb, nhwc)};
 }
 
 // normalize's second-order gradients -- of gy, x and the weight, given ggx, ggw and ggb reaching gx,
@@ -904,7 +909,7 @@ detail::Grads normalize_double_backward(const Normalization& n, const Tensor& gg
   if (grad_enabled()) return normalize_double_backward_ops(n, ggx, ggw, ggb, gy, x, mean, rstd, weight);
   const bool nhwc = normalizes_channels_last(n, x);
   const MemoryFormat layout = nhwc ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous;
-  const Shape param_shape = nhwc ? Shape{n.param_shape[1], n.param_shape[2], n.param_shape[0]} : n.param_shape;
+  const Shape param_shape = kernel_param_shape(n, nhwc);
   const Tensor xc = x.contiguous(layout), gyc = gy.contiguous(layout);
   const Tensor ggxc = ggx.defined() ? ggx.contiguous(layout) : Tensor();
   Tensor dgy, dx, dw;
@@ -917,8 +922,7 @@ detail::Grads normalize_double_backward(const Normalization& n, const Tensor& gg
           view_or_none(kernel_param(ggb, nhwc)), kernel_activation(gyc, nhwc).view(),
           kernel_activation(xc, nhwc).view(), mean.view(), rstd.view(), view_or_none(kernel_param(weight, nhwc))))
     return normalize_double_backward_ops(n, ggx, ggw, ggb, gy, x, mean, rstd, weight);
-  if (nhwc && dw.defined()) dw = dims_in_order(dw, kChw).contiguous();
-  return {dgy, dx, dw};
+  return {dgy, dx, param_from_kernel(dw, nhwc)};
 }
 
 // The first-order gradients under create_graph: normalize_backward's, recorded as one node whose
