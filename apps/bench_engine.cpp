@@ -295,7 +295,7 @@ int main(int argc, char** argv) {
         Networks n;
         n.generator = std::make_shared<ef::apps::WganGenerator>(128, 32, ef::nn::ModuleOptions{.device = d});
         n.critic = std::make_shared<ef::apps::WganCritic>(32, "layernorm", ef::nn::ModuleOptions{.device = d}, true);
-        n.generator->set_compute_dtype(config.second);
+        ef::apps::set_precision(*n.generator, config.second, ef::apps::WganGenerator::kImageLayer);
         ef::apps::set_precision(*n.critic, config.second, ef::apps::WganCritic::kImageLayer);
         const ef::optim::AdamOptions adam{.lr = 1e-4, .betas = {0.0, 0.9}};
         n.opt_g = std::make_unique<ef::optim::Adam>(n.generator->parameters(), adam);

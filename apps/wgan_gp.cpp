@@ -272,13 +272,13 @@ int run(const Args& a) {
   ef::manual_seed(a.seed);
   const Tensor fixed_noise = ef::randn({64, a.z_dim}, {.dtype = dtype});
   const Tensor fid_noise = ef::randn({a.fid_samples, a.z_dim}, {.dtype = dtype});
-  // --precision bf16: both networks' convolutions and products in bfloat16 but the critic's first,
-  // which reads the images (set_precision); the penalty's norm and everything else float32 (Note
-  // [bfloat16 compute]).
+  // --precision bf16: both networks' convolutions and products in bfloat16 but the generator's last,
+  // which writes the images, and the critic's first, which reads them (set_precision); the penalty's
+  // norm and everything else float32 (Note [bfloat16 compute]).
   auto generator = std::make_shared<ef::apps::WganGenerator>(a.z_dim, a.width, nn::ModuleOptions{.dtype = dtype});
   auto critic_net = std::make_shared<ef::apps::WganCritic>(a.width, a.norm, nn::ModuleOptions{.dtype = dtype},
                                                            a.critic_layout == "channels-last");
-  generator->set_compute_dtype(compute);
+  ef::apps::set_precision(*generator, compute, ef::apps::WganGenerator::kImageLayer);
   ef::apps::set_precision(*critic_net, compute, ef::apps::WganCritic::kImageLayer);
   par::DataParallelModel gen(generator, devices);
   par::DataParallelModel critic(critic_net, devices);

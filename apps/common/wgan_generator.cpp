@@ -10,7 +10,7 @@ WganGenerator::WganGenerator(int64_t z_dim, int64_t width, const nn::ModuleOptio
   register_module("up1", std::make_shared<nn::ConvTranspose2d>(
                              2 * width, width, 4, nn::ConvTranspose2dConfig{.stride = 2, .padding = 1}, o));
   register_module("bn1", std::make_shared<parallel::SyncBatchNorm>(width, nn::BatchNormConfig{}, o));
-  register_module("up2", std::make_shared<nn::ConvTranspose2d>(
+  register_module(kImageLayer, std::make_shared<nn::ConvTranspose2d>(
                              width, 1, 4, nn::ConvTranspose2dConfig{.stride = 2, .padding = 1}, o));
 }
 
@@ -18,7 +18,7 @@ Tensor WganGenerator::forward(const Tensor& z) {
   Tensor h = relu(child("bn0")->forward(child("fc")->forward(z)));
   h = reshape(h, {z.size(0), 2 * width_, 7, 7});
   h = relu(child("bn1")->forward(child("up1")->forward(h)));
-  return tanh(child("up2")->forward(h));
+  return tanh(child(kImageLayer)->forward(h));
 }
 
 }  // namespace evenflow::apps

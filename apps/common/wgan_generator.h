@@ -14,6 +14,9 @@ namespace evenflow::apps {
 class WganGenerator : public nn::Cloneable<WganGenerator> {
  public:
   WganGenerator(int64_t z_dim, int64_t width, const nn::ModuleOptions& o);
+  // The transposed convolution that writes the images: it stays float32 under --precision bf16
+  // (set_precision), as the critic's layer that reads them does.
+  static constexpr const char* kImageLayer = "up2";
   std::string name() const override { return "Generator"; }
   Tensor forward(const Tensor& z) override;
 
