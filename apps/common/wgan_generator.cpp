@@ -11,7 +11,7 @@ WganGenerator::WganGenerator(int64_t z_dim, int64_t width, const nn::ModuleOptio
                              2 * width, width, 4, nn::ConvTranspose2dConfig{.stride = 2, .padding = 1}, o));
   register_module("bn1", std::make_shared<parallel::SyncBatchNorm>(width, nn::BatchNormConfig{}, o));
   register_module(kImageLayer, std::make_shared<nn::ConvTranspose2d>(
-                             width, 1, 4, nn::ConvTranspose2dConfig{.stride = 2, .padding = 1}, o));
+                                   width, 1, 4, nn::ConvTranspose2dConfig{.stride = 2, .padding = 1}, o));
 }
 
 Tensor WganGenerator::forward(const Tensor& z) {
