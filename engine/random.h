@@ -54,16 +54,24 @@ EF_HD inline double add_product(double a, double b, double c) {
 #endif
 }
 
+// Each kind from its Philox draw r (its uniform u = uniform01(r.v[0], r.v[1]), and u2 =
+// uniform01(r.v[2], r.v[3])): uniform in [a, b), normal(mean a, std b) by Box-Muller, bernoulli(p = a).
+EF_HD inline double uniform_from(double a, double b, const Philox4& r) {
+  return add_product(a, b - a, 1.0 - uniform01(r.v[0], r.v[1]));
+}
+EF_HD inline double normal_from(double a, double b, double u, double u2) {
+  return add_product(a, b * ::sqrt(-2.0 * ::log(u)), ::cos(6.283185307179586 * u2));
+}
+EF_HD inline double bernoulli_from(double a, const Philox4& r) {
+  return (1.0 - uniform01(r.v[0], r.v[1])) < a ? 1.0 : 0.0;
+}
+
 // Sample i of a draw. kind: 0 uniform in [a, b), 1 normal(mean a, std b), 2 bernoulli(p = a).
 EF_HD inline double sample(int kind, double a, double b, uint64_t seed, uint64_t index) {
   const Philox4 r = philox(seed, index);
-  const double u = uniform01(r.v[0], r.v[1]);
-  if (kind == 0) return add_product(a, b - a, 1.0 - u);
-  if (kind == 1) {
-    const double u2 = uniform01(r.v[2], r.v[3]);
-    return add_product(a, b * ::sqrt(-2.0 * ::log(u)), ::cos(6.283185307179586 * u2));
-  }
-  return (1.0 - u) < a ? 1.0 : 0.0;
+  if (kind == 0) return uniform_from(a, b, r);
+  if (kind == 1) return normal_from(a, b, uniform01(r.v[0], r.v[1]), uniform01(r.v[2], r.v[3]));
+  return bernoulli_from(a, r);
 }
 
 }  // namespace evenflow::random

@@ -12,6 +12,7 @@
 
 #include "evenflow/engine/context.h"
 #include "evenflow/engine/ops.h"
+#include "evenflow/engine/random.h"
 #include "tests/testing/helpers.h"
 
 using namespace evenflow;
@@ -102,6 +103,39 @@ TEST_CASE("random numbers: seeded per device, reproducible, sensible moments") {
   // Another device has its own generator.
   manual_seed(cpu(1), 42);
   CHECK(vals(randn({1000}, {.dtype = kFloat64, .device = cpu(1)})) == vals(a));
+}
+
+// Note [Vectorized draws] in engine/cpu/cpu_backend.cpp: the CPU backend fills each kind in loops
+// of its own, a normal draw in blocks of 256; every element must still be random::sample's (seed,
+// offset + i), to the last bit, in float32 and float64, on one thread and on a team of three (whose
+// ranges start mid-block), at counters whose 32-bit halves carry.
+TEST_CASE("random draws: every element is random::sample's, to the last bit, on 1 and 3 threads") {
+  Backend& cpu_kernels = context(cpu(0)).backend();
+  const int threads_before = num_threads();
+  const int64_t n = 4000;  // 4000 x 32 > kParallelGrain (cpu_backend.cpp): a team draws it
+  for (const int threads : {1, 3}) {
+    set_num_threads(threads);
+    for (const RandomKind kind : {RandomKind::Uniform, RandomKind::Normal, RandomKind::Bernoulli}) {
+      for (const DType dtype : {kFloat32, kFloat64}) {
+        const uint64_t seed = 0x0123456789abcdefULL, offset = 0xffffff00ULL;
+        const double a = kind == RandomKind::Bernoulli ? 0.3 : -1.5, b = 2.5;
+        Tensor t = empty({n}, {.dtype = dtype});
+        cpu_kernels.random(t.view(), kind, a, b, seed, offset);
+        const std::vector<double> got = vals(t);
+        int64_t different = 0;
+        for (int64_t i = 0; i < n; ++i) {
+          const double want = random::sample(static_cast<int>(kind), a, b, seed, offset + static_cast<uint64_t>(i));
+          const double rounded = dtype == kFloat32 ? static_cast<double>(static_cast<float>(want)) : want;
+          different += got[static_cast<size_t>(i)] != rounded;
+        }
+        CAPTURE(threads);
+        CAPTURE(static_cast<int>(kind));
+        CAPTURE(dtype_name(dtype));
+        CHECK(different == 0);
+      }
+    }
+  }
+  set_num_threads(threads_before);
 }
 
 TEST_CASE("errors name the op and the values") {
