@@ -348,10 +348,14 @@ int main(int argc, char** argv) {
     // (normal) and, for DRAGAN, a perturbation of the batch (uniform); the host draws them with the
     // devices waiting.
     if (only.empty() || std::string("random").find(only) != std::string::npos) {
-      report("random_uniform_64x1x28x28", time_it([&] { ef::rand({64, 1, 28, 28}, o); }, d, min_seconds),
+      report("random_uniform_64x1x28x28",
+             time_it(
+                 [&] {
+                   ef::rand({64, 1, 28, 28}, o);
+                 },
+                 d, min_seconds),
              64.0 * 28 * 28, "Gelem/s");
-      report("random_normal_64x128", time_it([&] { ef::randn({64, 128}, o); }, d, min_seconds), 64.0 * 128,
-             "Gelem/s");
+      report("random_normal_64x128", time_it([&] { ef::randn({64, 128}, o); }, d, min_seconds), 64.0 * 128, "Gelem/s");
     }
 
     // What a small-batch step pays per op besides arithmetic: allocation, autograd nodes, dispatch.
