@@ -434,7 +434,8 @@ int run(const Args& a) {
       noise_shape[0] = n;
       const Tensor z = my_part(ef::randn({n, a.z_dim}, {.dtype = dtype}));
       // Only what the penalty reads: wgan-gp's interpolation weights, dragan's perturbation (the
-      // host draws them while the devices wait: a batch of noise took 1.2 ms a step, 1.4%).
+      // host draws while the devices wait: an unread uniform batch of 64x1x28x28 cost 174 us a critic
+      // step, `bench_engine --only random --threads 1`, AMD Zen 4).
       const Tensor eps = a.penalty == "wgan-gp" ? my_part(ef::rand({n, 1, 1, 1}, {.dtype = dtype})) : Tensor();
       const Tensor noise = a.penalty == "dragan" ? my_part(ef::rand(noise_shape, {.dtype = dtype})) : Tensor();
       // In one process, the whole batch's std as before; across processes, from every process's part.
