@@ -1205,10 +1205,11 @@ void scatter_add_impl(const char* op, const View& out, int dim, const View& inde
 // Note [Vectorized draws]
 // Philox's rounds are integer multiplies and xors, which the compiler vectorizes (8 draws at once
 // with AVX-512) in a loop of its own per kind, but not in one loop over every kind inside an OpenMP
-// region's outlined body: wgan_gp's noise batch (64x1x28x28, uniform) took 457 us on one Zen 4
-// thread that way. So each thread fills its range through random_range, one loop per kind; a normal
-// draw runs its Philox rounds for a block of values first, then Box-Muller's logs and cosines
-// (glibc's, scalar). The same numbers as random::sample's, to the last bit (test_engine's
+// region's outlined body: a uniform 64x1x28x28 batch took 449 us on one Zen 4 thread that way, 174
+// this way (`bench_engine --only random --threads 1`). So each thread fills its range through
+// random_range, one loop per kind; a normal draw runs its Philox rounds for a block of values
+// first, then Box-Muller's logs and cosines (glibc's, scalar: most of the 220 us a 64x128 normal
+// draw still takes, from 334). The same numbers as random::sample's, to the last bit (test_engine's
 // "random draws").
 template <typename T>
 void random_range(T* o, int64_t begin, int64_t end, RandomKind kind, double a, double b, uint64_t seed,

@@ -106,15 +106,16 @@ TEST_CASE("random numbers: seeded per device, reproducible, sensible moments") {
 }
 
 // Note [Vectorized draws] in engine/cpu/cpu_backend.cpp: the CPU backend fills each kind in loops
-// of its own, a normal draw in blocks of 256; every element must still be random::sample's (seed,
-// offset + i), to the last bit, in float32 and float64, on one thread and on a team of three (whose
-// ranges start mid-block), at counters whose 32-bit halves carry.
+// of its own, a normal draw in blocks of 256 from the start of each thread's range; every element
+// must still be random::sample's (seed, offset + i), to the last bit, in float32 and float64, on one
+// thread and on a team of three, at counters whose 32-bit halves carry.
 TEST_CASE("random draws: every element is random::sample's, to the last bit, on 1 and 3 threads") {
   Backend& cpu_kernels = context(cpu(0)).backend();
   const int threads_before = num_threads();
   const int64_t n = 4000;  // 4000 x 32 > kParallelGrain (cpu_backend.cpp): a team draws it
   for (const int threads : {1, 3}) {
     set_num_threads(threads);
+    REQUIRE(kernel_threads() == threads);  // this thread draws with a team of `threads`
     for (const RandomKind kind : {RandomKind::Uniform, RandomKind::Normal, RandomKind::Bernoulli}) {
       for (const DType dtype : {kFloat32, kFloat64}) {
         const uint64_t seed = 0x0123456789abcdefULL, offset = 0xffffff00ULL;
@@ -128,9 +129,9 @@ TEST_CASE("random draws: every element is random::sample's, to the last bit, on 
           const double rounded = dtype == kFloat32 ? static_cast<double>(static_cast<float>(want)) : want;
           different += got[static_cast<size_t>(i)] != rounded;
         }
-        CAPTURE(threads);
-        CAPTURE(static_cast<int>(kind));
-        CAPTURE(dtype_name(dtype));
+        const std::string what = std::to_string(threads) + " threads, kind " + std::to_string(static_cast<int>(kind)) +
+                                 ", " + dtype_name(dtype);
+        CAPTURE(what);
         CHECK(different == 0);
       }
     }
