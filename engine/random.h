@@ -1,8 +1,9 @@
 // Counter-based random numbers (Philox4x32-10, Salmon et al., SC'11). Element i of a draw with
 // (seed, offset) depends only on (seed, offset + i), so the CPU and CUDA backends produce the same
 // numbers for the same generator state, and a draw can be split across threads freely. The same to
-// the last bit for uniform and Bernoulli draws; normal draws go through log and cos, whose CUDA and
-// glibc implementations may differ in the last bit or two (relative error about 1e-16).
+// the last bit for uniform and Bernoulli draws; normal draws go through log and cos, which CUDA's
+// library, glibc (sample() on the host) and the CPU backend's vectorized ones (Note [Vectorized log
+// and cos] in cpu/vector_math.h) compute differently in the last bits (a few times 1e-16).
 #pragma once
 
 #include <cstdint>

@@ -1207,10 +1207,11 @@ void scatter_add_impl(const char* op, const View& out, int dim, const View& inde
 // with AVX-512) in a loop of its own per kind, but not in one loop over every kind inside an OpenMP
 // region's outlined body: a uniform 64x1x28x28 batch took 449 us on one Zen 4 thread that way, 174
 // this way (`bench_engine --only random --threads 1`). So each thread fills its range through
-// random_range, one loop per kind; a normal draw runs its Philox rounds for a block of values
-// first, then Box-Muller's logs and cosines (glibc's, scalar: most of the 220 us a 64x128 normal
-// draw still takes, from 334). The same numbers as random::sample's, to the last bit (test_engine's
-// "random draws").
+// random_range, one loop per kind. A normal draw runs its Philox rounds for a block of values
+// first, then Box-Muller's log and cosine, ours (Note [Vectorized log and cos] in vector_math.h):
+// glibc's scalar calls kept a 64x128 draw at 220 us (334 before). Uniform and Bernoulli draws are
+// random::sample's to the last bit; normal ones within 2e-15 of it, relative to the draw's scale
+// (test_engine's "random draws").
 template <typename T>
 void random_range(T* o, int64_t begin, int64_t end, RandomKind kind, double a, double b, uint64_t seed,
                   uint64_t offset) {
@@ -1234,7 +1235,9 @@ void random_range(T* o, int64_t begin, int64_t end, RandomKind kind, double a, d
           u[i] = random::uniform01(r.v[0], r.v[1]);
           u2[i] = random::uniform01(r.v[2], r.v[3]);
         }
-        for (int64_t i = 0; i < m; ++i) o[i0 + i] = static_cast<T>(random::normal_from(a, b, u[i], u2[i]));
+        for (int64_t i = 0; i < m; ++i)
+          o[i0 + i] = static_cast<T>(
+              random::add_product(a, b * std::sqrt(-2.0 * log_vectorizable(u[i])), cos_two_pi_vectorizable(u2[i])));
       }
       return;
     }

@@ -46,5 +46,65 @@ inline float tanh_vectorizable(float x) {
   return x != x || a == 0.0f ? x : y;  // NaN; and -0, which the polynomial turns into +0
 }
 
+// Note [Vectorized log and cos]
+// Box-Muller's log(u) and cos(2πu) for normal draws (Note [Vectorized draws] in cpu_backend.cpp),
+// in float64 without calls or branches, so that the draw's loop vectorizes: glibc's log and cos,
+// scalar calls, were most of a 64x128 normal draw's 220 us on one Zen 4 thread.
+// - log(x), x > 0 normal: x = m·2^e with m in [√½, √2), log m = 2 atanh(s), s = (m - 1) / (m + 1)
+//   (|s| ≤ 0.172), by its series to s^23 (the next term is below 2^-60 of the sum); e·ln 2 with
+//   ln 2 in two parts. Against glibc's log over a million draws' u in (0, 1] and every power of two
+//   down to 2^-53: within 2.0 ulp (test_engine's "the normal draws' log and cos").
+// - cos(2πu): u reduced exactly (u is a multiple of 2^-53) to r = u - rint(u) in [-½, ½] and to f =
+//   r - q/4 in [-⅛, ⅛] with q = rint(4r), then cos or ∓sin of 2πf (|2πf| ≤ π/4) by their Taylor
+//   series (to x^16 and x^17: the next terms are below 2^-58) by the quadrant q. Against glibc's
+//   cos(2π·u) over the same u: within 2.875·2^-52 absolute, most of it glibc's own rounding of its
+//   argument 2π·u.
+inline double log_vectorizable(double x) {
+  const uint64_t bits = std::bit_cast<uint64_t>(x);
+  const bool above_sqrt2 = (bits & 0x000FFFFFFFFFFFFFull) > 0x6A09E667F3BCDull;  // mantissa of √2
+  // m in [√½, √2): the mantissa with exponent 0, or -1 where it is past √2.
+  const double m = std::bit_cast<double>((bits & 0x000FFFFFFFFFFFFFull) |
+                                         (above_sqrt2 ? 0x3FE0000000000000ull : 0x3FF0000000000000ull));
+  const double e = static_cast<double>(static_cast<int64_t>(bits >> 52) - 1023 + (above_sqrt2 ? 1 : 0));
+  const double s = (m - 1.0) / (m + 1.0), s2 = s * s;
+  const double series =
+      0.3333333333333333 +
+      s2 * (0.2 +
+            s2 * (0.14285714285714285 +
+                  s2 * (0.1111111111111111 +
+                        s2 * (0.09090909090909091 +
+                              s2 * (0.07692307692307693 +
+                                    s2 * (0.06666666666666667 +
+                                          s2 * (0.058823529411764705 +
+                                                s2 * (0.05263157894736842 +
+                                                      s2 * (0.047619047619047616 + s2 * 0.043478260869565216)))))))));
+  return e * 0.6931471803691238 + (e * 1.9082149292705877e-10 + (2.0 * s + 2.0 * s * s2 * series));
+}
+
+inline double cos_two_pi_vectorizable(double u) {
+  const double r = u - __builtin_rint(u);
+  const double q = __builtin_rint(4.0 * r);
+  const double x = (r - 0.25 * q) * 6.283185307179586, x2 = x * x;
+  const double c =
+      1.0 +
+      x2 * (-0.5 + x2 * (4.1666666666666664e-02 +
+                         x2 * (-1.3888888888888889e-03 +
+                               x2 * (2.4801587301587302e-05 +
+                                     x2 * (-2.7557319223985893e-07 +
+                                           x2 * (2.0876756987868100e-09 +
+                                                 x2 * (-1.1470745597729725e-11 + x2 * 4.7794773323873853e-14)))))));
+  const double s =
+      x + x * x2 *
+              (-1.6666666666666666e-01 +
+               x2 * (8.3333333333333332e-03 +
+                     x2 * (-1.9841269841269841e-04 +
+                           x2 * (2.7557319223985893e-06 +
+                                 x2 * (-2.5052108385441720e-08 +
+                                       x2 * (1.6059043836821613e-10 +
+                                             x2 * (-7.6471637318198164e-13 + x2 * 2.8114572543455206e-15)))))));
+  const int64_t quadrant = static_cast<int64_t>(q) & 3;  // cos(x + q·π/2)
+  return quadrant == 0 ? c : quadrant == 1 ? -s : quadrant == 2 ? -c : s;
+}
+
 }  // namespace EF_CPU_ISA
 }  // namespace evenflow::cpu_backend
