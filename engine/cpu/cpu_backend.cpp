@@ -1210,7 +1210,7 @@ void scatter_add_impl(const char* op, const View& out, int dim, const View& inde
 // random_range, one loop per kind. A normal draw runs its Philox rounds for a block of values
 // first, then Box-Muller's log and cosine, ours (Note [Vectorized log and cos] in vector_math.h):
 // glibc's scalar calls kept a 64x128 draw at 220 us (334 before). Uniform and Bernoulli draws are
-// random::sample's to the last bit; normal ones within 2e-15 of it, relative to the draw's scale
+// random::sample's to the last bit; normal ones a + b·R·cos θ within 2^-52·(|a| + 8·|b|·R) of it
 // (test_engine's "random draws").
 template <typename T>
 void random_range(T* o, int64_t begin, int64_t end, RandomKind kind, double a, double b, uint64_t seed,
