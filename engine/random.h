@@ -56,12 +56,14 @@ EF_HD inline double add_product(double a, double b, double c) {
 }
 
 // Each kind from its Philox draw r (its uniform u = uniform01(r.v[0], r.v[1]), and u2 =
-// uniform01(r.v[2], r.v[3])): uniform in [a, b), normal(mean a, std b) by Box-Muller, bernoulli(p = a).
+// uniform01(r.v[2], r.v[3])): uniform in [a, b), normal(mean a, std b) by Box-Muller from log(u) and
+// cos(2π·u2) (whose implementations differ between callers: sample()'s, the CPU backend's own),
+// bernoulli(p = a).
 EF_HD inline double uniform_from(double a, double b, const Philox4& r) {
   return add_product(a, b - a, 1.0 - uniform01(r.v[0], r.v[1]));
 }
-EF_HD inline double normal_from(double a, double b, double u, double u2) {
-  return add_product(a, b * ::sqrt(-2.0 * ::log(u)), ::cos(6.283185307179586 * u2));
+EF_HD inline double normal_from(double a, double b, double log_u, double cos_two_pi_u2) {
+  return add_product(a, b * ::sqrt(-2.0 * log_u), cos_two_pi_u2);
 }
 EF_HD inline double bernoulli_from(double a, const Philox4& r) {
   return (1.0 - uniform01(r.v[0], r.v[1])) < a ? 1.0 : 0.0;
@@ -71,7 +73,8 @@ EF_HD inline double bernoulli_from(double a, const Philox4& r) {
 EF_HD inline double sample(int kind, double a, double b, uint64_t seed, uint64_t index) {
   const Philox4 r = philox(seed, index);
   if (kind == 0) return uniform_from(a, b, r);
-  if (kind == 1) return normal_from(a, b, uniform01(r.v[0], r.v[1]), uniform01(r.v[2], r.v[3]));
+  if (kind == 1)
+    return normal_from(a, b, ::log(uniform01(r.v[0], r.v[1])), ::cos(6.283185307179586 * uniform01(r.v[2], r.v[3])));
   return bernoulli_from(a, r);
 }
 

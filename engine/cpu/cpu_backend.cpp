@@ -1236,8 +1236,7 @@ void random_range(T* o, int64_t begin, int64_t end, RandomKind kind, double a, d
           u2[i] = random::uniform01(r.v[2], r.v[3]);
         }
         for (int64_t i = 0; i < m; ++i)
-          o[i0 + i] = static_cast<T>(
-              random::add_product(a, b * std::sqrt(-2.0 * log_vectorizable(u[i])), cos_two_pi_vectorizable(u2[i])));
+          o[i0 + i] = static_cast<T>(random::normal_from(a, b, log_vectorizable(u[i]), cos_two_pi_vectorizable(u2[i])));
       }
       return;
     }
