@@ -102,11 +102,12 @@ def report(a):
     print(f"PyTorch {torch.__version__}; relative error |g - g64|_2 / |g64|_2 of the penalty's gradient per "
           f"parameter, against PyTorch float64 (critic width {a.width}, {a.norm}, batch {inputs['real'].size(0)})")
     width = max(len(n) for n in ref) + 2
-    print("parameter".ljust(width) + "".join(c.rjust(26) for c in columns))
+    col = max(len(c) for c in columns) + 2  # every header apart from its neighbours
+    print("parameter".ljust(width) + "".join(c.rjust(col) for c in columns))
     for n in ref:
-        print(n.ljust(width) + "".join(f"{errors[c][n]:26.2e}" for c in columns))
+        print(n.ljust(width) + "".join(f"{errors[c][n]:{col}.2e}" for c in columns))
     for label, fn in (("max", max), ("median", statistics.median)):
-        print(label.ljust(width) + "".join(f"{fn(errors[c].values()):26.2e}" for c in columns))
+        print(label.ljust(width) + "".join(f"{fn(errors[c].values()):{col}.2e}" for c in columns))
     if unused:
         print("zero in float64 (the penalty does not depend on them), left out: " + ", ".join(unused))
     worst = {c: max(errors[c], key=errors[c].get) for c in columns}
