@@ -599,14 +599,15 @@ void conv_forward_typed(const ConvArgs& a, T* y, const T* x, const T* w, const T
 // Note [One-channel input gradient]
 // The input gradient of a convolution from one input channel (wgan_gp's critic's first layer, in
 // every gradient penalty, and the generator's last, a transposed convolution to the images: twelve
-// calls a training step) is, per output pixel, its output gradient's channels times the weight's
-// [c_out, kh·kw] matrix: kh·kw numbers a pixel, added to the kernel's footprint in gx. The
-// packed-GEMM path spent about two thirds of its time packing the output gradient and in col2im's
-// scalar adds (perf, 4x4 stride 2, 32 channels, 28x28). Here the taps of eight pixels at a time are
-// accumulated in registers straight from the output gradient (read in either layout through its
-// strides), then added to gx. For 4x4 kernels, whose 16 taps are whole vectors (one with
-// AVX-512); other kernels take the packed-GEMM path. `bench_engine --only conv1_input_grad`, AMD Zen
-// 4: 525 -> 261 us on one thread, 241 -> 132 us on two (64x32x14x14 -> 64x1x28x28, channels-last).
+// calls a training step of five critic steps) is, per output pixel, its output gradient's channels
+// times the weight's [c_out, kh·kw] matrix: kh·kw numbers a pixel, added to the kernel's footprint
+// in gx. The packed-GEMM path spent about two thirds of its time packing the output gradient and in
+// col2im's scalar adds (perf, 4x4 stride 2, 32 channels, 28x28). Here the taps of eight pixels at a
+// time are accumulated in registers straight from the output gradient (read in either layout
+// through its strides), then added to gx. For 4x4 kernels, whose 16 taps are whole vectors (one
+// with AVX-512); other kernels take the packed-GEMM path. `bench_engine --only conv1_input_grad`,
+// AMD Zen 4: 525 -> 261 us on one thread, 241 -> 132 us on two (64x32x14x14 -> 64x1x28x28,
+// channels-last).
 
 // The taps of kPixels output pixels (`out`: kTaps a pixel), from their output gradient `g`
 // (element (pixel q, channel c) at g[q·pixel_stride + c·channel_stride]) and the weight w [c_out, kTaps].
