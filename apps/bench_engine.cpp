@@ -278,8 +278,8 @@ int main(int argc, char** argv) {
     // The whole wgan_gp training step, as `wgan_gp --devices cpu` runs it on one device (the figure
     // issue 25's 1.3x is about): 5 critic steps (a generated batch made without gradients, the critic
     // on it and on a real batch, the WGAN-GP penalty, Adam), then a generator step (the critic's
-    // verdict on a generated batch, Adam); width 32, LayerNorm, batch 64, the critic channels-last
-    // (wgan_gp's default). Float32 against wgan_gp --precision bf16's setting (apps::set_precision),
+    // verdict on a generated batch, Adam); width 32, LayerNorm, batch 64, both networks channels-last
+    // (wgan_gp's default --layout). Float32 against wgan_gp --precision bf16's setting (apps::set_precision),
     // from the same weights, taking turns a whole step at a time; µs a step (the 5 critic steps and
     // the generator step) and the median of each round's ratio.
     if (only.empty() || std::string("wgan_step").find(only) != std::string::npos) {
@@ -293,7 +293,7 @@ int main(int argc, char** argv) {
       for (const auto& config : configs) {
         ef::manual_seed(d, 1);
         Networks n;
-        n.generator = std::make_shared<ef::apps::WganGenerator>(128, 32, ef::nn::ModuleOptions{.device = d});
+        n.generator = std::make_shared<ef::apps::WganGenerator>(128, 32, ef::nn::ModuleOptions{.device = d}, true);
         n.critic = std::make_shared<ef::apps::WganCritic>(32, "layernorm", ef::nn::ModuleOptions{.device = d}, true);
         ef::apps::set_precision(*n.generator, config.second, ef::apps::WganGenerator::kImageLayer);
         ef::apps::set_precision(*n.critic, config.second, ef::apps::WganCritic::kImageLayer);

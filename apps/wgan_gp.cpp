@@ -73,7 +73,7 @@ struct Args : ef::apps::RunOptions {
   int64_t lr_decay_steps = 0;                  // Note [Learning-rate decay]
   std::string norm = "layernorm";
   std::string penalty = "wgan-gp";
-  std::string critic_layout = "channels-last";  // Note [Channels-last] in engine/ops.h
+  std::string layout = "channels-last";  // Note [Channels-last] in engine/ops.h
   int64_t width = 32;
   int64_t z_dim = 128;
   int64_t sample_every = 100;
@@ -275,9 +275,10 @@ int run(const Args& a) {
   // --precision bf16: both networks' convolutions and products in bfloat16 but the generator's last,
   // which writes the images, and the critic's first, which reads them (set_precision); the penalty's
   // norm and everything else float32 (Note [bfloat16 compute]).
-  auto generator = std::make_shared<ef::apps::WganGenerator>(a.z_dim, a.width, nn::ModuleOptions{.dtype = dtype});
+  auto generator = std::make_shared<ef::apps::WganGenerator>(a.z_dim, a.width, nn::ModuleOptions{.dtype = dtype},
+                                                             a.layout == "channels-last");
   auto critic_net = std::make_shared<ef::apps::WganCritic>(a.width, a.norm, nn::ModuleOptions{.dtype = dtype},
-                                                           a.critic_layout == "channels-last");
+                                                           a.layout == "channels-last");
   ef::apps::set_precision(*generator, compute, ef::apps::WganGenerator::kImageLayer);
   ef::apps::set_precision(*critic_net, compute, ef::apps::WganCritic::kImageLayer);
   par::DataParallelModel gen(generator, devices);
@@ -325,9 +326,9 @@ int run(const Args& a) {
   ef::io::TrainingProgress& progress = run.progress();
 
   std::printf("training on %s, %s, batch %" PRId64 ", %" PRId64
-              " critic steps per generator step, norm %s, penalty %s, critic layout %s\n",
+              " critic steps per generator step, norm %s, penalty %s, layout %s\n",
               ef::apps::describe_devices(devices).c_str(), ef::apps::describe_precision(a).c_str(), a.batch_size,
-              a.critic_steps, a.norm.c_str(), a.penalty.c_str(), a.critic_layout.c_str());
+              a.critic_steps, a.norm.c_str(), a.penalty.c_str(), a.layout.c_str());
   std::fflush(stdout);
 
   ef::data::DataLoader loader(train_set, {.batch_size = a.batch_size,
@@ -581,10 +582,10 @@ int main(int argc, char** argv) {
   app.add_option("--beta2", a.beta2, "Adam beta2, in [0, 1)")->check(CLI::Range(0.0, 1.0) & ef::apps::finite());
   app.add_option("--norm", a.norm, "critic normalization: none, layernorm, syncbn");
   app.add_option("--penalty", a.penalty, "wgan-gp, dragan or r1");
-  app.add_option("--critic-layout", a.critic_layout,
-                 "channels-last: the critic's convolutions keep their activations channels-last (NHWC in memory) "
-                 "where the backend runs them so (oneDNN on CPUs: faster; the same values to rounding), or "
-                 "contiguous (NCHW)")
+  app.add_option("--layout", a.layout,
+                 "channels-last: both networks' convolutions keep their activations channels-last (NHWC in "
+                 "memory) where the backend runs them so (oneDNN on CPUs: faster; the same values to rounding), "
+                 "or contiguous (NCHW)")
       ->check(CLI::IsMember({"channels-last", "contiguous"}));
   app.add_option("--ema-decay", a.ema_decay,
                  "the samples, the Frechet distance and generator.safetensors come from an exponential moving "

@@ -243,18 +243,20 @@ Tensor clone(const Tensor& x);
 /// convolutions run on without reordering (docs/benchmarks.md, "Channels-last"). Its shape, its
 /// indexing and every op's result are the same as a contiguous tensor's, to rounding (a reduction
 /// sums in memory order); only speed differs.
-/// - Who chooses it: a convolution asked to by Conv2dOptions::memory_format
-///   (nn::Conv2dConfig::channels_last), for its output and, in its backward, the input's gradient,
+/// - Who chooses it: a convolution asked to by Conv2dOptions::memory_format or
+///   ConvTranspose2dOptions::memory_format (nn::Conv2dConfig::channels_last, and the same in
+///   nn::ConvTranspose2dConfig), for its output and, in its backward, the input's gradient,
 ///   in the passes its backend runs on channels-last activations (Backend::channels_last_conv:
 ///   oneDNN's float32 and bfloat16 CPU paths, and the CPU's own input gradient of a one-channel
 ///   input, in any float dtype). The other passes (float64, CUDA, our other CPU kernels) take
 ///   contiguous copies and give contiguous results: the option costs nothing where it does not
 ///   help.
 /// - Who keeps it, as PyTorch's channels_last does: elementwise ops give a channels-last result
-///   where the first operand of the result's shape is one; layer_norm over [C, H, W] does; clone
-///   (and so a reshape or flatten that must copy) gives a contiguous result, and its gradient back
-///   in the input's layout, so that a backward keeps the forward's layouts. Everything else
-///   (batch_norm, pooling, ...) gives contiguous results.
+///   where the first operand of the result's shape is one; layer_norm over [C, H, W] and batch_norm
+///   of a 4-D tensor do (their kernels read the [N, H, W, C] memory in place); clone (and so a
+///   reshape or flatten that must copy) gives a contiguous result, and its gradient back in the
+///   input's layout, so that a backward keeps the forward's layouts. Everything else (pooling, ...)
+///   gives contiguous results.
 /// - `x.contiguous(MemoryFormat::ChannelsLast)` converts a tensor (a view when x has one channel:
 ///   the same memory).
 ///
@@ -350,6 +352,9 @@ struct ConvTranspose2dOptions {
 
   int64_t groups = 1;        ///< channel groups (positive); divides the input channels
   DType compute = kFloat32;  ///< kBFloat16: bfloat16-rounded operands (Note [bfloat16 compute])
+  /// The output's layout, and in the backward the input's gradient's, where the backend runs the
+  /// pass so (Note [Channels-last]), as Conv2dOptions::memory_format.
+  MemoryFormat memory_format = MemoryFormat::Contiguous;
 };
 /// x [N, C, H, W], weight [C, O/groups, kh, kw] (PyTorch's layout): conv2d_input_grad in disguise.
 /// Returns [N, O, OH, OW], OH = (H - 1)·stride - 2·padding + dilation·(kh - 1) + output_padding +

@@ -439,10 +439,13 @@ Tensor conv_transpose2d(const Tensor& x, const Tensor& weight, const Tensor& bia
   // zero gradient at those extra outputs, so x gets them as zero rows (columns) at the end.
   const int64_t extra_h = o.output_padding.first / o.stride.first, extra_w = o.output_padding.second / o.stride.second;
   const Tensor x_full = extra_h || extra_w ? pad(x, {0, extra_w, 0, extra_h}) : x;
-  Tensor y = conv2d_input_grad(
-      x_full, weight, {x.size(0), c_out, oh, ow},
-      Conv2dOptions{
-          .stride = o.stride, .padding = o.padding, .dilation = o.dilation, .groups = o.groups, .compute = o.compute});
+  Tensor y = conv2d_input_grad(x_full, weight, {x.size(0), c_out, oh, ow},
+                               Conv2dOptions{.stride = o.stride,
+                                             .padding = o.padding,
+                                             .dilation = o.dilation,
+                                             .groups = o.groups,
+                                             .compute = o.compute,
+                                             .memory_format = o.memory_format});
   if (bias.defined()) {
     detail::check_compatible("conv_transpose2d", x, bias, "input", "bias");
     EF_CHECK(bias.dim() == 1 && bias.size(0) == c_out, "conv_transpose2d: bias has shape ", shape_str(bias.shape()),
@@ -784,9 +787,12 @@ struct Normalization {
   Shape affine_shape;  // weight and bias broadcast against x
   Shape affine_dims;   // the dims gw and gb sum over
   Shape param_shape;   // weight's and bias's own shape
-  // A channels-last input normalized over its [C, H, W] (layer_norm of a 4-D tensor): a group is
-  // then still one contiguous block, in H, W, C order (Note [Channels-last] in ops.h).
+  // Whether a channels-last input is normalized in its own layout (Note [Channels-last] in ops.h),
+  // as its [N, H, W, C] memory with nhwc_args: layer_norm over [C, H, W], whose group is then still
+  // one contiguous block, in H, W, C order, its parameters permuted to match; batch_norm of a 4-D
+  // tensor, whose channels are then the columns of an [N·H·W, C] matrix, its parameters as they are.
   bool takes_channels_last = false;
+  NormArgs nhwc_args{};
 };
 
 // t with its dims in the order `dims` (a view, no autograd): a channels-last [N, C, H, W] tensor as
@@ -808,20 +814,29 @@ const Shape kNhwc{0, 2, 3, 1}, kHwc{1, 2, 0}, kChw{2, 0, 1};
 Tensor kernel_activation(const Tensor& t, bool nhwc) {
   return nhwc && t.defined() ? dims_in_order(t, kNhwc) : t;
 }
-// An affine parameter as the normalize kernels take it: contiguous, and with nhwc in H, W, C order;
-// undefined where p is.
-Tensor kernel_param(const Tensor& p, bool nhwc) {
+// The kernels' geometry: of x's own layout with nhwc, else of its contiguous copy.
+const NormArgs& kernel_args(const Normalization& n, bool nhwc) {
+  return nhwc ? n.nhwc_args : n.args;
+}
+// Whether the kernels take the affine parameters permuted: [C, H, W] ones (layer_norm's) on a
+// channels-last input, in H, W, C order; per-channel ones (batch_norm's) stay as they are.
+bool permutes_params(const Normalization& n, bool nhwc) {
+  return nhwc && n.param_shape.size() == 3;
+}
+// An affine parameter as the normalize kernels take it: contiguous, and permuted where
+// permutes_params; undefined where p is.
+Tensor kernel_param(const Normalization& n, const Tensor& p, bool nhwc) {
   if (!p.defined()) return Tensor();
-  return nhwc ? dims_in_order(p, kHwc).contiguous() : p.contiguous();
+  return permutes_params(n, nhwc) ? dims_in_order(p, kHwc).contiguous() : p.contiguous();
 }
 
 // The affine parameters' shape as the normalize kernels take them (kernel_param), and a gradient
 // the kernels wrote in that shape back in the parameters' own order.
 Shape kernel_param_shape(const Normalization& n, bool nhwc) {
-  return nhwc ? Shape{n.param_shape[1], n.param_shape[2], n.param_shape[0]} : n.param_shape;
+  return permutes_params(n, nhwc) ? Shape{n.param_shape[1], n.param_shape[2], n.param_shape[0]} : n.param_shape;
 }
-Tensor param_from_kernel(const Tensor& g, bool nhwc) {
-  return nhwc && g.defined() ? dims_in_order(g, kChw).contiguous() : g;
+Tensor param_from_kernel(const Normalization& n, const Tensor& g, bool nhwc) {
+  return permutes_params(n, nhwc) && g.defined() ? dims_in_order(g, kChw).contiguous() : g;
 }
 
 // t's view for a kernel, or an empty View where t is undefined (an operand the kernel goes without).
@@ -853,15 +868,15 @@ detail::Grads normalize_backward(const Normalization& n, const Tensor& gy, const
   if (weight.defined() && weight.requires_grad()) gw = detail::empty_like_shape(x, param_shape);
   if (bias.defined() && bias.requires_grad()) gb = detail::empty_like_shape(x, param_shape);
   if (x.numel() > 0) {
-    backend_of(x).normalize_backward(n.args, view_or_none(kernel_activation(gx, nhwc)), view_or_none(gw),
+    backend_of(x).normalize_backward(kernel_args(n, nhwc), view_or_none(kernel_activation(gx, nhwc)), view_or_none(gw),
                                      view_or_none(gb), kernel_activation(gyc, nhwc).view(),
                                      kernel_activation(xc, nhwc).view(), mean.view(), rstd.view(),
-                                     view_or_none(kernel_param(weight, nhwc)));
+                                     view_or_none(kernel_param(n, weight, nhwc)));
   } else {
     for (Tensor* t : {&gw, &gb})
       if (t->defined()) t->fill_(0.0);
   }
-  return {gx, param_from_kernel(gw, nhwc), param_from_kernel(gb, nhwc)};
+  return {gx, param_from_kernel(n, gw, nhwc), param_from_kernel(n, gb, nhwc)};
 }
 
 // normalize's second-order gradients -- of gy, x and the weight, given ggx, ggw and ggb reaching gx,
@@ -917,12 +932,12 @@ detail::Grads normalize_double_backward(const Normalization& n, const Tensor& gg
   if (input_grad_needed(1)) dx = detail::empty_in_format(x, x.shape(), layout);
   if (weight.defined() && input_grad_needed(2)) dw = detail::empty_like_shape(x, param_shape);
   if (!backend_of(x).normalize_double_backward(
-          n.args, view_or_none(kernel_activation(dgy, nhwc)), view_or_none(kernel_activation(dx, nhwc)),
-          view_or_none(dw), view_or_none(kernel_activation(ggxc, nhwc)), view_or_none(kernel_param(ggw, nhwc)),
-          view_or_none(kernel_param(ggb, nhwc)), kernel_activation(gyc, nhwc).view(),
-          kernel_activation(xc, nhwc).view(), mean.view(), rstd.view(), view_or_none(kernel_param(weight, nhwc))))
+          kernel_args(n, nhwc), view_or_none(kernel_activation(dgy, nhwc)), view_or_none(kernel_activation(dx, nhwc)),
+          view_or_none(dw), view_or_none(kernel_activation(ggxc, nhwc)), view_or_none(kernel_param(n, ggw, nhwc)),
+          view_or_none(kernel_param(n, ggb, nhwc)), kernel_activation(gyc, nhwc).view(),
+          kernel_activation(xc, nhwc).view(), mean.view(), rstd.view(), view_or_none(kernel_param(n, weight, nhwc))))
     return normalize_double_backward_ops(n, ggx, ggw, ggb, gy, x, mean, rstd, weight);
-  return {dgy, dx, param_from_kernel(dw, nhwc)};
+  return {dgy, dx, param_from_kernel(n, dw, nhwc)};
 }
 
 // The first-order gradients under create_graph: normalize_backward's, recorded as one node whose
@@ -964,9 +979,9 @@ Normalized normalize(const Normalization& n, const Tensor& x_in, const Tensor& w
   Normalized out{detail::empty_in_format(x, x.shape(), nhwc ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous),
                  detail::empty_like_shape(x, n.stat_shape), detail::empty_like_shape(x, n.stat_shape)};
   if (x.numel() > 0) {
-    const Tensor w = kernel_param(weight, nhwc), b = kernel_param(bias, nhwc);
-    backend_of(x).normalize(n.args, kernel_activation(out.y, nhwc).view(), out.mean.view(), out.var.view(),
-                            kernel_activation(x, nhwc).view(), view_or_none(w), view_or_none(b));
+    const Tensor w = kernel_param(n, weight, nhwc), b = kernel_param(n, bias, nhwc);
+    backend_of(x).normalize(kernel_args(n, nhwc), kernel_activation(out.y, nhwc).view(), out.mean.view(),
+                            out.var.view(), kernel_activation(x, nhwc).view(), view_or_none(w), view_or_none(b));
   }
   const Tensor rstd = rsqrt(add_scalar(out.var, n.args.eps));
   std::vector<Tensor> saved{x_in};
@@ -1002,10 +1017,15 @@ Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, con
     EF_CHECK(n > 1, "batch_norm: expected more than 1 value per channel when training, got input shape ",
              shape_str(x.shape()));
     const Normalization geometry{
-        "batch_norm", {.outer = x.size(0), .groups = c, .inner = n / x.size(0), .eps = eps, .affine_per_group = true},
-        stat_shape,   dims,
-        stat_shape,   dims,
-        {c}};
+        "batch_norm",
+        {.outer = x.size(0), .groups = c, .inner = n / x.size(0), .eps = eps, .affine_per_group = true},
+        stat_shape,
+        dims,
+        stat_shape,
+        dims,
+        {c},
+        x.dim() == 4,
+        {.outer = n, .groups = c, .inner = 1, .eps = eps, .affine_per_group = true}};
     const Normalized out = normalize(geometry, x, weight, bias);
     if (running_mean.defined() || running_var.defined()) {
       NoGradGuard no_grad;
@@ -1052,11 +1072,10 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
       reduce_dims.push_back(i);
     }
   }
+  const NormArgs args{.outer = 1, .groups = x.numel() / features, .inner = features, .eps = eps};
   const Normalization geometry{
-      "layer_norm",     {.outer = 1, .groups = x.numel() / features, .inner = features, .eps = eps},
-      stat_shape,       reduce_dims,
-      normalized_shape, leading_dims,
-      normalized_shape, x.dim() == 4 && k == 3};
+      "layer_norm",           args, stat_shape, reduce_dims, normalized_shape, leading_dims, normalized_shape,
+      x.dim() == 4 && k == 3, args};
   return normalize(geometry, x, weight, bias).y;
 }
 

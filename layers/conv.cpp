@@ -97,13 +97,15 @@ ConvTranspose2d::ConvTranspose2d(int64_t in_channels, int64_t out_channels, Size
 
 Tensor ConvTranspose2d::forward(const Tensor& x) {
   check_input(x);
-  return conv_transpose2d(x, weight(), bias(),
-                          {.stride = config_.stride.pair(),
-                           .padding = config_.padding.pair(),
-                           .output_padding = config_.output_padding.pair(),
-                           .dilation = config_.dilation.pair(),
-                           .groups = config_.groups,
-                           .compute = compute_dtype()});
+  return conv_transpose2d(
+      x, weight(), bias(),
+      {.stride = config_.stride.pair(),
+       .padding = config_.padding.pair(),
+       .output_padding = config_.output_padding.pair(),
+       .dilation = config_.dilation.pair(),
+       .groups = config_.groups,
+       .compute = compute_dtype(),
+       .memory_format = config_.channels_last ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous});
 }
 
 std::string ConvTranspose2d::extra_repr() const {

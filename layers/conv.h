@@ -90,6 +90,9 @@ struct ConvTranspose2dConfig {
   Size2 stride = 1, padding = 0, output_padding = 0, dilation = 1;
   int64_t groups = 1;  ///< channel groups, each convolved separately; divides both channel counts
   bool bias = true;    ///< whether the layer has a learnable bias
+  /// As Conv2dConfig::channels_last: the output (and, in backward, the input's gradient)
+  /// channels-last where the backend runs the pass so.
+  bool channels_last = false;
 };
 
 /// A 2-d transposed convolution (the gradient of Conv2d with respect to its input), as

@@ -50,10 +50,10 @@ BUILD_DIR=build-asan BUILD_TYPE=RelWithDebInfo bash scripts/build.sh -DEF_SANITI
 # Less wgan_gp's two three-device runs: 490 s of the stage's 594 s test time under ASan on the 2-core
 # Zen 4 (CI at 43.5 of its 45 minutes); their claim, three devices equal one, is checked by the
 # Release run above, and wgan_gp's data-parallel path runs under ASan in the other wgan_gp tests
-# (two devices, its default). Less its --critic-layout comparison too (four more runs): the
-# channels-last critic, its default, runs under ASan in every other wgan_gp test.
+# (two devices, its default). Less its --layout comparison too (four more runs): the
+# channels-last networks, its default, runs under ASan in every other wgan_gp test.
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
-  ctest --output-on-failure --timeout 900 -j "$(nproc)" -E '^wgan_gp: ((--precision bf16 on )?three CPU devices|--critic-layout)')
+  ctest --output-on-failure --timeout 900 -j "$(nproc)" -E '^wgan_gp: ((--precision bf16 on )?three CPU devices|--layout)')
 
 echo "== safetensors and IDX readers under libFuzzer (AddressSanitizer + UBSan)"
 FUZZ_SECONDS=${FUZZ_SECONDS:-60} bash scripts/fuzz.sh

@@ -4,14 +4,14 @@
 
 namespace evenflow::apps {
 
-WganGenerator::WganGenerator(int64_t z_dim, int64_t width, const nn::ModuleOptions& o) : width_(width) {
+WganGenerator::WganGenerator(int64_t z_dim, int64_t width, const nn::ModuleOptions& o, bool channels_last)
+    : width_(width) {
+  const nn::ConvTranspose2dConfig up{.stride = 2, .padding = 1, .channels_last = channels_last};
   register_module("fc", std::make_shared<nn::Linear>(z_dim, 2 * width * 7 * 7, true, o));
   register_module("bn0", std::make_shared<parallel::SyncBatchNorm>(2 * width * 7 * 7, nn::BatchNormConfig{}, o));
-  register_module("up1", std::make_shared<nn::ConvTranspose2d>(
-                             2 * width, width, 4, nn::ConvTranspose2dConfig{.stride = 2, .padding = 1}, o));
+  register_module("up1", std::make_shared<nn::ConvTranspose2d>(2 * width, width, 4, up, o));
   register_module("bn1", std::make_shared<parallel::SyncBatchNorm>(width, nn::BatchNormConfig{}, o));
-  register_module(kImageLayer, std::make_shared<nn::ConvTranspose2d>(
-                                   width, 1, 4, nn::ConvTranspose2dConfig{.stride = 2, .padding = 1}, o));
+  register_module(kImageLayer, std::make_shared<nn::ConvTranspose2d>(width, 1, 4, up, o));
 }
 
 Tensor WganGenerator::forward(const Tensor& z) {

@@ -13,7 +13,9 @@ namespace evenflow::apps {
 // [N, z_dim] -> [N, 1, 28, 28].
 class WganGenerator : public nn::Cloneable<WganGenerator> {
  public:
-  WganGenerator(int64_t z_dim, int64_t width, const nn::ModuleOptions& o);
+  // channels_last: the transposed convolutions' activations channels-last
+  // (nn::ConvTranspose2dConfig::channels_last; the batch normalization between them keeps it).
+  WganGenerator(int64_t z_dim, int64_t width, const nn::ModuleOptions& o, bool channels_last = false);
   // The transposed convolution that writes the images: it stays float32 under --precision bf16
   // (set_precision), as the critic's layer that reads them does.
   static constexpr const char* kImageLayer = "up2";

@@ -137,6 +137,12 @@ std::vector<OpCase> build() {
   add_case("conv_transpose2d", {{{1, 4, 3, 3}}, {{4, 1, 2, 2}}}, [](const V& x) {
     return conv_transpose2d(x[0], x[1], Tensor(), {.stride = {2, 2}, .groups = 2});
   });
+  // To one channel with a 4x4 kernel, channels-last: the CPU's own kernel (Note [One-channel input
+  // gradient] in cpu_conv.cpp) reading a channels-last input.
+  add_case("conv_transpose2d", {{{2, 3, 3, 3}}, {{3, 1, 4, 4}}, {{1}}}, [cl](const V& x) {
+    return conv_transpose2d(contiguous(x[0], cl), x[1], x[2],
+                            {.stride = {2, 2}, .padding = {1, 1}, .memory_format = cl});
+  });
   // Pooling and resampling
   add_case("max_pool2d", {{{1, 2, 5, 5}}}, [](const V& x) { return max_pool2d(x[0], {.kernel = {2, 2}}); });
   add_case("max_pool2d", {{{1, 2, 5, 5}}}, [](const V& x) {
@@ -171,6 +177,9 @@ std::vector<OpCase> build() {
   // Normalization
   add_case("batch_norm", {{{4, 3, 2, 2}}, {{3}}, {{3}}},
            [](const V& x) { return batch_norm(x[0], x[1], x[2], Tensor(), Tensor(), true); });
+  add_case("batch_norm", {{{4, 3, 2, 2}}, {{3}}, {{3}}}, [cl](const V& x) {  // channels-last (Note [Channels-last])
+    return batch_norm(contiguous(x[0], cl), x[1], x[2], Tensor(), Tensor(), true);
+  });
   add_case("batch_norm", {{{4, 3}}, {{3}}, {{3}}, {{3}}, {{3}, P}},
            [](const V& x) { return batch_norm(x[0], x[1], x[2], x[3], x[4], false); });
   add_case("layer_norm", {{{2, 3, 4}}, {{4}}, {{4}}}, [](const V& x) { return layer_norm(x[0], {4}, x[1], x[2]); });

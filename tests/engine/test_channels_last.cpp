@@ -98,6 +98,62 @@ TEST_CASE("channels-last: layer_norm over [C, H, W] keeps the layout, with the c
   }
 }
 
+TEST_CASE("channels-last: batch_norm keeps the layout, with the contiguous one's values, gradients and statistics") {
+  manual_seed(cpu(), 5);
+  const TensorOptions f64{.dtype = kFloat64};
+  const Tensor x = randn({3, 6, 4, 5}, f64) * 2.0 + 1.0, w = randn({6}, f64), b = randn({6}, f64);
+  const Tensor gy = randn({3, 6, 4, 5}, f64);
+  // Each case: the output, the running statistics, the first gradients (the fused backward kernel),
+  // a second derivative through create_graph (the double backward kernel), and eval mode's output.
+  std::vector<std::vector<Tensor>> results;
+  for (const bool channels_last : {false, true}) {
+    const Tensor xl = (channels_last ? x.contiguous(kCL) : x).detach().requires_grad_();
+    const Tensor wl = w.detach().requires_grad_(), bl = b.detach().requires_grad_();
+    const Tensor running_mean = zeros({6}, f64), running_var = ones({6}, f64);
+    const Tensor y = batch_norm(xl, wl, bl, running_mean, running_var, true, 0.1, 1e-5);
+    CHECK(y.is_channels_last() == channels_last);
+    const std::vector<Tensor> first = grad({y}, {xl, wl, bl}, {gy});
+    CHECK(first[0].is_channels_last() == channels_last);
+    const std::vector<Tensor> g =
+        grad({batch_norm(xl, wl, bl, Tensor(), Tensor(), true, 0.1, 1e-5)}, {xl, wl}, {gy}, {.create_graph = true});
+    const std::vector<Tensor> second = grad({sum(square(g[0])) + sum(g[1] * g[1])}, {xl, wl});
+    const Tensor eval = batch_norm(xl.detach(), w, b, running_mean, running_var, false, 0.1, 1e-5);
+    results.push_back({y, running_mean, running_var, first[0], first[1], first[2], second[0], second[1], eval});
+  }
+  for (size_t i = 0; i < results[0].size(); ++i) {
+    CAPTURE(i);
+    CHECK(compare(results[1][i], results[0][i], 1e-12, 1e-12) == "");
+  }
+}
+
+// A transposed convolution is conv2d_input_grad (Note [Conv double backward] in ops_nn.cpp): its
+// memory_format is that pass's.
+TEST_CASE("channels-last: conv_transpose2d gives the contiguous one's values, forward, backward and double backward") {
+  manual_seed(cpu(), 6);
+  for (const int64_t c_out : {1, 32}) {
+    CAPTURE(c_out);
+    const Tensor x = randn({4, 32, 7, 7}), w = randn({32, c_out, 4, 4}) * 0.2, bias = randn({c_out});
+    std::vector<std::vector<Tensor>> results;
+    for (const bool channels_last : {false, true}) {
+      const ConvTranspose2dOptions o{
+          .stride = {2, 2}, .padding = {1, 1}, .memory_format = channels_last ? kCL : MemoryFormat::Contiguous};
+      const Tensor xl = (channels_last ? x.contiguous(kCL) : x).detach().requires_grad_();
+      const Tensor wl = w.detach().requires_grad_();
+      const Tensor y = conv_transpose2d(xl, wl, bias, o);
+      // oneDNN runs the pass channels-last for 32 output channels; our one-channel kernel writes a
+      // one-channel image, the same memory in either layout.
+      CHECK(y.is_channels_last() == (channels_last && (EF_ONEDNN || c_out == 1)));
+      const std::vector<Tensor> g = grad({sum(square(tanh(y)))}, {xl, wl}, {}, {.create_graph = true});
+      const std::vector<Tensor> second = grad({sum(square(g[0])) + sum(square(g[1]))}, {xl, wl});
+      results.push_back({y, g[0], g[1], second[0], second[1]});
+    }
+    for (size_t i = 0; i < results[0].size(); ++i) {
+      CAPTURE(i);
+      CHECK(compare_normwise(results[1][i], results[0][i], 1e-5) == "");
+    }
+  }
+}
+
 // Where oneDNN runs a pass (float32; bfloat16 compute on AVX-512 machines), its channels-last kernels
 // take and give our channels-last tensors themselves; elsewhere the pass runs contiguous. Either way
 // each pass must give the contiguous pass's values.

@@ -145,23 +145,23 @@ TEST_CASE("wgan_gp: three CPU devices equal one device (float64)") {
   }
 }
 
-// --critic-layout changes where the critic's activations lie in memory, not what it computes: the
-// losses are the contiguous critic's up to float32 rounding of sums in another order (reductions in
+// --layout changes where the networks' activations lie in memory, not what they compute: the
+// losses are the contiguous networks' up to float32 rounding of sums in another order (reductions in
 // memory order, oneDNN's channels-last kernels), in
 // float32 and in bfloat16 alike: measured 9.3e-8 relative at most over three steps, 0 for some
 // losses, and not 0 for all (the option takes effect); 1e-6 allowed.
-TEST_CASE("wgan_gp: --critic-layout channels-last gives the contiguous critic's losses") {
+TEST_CASE("wgan_gp: --layout channels-last gives the contiguous networks' losses") {
   Data data;
   for (const std::string precision : {"fp32", "bf16"}) {
     CAPTURE(precision);
     TempDir contiguous, channels_last;
     const std::string common = data.args() + "--precision " + precision + " --steps 3 --critic-steps 2 --print-loss ";
-    const AppResult a = run_wgan(common + "--critic-layout contiguous --out " + contiguous.path().string());
-    const AppResult b = run_wgan(common + "--critic-layout channels-last --out " + channels_last.path().string());
+    const AppResult a = run_wgan(common + "--layout contiguous --out " + contiguous.path().string());
+    const AppResult b = run_wgan(common + "--layout channels-last --out " + channels_last.path().string());
     REQUIRE_MESSAGE(a.rc == 0, a.output);
     REQUIRE_MESSAGE(b.rc == 0, b.output);
-    CHECK(a.output.find("critic layout contiguous") != std::string::npos);
-    CHECK(b.output.find("critic layout channels-last") != std::string::npos);
+    CHECK(a.output.find("layout contiguous") != std::string::npos);
+    CHECK(b.output.find("layout channels-last") != std::string::npos);
     const auto la = labelled_losses(a.output), lb = labelled_losses(b.output);
     REQUIRE(la.size() == 9);
     REQUIRE(lb.size() == la.size());
