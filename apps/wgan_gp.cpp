@@ -275,10 +275,11 @@ int run(const Args& a) {
   // --precision bf16: both networks' convolutions and products in bfloat16 but the generator's last,
   // which writes the images, and the critic's first, which reads them (set_precision); the penalty's
   // norm and everything else float32 (Note [bfloat16 compute]).
-  auto generator = std::make_shared<ef::apps::WganGenerator>(a.z_dim, a.width, nn::ModuleOptions{.dtype = dtype},
-                                                             a.layout == "channels-last");
-  auto critic_net = std::make_shared<ef::apps::WganCritic>(a.width, a.norm, nn::ModuleOptions{.dtype = dtype},
-                                                           a.layout == "channels-last");
+  const bool channels_last = a.layout == "channels-last";
+  auto generator =
+      std::make_shared<ef::apps::WganGenerator>(a.z_dim, a.width, nn::ModuleOptions{.dtype = dtype}, channels_last);
+  auto critic_net =
+      std::make_shared<ef::apps::WganCritic>(a.width, a.norm, nn::ModuleOptions{.dtype = dtype}, channels_last);
   ef::apps::set_precision(*generator, compute, ef::apps::WganGenerator::kImageLayer);
   ef::apps::set_precision(*critic_net, compute, ef::apps::WganCritic::kImageLayer);
   par::DataParallelModel gen(generator, devices);

@@ -788,11 +788,10 @@ struct Normalization {
   Shape affine_dims;   // the dims gw and gb sum over
   Shape param_shape;   // weight's and bias's own shape
   // Whether a channels-last input is normalized in its own layout (Note [Channels-last] in ops.h),
-  // as its [N, H, W, C] memory with nhwc_args: layer_norm over [C, H, W], whose group is then still
+  // as its [N, H, W, C] memory (kernel_args): layer_norm over [C, H, W], whose group is then still
   // one contiguous block, in H, W, C order, its parameters permuted to match; batch_norm of a 4-D
   // tensor, whose channels are then the columns of an [N·H·W, C] matrix, its parameters as they are.
   bool takes_channels_last = false;
-  NormArgs nhwc_args{};
 };
 
 // t with its dims in the order `dims` (a view, no autograd): a channels-last [N, C, H, W] tensor as
@@ -814,9 +813,15 @@ const Shape kNhwc{0, 2, 3, 1}, kHwc{1, 2, 0}, kChw{2, 0, 1};
 Tensor kernel_activation(const Tensor& t, bool nhwc) {
   return nhwc && t.defined() ? dims_in_order(t, kNhwc) : t;
 }
-// The kernels' geometry: of x's own layout with nhwc, else of its contiguous copy.
-const NormArgs& kernel_args(const Normalization& n, bool nhwc) {
-  return nhwc ? n.nhwc_args : n.args;
+// The kernels' geometry: of x's own layout with nhwc, else of its contiguous copy. Channels-last,
+// a per-channel group (batch_norm's) spans the rows of an [N·H·W, C] matrix; layer_norm's sample
+// groups are laid out as before.
+NormArgs kernel_args(const Normalization& n, bool nhwc) {
+  if (!nhwc || !n.args.affine_per_group) return n.args;
+  NormArgs a = n.args;
+  a.outer *= a.inner;
+  a.inner = 1;
+  return a;
 }
 // Whether the kernels take the affine parameters permuted: [C, H, W] ones (layer_norm's) on a
 // channels-last input, in H, W, C order; per-channel ones (batch_norm's) stay as they are.
@@ -1017,15 +1022,10 @@ Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, con
     EF_CHECK(n > 1, "batch_norm: expected more than 1 value per channel when training, got input shape ",
              shape_str(x.shape()));
     const Normalization geometry{
-        "batch_norm",
-        {.outer = x.size(0), .groups = c, .inner = n / x.size(0), .eps = eps, .affine_per_group = true},
-        stat_shape,
-        dims,
-        stat_shape,
-        dims,
-        {c},
-        x.dim() == 4,
-        {.outer = n, .groups = c, .inner = 1, .eps = eps, .affine_per_group = true}};
+        "batch_norm", {.outer = x.size(0), .groups = c, .inner = n / x.size(0), .eps = eps, .affine_per_group = true},
+        stat_shape,   dims,
+        stat_shape,   dims,
+        {c},          x.dim() == 4};
     const Normalized out = normalize(geometry, x, weight, bias);
     if (running_mean.defined() || running_var.defined()) {
       NoGradGuard no_grad;
@@ -1072,10 +1072,11 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
       reduce_dims.push_back(i);
     }
   }
-  const NormArgs args{.outer = 1, .groups = x.numel() / features, .inner = features, .eps = eps};
   const Normalization geometry{
-      "layer_norm",           args, stat_shape, reduce_dims, normalized_shape, leading_dims, normalized_shape,
-      x.dim() == 4 && k == 3, args};
+      "layer_norm",     {.outer = 1, .groups = x.numel() / features, .inner = features, .eps = eps},
+      stat_shape,       reduce_dims,
+      normalized_shape, leading_dims,
+      normalized_shape, x.dim() == 4 && k == 3};
   return normalize(geometry, x, weight, bias).y;
 }
 

@@ -8,6 +8,11 @@ namespace evenflow::nn {
 
 namespace {
 
+// The memory format a layer's channels_last setting asks of its op.
+MemoryFormat activation_format(bool channels_last) {
+  return channels_last ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous;
+}
+
 void check_geometry(const char* layer, const Size2& stride, const Size2& padding, const Size2& dilation) {
   util::check_positive(layer, "stride", stride);
   util::check_non_negative(layer, "padding", padding);
@@ -74,7 +79,7 @@ Tensor Conv2d::forward(const Tensor& x) {
                  .dilation = config_.dilation.pair(),
                  .groups = config_.groups,
                  .compute = compute_dtype(),
-                 .memory_format = config_.channels_last ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous});
+                 .memory_format = activation_format(config_.channels_last)});
 }
 
 std::string Conv2d::extra_repr() const {
@@ -97,15 +102,14 @@ ConvTranspose2d::ConvTranspose2d(int64_t in_channels, int64_t out_channels, Size
 
 Tensor ConvTranspose2d::forward(const Tensor& x) {
   check_input(x);
-  return conv_transpose2d(
-      x, weight(), bias(),
-      {.stride = config_.stride.pair(),
-       .padding = config_.padding.pair(),
-       .output_padding = config_.output_padding.pair(),
-       .dilation = config_.dilation.pair(),
-       .groups = config_.groups,
-       .compute = compute_dtype(),
-       .memory_format = config_.channels_last ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous});
+  return conv_transpose2d(x, weight(), bias(),
+                          {.stride = config_.stride.pair(),
+                           .padding = config_.padding.pair(),
+                           .output_padding = config_.output_padding.pair(),
+                           .dilation = config_.dilation.pair(),
+                           .groups = config_.groups,
+                           .compute = compute_dtype(),
+                           .memory_format = activation_format(config_.channels_last)});
 }
 
 std::string ConvTranspose2d::extra_repr() const {

@@ -638,14 +638,6 @@ void one_channel_input_grad(const ConvArgs& a, T* gx, const T* gy, const T* w, i
   const T* gys = gy + s * a.c_out * p;
   T* gxs = gx + s * a.h * a.w;
   std::fill(gxs, gxs + a.h * a.w, T(0));
-  // Tap (i, j) of output pixel (oh, ox) lands on input pixel (oh·sh - ph + i·dh, ox·sw + off[j]),
-  // off[j] = j·dw - pw, inside the row for ox in [lo[j], hi[j]).
-  int64_t off[kTaps], lo[kTaps], hi[kTaps];
-  for (int64_t j = 0; j < a.kw; ++j) {
-    off[j] = j * a.dil_w - a.pad_w;
-    lo[j] = off[j] >= 0 ? 0 : (-off[j] + a.stride_w - 1) / a.stride_w;
-    hi[j] = std::max(lo[j], std::min(ow, a.w - off[j] <= 0 ? int64_t{0} : (a.w - off[j] - 1) / a.stride_w + 1));
-  }
   for (int64_t oh = 0; oh < a.oh; ++oh) {
     // row: the taps of the output row's pixels, in blocks of 8, 4, 2 and 1 pixels (several
     // pixels' sums are independent chains of multiply-adds, one pixel's a single latency-bound one).
@@ -660,15 +652,11 @@ void one_channel_input_grad(const ConvArgs& a, T* gx, const T* gy, const T* w, i
     if (ox + 4 <= ow) taps.template operator()<4>(ox);
     if (ox + 2 <= ow) taps.template operator()<2>(ox);
     if (ox < ow) taps.template operator()<1>(ox);
-    for (int64_t i = 0; i < a.kh; ++i) {
-      const int64_t ih = oh * a.stride_h - a.pad_h + i * a.dil_h;
-      if (ih < 0 || ih >= a.h) continue;
-      T* gx_row = gxs + ih * a.w;
-      for (int64_t j = 0; j < a.kw; ++j) {
-        const T* r = row + i * a.kw + j;
-        for (int64_t x = lo[j]; x < hi[j]; ++x) gx_row[x * a.stride_w + off[j]] += r[x * kTaps];
-      }
-    }
+    // Each tap of the row's pixels to its input pixel, as col2im_add does from a col matrix (one
+    // input channel: the tap is the col row).
+    walk_im2col(a, oh, oh + 1, [&](int64_t tap, int64_t, int64_t x_offset, int64_t lo, int64_t hi) {
+      for (int64_t x = lo; x < hi; ++x) gxs[x_offset + x * a.stride_w] += row[x * kTaps + tap];
+    });
   }
 }
 
@@ -676,9 +664,11 @@ void one_channel_input_grad(const ConvArgs& a, T* gx, const T* gy, const T* w, i
 // memory is NCHW's either way).
 template <typename T>
 void conv_input_grad_typed(const ConvArgs& a, T* gx, const T* gy, const T* w) {
-  if (a.c_in == 1 && a.kh * a.kw == 16) {  // Note [One-channel input gradient]
-    const ConvWork<T> work(a.n, 0, a.ow * 16);
-    work.for_each_sample(a.n, [&](int64_t s, int t) { one_channel_input_grad<T, 16>(a, gx, gy, w, s, work.slot(t)); });
+  constexpr int kOneChannelTaps = 16;  // Note [One-channel input gradient]: 4x4 kernels
+  if (a.c_in == 1 && a.kh * a.kw == kOneChannelTaps) {
+    const ConvWork<T> work(a.n, 0, a.ow * kOneChannelTaps);
+    work.for_each_sample(
+        a.n, [&](int64_t s, int t) { one_channel_input_grad<T, kOneChannelTaps>(a, gx, gy, w, s, work.slot(t)); });
     return;
   }
   constexpr TileShape S = TileShape::Wide;
