@@ -1,12 +1,14 @@
 // bench_engine: GFLOP/s of matmul and conv2d, forward and forward+backward, the bandwidth of an
 // elementwise add, and the overhead per op of tiny tensors (µs), on one device.
 // scripts/bench_engine.sh runs the same cases in PyTorch in the same run and prints the ratios.
-// Output: one line per case, "case<TAB>seconds<TAB>rate<TAB>unit".
+// Output: one line per case, "case<TAB>seconds<TAB>rate<TAB>unit"; a case that throws prints
+// "case<TAB>failed<TAB>reason" instead, and the next one runs.
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <functional>
+#include <new>
 
 #include "apps/common/program.h"
 #include "apps/common/run.h"
@@ -48,6 +50,27 @@ void report(const std::string& name, double seconds, double amount, const char* 
 void report_latency(const std::string& name, double seconds, double per) {
   std::printf("%s\t%.9f\t%.3f\tus/op\n", name.c_str(), seconds / per, seconds / per * 1e6);
   std::fflush(stdout);
+}
+
+// The row of a case that threw: "name<TAB>failed<TAB>reason", the reason on one line.
+void report_failure(const std::string& name, std::string reason) {
+  for (char& ch : reason)
+    if (ch == '\n' || ch == '\r' || ch == '\t') ch = ' ';
+  if (reason.size() > 300) reason.resize(300);
+  std::printf("%s\tfailed\t%s\n", name.c_str(), reason.c_str());
+  std::fflush(stdout);
+}
+
+// Runs fn (a case, or a group's setup and its cases): one that throws costs its row, not the table
+// (scripts/bench_engine.sh prints it as failed, with the reason, among the others).
+void attempt(const std::string& name, const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const std::bad_alloc&) {
+    report_failure(name, "out of memory");
+  } catch (const std::exception& e) {
+    report_failure(name, e.what());
+  }
 }
 
 // Configurations that take turns: each runs `steps` steps, one after the other, round after
@@ -107,18 +130,27 @@ int main(int argc, char** argv) {
     if (threads > 0) ef::set_num_threads(threads);
     const ef::TensorOptions o{.dtype = ef::kFloat32, .device = d};
     ef::manual_seed(d, 0);
+    // One row each: the case's rate (or µs), or the row "failed". A group's setup runs under attempt()
+    // too, named by the group.
+    const auto timed = [&](const std::string& name, double amount, const char* unit, const std::function<void()>& fn) {
+      attempt(name, [&] { report(name, time_it(fn, d, min_seconds), amount, unit); });
+    };
+    const auto timed_latency = [&](const std::string& name, double per, const std::function<void()>& fn) {
+      attempt(name, [&] { report_latency(name, time_it(fn, d, min_seconds), per); });
+    };
 
     for (auto [m, k, n] :
          {std::tuple<int64_t, int64_t, int64_t>{1024, 1024, 1024}, {4096, 1024, 1024}, {100, 3136, 1024}}) {
       const std::string name = "matmul_" + std::to_string(m) + "x" + std::to_string(k) + "x" + std::to_string(n);
       if (!only.empty() && name.find(only) == std::string::npos) continue;
-      const ef::Tensor a = ef::randn({m, k}, o), b = ef::randn({k, n}, o);
-      const double flops = 2.0 * static_cast<double>(m * k * n);
-      report(name + "_fwd", time_it([&] { ef::matmul(a, b, {.compute = compute}); }, d, min_seconds), flops, "GFLOP/s");
-      const ef::Tensor ag = a.detach().requires_grad_(), bg = b.detach().requires_grad_();
-      const ef::Tensor gy = ef::randn({m, n}, o);
-      report(name + "_fwdbwd", time_it([&] { ef::matmul(ag, bg, {.compute = compute}).backward(gy); }, d, min_seconds),
-             3 * flops, "GFLOP/s");
+      attempt(name, [&] {
+        const ef::Tensor a = ef::randn({m, k}, o), b = ef::randn({k, n}, o);
+        const double flops = 2.0 * static_cast<double>(m * k * n);
+        timed(name + "_fwd", flops, "GFLOP/s", [&] { ef::matmul(a, b, {.compute = compute}); });
+        const ef::Tensor ag = a.detach().requires_grad_(), bg = b.detach().requires_grad_();
+        const ef::Tensor gy = ef::randn({m, n}, o);
+        timed(name + "_fwdbwd", 3 * flops, "GFLOP/s", [&] { ef::matmul(ag, bg, {.compute = compute}).backward(gy); });
+      });
     }
 
     struct ConvCase {
@@ -129,15 +161,16 @@ int main(int argc, char** argv) {
                               ConvCase{"conv_fmnist2_100x32x14x14_k5x64", 100, 32, 14, 14, 64, 5, 2},
                               ConvCase{"conv_resnet_32x64x56x56_k3x64", 32, 64, 56, 56, 64, 3, 1}}) {
       if (!only.empty() && std::string(c.name).find(only) == std::string::npos) continue;
-      const ef::Tensor x = ef::randn({c.n, c.c, c.h, c.w}, o), w = ef::randn({c.o, c.c, c.k, c.k}, o);
-      const ef::Conv2dOptions co{.padding = {c.pad, c.pad}, .compute = compute};
-      const double flops = 2.0 * static_cast<double>(c.n * c.o * c.h * c.w * c.c * c.k * c.k);
-      report(std::string(c.name) + "_fwd", time_it([&] { ef::conv2d(x, w, ef::Tensor(), co); }, d, min_seconds), flops,
-             "GFLOP/s");
-      const ef::Tensor xg = x.detach().requires_grad_(), wg = w.detach().requires_grad_();
-      const ef::Tensor gy = ef::randn({c.n, c.o, c.h, c.w}, o);
-      report(std::string(c.name) + "_fwdbwd",
-             time_it([&] { ef::conv2d(xg, wg, ef::Tensor(), co).backward(gy); }, d, min_seconds), 3 * flops, "GFLOP/s");
+      attempt(c.name, [&] {
+        const ef::Tensor x = ef::randn({c.n, c.c, c.h, c.w}, o), w = ef::randn({c.o, c.c, c.k, c.k}, o);
+        const ef::Conv2dOptions co{.padding = {c.pad, c.pad}, .compute = compute};
+        const double flops = 2.0 * static_cast<double>(c.n * c.o * c.h * c.w * c.c * c.k * c.k);
+        timed(std::string(c.name) + "_fwd", flops, "GFLOP/s", [&] { ef::conv2d(x, w, ef::Tensor(), co); });
+        const ef::Tensor xg = x.detach().requires_grad_(), wg = w.detach().requires_grad_();
+        const ef::Tensor gy = ef::randn({c.n, c.o, c.h, c.w}, o);
+        timed(std::string(c.name) + "_fwdbwd", 3 * flops, "GFLOP/s",
+              [&] { ef::conv2d(xg, wg, ef::Tensor(), co).backward(gy); });
+      });
     }
 
     // Normalization (Note [Fused normalization]): a transformer-like layer norm, a ResNet batch norm
@@ -152,19 +185,21 @@ int main(int argc, char** argv) {
          {NormCase{"layer_norm_8192x1024", {8192, 1024}, 1024},
           NormCase{"batch_norm_32x64x56x56", {32, 64, 56, 56}, 64}, NormCase{"batch_norm_64x3136", {64, 3136}, 3136}}) {
       if (!only.empty() && name.find(only) == std::string::npos) continue;
-      const bool layer = name.starts_with("layer");
-      const ef::Tensor x = ef::randn(shape, o), gy = ef::randn(shape, o);
-      const ef::Tensor w = ef::ones({features}, o).requires_grad_(), b = ef::zeros({features}, o).requires_grad_();
-      const auto norm = [&](const ef::Tensor& in) {
-        return layer ? ef::layer_norm(in, {features}, w, b) : ef::batch_norm(in, w, b, {}, {}, true);
-      };
-      const auto elements = static_cast<double>(x.numel());
-      {
-        ef::NoGradGuard no_grad;
-        report(name + "_fwd", time_it([&] { norm(x); }, d, min_seconds), elements, "Gelem/s");
-      }
-      const ef::Tensor xg = x.detach().requires_grad_();
-      report(name + "_fwdbwd", time_it([&] { norm(xg).backward(gy); }, d, min_seconds), elements, "Gelem/s");
+      attempt(name, [&] {
+        const bool layer = name.starts_with("layer");
+        const ef::Tensor x = ef::randn(shape, o), gy = ef::randn(shape, o);
+        const ef::Tensor w = ef::ones({features}, o).requires_grad_(), b = ef::zeros({features}, o).requires_grad_();
+        const auto norm = [&](const ef::Tensor& in) {
+          return layer ? ef::layer_norm(in, {features}, w, b) : ef::batch_norm(in, w, b, {}, {}, true);
+        };
+        const auto elements = static_cast<double>(x.numel());
+        {
+          ef::NoGradGuard no_grad;
+          timed(name + "_fwd", elements, "Gelem/s", [&] { norm(x); });
+        }
+        const ef::Tensor xg = x.detach().requires_grad_();
+        timed(name + "_fwdbwd", elements, "Gelem/s", [&] { norm(xg).backward(gy); });
+      });
     }
 
     // A gradient penalty's pass through the wgan_gp critic's LayerNorm ([64, 64, 7, 7] channels-last,
@@ -173,21 +208,18 @@ int main(int argc, char** argv) {
     // and as differentiable ops (what a third order, or a backend without the kernel, runs: the same
     // second backward with create_graph). In input elements per second.
     if (only.empty() || std::string("layer_norm_penalty").find(only) != std::string::npos) {
-      const ef::Tensor x = ef::randn({64, 64, 7, 7}, o).contiguous(ef::MemoryFormat::ChannelsLast).requires_grad_();
-      const ef::Tensor w = ef::randn({64, 7, 7}, o).requires_grad_(), b = ef::randn({64, 7, 7}, o).requires_grad_();
-      const ef::Tensor gy = ef::randn({64, 64, 7, 7}, o).contiguous(ef::MemoryFormat::ChannelsLast);
-      const auto elements = static_cast<double>(x.numel());
-      for (const bool ops : {false, true}) {
-        report(std::string("layer_norm_penalty_64x64x7x7_") + (ops ? "ops" : "kernel"),
-               time_it(
-                   [&] {
-                     const ef::Tensor gx =
-                         ef::grad({ef::layer_norm(x, {64, 7, 7}, w, b)}, {x}, {gy}, {.create_graph = true})[0];
-                     ef::grad({ef::sum(ef::square(gx))}, {x, w}, {}, {.create_graph = ops});
-                   },
-                   d, min_seconds),
-               elements, "Gelem/s");
-      }
+      attempt("layer_norm_penalty_64x64x7x7", [&] {
+        const ef::Tensor x = ef::randn({64, 64, 7, 7}, o).contiguous(ef::MemoryFormat::ChannelsLast).requires_grad_();
+        const ef::Tensor w = ef::randn({64, 7, 7}, o).requires_grad_(), b = ef::randn({64, 7, 7}, o).requires_grad_();
+        const ef::Tensor gy = ef::randn({64, 64, 7, 7}, o).contiguous(ef::MemoryFormat::ChannelsLast);
+        const auto elements = static_cast<double>(x.numel());
+        for (const bool ops : {false, true}) {
+          timed(std::string("layer_norm_penalty_64x64x7x7_") + (ops ? "ops" : "kernel"), elements, "Gelem/s", [&] {
+            const ef::Tensor gx = ef::grad({ef::layer_norm(x, {64, 7, 7}, w, b)}, {x}, {gy}, {.create_graph = true})[0];
+            ef::grad({ef::sum(ef::square(gx))}, {x, w}, {}, {.create_graph = ops});
+          });
+        }
+      });
     }
 
     // The wgan_gp critic's first layer's input gradient (a penalty's gradient at the images: 32 -> 1
@@ -195,35 +227,34 @@ int main(int argc, char** argv) {
     // channels-last output gradient as the channels-last critic gives it (read in place), from a
     // contiguous one, and from a channels-last one asked for contiguous (copied first).
     if (only.empty() || std::string("conv1_input_grad").find(only) != std::string::npos) {
-      const ef::Tensor gy = ef::randn({64, 32, 14, 14}, o), w = ef::randn({32, 1, 4, 4}, o);
-      const ef::Tensor gy_cl = gy.contiguous(ef::MemoryFormat::ChannelsLast);
-      const ef::Conv2dOptions contiguous{.stride = {2, 2}, .padding = {1, 1}};
-      ef::Conv2dOptions channels_last = contiguous;
-      channels_last.memory_format = ef::MemoryFormat::ChannelsLast;
-      for (const auto& [name, g, co] :
-           {std::tuple{"channels_last", gy_cl, channels_last}, std::tuple{"contiguous", gy, contiguous},
-            std::tuple{"channels_last_copied", gy_cl, contiguous}})
-        report_latency(std::string("conv1_input_grad_") + name,
-                       time_it(
-                           [&] {
-                             ef::conv2d_input_grad(g, w, {64, 1, 28, 28}, co);
-                           },
-                           d, min_seconds),
-                       1);
+      attempt("conv1_input_grad", [&] {
+        const ef::Tensor gy = ef::randn({64, 32, 14, 14}, o), w = ef::randn({32, 1, 4, 4}, o);
+        const ef::Tensor gy_cl = gy.contiguous(ef::MemoryFormat::ChannelsLast);
+        const ef::Conv2dOptions contiguous{.stride = {2, 2}, .padding = {1, 1}};
+        ef::Conv2dOptions channels_last = contiguous;
+        channels_last.memory_format = ef::MemoryFormat::ChannelsLast;
+        for (const auto& [name, g, co] :
+             {std::tuple{"channels_last", gy_cl, channels_last}, std::tuple{"contiguous", gy, contiguous},
+              std::tuple{"channels_last_copied", gy_cl, contiguous}})
+          timed_latency(std::string("conv1_input_grad_") + name, 1, [&] {
+            ef::conv2d_input_grad(g, w, {64, 1, 28, 28}, co);
+          });
+      });
     }
 
     // Copies between layouts (a transpose per image) against a plain copy of the same tensor: the
     // critic's activations. What a flatten of a channels-last tensor costs (WganCritic::forward).
     if (only.empty() || std::string("layout_copy").find(only) != std::string::npos) {
       for (const ef::Shape& shape : {ef::Shape{64, 64, 7, 7}, ef::Shape{64, 32, 14, 14}}) {
-        const ef::Tensor x = ef::randn(shape, o), x_cl = x.contiguous(ef::MemoryFormat::ChannelsLast);
         const std::string name = "layout_copy_" + std::to_string(shape[0]) + "x" + std::to_string(shape[1]) + "x" +
                                  std::to_string(shape[2]) + "x" + std::to_string(shape[3]);
-        const double bytes = 2.0 * 4.0 * static_cast<double>(x.numel());
-        report(name + "_plain", time_it([&] { ef::clone(x); }, d, min_seconds), bytes, "GB/s");
-        report(name + "_to_contiguous", time_it([&] { ef::clone(x_cl); }, d, min_seconds), bytes, "GB/s");
-        report(name + "_to_channels_last",
-               time_it([&] { ef::contiguous(x, ef::MemoryFormat::ChannelsLast); }, d, min_seconds), bytes, "GB/s");
+        attempt(name, [&] {
+          const ef::Tensor x = ef::randn(shape, o), x_cl = x.contiguous(ef::MemoryFormat::ChannelsLast);
+          const double bytes = 2.0 * 4.0 * static_cast<double>(x.numel());
+          timed(name + "_plain", bytes, "GB/s", [&] { ef::clone(x); });
+          timed(name + "_to_contiguous", bytes, "GB/s", [&] { ef::clone(x_cl); });
+          timed(name + "_to_channels_last", bytes, "GB/s", [&] { ef::contiguous(x, ef::MemoryFormat::ChannelsLast); });
+        });
       }
     }
 
@@ -234,45 +265,47 @@ int main(int argc, char** argv) {
     // steps each (time_in_turns): medians over rounds in µs a step, and the medians of each round's
     // ratios.
     if (only.empty() || std::string("wgan_critic_step").find(only) != std::string::npos) {
-      struct Config {
-        std::string name;
-        ef::DType compute;
-        bool channels_last;
-      };
-      const std::vector<Config> configs = {{"fp32_nchw", ef::kFloat32, false},
-                                           {"fp32_channels_last", ef::kFloat32, true},
-                                           {"bf16_nchw", ef::kBFloat16, false},
-                                           {"bf16_channels_last", ef::kBFloat16, true}};
-      std::vector<std::shared_ptr<ef::apps::WganCritic>> critics;
-      for (const Config& c : configs) {
-        ef::manual_seed(d, 1);
-        critics.push_back(std::make_shared<ef::apps::WganCritic>(32, "layernorm", ef::nn::ModuleOptions{.device = d},
-                                                                 c.channels_last));
-        ef::apps::set_precision(*critics.back(), c.compute, ef::apps::WganCritic::kImageLayer);
-      }
-      const ef::Tensor real = ef::rand({64, 1, 28, 28}, o), fake = ef::rand({64, 1, 28, 28}, o);
-      const ef::Tensor eps = ef::rand({64, 1, 1, 1}, o);
-      std::vector<std::function<void()>> steps;
-      for (const auto& critic : critics) {
-        steps.push_back([&, critic] {
-          const ef::losses::Critic net = [&critic](const ef::Tensor& x) { return (*critic)(x); };
-          const ef::Tensor loss = ef::mean(net(fake)) - ef::mean(net(real)) +
-                                  ef::losses::wgan_gp_penalty(net, real, fake, {.lambda = 10, .eps = eps});
-          loss.backward();
-        });
-      }
-      const auto seconds = time_in_turns(steps, 3, 25, d);
-      for (size_t c = 0; c < configs.size(); ++c)
-        report_latency("wgan_critic_step_" + configs[c].name, median(seconds[c]), 1);
-      const auto ratio = [&](size_t num, size_t den) {
-        report_turn_ratio("wgan_critic_step_" + configs[num].name + "_over_" + configs[den].name, seconds[num],
-                          seconds[den]);
-      };
-      ratio(0, 2);  // bfloat16's gain, NCHW
-      ratio(1, 3);  // bfloat16's gain, channels-last
-      ratio(0, 3);  // channels-last bfloat16 over NCHW float32
-      ratio(0, 1);  // channels-last's gain in float32
-      ratio(2, 3);  // channels-last's gain in bfloat16
+      attempt("wgan_critic_step", [&] {
+        struct Config {
+          std::string name;
+          ef::DType compute;
+          bool channels_last;
+        };
+        const std::vector<Config> configs = {{"fp32_nchw", ef::kFloat32, false},
+                                             {"fp32_channels_last", ef::kFloat32, true},
+                                             {"bf16_nchw", ef::kBFloat16, false},
+                                             {"bf16_channels_last", ef::kBFloat16, true}};
+        std::vector<std::shared_ptr<ef::apps::WganCritic>> critics;
+        for (const Config& c : configs) {
+          ef::manual_seed(d, 1);
+          critics.push_back(std::make_shared<ef::apps::WganCritic>(32, "layernorm", ef::nn::ModuleOptions{.device = d},
+                                                                   c.channels_last));
+          ef::apps::set_precision(*critics.back(), c.compute, ef::apps::WganCritic::kImageLayer);
+        }
+        const ef::Tensor real = ef::rand({64, 1, 28, 28}, o), fake = ef::rand({64, 1, 28, 28}, o);
+        const ef::Tensor eps = ef::rand({64, 1, 1, 1}, o);
+        std::vector<std::function<void()>> steps;
+        for (const auto& critic : critics) {
+          steps.push_back([&, critic] {
+            const ef::losses::Critic net = [&critic](const ef::Tensor& x) { return (*critic)(x); };
+            const ef::Tensor loss = ef::mean(net(fake)) - ef::mean(net(real)) +
+                                    ef::losses::wgan_gp_penalty(net, real, fake, {.lambda = 10, .eps = eps});
+            loss.backward();
+          });
+        }
+        const auto seconds = time_in_turns(steps, 3, 25, d);
+        for (size_t c = 0; c < configs.size(); ++c)
+          report_latency("wgan_critic_step_" + configs[c].name, median(seconds[c]), 1);
+        const auto ratio = [&](size_t num, size_t den) {
+          report_turn_ratio("wgan_critic_step_" + configs[num].name + "_over_" + configs[den].name, seconds[num],
+                            seconds[den]);
+        };
+        ratio(0, 2);  // bfloat16's gain, NCHW
+        ratio(1, 3);  // bfloat16's gain, channels-last
+        ratio(0, 3);  // channels-last bfloat16 over NCHW float32
+        ratio(0, 1);  // channels-last's gain in float32
+        ratio(2, 3);  // channels-last's gain in bfloat16
+      });
     }
 
     // The whole wgan_gp training step, as `wgan_gp --devices cpu` runs it on one device (the figure
@@ -283,120 +316,115 @@ int main(int argc, char** argv) {
     // from the same weights, taking turns a whole step at a time; µs a step (the 5 critic steps and
     // the generator step) and the median of each round's ratio.
     if (only.empty() || std::string("wgan_step").find(only) != std::string::npos) {
-      struct Networks {
-        std::shared_ptr<ef::apps::WganGenerator> generator;
-        std::shared_ptr<ef::apps::WganCritic> critic;
-        std::unique_ptr<ef::optim::Adam> opt_g, opt_d;
-      };
-      const std::vector<std::pair<std::string, ef::DType>> configs = {{"fp32", ef::kFloat32}, {"bf16", ef::kBFloat16}};
-      std::vector<Networks> nets;
-      for (const auto& config : configs) {
-        ef::manual_seed(d, 1);
-        Networks n;
-        n.generator = std::make_shared<ef::apps::WganGenerator>(128, 32, ef::nn::ModuleOptions{.device = d}, true);
-        n.critic = std::make_shared<ef::apps::WganCritic>(32, "layernorm", ef::nn::ModuleOptions{.device = d}, true);
-        ef::apps::set_precision(*n.generator, config.second, ef::apps::WganGenerator::kImageLayer);
-        ef::apps::set_precision(*n.critic, config.second, ef::apps::WganCritic::kImageLayer);
-        const ef::optim::AdamOptions adam{.lr = 1e-4, .betas = {0.0, 0.9}};
-        n.opt_g = std::make_unique<ef::optim::Adam>(n.generator->parameters(), adam);
-        n.opt_d = std::make_unique<ef::optim::Adam>(n.critic->parameters(), adam);
-        nets.push_back(std::move(n));
-      }
-      const ef::Tensor real = ef::add_scalar(ef::mul_scalar(ef::rand({64, 1, 28, 28}, o), 2.0), -1.0);  // in [-1, 1]
-      std::vector<std::function<void()>> steps;
-      for (Networks& n : nets) {
-        steps.push_back([&] {
-          ef::nn::Module& critic = *n.critic;
-          const ef::losses::Critic net = [&critic](const ef::Tensor& x) { return critic(x); };
-          for (int k = 0; k < 5; ++k) {
-            ef::Tensor fake;
-            {
-              ef::NoGradGuard no_grad;
-              fake = (*n.generator)(ef::randn({64, 128}, o));
+      attempt("wgan_step", [&] {
+        struct Networks {
+          std::shared_ptr<ef::apps::WganGenerator> generator;
+          std::shared_ptr<ef::apps::WganCritic> critic;
+          std::unique_ptr<ef::optim::Adam> opt_g, opt_d;
+        };
+        const std::vector<std::pair<std::string, ef::DType>> configs = {{"fp32", ef::kFloat32},
+                                                                        {"bf16", ef::kBFloat16}};
+        std::vector<Networks> nets;
+        for (const auto& config : configs) {
+          ef::manual_seed(d, 1);
+          Networks n;
+          n.generator = std::make_shared<ef::apps::WganGenerator>(128, 32, ef::nn::ModuleOptions{.device = d}, true);
+          n.critic = std::make_shared<ef::apps::WganCritic>(32, "layernorm", ef::nn::ModuleOptions{.device = d}, true);
+          ef::apps::set_precision(*n.generator, config.second, ef::apps::WganGenerator::kImageLayer);
+          ef::apps::set_precision(*n.critic, config.second, ef::apps::WganCritic::kImageLayer);
+          const ef::optim::AdamOptions adam{.lr = 1e-4, .betas = {0.0, 0.9}};
+          n.opt_g = std::make_unique<ef::optim::Adam>(n.generator->parameters(), adam);
+          n.opt_d = std::make_unique<ef::optim::Adam>(n.critic->parameters(), adam);
+          nets.push_back(std::move(n));
+        }
+        const ef::Tensor real = ef::add_scalar(ef::mul_scalar(ef::rand({64, 1, 28, 28}, o), 2.0), -1.0);  // in [-1, 1]
+        std::vector<std::function<void()>> steps;
+        for (Networks& n : nets) {
+          steps.push_back([&] {
+            ef::nn::Module& critic = *n.critic;
+            const ef::losses::Critic net = [&critic](const ef::Tensor& x) { return critic(x); };
+            for (int k = 0; k < 5; ++k) {
+              ef::Tensor fake;
+              {
+                ef::NoGradGuard no_grad;
+                fake = (*n.generator)(ef::randn({64, 128}, o));
+              }
+              const ef::Tensor eps = ef::rand({64, 1, 1, 1}, o);
+              const ef::Tensor loss = ef::losses::wasserstein_critic_loss(net(real), net(fake)) +
+                                      ef::losses::wgan_gp_penalty(net, real, fake, {.lambda = 10, .eps = eps});
+              n.opt_d->zero_grad();
+              loss.backward();
+              n.opt_d->step();
             }
-            const ef::Tensor eps = ef::rand({64, 1, 1, 1}, o);
-            const ef::Tensor loss = ef::losses::wasserstein_critic_loss(net(real), net(fake)) +
-                                    ef::losses::wgan_gp_penalty(net, real, fake, {.lambda = 10, .eps = eps});
-            n.opt_d->zero_grad();
+            for (ef::Tensor p : critic.parameters()) p.requires_grad_(false);
+            const ef::Tensor loss =
+                ef::losses::wasserstein_generator_loss(net((*n.generator)(ef::randn({64, 128}, o))));
+            n.opt_g->zero_grad();
             loss.backward();
-            n.opt_d->step();
-          }
-          for (ef::Tensor p : critic.parameters()) p.requires_grad_(false);
-          const ef::Tensor loss = ef::losses::wasserstein_generator_loss(net((*n.generator)(ef::randn({64, 128}, o))));
-          n.opt_g->zero_grad();
-          loss.backward();
-          n.opt_g->step();
-          for (ef::Tensor p : critic.parameters()) p.requires_grad_(true);
-        });
-      }
-      const auto seconds = time_in_turns(steps, 1, 15, d);
-      for (size_t c = 0; c < configs.size(); ++c)
-        report_latency("wgan_step_" + configs[c].first, median(seconds[c]), 1);
-      report_turn_ratio("wgan_step_fp32_over_bf16", seconds[0], seconds[1]);
+            n.opt_g->step();
+            for (ef::Tensor p : critic.parameters()) p.requires_grad_(true);
+          });
+        }
+        const auto seconds = time_in_turns(steps, 1, 15, d);
+        for (size_t c = 0; c < configs.size(); ++c)
+          report_latency("wgan_step_" + configs[c].first, median(seconds[c]), 1);
+        report_turn_ratio("wgan_step_fp32_over_bf16", seconds[0], seconds[1]);
+      });
     }
 
     if (only.empty() || std::string("add_bandwidth").find(only) != std::string::npos) {
-      const int64_t n = int64_t{1} << 26;  // 256 MiB per float32 operand
-      const ef::Tensor a = ef::randn({n}, o), b = ef::randn({n}, o);
-      report("add_bandwidth_64M", time_it([&] { ef::add(a, b); }, d, min_seconds), 3.0 * 4.0 * static_cast<double>(n),
-             "GB/s");
-      report("copy_bandwidth_64M", time_it([&] { ef::clone(a); }, d, min_seconds), 2.0 * 4.0 * static_cast<double>(n),
-             "GB/s");
+      attempt("add_bandwidth", [&] {
+        const int64_t n = int64_t{1} << 26;  // 256 MiB per float32 operand
+        const ef::Tensor a = ef::randn({n}, o), b = ef::randn({n}, o);
+        timed("add_bandwidth_64M", 3.0 * 4.0 * static_cast<double>(n), "GB/s", [&] { ef::add(a, b); });
+        timed("copy_bandwidth_64M", 2.0 * 4.0 * static_cast<double>(n), "GB/s", [&] { ef::clone(a); });
+      });
     }
 
     // wgan_gp's host draws each critic step (Note [Vectorized draws] in cpu_backend.cpp): the noise z
     // (normal) and, for DRAGAN, a perturbation of the batch (uniform); the host draws them with the
     // devices waiting.
     if (only.empty() || std::string("random").find(only) != std::string::npos) {
-      report("random_uniform_64x1x28x28",
-             time_it(
-                 [&] {
-                   ef::rand({64, 1, 28, 28}, o);
-                 },
-                 d, min_seconds),
-             64.0 * 28 * 28, "Gelem/s");
-      report("random_normal_64x128", time_it([&] { ef::randn({64, 128}, o); }, d, min_seconds), 64.0 * 128, "Gelem/s");
+      timed("random_uniform_64x1x28x28", 64.0 * 28 * 28, "Gelem/s", [&] { ef::rand({64, 1, 28, 28}, o); });
+      timed("random_normal_64x128", 64.0 * 128, "Gelem/s", [&] { ef::randn({64, 128}, o); });
     }
 
     // What a small-batch step pays per op besides arithmetic: allocation, autograd nodes, dispatch.
     if (only.empty() || std::string("overhead").find(only) != std::string::npos) {
-      constexpr int kAdds = 10000;
-      const ef::Tensor x = ef::randn({16}, o).requires_grad_();
-      const auto chain = [&] {
-        ef::Tensor y = x;
-        for (int i = 0; i < kAdds; ++i) y = y + x;
-        return y;
-      };
-      {
-        ef::NoGradGuard no_grad;
-        report_latency("overhead_add16_nograd", time_it([&] { chain(); }, d, min_seconds), kAdds);
-      }
-      report_latency("overhead_add16_autograd_fwd", time_it([&] { chain(); }, d, min_seconds), kAdds);
-      report_latency("overhead_add16_autograd_fwdbwd", time_it([&] { ef::sum(chain()).backward(); }, d, min_seconds),
-                     kAdds);
-      // A tiny MLP (16 → 32 → 32 → 1, batch 16) trained by Adam: forward, loss, backward, step.
-      std::vector<ef::Tensor> params;
-      for (auto [out, in] : {std::pair<int64_t, int64_t>{32, 16}, {32, 32}, {1, 32}}) {
-        params.push_back(ef::mul_scalar(ef::randn({out, in}, o), 0.1).requires_grad_());
-        params.push_back(ef::zeros({out}, o).requires_grad_());
-      }
-      ef::optim::Adam adam(params, {.lr = 1e-3});
-      const ef::Tensor input = ef::randn({16, 16}, o), target = ef::randn({16, 1}, o);
-      constexpr int kSteps = 100;
-      report_latency("overhead_mlp_adam_step",
-                     time_it(
-                         [&] {
-                           for (int i = 0; i < kSteps; ++i) {
-                             adam.zero_grad();
-                             ef::Tensor h = ef::relu(ef::linear(input, params[0], params[1]));
-                             h = ef::relu(ef::linear(h, params[2], params[3]));
-                             const ef::Tensor out = ef::linear(h, params[4], params[5]);
-                             ef::mean(ef::square(out - target)).backward();
-                             adam.step();
-                           }
-                         },
-                         d, min_seconds),
-                     kSteps);
+      attempt("overhead", [&] {
+        constexpr int kAdds = 10000;
+        const ef::Tensor x = ef::randn({16}, o).requires_grad_();
+        const auto chain = [&] {
+          ef::Tensor y = x;
+          for (int i = 0; i < kAdds; ++i) y = y + x;
+          return y;
+        };
+        {
+          ef::NoGradGuard no_grad;
+          timed_latency("overhead_add16_nograd", kAdds, [&] { chain(); });
+        }
+        timed_latency("overhead_add16_autograd_fwd", kAdds, [&] { chain(); });
+        timed_latency("overhead_add16_autograd_fwdbwd", kAdds, [&] { ef::sum(chain()).backward(); });
+        // A tiny MLP (16 → 32 → 32 → 1, batch 16) trained by Adam: forward, loss, backward, step.
+        std::vector<ef::Tensor> params;
+        for (auto [out, in] : {std::pair<int64_t, int64_t>{32, 16}, {32, 32}, {1, 32}}) {
+          params.push_back(ef::mul_scalar(ef::randn({out, in}, o), 0.1).requires_grad_());
+          params.push_back(ef::zeros({out}, o).requires_grad_());
+        }
+        ef::optim::Adam adam(params, {.lr = 1e-3});
+        const ef::Tensor input = ef::randn({16, 16}, o), target = ef::randn({16, 1}, o);
+        constexpr int kSteps = 100;
+        timed_latency("overhead_mlp_adam_step", kSteps, [&] {
+          for (int i = 0; i < kSteps; ++i) {
+            adam.zero_grad();
+            ef::Tensor h = ef::relu(ef::linear(input, params[0], params[1]));
+            h = ef::relu(ef::linear(h, params[2], params[3]));
+            const ef::Tensor out = ef::linear(h, params[4], params[5]);
+            ef::mean(ef::square(out - target)).backward();
+            adam.step();
+          }
+        });
+      });
     }
     return 0;
   });

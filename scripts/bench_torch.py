@@ -28,6 +28,20 @@ def time_it(fn, device, min_seconds):
     return times[len(times) // 2]
 
 
+def report_failure(name, error):
+    """The row of a case that raised: `name<TAB>failed<TAB>reason`, the reason on one line."""
+    reason = " ".join(f"{type(error).__name__}: {error}".split())
+    print(f"{name}\tfailed\t{reason[:300]}", flush=True)
+
+
+def attempt(name, fn):
+    """Runs fn (a case, or a group's setup and cases); one that raises costs its row, not the table."""
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 -- any failure of one case, reported and passed over
+        report_failure(name, e)
+
+
 def report(name, seconds, amount, unit):
     print(f"{name}\t{seconds:.6f}\t{amount / seconds / 1e9:.2f}\t{unit}", flush=True)
 
@@ -56,6 +70,7 @@ def main():
     torch.manual_seed(0)
     kw = dict(device=dev, dtype=torch.float32)
     bf16 = a.precision == "bf16"
+    F = torch.nn.functional
 
     def mixed(fn):  # fn under autocast(bfloat16) with a float32 result, or fn itself
         if not bf16:
@@ -66,57 +81,75 @@ def main():
                 return fn().float()
         return run
 
-    for m, k, n in [(1024, 1024, 1024), (4096, 1024, 1024), (100, 3136, 1024)]:
-        name = f"matmul_{m}x{k}x{n}"
-        if a.only and a.only not in name:
-            continue
+    def timed(name, fn, amount, unit):  # one row: fn's rate, or the row "failed"
+        attempt(name, lambda: report(name, time_it(fn, dev, a.min_seconds), amount, unit))
+
+    def timed_latency(name, fn, per):
+        attempt(name, lambda: report_latency(name, time_it(fn, dev, a.min_seconds), per))
+
+    def wanted(name):
+        return not a.only or a.only in name
+
+    # Each group's setup runs under attempt() too, named by the group: a setup that raises costs the
+    # group's row, and the cases after it still run.
+    def matmul_case(name, m, k, n):
         x, y = torch.randn(m, k, **kw), torch.randn(k, n, **kw)
         flops = 2.0 * m * k * n
         with torch.no_grad():
-            report(name + "_fwd", time_it(mixed(lambda: x @ y), dev, a.min_seconds), flops, "GFLOP/s")
+            timed(name + "_fwd", mixed(lambda: x @ y), flops, "GFLOP/s")
         xg, yg = x.clone().requires_grad_(), y.clone().requires_grad_()
         gy = torch.randn(m, n, **kw)
         product = mixed(lambda: xg @ yg)
-        report(name + "_fwdbwd", time_it(lambda: product().backward(gy), dev, a.min_seconds), 3 * flops, "GFLOP/s")
+        timed(name + "_fwdbwd", lambda: product().backward(gy), 3 * flops, "GFLOP/s")
+
+    for m, k, n in [(1024, 1024, 1024), (4096, 1024, 1024), (100, 3136, 1024)]:
+        name = f"matmul_{m}x{k}x{n}"
+        if wanted(name):
+            attempt(name, lambda: matmul_case(name, m, k, n))
+
+    def conv_case(name, n, c, h, w, o, k, pad):
+        x, wt = torch.randn(n, c, h, w, **kw), torch.randn(o, c, k, k, **kw)
+        flops = 2.0 * n * o * h * w * c * k * k
+        with torch.no_grad():
+            timed(name + "_fwd", mixed(lambda: F.conv2d(x, wt, padding=pad)), flops, "GFLOP/s")
+        xg, wg = x.clone().requires_grad_(), wt.clone().requires_grad_()
+        gy = torch.randn(n, o, h, w, **kw)
+        conv = mixed(lambda: F.conv2d(xg, wg, padding=pad))
+        timed(name + "_fwdbwd", lambda: conv().backward(gy), 3 * flops, "GFLOP/s")
 
     for name, n, c, h, w, o, k, pad in [("conv_fmnist1_100x1x28x28_k5x32", 100, 1, 28, 28, 32, 5, 2),
                                         ("conv_fmnist2_100x32x14x14_k5x64", 100, 32, 14, 14, 64, 5, 2),
                                         ("conv_resnet_32x64x56x56_k3x64", 32, 64, 56, 56, 64, 3, 1)]:
-        if a.only and a.only not in name:
-            continue
-        x, wt = torch.randn(n, c, h, w, **kw), torch.randn(o, c, k, k, **kw)
-        flops = 2.0 * n * o * h * w * c * k * k
+        if wanted(name):
+            attempt(name, lambda: conv_case(name, n, c, h, w, o, k, pad))
+
+    def norm_case(name, shape, features):
+        x, gy = torch.randn(*shape, **kw), torch.randn(*shape, **kw)
+        w, b = torch.ones(features, **kw).requires_grad_(), torch.zeros(features, **kw).requires_grad_()
+        norm = (lambda t: F.layer_norm(t, (features,), w, b)) if name.startswith("layer") else \
+            (lambda t: F.batch_norm(t, None, None, w, b, training=True))
         with torch.no_grad():
-            report(name + "_fwd", time_it(mixed(lambda: torch.nn.functional.conv2d(x, wt, padding=pad)), dev,
-                                          a.min_seconds), flops, "GFLOP/s")
-        xg, wg = x.clone().requires_grad_(), wt.clone().requires_grad_()
-        gy = torch.randn(n, o, h, w, **kw)
-        conv = mixed(lambda: torch.nn.functional.conv2d(xg, wg, padding=pad))
-        report(name + "_fwdbwd", time_it(lambda: conv().backward(gy), dev, a.min_seconds), 3 * flops, "GFLOP/s")
+            timed(name + "_fwd", lambda: norm(x), x.numel(), "Gelem/s")
+        xg = x.clone().requires_grad_()
+        timed(name + "_fwdbwd", lambda: norm(xg).backward(gy), x.numel(), "Gelem/s")
 
     for name, shape, features in [("layer_norm_8192x1024", (8192, 1024), 1024),
                                   ("batch_norm_32x64x56x56", (32, 64, 56, 56), 64),
                                   ("batch_norm_64x3136", (64, 3136), 3136)]:
-        if a.only and a.only not in name:
-            continue
-        x, gy = torch.randn(*shape, **kw), torch.randn(*shape, **kw)
-        w, b = torch.ones(features, **kw).requires_grad_(), torch.zeros(features, **kw).requires_grad_()
-        F = torch.nn.functional
-        norm = (lambda t: F.layer_norm(t, (features,), w, b)) if name.startswith("layer") else \
-            (lambda t: F.batch_norm(t, None, None, w, b, training=True))
-        with torch.no_grad():
-            report(name + "_fwd", time_it(lambda: norm(x), dev, a.min_seconds), x.numel(), "Gelem/s")
-        xg = x.clone().requires_grad_()
-        report(name + "_fwdbwd", time_it(lambda: norm(xg).backward(gy), dev, a.min_seconds), x.numel(), "Gelem/s")
+        if wanted(name):
+            attempt(name, lambda: norm_case(name, shape, features))
 
-    if not a.only or a.only in "add_bandwidth":
+    def bandwidth():
         n = 1 << 26
         x, y = torch.randn(n, **kw), torch.randn(n, **kw)
         with torch.no_grad():
-            report("add_bandwidth_64M", time_it(lambda: x + y, dev, a.min_seconds), 3.0 * 4 * n, "GB/s")
-            report("copy_bandwidth_64M", time_it(lambda: x.clone(), dev, a.min_seconds), 2.0 * 4 * n, "GB/s")
+            timed("add_bandwidth_64M", lambda: x + y, 3.0 * 4 * n, "GB/s")
+            timed("copy_bandwidth_64M", lambda: x.clone(), 2.0 * 4 * n, "GB/s")
 
-    if not a.only or a.only in "overhead":
+    if not a.only or a.only in "add_bandwidth":
+        attempt("add_bandwidth", bandwidth)
+
+    def overhead():
         adds = 10000
         x = torch.randn(16, **kw).requires_grad_()
 
@@ -126,10 +159,9 @@ def main():
                 y = y + x
             return y
         with torch.no_grad():
-            report_latency("overhead_add16_nograd", time_it(chain, dev, a.min_seconds), adds)
-        report_latency("overhead_add16_autograd_fwd", time_it(chain, dev, a.min_seconds), adds)
-        report_latency("overhead_add16_autograd_fwdbwd", time_it(lambda: chain().sum().backward(), dev, a.min_seconds),
-                       adds)
+            timed_latency("overhead_add16_nograd", chain, adds)
+        timed_latency("overhead_add16_autograd_fwd", chain, adds)
+        timed_latency("overhead_add16_autograd_fwdbwd", lambda: chain().sum().backward(), adds)
         params = []
         for out, inp in [(32, 16), (32, 32), (1, 32)]:
             params.append((torch.randn(out, inp, **kw) * 0.1).requires_grad_())
@@ -137,7 +169,6 @@ def main():
         adam = torch.optim.Adam(params, lr=1e-3)  # PyTorch's default: the multi-tensor (foreach) step
         inp, target = torch.randn(16, 16, **kw), torch.randn(16, 1, **kw)
         steps = 100
-        F = torch.nn.functional
 
         def train():
             for _ in range(steps):
@@ -147,7 +178,10 @@ def main():
                 out = F.linear(h, params[4], params[5])
                 ((out - target) ** 2).mean().backward()
                 adam.step()
-        report_latency("overhead_mlp_adam_step", time_it(train, dev, a.min_seconds), steps)
+        timed_latency("overhead_mlp_adam_step", train, steps)
+
+    if not a.only or a.only in "overhead":
+        attempt("overhead", overhead)
     return 0
 
 

@@ -3,23 +3,35 @@
 # the lent GPU machine (one H100 or H200, nvcc, CMake, ninja, compute-sanitizer, a python3 with PyTorch
 # and its cu13 cuDNN/NCCL wheels -- and no package registry). Two steps:
 #
-#   bash scripts/gpu_check.sh --prepare    here, on any machine with apt (CI runs it): downloads the
-#       Debian packages the build needs that the GPU machine lacks, and FashionMNIST, into build-deps/
-#       (ignored by git), then rehearses the GPU build against them alone (configure, and compile one
-#       file per dependency, with the system's folders out of CMake's search; every header must come
-#       from build-deps/). Prints what to send along.
+#   bash scripts/gpu_check.sh --prepare [--allow-dirty]    here, on any machine with apt (CI runs it):
+#       downloads the Debian packages the build needs that the GPU machine lacks, and FashionMNIST, into
+#       build-deps/ (ignored by git), then rehearses the GPU build against them alone (configure, and
+#       compile one file per dependency, with the system's folders out of CMake's search; every header
+#       must come from build-deps/), and last stamps build-deps/ with the commit (stamp.txt) and the
+#       sha256 of every file that travels (stamp-tracked.sha256, stamp-untracked.sha256: Note [The
+#       commit stamp]). Refuses a working tree whose tracked files differ from the commit, unless
+#       --allow-dirty (the summary then says so). Prints what to send along.
 #   bash scripts/gpu_check.sh [--deadline SECONDS]    on the GPU machine, with build-deps/ sent along.
 #
-# The run works down a list of stages, most informative first, each under what is left of its own
-# deadline (default 540 s; the machine's limit for one command is 600 s), a failed stage not stopping
-# the next: probe (GPU, driver, toolkit, cuDNN and NCCL found, gVisor or not) -> build (only what the
-# stages need, sm_90, all cores) -> parity (every CUDA test of the engine, losses and NCCL: CPU against
-# CUDA, float64 and float32, TF32, EF_REQUIRE_CUDA=1 so that a skip fails) -> data parallel (two logical
-# devices on GPU 0, EF_CUDA_DEVICES=0,0: the CUDA data-parallel tests, classify and wgan_gp against one
-# CPU device in float64, memory balance on four) -> speed against PyTorch on the same GPU with the same
-# TF32 setting (engine table, wgan_gp step, classify epoch) -> compute-sanitizer memcheck on a small set.
-# Each stage's log and a running summary.md go to $OUT (the GPU tool brings back at most 8 files), or to
-# build-gpu/check/ where OUT is unset. Exits 1 if any stage failed.
+# The run first checks the files present against the stamp, then works down a list of stages, most
+# informative first, each under what is left of its own deadline (default 540 s; the machine's limit
+# for one command is 600 s), a failed stage not stopping the next: probe (GPU, driver, toolkit, cuDNN
+# and NCCL found, gVisor or not) -> build (only what the stages need, sm_90, all cores) -> parity
+# (every CUDA test of the engine, losses and NCCL: CPU against CUDA, float64 and float32, TF32,
+# EF_REQUIRE_CUDA=1 so that a skip fails) -> data parallel (two logical devices on GPU 0,
+# EF_CUDA_DEVICES=0,0: the CUDA data-parallel tests, classify and wgan_gp against one CPU device in
+# float64, memory balance on four) -> speed against PyTorch on the same GPU with the same TF32 setting
+# (engine table, wgan_gp step, classify epoch) -> compute-sanitizer (memcheck, synccheck and racecheck,
+# each on a small set of test cases; sanitize_graph marks where the CUDA-graph path's runs go).
+#
+# What comes back (the GPU tool returns at most 8 files from $OUT): $OUT/summary.md -- first the
+# commit and whether the files matched its stamp, then the stage table, the CTest counts, the speed
+# table and the sanitizer runs, every figure taken from a log -- and $OUT/logs.tar.gz, the stage logs
+# (env.txt, build.log, parity.log, data_parallel.log, speed.log, sanitizer.log), packed again after
+# every stage so that a run cut off by the machine still returns what finished. The logs themselves
+# are written to build-gpu/check/logs/; where OUT is unset, summary and tarball go to build-gpu/check/.
+# Here, afterwards: bash scripts/gpu_record.sh DIR files them under docs/gpu-runs/. Exits 1 if any
+# stage failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
@@ -56,9 +68,151 @@ unpack_deps() {
   echo "$root/usr"
 }
 
-# --- Here: gather, then rehearse ---------------------------------------------------------------------
-if [[ "${1:-}" == --prepare ]]; then
+# Note [The commit stamp]
+# The GPU machine's copy of .git is its session's starting commit, not the files sent with it, so
+# the record of a run names the commit stamped here by --prepare: `git rev-parse HEAD`, the date,
+# and the sha256 of every tracked file's content as it is now (in `git ls-files` order; the
+# fingerprint is the sha256 of those lines), with the untracked files that git does not ignore
+# (they travel too) listed apart. --prepare refuses when tracked files differ from the commit
+# (`git diff HEAD`), unless --allow-dirty, since the record must name a commit that holds what ran.
+# There, the same hashes are computed over the files present, without git (git lists only the files
+# the stamp does not know of, when it is there), and the summary's second line says whether they
+# match -- or which files changed after --prepare.
+stamp=$deps/stamp.txt
+stamped_tracked=$deps/stamp-tracked.sha256
+stamped_untracked=$deps/stamp-untracked.sha256
+
+# file_hashes: sha256sum's line ("hash  path") for each NUL-separated path on stdin that is a
+# regular file (links to files followed, as the build reads them; folders and links to folders left
+# out), in the order read.
+file_hashes() {
+  local f
+  while IFS= read -r -d '' f; do
+    if [[ -f "$f" ]]; then printf '%s\0' "$f"; fi
+  done | xargs -0 -r sha256sum --
+}
+# stamped_paths FILE: the paths of a stamp's list, NUL-separated (sha256sum's lines: 64 hex digits,
+# two characters, the path).
+stamped_paths() { awk '{ printf "%s%c", substr($0, 67), 0 }' "$1"; }
+fingerprint() { sha256sum | cut -c1-64; }
+stamp_value() { sed -n "s/^$1 //p" "$stamp" | head -1; }
+# first_names N: the first N lines of stdin joined by ", ", with ", ..." if there were more.
+first_names() { awk -v n="$1" 'NR <= n { printf "%s%s", (NR > 1 ? ", " : ""), $0 } NR == n + 1 { printf ", ..." } END { print "" }'; }
+
+# refuse_uncommitted ALLOW_DIRTY: returns 1, saying why, where the files that would run are not a
+# commit's -- not a git checkout, or tracked files that differ from HEAD -- unless ALLOW_DIRTY is 1.
+refuse_uncommitted() {
+  local dirty
+  if ! git rev-parse --verify HEAD >/dev/null 2>&1; then
+    echo "gpu_check --prepare: not a git checkout, so no commit can name the files that will run" >&2
+    (($1)) || return 1
+  fi
+  dirty=$(git diff --name-only HEAD -- 2>/dev/null || true)
+  if [[ -n "$dirty" ]] && ! (($1)); then
+    echo "gpu_check --prepare: $(wc -l <<<"$dirty") tracked files differ from commit $(git rev-parse --short HEAD)" \
+      "($(first_names 8 <<<"$dirty")): the record of a GPU run must name a commit that holds the files that" \
+      "ran. Commit them first, or pass --allow-dirty (the summary will then say that the stamped tree had" \
+      "uncommitted changes)." >&2
+    return 1
+  fi
+}
+
+# write_stamp ALLOW_DIRTY: Note [The commit stamp], here (after refuse_uncommitted).
+write_stamp() {
+  local commit dirty n
+  rm -f "$stamp" "$stamped_tracked" "$stamped_untracked"
+  refuse_uncommitted "$1" || return 1
+  commit=$(git rev-parse --verify HEAD 2>/dev/null || echo unknown)
+  dirty=$(git diff --name-only HEAD -- 2>/dev/null || true)
+  n=$(wc -l <<<"$dirty")
+  git ls-files -z | file_hashes >"$stamped_tracked" || return 1
+  git ls-files -z --others --exclude-standard | file_hashes >"$stamped_untracked" || return 1
+  {
+    echo "commit $commit"
+    echo "date $(date -u '+%F %H:%M UTC')"
+    if [[ -n "$dirty" ]]; then
+      echo "dirty $n"
+      echo "dirty_files $(first_names 8 <<<"$dirty")"
+    else
+      echo "dirty 0"
+    fi
+    echo "fingerprint $(fingerprint <"$stamped_tracked")"
+    echo "tracked $(wc -l <"$stamped_tracked")"
+    echo "untracked $(wc -l <"$stamped_untracked")"
+    echo "untracked_files $(cut -c67- "$stamped_untracked" | first_names 8)"
+  } >"$stamp"
+}
+
+# verify_stamp DETAILS: Note [The commit stamp], there. Prints the summary's line; the stamp and the
+# files that differ, every one, go to DETAILS.
+verify_stamp() {
+  local details=$1 here commit date line n fp_then fp_now
+  if [[ ! -f "$stamp" ]]; then
+    line="commit unknown: build-deps/ has no stamp (scripts/gpu_check.sh --prepare writes it); this machine's .git says $(git rev-parse --short HEAD 2>/dev/null || echo nothing), which need not be the files that ran"
+    echo "$line" | tee -a "$details"
+    return
+  fi
+  here=$(mktemp -d)
+  stamped_paths "$stamped_tracked" | file_hashes >"$here/tracked"
+  fp_then=$(stamp_value fingerprint)
+  fp_now=$(fingerprint <"$here/tracked")
+  cat "$stamped_tracked" "$stamped_untracked" >"$here/stamped"
+  { stamped_paths "$stamped_tracked"; stamped_paths "$stamped_untracked"; } | file_hashes >"$here/now"
+  # Every file the stamp lists that is gone or whose content differs, then the files it does not list
+  # (git only lists what is here; without git these go unseen, and DETAILS says so).
+  awk 'NR == FNR { now[substr($0, 67)] = substr($0, 1, 64); next }
+       { p = substr($0, 67); if (!(p in now)) print p " (deleted)"; else if (now[p] != substr($0, 1, 64)) print p }' \
+    "$here/now" "$here/stamped" >"$here/changed"
+  if command -v git >/dev/null && git rev-parse --git-dir >/dev/null 2>&1; then
+    { git ls-files -z --cached; git ls-files -z --others --exclude-standard; } | file_hashes | cut -c67- | sort -u |
+      comm -23 - <(cut -c67- "$here/stamped" | sort -u) | sed 's/$/ (new)/' >>"$here/changed"
+  else
+    echo "no git here: files added after --prepare are not looked for" >>"$details"
+  fi
+  commit=$(stamp_value commit)
+  date=$(stamp_value date)
+  n=$(wc -l <"$here/changed")
+  if ((n == 0)) && [[ "$fp_now" == "$fp_then" ]]; then
+    line="commit $commit (stamped at --prepare, $date); working tree matches the stamp"
+  else
+    line="commit $commit (stamped at --prepare, $date); working tree DIFFERS from the stamp: $n files changed after --prepare: $(first_names 5 <"$here/changed")"
+  fi
+  [[ "$(stamp_value dirty)" == 0 ]] ||
+    line="$line; the stamped tree itself had uncommitted changes to $(stamp_value dirty) tracked files (--allow-dirty): $(stamp_value dirty_files)"
+  [[ "$(stamp_value untracked)" == 0 ]] ||
+    line="$line; with $(stamp_value untracked) untracked files, not in the commit, sent along: $(stamp_value untracked_files)"
+  {
+    echo "$line"
+    echo "== the stamp (build-deps/stamp.txt, written by --prepare)"
+    cat "$stamp"
+    echo "fingerprint of the tracked files here: $fp_now"
+    if ((n > 0)); then echo "== files changed after --prepare ($n)"; cat "$here/changed"; fi
+  } >>"$details"
+  echo "$line"
+  rm -rf "$here"
+}
+
+# --- Arguments ---------------------------------------------------------------------------------------
+mode=check
+allow_dirty=0
+deadline=540
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --prepare) mode=prepare; shift ;;
+    --allow-dirty) allow_dirty=1; shift ;;
+    --deadline)
+      [[ $# -ge 2 && "$2" =~ ^[0-9]+$ ]] || { echo "gpu_check.sh: --deadline takes a number of seconds" >&2; exit 2; }
+      deadline=$2; shift 2 ;;
+    *) echo "gpu_check.sh: unknown argument $1 (--prepare [--allow-dirty], or --deadline SECONDS)" >&2; exit 2 ;;
+  esac
+done
+
+# --- Here: gather, rehearse, stamp -------------------------------------------------------------------
+if [[ $mode == prepare ]]; then
   set -e
+  # The refusal first, before the downloads; the stamp itself last, nearest to the send.
+  refuse_uncommitted "$allow_dirty" || exit 1
+  rm -f "$stamp" "$stamped_tracked" "$stamped_untracked"
   mkdir -p "$deps/debs" "$deps/data"
   (
     cd "$deps/debs"
@@ -101,20 +255,18 @@ if [[ "${1:-}" == --prepare ]]; then
   used=$(ninja -C "$rehearsal" -t deps $objects | sed -n 's/^ *//p' | grep -c "^$deps/root/" || true)
   echo "rehearsal passed: 6 files compiled, $used headers from build-deps/, none from the system's copies"
   rm -rf "$deps/root"  # the GPU machine unpacks its own; what travels stays small (the limit is 64 MiB)
+  write_stamp "$allow_dirty" || exit 1
+  echo "stamp: commit $(stamp_value commit), $(stamp_value tracked) tracked files (fingerprint $(stamp_value fingerprint | cut -c1-16)...)," \
+    "$(stamp_value dirty) of them differing from the commit, $(stamp_value untracked) untracked files sent along"
   echo "send along: build-deps (device tool: carry [\"build-deps\"]); run there: bash scripts/gpu_check.sh"
   exit 0
 fi
 
 # --- There: the check -------------------------------------------------------------------------------
-deadline=540
-while [[ $# -gt 0 ]]; do
-  case "$1" in
-    --deadline) deadline=$2; shift 2 ;;
-    *) echo "gpu_check.sh: unknown argument $1 (--prepare, --deadline SECONDS)" >&2; exit 2 ;;
-  esac
-done
 out=${OUT:-$repo/build-gpu/check}
-mkdir -p "$out"
+logs=$repo/build-gpu/check/logs
+rm -rf "$logs" && mkdir -p "$out" "$logs" && out=$(cd "$out" && pwd) || exit 1
+rm -f "$out/summary.md" "$out/logs.tar.gz"
 summary=$out/summary.md
 python=${PYTHON:-python3}
 export PATH=/usr/local/cuda/bin:$PATH
@@ -125,36 +277,51 @@ status=0
 SECONDS=0
 
 left() { echo $((deadline - SECONDS)); }
-note() { echo "$*" | tee -a "$summary"; }
+# A line of the summary outside the stage table: the run's own notes, kept in env.txt too (every
+# figure of the summary is in a log of the tarball).
+note() { echo "$*" | tee -a "$summary" "$logs/env.txt"; }
+# The logs so far, packed again whole: a run cut off by the machine returns the finished stages'.
+pack_logs() {
+  (cd "$logs" && tar -czf "$out/logs.tar.gz.part" -- *) && mv -f "$out/logs.tar.gz.part" "$out/logs.tar.gz"
+}
 # stage NAME LOG MIN_SECONDS MAX_SECONDS FUNCTION: runs FUNCTION (in a child bash that gets this
 # script's functions and variables) for at most MAX_SECONDS and what is left of the deadline, skipped
-# when less than MIN_SECONDS is left; its output goes to LOG, its outcome to the summary.
+# when less than MIN_SECONDS is left; its output goes to $logs/LOG, its outcome to the summary's table
+# and to the log's last line; then the logs are packed.
 stage() {
-  local name=$1 log=$2 need=$3 cap=$4 fn=$5 start=$SECONDS rc verdict=passed
+  local name=$1 log=$logs/$2 need=$3 cap=$4 fn=$5 start=$SECONDS rc verdict=passed
   if (($(left) < need)); then
-    note "| $name | skipped: $(left) s left, needs $need | | |"
+    verdict="skipped: $(left) s left, needs $need"
+    echo "== $name: $verdict" >>"$log"
+    echo "| $name | $verdict | | $2 |" | tee -a "$summary"
     status=1
+    pack_logs
     return 1
   fi
   echo "== $name ($(left) s left)" | tee -a "$log"
   local limit
   limit=$(left)
   ((limit > cap)) && limit=$cap
-  timeout --kill-after=10 "$limit" bash -c "set -o pipefail; $(declare -f); $(declare -p repo deps build out python \
-    cmake_args gvisor summary); $fn" >>"$log" 2>&1
+  timeout --kill-after=10 "$limit" bash -c "set -o pipefail; $(declare -f); $(declare -p repo deps build out logs \
+    python cmake_args gvisor summary); $fn" >>"$log" 2>&1
   rc=$?
   if ((rc == 124 || rc == 137)); then verdict="cut off after $limit s"; elif ((rc != 0)); then verdict="FAILED (exit $rc)"; fi
   ((rc == 0)) || status=1
-  note "| $name | $verdict | $((SECONDS - start)) s | $(basename "$log") |"
-  return $rc
+  echo "== $name: $verdict in $((SECONDS - start)) s" >>"$log"
+  echo "| $name | $verdict | $((SECONDS - start)) s | $2 |" | tee -a "$summary"
+  pack_logs
+  return "$rc"
 }
 
+# The title, then which files run (Note [The commit stamp]): the summary's first two lines.
+echo "# GPU check, $(date -u '+%F %H:%M UTC')" | tee "$summary" "$logs/env.txt"
+verify_stamp "$logs/env.txt" | tee -a "$summary"
 {
-  echo "# GPU check, $(date -u '+%F %H:%M UTC'), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
   echo
-  echo "| stage | result | time | log |"
+  echo "| stage | result | time | log (in logs.tar.gz) |"
   echo "|---|---|---|---|"
-} >"$summary"
+} >>"$summary"
+pack_logs
 
 # 1. Probe: what machine, driver, toolkit and libraries this is.
 probe() {
@@ -165,6 +332,7 @@ probe() {
   ninja --version
   g++ --version | head -1
   uname -r
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   "$python" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version())'
   "$python" -m pip list 2>/dev/null | grep -i -E '^nvidia-(cudnn|nccl)'
   ls /usr/local/cuda/include/cudnn.h /usr/local/cuda/include/nccl.h 2>&1
@@ -173,7 +341,7 @@ probe() {
   free -g | head -2
   set +x
 }
-stage probe "$out/env.txt" 5 60 probe
+stage probe env.txt 5 60 probe
 gpu=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1)
 [[ "$(uname -r)" == 4.4.0 ]] && gvisor=1  # gVisor's kernel version: compute-sanitizer refuses the device there
 note ""
@@ -223,7 +391,7 @@ configure_and_build() {
   ninja -C "$build" -k 0 test_engine test_losses test_parallel test_classify_app test_wgan_gp_app \
     bench_engine bench_parallel classify wgan_gp
 }
-stage build "$out/build.log" 60 400 configure_and_build || note "(build failed: later stages run what was built)"
+stage build build.log 60 400 configure_and_build || note "(build failed: later stages run what was built)"
 
 # 3. Parity: every CUDA test but the data-parallel ones, with skips turned into failures.
 export EF_REQUIRE_CUDA=1 EF_CUDA_DEVICES=0,0
@@ -239,18 +407,18 @@ run_tests() {  # run_tests REGEX EXPECTED_COUNT PARALLEL
 parity() { run_tests '^(cuda|CUDA|nccl|every loss on a CUDA|NaN propagates.*CUDA)' 20 4; }
 # The counts, and each test that did not pass, into the summary.
 ctest_results() { [[ -f "$1" ]] && grep -E 'tests passed|\((Failed|Timeout|Not Run|SEGFAULT|Subprocess aborted)\)' "$1" | sed 's/^ */    /' | tee -a "$summary"; }
-stage parity "$out/parity.log" 30 200 parity
-ctest_results "$out/parity.log"
+stage parity parity.log 30 200 parity
+ctest_results "$logs/parity.log"
 
 # 4. Data parallel on two logical devices of GPU 0, then memory balance and step time on four.
 data_parallel() {
   local rc=0
   run_tests 'CUDA logical devices' 4 2 || rc=1
   EF_CUDA_DEVICES=0,0,0,0 "$build/apps/bench_parallel" --devices cuda || rc=1
-  return $rc
+  return "$rc"
 }
-stage "data parallel" "$out/data_parallel.log" 30 150 data_parallel
-ctest_results "$out/data_parallel.log"
+stage "data parallel" data_parallel.log 30 150 data_parallel
+ctest_results "$logs/data_parallel.log"
 
 # 5. Speed against PyTorch on the same GPU, TF32 in convolutions only on both sides (both defaults).
 speed() {
@@ -268,28 +436,70 @@ speed() {
   # of its convolutions run on cuDNN's bfloat16 plans.
   EF_CUDNN_VERBOSE=1 PYTHON=$python bash scripts/bench_wgan_gp.sh --build "$build" --devices cuda:0 \
     --data "$deps/data/fashion-mnist" --steps 30 --precision bf16 || rc=1
-  return $rc
+  return "$rc"
 }
-stage speed "$out/speed.log" 60 200 speed
-[[ -f "$out/speed.log" ]] && { echo; echo '```'; grep -E '^(device|case|matmul|conv|layer_norm|batch_norm|add_|copy_|overhead|evenflow|pytorch|ratio|epoch|[0-9]+ )' "$out/speed.log" | grep -v '^evenflow cuDNN'
-  grep '^evenflow cuDNN.* ms, rounded' "$out/speed.log" | sort -u; echo '```'; } >>"$summary"
+stage speed speed.log 60 200 speed
+# The engine tables' rows (both sides, then evenflow's own cases), the programs' results, and each
+# bfloat16 convolution's timed choice.
+[[ -f "$logs/speed.log" ]] && { echo; echo '```'
+  grep -E '^(device|case|matmul|conv|layer_norm|batch_norm|add_|copy_|layout_copy|wgan_|random_|overhead|evenflow|pytorch|ratio|epoch|[0-9]+ )' \
+    "$logs/speed.log" | grep -v '^evenflow cuDNN'
+  grep '^evenflow cuDNN.* ms, rounded' "$logs/speed.log" | sort -u; echo '```'; } >>"$summary"
 
-# 6. compute-sanitizer memcheck over a small set: index checks, copies, Adam, the data-parallel tests.
+# 6. compute-sanitizer: memcheck (out-of-bounds and misaligned accesses), synccheck (barriers that
+# part of a block misses) and racecheck (shared-memory hazards), each on a small set of the engine's
+# CUDA test cases. Our kernels with shared memory and barriers are the reductions and the
+# normalization (engine/cuda/cuda_reduce.cu, cuda_normalization.cu), which the op table's float64
+# cases reach with every other op (convolutions included) at small sizes. Each run has its own cap,
+# so a slow one cannot take the others' time; each ends in a line "sanitizer: ..." for the summary.
+#
+# sanitizer_run TOOL SECONDS BINARY CASES [OPTION...]: compute-sanitizer's TOOL over BINARY's doctest
+# cases CASES (-tc=), with --error-exitcode 1, for at most SECONDS. A selection that matches no case fails.
+sanitizer_run() {
+  local tool=$1 cap=$2 binary=$3 cases=$4 start=$SECONDS rc verdict found counts
+  shift 4
+  echo "== compute-sanitizer --tool $tool${*:+ $*} $(basename "$binary") -tc=\"$cases\" (at most $cap s)"
+  timeout --kill-after=10 "$cap" compute-sanitizer --tool "$tool" --error-exitcode 1 "$@" "$binary" -tc="$cases" 2>&1 |
+    tee /tmp/ef_sanitizer_run.log
+  rc=${PIPESTATUS[0]}
+  found=$(grep -E '^========= (ERROR|RACECHECK) SUMMARY' /tmp/ef_sanitizer_run.log | tail -1 | sed 's/^========= //')
+  counts=$(grep -E '^\[doctest\] test cases:' /tmp/ef_sanitizer_run.log | tail -1 | sed 's/^\[doctest\] //; s/  */ /g')
+  if ((rc == 124 || rc == 137)); then verdict="cut off after $cap s"
+  elif ((rc != 0)); then verdict="FAILED (exit $rc)"
+  elif [[ ! "$counts" =~ passed ]] || [[ "$counts" =~ cases:\ 0\ \| ]]; then verdict="FAILED (no test case ran)"; rc=1
+  else verdict=passed; fi
+  echo "sanitizer: $tool on $(basename "$binary") -tc=\"$cases\": $verdict${found:+; $found}${counts:+; $counts} ($((SECONDS - start)) s)"
+  return $((rc != 0))
+}
+# The CUDA-graph path's sanitizer runs go here, with that path (to be added: memcheck, synccheck and
+# racecheck over the graph tests' capture and replay, one sanitizer_run each, with caps that keep the
+# stage within its own). Called by sanitize() after racecheck, before the last memcheck run.
+sanitize_graph() {
+  return 0
+}
 sanitize() {
   if ((gvisor)); then
-    echo "gVisor (kernel 4.4.0): compute-sanitizer refuses the device here (Device not supported); not run"
+    echo "sanitizer: none run: gVisor (kernel 4.4.0), where compute-sanitizer refuses the device (Device not supported)"
     return 0
   fi
-  compute-sanitizer --tool memcheck --error-exitcode 1 "$build/tests/test_engine" \
-    -tc="cuda: a bad index*,cuda: copies*,cuda parity: the multi-tensor Adam step,cuda parity: every op? float64" || return 1
-  compute-sanitizer --tool memcheck --error-exitcode 1 "$build/tests/test_parallel" -tc="*CUDA logical*" || return 1
+  local rc=0 engine=$build/tests/test_engine
+  sanitizer_run memcheck 60 "$engine" \
+    "cuda: a bad index*,cuda: copies*,cuda parity: the multi-tensor Adam step,cuda parity: every op? float64" || rc=1
+  sanitizer_run memcheck 60 "$build/tests/test_parallel" "*CUDA logical*" || rc=1
+  sanitizer_run synccheck 45 "$engine" "cuda parity: every op? float64,cuda parity: the multi-tensor Adam step" || rc=1
+  # Slow (every shared-memory access is tracked): the op table alone.
+  sanitizer_run racecheck 75 "$engine" "cuda parity: every op? float64" --racecheck-report all || rc=1
+  sanitize_graph || rc=1
   # Last, as the stage's cap can cut it: every op's kernels at realistic sizes, timed cuDNN choice.
-  compute-sanitizer --tool memcheck --error-exitcode 1 "$build/tests/test_engine" \
-    -tc="cuda parity: realistic sizes*,cuda parity: float32 convolutions*,cuda parity: bfloat16 convolutions*"
+  sanitizer_run memcheck 120 "$engine" \
+    "cuda parity: realistic sizes*,cuda parity: float32 convolutions*,cuda parity: bfloat16 convolutions*" || rc=1
+  return "$rc"
 }
-stage "compute-sanitizer" "$out/sanitizer.log" 45 200 sanitize
+stage "compute-sanitizer" sanitizer.log 45 240 sanitize
+[[ -f "$logs/sanitizer.log" ]] && grep '^sanitizer: ' "$logs/sanitizer.log" | sed 's/^/    /' >>"$summary"
 
 note ""
 note "gpu_check: $([[ $status == 0 ]] && echo passed || echo FAILED) in $SECONDS s (deadline $deadline s)"
-echo "logs in $out"
+pack_logs
+echo "summary and logs.tar.gz in $out (the logs unpacked in $logs)"
 exit $status
