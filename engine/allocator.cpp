@@ -50,9 +50,11 @@ void* CachingAllocator::allocate(size_t nbytes, size_t* block_bytes) {
   std::lock_guard<std::mutex> lock(mu_);
   ++stats_.num_allocs;
   void* ptr = nullptr;
-  if (auto it = free_blocks_.find(size); it != free_blocks_.end()) {
+  Pool* pool = active_pool_ != 0 ? &pools_.at(active_pool_) : nullptr;
+  std::multimap<size_t, void*>& cache = pool ? pool->free_blocks : free_blocks_;
+  if (auto it = cache.find(size); it != cache.end()) {
     ptr = it->second;
-    free_blocks_.erase(it);
+    cache.erase(it);
     ++stats_.num_cache_hits;
   } else {
     const bool over_limit = stats_.limit != 0 && stats_.reserved + size > stats_.limit;
@@ -70,6 +72,11 @@ void* CachingAllocator::allocate(size_t nbytes, size_t* block_bytes) {
     ++stats_.num_device_allocs;
     stats_.reserved += size;
     stats_.peak_reserved = std::max(stats_.peak_reserved, stats_.reserved);
+    if (pool) {
+      owner_.emplace(ptr, active_pool_);
+      pool->reserved += size;
+      ++pool->device_allocs;
+    }
   }
   stats_.allocated += size;
   stats_.peak_allocated = std::max(stats_.peak_allocated, stats_.allocated);
@@ -80,7 +87,45 @@ void* CachingAllocator::allocate(size_t nbytes, size_t* block_bytes) {
 void CachingAllocator::release(void* ptr, size_t block_bytes) {
   std::lock_guard<std::mutex> lock(mu_);
   stats_.allocated -= block_bytes;
+  if (!owner_.empty()) {
+    if (auto it = owner_.find(ptr); it != owner_.end()) {
+      pools_.at(it->second).free_blocks.emplace(block_bytes, ptr);
+      return;
+    }
+  }
   free_blocks_.emplace(block_bytes, ptr);
+}
+
+uint64_t CachingAllocator::new_pool() {
+  std::lock_guard<std::mutex> lock(mu_);
+  const uint64_t id = next_pool_++;
+  pools_.emplace(id, Pool{});
+  return id;
+}
+
+void CachingAllocator::use_pool(uint64_t pool) {
+  std::lock_guard<std::mutex> lock(mu_);
+  EF_CHECK(pool == 0 || active_pool_ == 0 || active_pool_ == pool, "allocator of ", device_.str(),
+           ": a recorded step's pool is in use already (one step is recorded at a time on a device)");
+  EF_ASSERT(pool == 0 || pools_.count(pool), "use_pool: no pool ", pool);
+  active_pool_ = pool;
+}
+
+void CachingAllocator::retire_pool(uint64_t pool) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = pools_.find(pool);
+  if (it == pools_.end()) return;
+  if (active_pool_ == pool) active_pool_ = 0;
+  free_blocks_.merge(it->second.free_blocks);
+  std::erase_if(owner_, [pool](const auto& entry) { return entry.second == pool; });
+  pools_.erase(it);
+}
+
+std::pair<size_t, uint64_t> CachingAllocator::pool_usage(uint64_t pool) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = pools_.find(pool);
+  if (it == pools_.end()) return {0, 0};
+  return {it->second.reserved, it->second.device_allocs};
 }
 
 void CachingAllocator::empty_cache_locked() {

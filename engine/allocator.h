@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <unordered_map>
 #include <vector>
 
 #include "evenflow/engine/device.h"
@@ -60,14 +61,41 @@ class CachingAllocator {
   /// The size class of a request of at most kMaxBytes.
   static size_t round_size(size_t nbytes);
 
+  /// @name Private pools
+  /// Note [Private pools]
+  /// A recorded step (StepGraph, engine/step_graph.h) replays its kernels on the addresses it was
+  /// recorded with, so no tensor outside the step may be handed those blocks between replays. While
+  /// a pool is in use (use_pool), every allocation on the device comes from it, and a block of the
+  /// pool goes back to it when released, whoever releases it; other allocations never see its
+  /// blocks. retire_pool, once the pool's step can no longer run, gives its blocks to the cache.
+  /// @{
+  uint64_t new_pool();  ///< A new, empty private pool's id (never 0).
+  /// Allocations come from `pool` until use_pool(0) (the shared cache). ef::Error while another
+  /// pool is in use.
+  void use_pool(uint64_t pool);
+  /// Moves the pool's cached blocks to the shared cache; its blocks in use go there when released.
+  void retire_pool(uint64_t pool);
+  /// Bytes the pool holds (in use and cached), and the blocks it obtained from the device.
+  std::pair<size_t, uint64_t> pool_usage(uint64_t pool);
+  /// @}
+
  private:
+  struct Pool {
+    std::multimap<size_t, void*> free_blocks;
+    size_t reserved = 0;
+    uint64_t device_allocs = 0;
+  };
   void empty_cache_locked();
 
   Device device_;
   Backend& backend_;
   std::mutex mu_;
-  std::multimap<size_t, void*> free_blocks_;
+  std::multimap<size_t, void*> free_blocks_;  // the shared cache
   MemoryStats stats_;
+  std::map<uint64_t, Pool> pools_;             // private pools by id
+  std::unordered_map<void*, uint64_t> owner_;  // the blocks of private pools
+  uint64_t active_pool_ = 0;                   // 0: the shared cache
+  uint64_t next_pool_ = 1;
 };
 
 /// Statistics of a device's allocator (see MemoryStats).

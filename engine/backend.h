@@ -81,6 +81,18 @@ struct AdamArgs {
   double decay = 1, weight_decay = 0, beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
   double inv_bias_correction2_sqrt = 1, step = 0;
   bool amsgrad = false;
+  // In a recorded step (Note [Step scalars] in step_graph.cpp): device memory holding the AdamArgs
+  // of each replay, which the kernel reads when it runs instead of the fields above (all but
+  // amsgrad, which shapes the call). nullptr: the fields above.
+  const AdamArgs* in_device = nullptr;
+};
+
+// A random draw's key: element i is random::sample(kind, a, b, seed, offset + i). In a recorded
+// step (Note [Step scalars] in step_graph.cpp) `in_device` points to device memory holding {seed,
+// offset} for each replay, read by the kernel when it runs; nullptr: the fields.
+struct RandomKey {
+  uint64_t seed = 0, offset = 0;
+  const uint64_t* in_device = nullptr;
 };
 
 // Normalization by statistics of the input itself (layer norm; batch norm in training): x is a
@@ -167,6 +179,10 @@ class Backend {
   // before any later work on this device. copy_to_host returns when dst holds the bytes.
   virtual void copy_from_host(void* dst, const void* src, size_t nbytes) = 0;
   virtual void copy_to_host(void* dst, const void* src, size_t nbytes) = 0;
+  // Queues a copy of nbytes of device memory into host memory `dst` behind the work queued so far
+  // and returns a function that waits for it (and throws the device's deferred errors, as
+  // synchronize does); dst must stay valid until then. The CPU backend copies at once.
+  virtual std::function<void()> copy_to_host_later(void* dst, const void* src, size_t nbytes) = 0;
   // Waits for all work queued on this device (a no-op on CPU devices).
   virtual void synchronize() = 0;
 
@@ -273,8 +289,8 @@ class Backend {
   // param, exp_avg, exp_avg_sq (and max_exp_avg_sq when amsgrad). One dtype throughout.
   virtual void adam(const AdamArgs& args, const std::vector<AdamOperands>& params) = 0;
 
-  // Fills a contiguous view with random::sample(kind, a, b, seed, offset + i).
-  virtual void random(const View& out, RandomKind kind, double a, double b, uint64_t seed, uint64_t offset) = 0;
+  // Fills a contiguous view with random::sample(kind, a, b, seed, offset + i), the key's.
+  virtual void random(const View& out, RandomKind kind, double a, double b, const RandomKey& key) = 0;
 };
 
 }  // namespace evenflow

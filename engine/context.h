@@ -13,6 +13,10 @@
 
 namespace evenflow {
 
+namespace detail {
+struct Capture;
+}
+
 class Generator {
  public:
   explicit Generator(uint64_t seed) : state_{seed, 0} {}
@@ -46,6 +50,9 @@ class DeviceContext {
   CachingAllocator& allocator() { return *allocator_; }
   Generator& generator() { return generator_; }
   Worker& worker();
+  // The StepGraph capture recording this device's work, or nullptr (engine/capture.h).
+  detail::Capture* capture() const { return capture_.load(std::memory_order_acquire); }
+  void set_capture(detail::Capture* c) { capture_.store(c, std::memory_order_release); }
 
  private:
   Device device_;
@@ -54,6 +61,7 @@ class DeviceContext {
   Generator generator_;
   std::once_flag worker_once_;
   std::unique_ptr<Worker> worker_;
+  std::atomic<detail::Capture*> capture_{nullptr};
 };
 
 // The context of a device, created on first use. Throws ef::Error for a device that does not exist.

@@ -4,6 +4,7 @@
 #include <sstream>
 #include <thread>
 
+#include "evenflow/engine/capture.h"
 #include "evenflow/engine/context.h"
 #include "evenflow/engine/cpu/threads.h"
 #include "evenflow/engine/error.h"
@@ -223,7 +224,20 @@ Worker& DeviceContext::worker() {
   return *worker_;
 }
 
+namespace {
+// A replayed call's recorded team size (Note [Recording CPU devices] in step_graph.cpp); 0: none.
+thread_local int tls_kernel_threads = 0;
+}  // namespace
+
+detail::KernelThreadsGuard::KernelThreadsGuard(int n) : previous_(tls_kernel_threads) {
+  tls_kernel_threads = n;
+}
+detail::KernelThreadsGuard::~KernelThreadsGuard() {
+  tls_kernel_threads = previous_;
+}
+
 int kernel_threads() {
+  if (tls_kernel_threads > 0) return tls_kernel_threads;
   if (cpu_workers_started() && Worker::current() == nullptr) return 1;
   return num_threads();
 }
@@ -233,6 +247,7 @@ bool cpu_workers_started() {
 }
 
 void synchronize(const Device& d) {
+  detail::check_not_recording(d, "synchronize", "nothing runs while a step is recorded; wait after replay()");
   context(d).backend().synchronize();
 }
 

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <string>
 
+#include "evenflow/engine/capture.h"
 #include "evenflow/engine/context.h"
 #include "evenflow/engine/cpu/cpu_backend.h"
 #include "evenflow/engine/device.h"
@@ -77,7 +78,7 @@ const char* cpu_kernels_isa() {
 }
 
 std::unique_ptr<Backend> make_cpu_backend() {
-  return cpu_kernels().make_backend();
+  return detail::make_recording_backend(cpu_kernels().make_backend());
 }
 #else
 const char* cpu_kernels_isa() {
@@ -89,7 +90,7 @@ const char* cpu_kernels_isa() {
 
 std::unique_ptr<Backend> make_cpu_backend() {
   cpu_kernels_isa();  // refuses an EF_CPU_KERNELS it cannot honor
-  return cpu_backend::make_backend();
+  return detail::make_recording_backend(cpu_backend::make_backend());
 }
 #endif
 
@@ -100,6 +101,11 @@ std::unique_ptr<Backend> make_cuda_backend(int logical_index, int physical_id) {
 int cuda_physical_device_count(std::string* why_none) {
   return cuda_backend::physical_device_count(why_none);
 }
+std::unique_ptr<detail::DeviceRecording> detail::begin_cuda_recording(const std::vector<Device>& devices) {
+  std::vector<Backend*> backends;
+  for (const Device& d : devices) backends.push_back(&context(d).backend());
+  return cuda_backend::begin_recording(backends);
+}
 #else
 std::unique_ptr<Backend> make_cuda_backend(int, int) {
   EF_ERROR("CUDA device requested, but evenflow was built without CUDA");
@@ -108,16 +114,25 @@ int cuda_physical_device_count(std::string* why_none) {
   *why_none = "evenflow was built without CUDA";
   return 0;
 }
+std::unique_ptr<detail::DeviceRecording> detail::begin_cuda_recording(const std::vector<Device>&) {
+  EF_ERROR("internal error: CUDA devices in a build without CUDA");
+}
 #endif
 
 void copy_between_devices(const Device& dst_device, void* dst, const Device& src_device, const void* src,
                           size_t nbytes) {
   if (nbytes == 0) return;
   if (dst_device.is_cpu() && src_device.is_cpu()) {
-    std::memcpy(dst, src, nbytes);
+    detail::on_device_memory({dst_device, src_device}, [=] { std::memcpy(dst, src, nbytes); });
   } else if (src_device.is_cpu()) {
+    detail::check_not_recording(dst_device, "a copy from host memory",
+                                "the host's bytes would be read once, when the step is recorded; copy inputs "
+                                "into the step's own buffers before replay() (Note [A step that can be replayed])");
     context(dst_device).backend().copy_from_host(dst, src, nbytes);
   } else if (dst_device.is_cpu()) {
+    detail::check_not_recording(src_device, "a copy to host memory (item(), to(cpu()))",
+                                "nothing has run while a step is recorded; read results after replay() "
+                                "(read_later)");
     context(src_device).backend().copy_to_host(dst, src, nbytes);
   } else {
 #if EF_CUDA

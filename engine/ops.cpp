@@ -900,8 +900,18 @@ void fill_(const Tensor& x, double v) {
 void copy_(const Tensor& dst, const Tensor& src) {
   check_inplace("copy_", dst);
   detail::check_defined("copy_", src, "source");
-  EF_CHECK(dst.device() == src.device(), "copy_: destination is on ", dst.device().str(), ", source on ",
-           src.device().str(), " (copy to the device first with .to)");
+  if (dst.device() != src.device()) {
+    // Between devices the bytes move as they are (a batch into a step's input buffer: one copy).
+    EF_CHECK(dst.dtype() == src.dtype() && dst.shape() == src.shape() && dst.is_contiguous(), "copy_: from ", src.str(),
+             " into ", dst.str(),
+             ": between devices the source needs the destination's dtype and shape, and the destination must be "
+             "contiguous");
+    const Tensor from = src.contiguous();
+    copy_between_devices(dst.device(), dst.data_ptr(), src.device(), from.data_ptr(),
+                         static_cast<size_t>(dst.numel()) * dtype_size(dst.dtype()));
+    bump(dst);
+    return;
+  }
   EF_CHECK(detail::broadcast_shapes("copy_", src.shape(), dst.shape()) == dst.shape(), "copy_: source shape ",
            shape_str(src.shape()), " does not broadcast to destination shape ", shape_str(dst.shape()));
   if (dst.numel() > 0) backend_of(dst).copy(dst.view(), detail::broadcast_view(src, dst.shape()));

@@ -471,8 +471,9 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
 
 /// Sets every element of x to v.
 void fill_(const Tensor& x, double v);
-/// Copies src into dst: src is broadcast to dst's shape and converted to dst's dtype; both on one
-/// device.
+/// Copies src into dst: src is broadcast to dst's shape and converted to dst's dtype on one device;
+/// between devices (a batch into a device buffer), src has dst's shape and dtype and dst is
+/// contiguous.
 void copy_(const Tensor& dst, const Tensor& src);
 /// x += alpha·other, other broadcast to x's shape (one dtype, one device).
 void add_(const Tensor& x, const Tensor& other, double alpha = 1.0);

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "evenflow/engine/autograd.h"
+#include "evenflow/engine/capture.h"
 #include "evenflow/engine/context.h"
 #include "evenflow/engine/ops.h"
 
@@ -174,6 +175,7 @@ Tensor make_view(const Tensor& base, const Shape& shape, const Shape& strides, i
 // --- Values ------------------------------------------------------------------------------------
 
 std::vector<double> Tensor::to_vector() const {
+  detail::check_host_access(device());
   NoGradGuard no_grad;
   Tensor host = to(cpu()).to(kFloat64).contiguous();
   const double* p = host.data<double>();
@@ -181,6 +183,7 @@ std::vector<double> Tensor::to_vector() const {
 }
 
 std::vector<int64_t> Tensor::to_int_vector() const {
+  detail::check_host_access(device());
   NoGradGuard no_grad;
   Tensor host = to(cpu()).to(kInt64).contiguous();
   const int64_t* p = host.data<int64_t>();
@@ -421,10 +424,24 @@ static Tensor random_tensor(const char* op, const Shape& shape, RandomKind kind,
   if (t.numel() > 0) {
     DeviceContext& ctx = context(t.device());
     const uint64_t per_row = rows ? static_cast<uint64_t>(t.numel() / rows->count) : 0;
-    const GeneratorState s =
-        ctx.generator().reserve(rows ? per_row * static_cast<uint64_t>(rows->total) : static_cast<uint64_t>(t.numel()));
+    const uint64_t count = rows ? per_row * static_cast<uint64_t>(rows->total) : static_cast<uint64_t>(t.numel());
     const uint64_t first = rows ? per_row * static_cast<uint64_t>(rows->start) : 0;
-    ctx.backend().random(t.view(), kind, a, b, s.seed, s.offset + first);
+    // In a recorded step the generator advances at each replay, and the kernel reads its key from
+    // the step's scalars (Note [Step scalars] in step_graph.cpp).
+    Generator& generator = ctx.generator();
+    RandomKey key;
+    key.in_device = static_cast<const uint64_t*>(
+        detail::step_scalars(t.device(), 2 * sizeof(uint64_t), [&generator, count, first](void* out) {
+          const GeneratorState s = generator.reserve(count);
+          static_cast<uint64_t*>(out)[0] = s.seed;
+          static_cast<uint64_t*>(out)[1] = s.offset + first;
+        }));
+    if (key.in_device == nullptr) {
+      const GeneratorState s = generator.reserve(count);
+      key.seed = s.seed;
+      key.offset = s.offset + first;
+    }
+    ctx.backend().random(t.view(), kind, a, b, key);
   }
   if (opts.requires_grad) t.requires_grad_(true);
   return t;
@@ -473,7 +490,16 @@ Tensor bernoulli(const Shape& shape, double p, const TensorOptions& opts) {
   return random_tensor("bernoulli", shape, RandomKind::Bernoulli, p, 0, opts);
 }
 
+// Host values enter a recorded step only through its input buffers.
+static void check_host_values(const char* op, const Device& d) {
+  detail::check_not_recording(d, op,
+                              "the host's values would be those of the step's recording at every replay; copy "
+                              "them into the step's own buffers before replay()");
+  detail::check_not_recording(cpu(), op, "the host's values would be those of the step's recording at every replay");
+}
+
 Tensor from_vector(const std::vector<double>& values, const Shape& shape, const TensorOptions& opts) {
+  check_host_values("from_vector", opts.device);
   const int64_t n = checked_numel(shape, "from_vector");
   EF_CHECK(static_cast<int64_t>(values.size()) == n, "from_vector: ", values.size(), " values for shape ",
            shape_str(shape), " (", n, " elements)");
@@ -485,6 +511,7 @@ Tensor from_vector(const std::vector<double>& values, const Shape& shape, const 
 }
 
 Tensor from_int_vector(const std::vector<int64_t>& values, const Shape& shape, const Device& device) {
+  check_host_values("from_int_vector", device);
   const int64_t n = checked_numel(shape, "from_int_vector");
   EF_CHECK(static_cast<int64_t>(values.size()) == n, "from_int_vector: ", values.size(), " values for shape ",
            shape_str(shape), " (", n, " elements)");

@@ -71,6 +71,12 @@ struct TensorImpl;
 /// requires_grad_() through one is seen through all. A default-constructed Tensor is undefined: only
 /// defined(), str(), impl(), impl_ptr() and same() may be called on it. The methods that run an op
 /// are the ops of ops.h; they throw ef::Error naming the op when an argument is wrong.
+namespace detail {
+// ef::Error when `d` is being recorded by a StepGraph: the host may not touch its memory then
+// (Note [A step that can be replayed] in step_graph.h).
+void check_host_access(const Device& d);
+}  // namespace detail
+
 class Tensor {
  public:
   Tensor() = default;  ///< An undefined tensor.
@@ -118,6 +124,7 @@ class Tensor {
              " tensor");
     EF_CHECK(device().is_cpu(), "data<", dtype_name(dtype()), ">() on a tensor of ", device().str(),
              ": the host cannot read device memory (.to(cpu()) first, or data_ptr() for the device address)");
+    detail::check_host_access(device());
     return static_cast<T*>(data_ptr());
   }
   /// The address, dtype, shape and strides as the backends take them (ef::Error past kMaxDims dims).

@@ -4,10 +4,13 @@
 #include "evenflow/optim/optimizer.h"
 
 #include <algorithm>
-
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <set>
+
+#include "evenflow/engine/capture.h"
+#include "evenflow/engine/step_graph.h"
 
 namespace evenflow::optim {
 
@@ -63,11 +66,18 @@ void Optimizer::step() {
   // accumulation guarantee it.
   NoGradGuard no_grad;
   std::vector<Update> updates;
+  std::vector<size_t> stepped;
   for (size_t i = 0; i < params_.size(); ++i) {
     const Tensor g = params_[i].grad();
     if (!g.defined()) continue;
-    updates.push_back({i, params_[i].detach(), g.detach(), ++state_[i].step});
+    updates.push_back({i, params_[i].detach(), g.detach(), state_[i].step + 1});
+    stepped.push_back(i);
   }
+  if (updates.empty()) return;
+  // Counted now, or at each replay of a recorded step (Note [Step scalars] in engine/step_graph.cpp).
+  each_step(updates[0].param.device(), [this, stepped = std::move(stepped)] {
+    for (size_t i : stepped) ++state_[i].step;
+  });
   update(updates);
 }
 
@@ -168,6 +178,9 @@ SGD::SGD(std::vector<Tensor> params, const SGDOptions& o) : Optimizer("SGD", std
 
 void SGD::update(const std::vector<Update>& updates) {
   for (const auto& [i, p, g, step] : updates) {
+    EF_CHECK(!recording(p.device()), name_, " inside a recorded step (", p.device().str(),
+             "): its learning rate is a kernel argument, which a replay would keep; use Adam or AdamW, whose "
+             "step scalars live in device memory (Note [Step scalars])");
     Tensor d = o_.weight_decay != 0 ? g + p * o_.weight_decay : g;
     if (o_.momentum != 0) {
       bool first = false;
@@ -221,28 +234,47 @@ std::vector<std::string> Adam::state_names() const {
 
 // Parameters that share a step count, device and dtype (usually all of a model's) take one
 // multi-tensor adam_.
-void Adam::update(const std::vector<Update>& updates) {
+AdamArgs Adam::args_at(int64_t step) const {
   const auto [beta1, beta2] = o_.betas;
+  const double bias_correction1 = 1 - std::pow(beta1, static_cast<double>(step));
+  const double bias_correction2_sqrt = std::sqrt(1 - std::pow(beta2, static_cast<double>(step)));
+  AdamArgs a;
+  a.decay = decoupled_ ? 1 - lr() * weight_decay_ : 1;
+  a.weight_decay = decoupled_ ? 0 : weight_decay_;
+  a.beta1 = beta1;
+  a.beta2 = beta2;
+  a.eps = o_.eps;
+  a.inv_bias_correction2_sqrt = 1.0 / bias_correction2_sqrt;
+  a.step = -lr() / bias_correction1;
+  a.amsgrad = o_.amsgrad;
+  return a;
+}
+
+void Adam::update(const std::vector<Update>& updates) {
   std::vector<bool> done(updates.size(), false);
   for (size_t first = 0; first < updates.size(); ++first) {
     if (done[first]) continue;
     const Update& u = updates[first];
-    const double bias_correction1 = 1 - std::pow(beta1, static_cast<double>(u.step));
-    const double bias_correction2_sqrt = std::sqrt(1 - std::pow(beta2, static_cast<double>(u.step)));
-    AdamArgs a;
-    a.decay = decoupled_ ? 1 - lr() * weight_decay_ : 1;
-    a.weight_decay = decoupled_ ? 0 : weight_decay_;
-    a.beta1 = beta1;
-    a.beta2 = beta2;
-    a.eps = o_.eps;
-    a.inv_bias_correction2_sqrt = 1.0 / bias_correction2_sqrt;
-    a.step = -lr() / bias_correction1;
-    a.amsgrad = o_.amsgrad;
+    const Device device = u.param.device();
+    AdamArgs a = args_at(u.step);
+    // In a recorded step the kernel reads them from device memory, written at each replay from the
+    // learning rate and step count then (Note [Step scalars] in engine/step_graph.cpp): the group
+    // shares its first parameter's count.
+    a.in_device =
+        static_cast<const AdamArgs*>(detail::step_scalars(device, sizeof(AdamArgs), [this, i = u.index](void* out) {
+          const AdamArgs now = args_at(step_count(i));
+          std::memcpy(out, &now, sizeof now);
+        }));
     std::vector<AdamTensors> group;
     for (size_t k = first; k < updates.size(); ++k) {
       const auto& [i, p, g, step] = updates[k];
-      if (done[k] || step != u.step || p.device() != u.param.device() || p.dtype() != u.param.dtype()) continue;
+      if (done[k] || step != u.step || p.device() != device || p.dtype() != u.param.dtype()) continue;
       done[k] = true;
+      // A first step makes the moments (zeros): as part of a recording it would zero them at every
+      // replay.
+      EF_CHECK(a.in_device == nullptr || step > 1, name_, ": parameter ", i,
+               "'s first step inside a recorded step: its moments are made then, and a replay would make them "
+               "again; record a step after at least one eager one (StepGraph::warm_up)");
       const auto zeros = [&] { return zeros_like(p); };
       group.push_back({p, g, state_tensor(i, "exp_avg", zeros), state_tensor(i, "exp_avg_sq", zeros),
                        o_.amsgrad ? state_tensor(i, "max_exp_avg_sq", zeros) : Tensor()});

@@ -70,6 +70,8 @@ class Optimizer {
 
   /// Parameter i's state tensor `name` (a handle: update it in place), made by init() on first use.
   Tensor state_tensor(size_t i, const std::string& name, const std::function<Tensor()>& init);
+  /// Parameter i's update count (its updates so far, Note [Optimizer state]).
+  int64_t step_count(size_t i) const { return state_[i].step; }
 
   const char* name_;  ///< the class name ("SGD", "Adam", "AdamW"), for error messages
 
@@ -137,6 +139,8 @@ class Adam : public Optimizer {
   Adam(const char* name, std::vector<Tensor> params, const AdamOptions& o, double default_weight_decay, bool decoupled);
   void update(const std::vector<Update>& updates) override;
   std::vector<std::string> state_names() const override;
+  /// The fused kernel's arguments for an update of count `step` at the current learning rate.
+  AdamArgs args_at(int64_t step) const;
   /// Every moment finite, the second moments (exp_avg_sq, max_exp_avg_sq) non-negative: a negative
   /// one would put the square root of a negative number into every later step.
   void check_state_values(const std::string& key, const std::string& name, const Tensor& t) const override;

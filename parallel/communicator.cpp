@@ -4,6 +4,7 @@
 #include <set>
 
 #include "evenflow/engine/autograd.h"
+#include "evenflow/engine/capture.h"
 #include "evenflow/engine/ops.h"
 #include "evenflow/parallel/process_group_internal.h"
 #if EF_NCCL
@@ -283,27 +284,36 @@ void LocalCommunicator::all_reduce_in_place(const std::vector<std::vector<Tensor
     // call for the list). These copies are most of the time a bucket takes besides the processes'
     // sum (scripts/bench_processes.sh).
     // Each tensor's sum: in rank 0's tensor, or across processes in its slice of one flat buffer.
+    if (across_processes) {
+      for (const Device& d : devices_)
+        detail::check_not_recording(d, "a gradient sum across processes",
+                                    "the processes' collective runs on the host; not supported in a recorded step");
+    }
     int64_t total = 0;
     for (const Tensor& x : first) total += x.numel();
     const Tensor flat = across_processes ? empty({total}, {.dtype = first[0].dtype()}) : Tensor();
-    const size_t esize = dtype_size(first[0].dtype());
-    std::vector<char*> sums;
-    size_t offset = 0;
-    for (const Tensor& x : first) {
-      sums.push_back(across_processes ? static_cast<char*>(flat.data_ptr()) + offset
-                                      : static_cast<char*>(x.data_ptr()));
-      offset += static_cast<size_t>(x.numel()) * esize;
-    }
-    const auto bytes = [&](size_t i) { return static_cast<size_t>(first[i].numel()) * esize; };
-    for (size_t i = 0; i < first.size(); ++i) {
-      if (across_processes) std::memcpy(sums[i], first[i].data_ptr(), bytes(i));
-      for (size_t r = 1; r < per_rank.size(); ++r)
-        add_host(sums[i], per_rank[r][i].data_ptr(), first[i].numel(), first[i].dtype());
-    }
-    if (across_processes) in_place_processes_->all_reduce(flat);
-    for (size_t i = 0; i < first.size(); ++i)
-      for (size_t r = across_processes ? 0 : 1; r < per_rank.size(); ++r)
-        std::memcpy(per_rank[r][i].data_ptr(), sums[i], bytes(i));
+    // In a recorded step, the sums are recorded with the kernels (Note [Recording CPU devices]).
+    detail::on_device_memory(devices_, [per_rank, flat, across_processes, this] {
+      const std::vector<Tensor>& sums_into = per_rank[0];
+      const size_t esize = dtype_size(sums_into[0].dtype());
+      std::vector<char*> sums;
+      size_t offset = 0;
+      for (const Tensor& x : sums_into) {
+        sums.push_back(across_processes ? static_cast<char*>(flat.data_ptr()) + offset
+                                        : static_cast<char*>(x.data_ptr()));
+        offset += static_cast<size_t>(x.numel()) * esize;
+      }
+      const auto bytes = [&](size_t i) { return static_cast<size_t>(sums_into[i].numel()) * esize; };
+      for (size_t i = 0; i < sums_into.size(); ++i) {
+        if (across_processes) std::memcpy(sums[i], sums_into[i].data_ptr(), bytes(i));
+        for (size_t r = 1; r < per_rank.size(); ++r)
+          add_host(sums[i], per_rank[r][i].data_ptr(), sums_into[i].numel(), sums_into[i].dtype());
+      }
+      if (across_processes) in_place_processes_->all_reduce(flat);
+      for (size_t i = 0; i < sums_into.size(); ++i)
+        for (size_t r = across_processes ? 0 : 1; r < per_rank.size(); ++r)
+          std::memcpy(per_rank[r][i].data_ptr(), sums[i], bytes(i));
+    });
     for (const auto& tensors : per_rank)
       for (const Tensor& x : tensors) x.storage()->version.fetch_add(1);  // written in place, as copy_ marks
     return;

@@ -103,6 +103,19 @@ PerDevice<Tensor> DataParallelModel::scatter(const Tensor& batch) {
   return chunks;
 }
 
+PerDevice<Tensor> DataParallelModel::scatter(const PerDevice<Tensor>& chunks) {
+  const int k = static_cast<int>(chunks.size());
+  EF_CHECK(k >= 1 && k <= size(), "DataParallelModel::scatter: ", k, " chunks for ", size(), " devices");
+  for (int r = 0; r < k; ++r) {
+    const Tensor& x = chunks[static_cast<size_t>(r)];
+    EF_CHECK(x.defined() && x.dim() >= 1, "DataParallelModel::scatter: chunk ", r, " is undefined or a scalar");
+    EF_CHECK(x.device() == group_->device(r), "DataParallelModel::scatter: chunk ", r, " is on ", x.device().str(),
+             ", but replica ", r, " is on ", group_->device(r).str());
+  }
+  batch_rows_ = rows_of(*group_, chunks);
+  return chunks;
+}
+
 std::function<std::pair<int64_t, int64_t>(int64_t)> DataParallelModel::batch_part() const {
   if (group_->processes().size() == 1) return nullptr;
   const std::shared_ptr<ProcessGroup> job = group_->shared_processes();

@@ -37,6 +37,7 @@
 #include <string>
 #include <vector>
 
+#include "evenflow/engine/step_graph.h"
 #include "evenflow/layers/module.h"
 #include "evenflow/losses/losses.h"
 #include "evenflow/optim/optimizer.h"
@@ -86,6 +87,11 @@ class DataParallelModel {
   /// It becomes the model's current batch (batch_rows). Throws ef::Error for an undefined or 0-d
   /// `batch`, or one with no items.
   PerDevice<Tensor> scatter(const Tensor& batch);
+  /// A batch already split over the devices (chunk r on devices()[r], split_sizes' chunks: what a
+  /// replayed step's input buffers hold, Note [A step that can be replayed] in engine/step_graph.h)
+  /// becomes the current batch as it is, and is returned. Throws ef::Error unless there are 1 to
+  /// size() chunks, each with a leading dim, on its device.
+  PerDevice<Tensor> scatter(const PerDevice<Tensor>& chunks);
   /// This process's part of every global batch of the job, for DataLoaderOptions::batch_part:
   /// the rows process_share gives it (so that scatter of the part gives each device the chunk one
   /// process with every device would); nullptr in a one-process job (the whole batch).
@@ -261,10 +267,13 @@ class ReplicatedOptimizer : public ReplicatedOptimizerBase {
   /// forgets which gradients were synchronized.
   void step() {
     model_.finish_gradient_sync();
-    const double lr = replicas_[0]->lr();
     model_.group().run([&](int rank) {
-      replicas_[static_cast<size_t>(rank)]->set_lr(lr);
-      replicas_[static_cast<size_t>(rank)]->step();
+      Opt& replica = *replicas_[static_cast<size_t>(rank)];
+      // At each replay of a recorded step too: the learning rate is set between steps.
+      if (rank > 0)
+        each_step(model_.devices()[static_cast<size_t>(rank)],
+                  [&replica, &first = *replicas_[0]] { replica.set_lr(first.lr()); });
+      replica.step();
     });
     model_.reset_gradient_sync();
   }

@@ -7,6 +7,7 @@
 
 #include "evenflow/engine/autograd.h"
 #include "evenflow/engine/context.h"
+#include "evenflow/engine/step_graph.h"
 
 namespace evenflow::parallel {
 
@@ -107,8 +108,11 @@ void DeviceGroup::set_timeout(std::chrono::milliseconds timeout) {
 
 void DeviceGroup::share_first_generator(int active) {
   const int k = active < 0 ? size() : active;
-  const GeneratorState start = generator_state(devices_[0]);
-  for (int rank = 1; rank < k; ++rank) set_generator_state(devices_[static_cast<size_t>(rank)], start);
+  // At each replay of a recorded step too, where the generators move (Note [Step scalars]).
+  each_step(devices_[0], [this, k] {
+    const GeneratorState start = generator_state(devices_[0]);
+    for (int rank = 1; rank < k; ++rank) set_generator_state(devices_[static_cast<size_t>(rank)], start);
+  });
 }
 
 // Note [Group failures]

@@ -1103,7 +1103,8 @@ void adam_range(const scalar::AdamScalars<T> s, int64_t n, T* __restrict p, cons
 // Every parameter's elements as one range split evenly over the threads: a model of many small
 // tensors wakes the team once, not once per tensor.
 template <typename T>
-void adam_typed(const AdamArgs& a, const std::vector<AdamOperands>& params) {
+void adam_typed(const AdamArgs& args, const std::vector<AdamOperands>& params) {
+  const AdamArgs& a = args.in_device ? *args.in_device : args;  // a recorded step's (Note [Step scalars])
   const auto scalars = scalar::adam_scalars<T>(a);
   std::vector<int64_t> begin{0};  // params[k] holds elements [begin[k], begin[k + 1]) of the range
   for (const AdamOperands& o : params) begin.push_back(begin.back() + o.param.numel());
@@ -1283,6 +1284,10 @@ class CpuBackend final : public Backend {
   void copy_to_host(void* dst, const void* src, size_t nbytes) override {
     if (nbytes > 0) std::memcpy(dst, src, nbytes);
   }
+  std::function<void()> copy_to_host_later(void* dst, const void* src, size_t nbytes) override {
+    copy_to_host(dst, src, nbytes);
+    return [] {};
+  }
   void synchronize() override {}
 
   void fill(const View& out, double value) override { fill_impl(out, value); }
@@ -1427,8 +1432,11 @@ class CpuBackend final : public Backend {
     scatter_add_impl("index_add", out, dim, broadcast_index(index, src, dim), src);
   }
 
-  void random(const View& out, RandomKind kind, double a, double b, uint64_t seed, uint64_t offset) override {
+  void random(const View& out, RandomKind kind, double a, double b, const RandomKey& key) override {
     EF_ASSERT(out.is_contiguous(), "random: output must be contiguous");
+    // A recorded step's key is read when the call runs (Note [Step scalars]).
+    const uint64_t seed = key.in_device ? key.in_device[0] : key.seed;
+    const uint64_t offset = key.in_device ? key.in_device[1] : key.offset;
     EF_DISPATCH_ALL(out.dtype, "random",
                     [&] { random_typed(static_cast<scalar_t*>(out.data), out.numel(), kind, a, b, seed, offset); });
   }

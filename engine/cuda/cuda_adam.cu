@@ -24,7 +24,9 @@ struct AdamLaunch {
 static_assert(sizeof(AdamLaunch<double>) + 64 <= 4096, "kernel parameters are limited to 4 KiB");
 
 template <typename T>
-__global__ void adam_kernel(scalar::AdamScalars<T> s, AdamLaunch<T> l) {
+__global__ void adam_kernel(scalar::AdamScalars<T> given, const AdamArgs* in_device, AdamLaunch<T> l) {
+  // A recorded step's scalars are read when the kernel runs (Note [Step scalars]).
+  const scalar::AdamScalars<T> s = in_device ? scalar::adam_scalars<T>(*in_device) : given;
   int k = 0;
   while (k + 1 < l.count && static_cast<int>(blockIdx.x) >= l.block_begin[k + 1]) ++k;
   const int64_t blocks = l.block_begin[k + 1] - l.block_begin[k];
@@ -46,7 +48,7 @@ void CudaBackend::adam(const AdamArgs& args, const std::vector<AdamOperands>& pa
     AdamLaunch<T> l;
     const auto launch = [&] {
       if (l.count == 0) return;
-      adam_kernel<T><<<l.block_begin[l.count], kThreads, 0, stream()>>>(scalars, l);
+      adam_kernel<T><<<l.block_begin[l.count], kThreads, 0, stream()>>>(scalars, args.in_device, l);
       EF_CUDA_CHECK_LAUNCH();
       l = AdamLaunch<T>{};
     };

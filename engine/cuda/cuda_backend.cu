@@ -42,6 +42,7 @@ CudaBackend::~CudaBackend() {
   bf16_conv_plans_.clear();  // plans made on the handle go first
   if (cudnn_ != nullptr) EF_CUDA_CHECK_PRINT(cudnnDestroy(cudnn_));
   if (cublas_ != nullptr) EF_CUDA_CHECK_PRINT(cublasDestroy(cublas_));
+  if (cublas_workspace_ != nullptr) EF_CUDA_CHECK_PRINT(cudaFree(cublas_workspace_));
   if (scratch_ != nullptr) EF_CUDA_CHECK_PRINT(cudaFree(scratch_));
   for (auto& [size_class, buffers] : staging_free_) {
     for (void* buffer : buffers) EF_CUDA_CHECK_PRINT(cudaFreeHost(buffer));
@@ -159,6 +160,37 @@ void CudaBackend::copy_to_host(void* dst, const void* src, size_t nbytes) {
   synchronize_and_check();
 }
 
+// Note [Reading values later]: through a page-locked staging buffer (the DMA needs one to run
+// asynchronously), an event behind the copy, and the bytes moved to dst by the waiting function.
+std::function<void()> CudaBackend::copy_to_host_later(void* dst, const void* src, size_t nbytes) {
+  if (nbytes == 0) return [] {};
+  activate();
+  const size_t size_class = staging_class(nbytes);
+  void* staging = acquire_staging(size_class);
+  cudaEvent_t done = nullptr;
+  const cudaError_t copy_status = cudaMemcpyAsync(staging, src, nbytes, cudaMemcpyDeviceToHost, stream_);
+  cudaError_t status =
+      copy_status == cudaSuccess ? cudaEventCreateWithFlags(&done, cudaEventDisableTiming) : copy_status;
+  if (status == cudaSuccess) status = cudaEventRecord(done, stream_);
+  const uint64_t mark = deferred_errors_.mark();
+  if (status != cudaSuccess) {
+    EF_CUDA_CHECK_PRINT(cudaStreamSynchronize(stream_));
+    if (done != nullptr) EF_CUDA_CHECK_PRINT(cudaEventDestroy(done));
+    release_staging(new StagingReturn{this, size_class, staging});
+    EF_CUDA_CHECK(status);
+  }
+  return [this, dst, nbytes, size_class, staging, done, mark] {
+    const cudaError_t wait_status = cudaEventSynchronize(done);
+    EF_CUDA_CHECK_PRINT(cudaEventDestroy(done));
+    if (wait_status == cudaSuccess) std::memcpy(dst, staging, nbytes);
+    release_staging(new StagingReturn{this, size_class, staging});
+    EF_CUDA_CHECK(wait_status);
+    const std::string error = deferred_errors_.take_errors(
+        mark, ::evenflow::detail::str_cat(" (found on ", name(), " when a value was read)"));
+    EF_CHECK(error.empty(), error);
+  };
+}
+
 void CudaBackend::synchronize() {
   activate();
   synchronize_and_check();
@@ -166,7 +198,19 @@ void CudaBackend::synchronize() {
 
 // --- Deferred errors (Note [Index checks] in deferred_errors.h) -----------------------------------
 
+// Whether this backend's stream is being recorded (Note [Recording CUDA devices] in cuda_graph.cu).
+bool CudaBackend::recording() const {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  EF_CUDA_CHECK(cudaStreamIsCapturing(stream_, &status));
+  return status != cudaStreamCaptureStatusNone;
+}
+
 DeferredErrors::Slot CudaBackend::index_check(std::function<std::string(int64_t)> describe) const {
+  // A replayed kernel would write the flag of its recording, which no synchronization reads again.
+  EF_CHECK(!recording(), name(),
+           ": an indexing kernel with a bad-index check (a loss's class targets, gather, scatter_add, "
+           "index_select, index_add, max pooling's gradient) inside a recorded step: its check is read on the "
+           "host at the next synchronization, which a replay does not repeat; not supported in a recorded step yet");
   return deferred_errors_.reserve(std::move(describe), [this] { synchronize_and_check(); });
 }
 
@@ -189,9 +233,20 @@ cublasHandle_t CudaBackend::cublas(const Lock& held) {
   if (cublas_ == nullptr) {
     cublasHandle_t handle = nullptr;
     EF_CUDA_CHECK(cublasCreate(&handle));
-    const cublasStatus_t stream_status = cublasSetStream(handle, stream_);
-    if (stream_status != CUBLAS_STATUS_SUCCESS) EF_CUDA_CHECK_PRINT(cublasDestroy(handle));
-    EF_CUDA_CHECK(stream_status);
+    cublasStatus_t status = cublasSetStream(handle, stream_);
+    // cuBLAS's workspace of our own, made here: a recorded step may not allocate it (Note
+    // [Recording CUDA devices]). 32 MiB is what cuBLAS's guide asks for Hopper's kernels.
+    if (status == CUBLAS_STATUS_SUCCESS && cublas_workspace_ == nullptr) {
+      constexpr size_t kWorkspace = size_t{32} << 20;
+      if (cudaMalloc(&cublas_workspace_, kWorkspace) == cudaSuccess) {
+        status = cublasSetWorkspace(handle, cublas_workspace_, kWorkspace);
+      } else {
+        (void)cudaGetLastError();
+        cublas_workspace_ = nullptr;  // cuBLAS then takes its own
+      }
+    }
+    if (status != CUBLAS_STATUS_SUCCESS) EF_CUDA_CHECK_PRINT(cublasDestroy(handle));
+    EF_CUDA_CHECK(status);
     cublas_ = handle;
   }
   return cublas_;
@@ -213,6 +268,10 @@ cudnnHandle_t CudaBackend::cudnn(const Lock& held) {
 void* CudaBackend::scratch(const Lock& held, size_t nbytes) {
   check_held(held);
   if (nbytes <= scratch_bytes_) return scratch_;
+  EF_CHECK(!recording(), name(), ": a library workspace of ", nbytes, " bytes is needed inside a recorded step, ",
+           scratch_bytes_,
+           " were made before; warm the step up (StepGraph::warm_up) before recording it, so that every "
+           "workspace is sized");
   // Work already queued on the stream may still use the old buffer.
   EF_CUDA_CHECK(cudaStreamSynchronize(stream_));
   const size_t old_bytes = scratch_bytes_;

@@ -6,8 +6,10 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "evenflow/engine/backend.h"
+#include "evenflow/engine/capture.h"
 
 namespace evenflow::cuda_backend {
 
@@ -25,5 +27,9 @@ int physical_device_count(std::string* why_none);
 // logical device, each with one stream). Between the GPUs of an NCCL communicator, see Note [Peer
 // copies and collectives] in cuda_backend.cu.
 void copy_peer(Backend& dst_backend, void* dst, Backend& src_backend, const void* src, size_t nbytes);
+
+// Starts recording the work of `backends` (CUDA logical devices of one GPU) into one CUDA graph
+// (cuda_graph.cu: Note [Recording CUDA devices]).
+std::unique_ptr<::evenflow::detail::DeviceRecording> begin_recording(const std::vector<Backend*>& backends);
 
 }  // namespace evenflow::cuda_backend

@@ -41,10 +41,11 @@ void CudaBackend::where(const View& out, const View& cond, const View& x, const 
   EF_DISPATCH_ALL(out.dtype, "where", [&] { select<scalar_t>(*this, out, cond, x, y); });
 }
 
-void CudaBackend::random(const View& out, RandomKind kind, double a, double b, uint64_t seed, uint64_t offset) {
+void CudaBackend::random(const View& out, RandomKind kind, double a, double b, const RandomKey& key) {
   activate();
   EF_DISPATCH_ALL(out.dtype, "random", [&] {
-    generate<scalar_t>(*this, out, RandomDraw<scalar_t>{static_cast<int>(kind), a, b, seed, offset});
+    generate<scalar_t>(*this, out,
+                       RandomDraw<scalar_t>{static_cast<int>(kind), a, b, key.seed, key.offset, key.in_device});
   });
 }
 

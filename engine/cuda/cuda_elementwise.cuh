@@ -154,14 +154,18 @@ struct Arange {
   __device__ T operator()(int64_t i) const { return static_cast<T>(start + step * static_cast<double>(i)); }
 };
 
-// The same draw as the CPU backend: sample i depends only on (seed, offset + i), see random.h.
+// The same draw as the CPU backend: sample i depends only on (seed, offset + i), see random.h. In a
+// recorded step the key is read from device memory when the kernel runs (Note [Step scalars]).
 template <typename T>
 struct RandomDraw {
   int kind;
   double a, b;
   uint64_t seed, offset;
+  const uint64_t* key_in_device;
   __device__ T operator()(int64_t i) const {
-    return static_cast<T>(random::sample(kind, a, b, seed, offset + static_cast<uint64_t>(i)));
+    const uint64_t s = key_in_device ? key_in_device[0] : seed;
+    const uint64_t o = key_in_device ? key_in_device[1] : offset;
+    return static_cast<T>(random::sample(kind, a, b, s, o + static_cast<uint64_t>(i)));
   }
 };
 

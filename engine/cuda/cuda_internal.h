@@ -82,6 +82,7 @@ class CudaBackend final : public Backend {
   void raw_free(void* ptr) override;
   void copy_from_host(void* dst, const void* src, size_t nbytes) override;
   void copy_to_host(void* dst, const void* src, size_t nbytes) override;
+  std::function<void()> copy_to_host_later(void* dst, const void* src, size_t nbytes) override;
   void synchronize() override;
 
   // Kernels (one file per family: cuda_<family>.cu).
@@ -110,7 +111,7 @@ class CudaBackend final : public Backend {
   void scatter_add(const View& out, int dim, const View& index, const View& src) override;
   void index_select(const View& out, const View& x, int dim, const View& index) override;
   void index_add(const View& out, int dim, const View& index, const View& src) override;
-  void random(const View& out, RandomKind kind, double a, double b, uint64_t seed, uint64_t offset) override;
+  void random(const View& out, RandomKind kind, double a, double b, const RandomKey& key) override;
 
   void max_pool2d_backward(const PoolArgs& args, const View& gx, const View& gy, const View& indices) override;
 
@@ -130,6 +131,8 @@ class CudaBackend final : public Backend {
   std::string name() const;
   // Makes this backend's GPU current on the calling thread; every entry point starts with it.
   void activate() const;
+  // Whether the stream is being recorded into a CUDA graph (cuda_graph.cu).
+  bool recording() const;
 
   // Library state, see Note [Library handles and threads]. Handles are created on first use.
   using Lock = std::unique_lock<std::mutex>;
@@ -167,6 +170,7 @@ class CudaBackend final : public Backend {
 
   std::mutex library_mu_;
   cublasHandle_t cublas_ = nullptr;
+  void* cublas_workspace_ = nullptr;
   cudnnHandle_t cudnn_ = nullptr;
   void* scratch_ = nullptr;
   size_t scratch_bytes_ = 0;

@@ -13,6 +13,7 @@
 #include "evenflow/engine/device.h"
 #include "evenflow/engine/error.h"
 #include "evenflow/engine/ops.h"
+#include "evenflow/engine/step_graph.h"
 #include "evenflow/engine/tensor.h"
 #include "evenflow/io/checkpoint.h"
 #include "evenflow/io/file.h"

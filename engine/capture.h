@@ -1,0 +1,105 @@
+// The engine's side of recording a step (Note [A step that can be replayed] in step_graph.h): what
+// a capture in progress holds, and the calls through which the rest of the library keeps the step's
+// contract -- host work that must happen at every replay (each_step), per-step scalars the kernels
+// read from device memory (step_scalars), host code that touches CPU devices' memory
+// (on_device_memory), and the checks that refuse what cannot be replayed (check_not_recording).
+// Internal: the public face is step_graph.h (StepGraph, each_step).
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "evenflow/engine/backend.h"
+#include "evenflow/engine/device.h"
+
+namespace evenflow::detail {
+
+// A CPU device's recorded kernel call, with the OpenMP team size its caller would have used (Note
+// [Recording CPU devices] in step_graph.cpp).
+struct RecordedCall {
+  std::function<void()> run;
+  int kernel_threads = 1;
+};
+
+// One capture: made by StepGraph::capture, kept by the StepGraph for its replays.
+struct Capture {
+  std::vector<Device> devices;
+  uint64_t pool = 0;  // the allocator pool its tensors come from (CachingAllocator::begin_pool)
+
+  std::mutex mu;  // guards everything below while the step is being recorded (several threads)
+  // Host work of the step, in the order the step did it, applied at each replay before the device
+  // work runs (each_step, step_scalars).
+  std::vector<std::function<void()>> effects;
+  // The step's scalars (Note [Step scalars]): their host image, written by the effects at each
+  // replay and then copied to `scalars_device` on devices[0] in one copy.
+  std::vector<unsigned char> scalars_host;
+  void* scalars_device = nullptr;
+  size_t scalars_capacity = 0;
+  // CPU devices: the recorded kernel calls, in the order they were made.
+  std::vector<RecordedCall> calls;
+  // What broke the step's contract, if anything did (the first), reported when capture() ends.
+  std::string violation;
+};
+
+// The number of captures in progress in the process: checks on hot paths test it first.
+extern std::atomic<int> g_recording;
+
+// The capture in progress on `d`, or nullptr.
+Capture* capture_of(const Device& d);
+
+// Scalars that change from step to step (a random draw's seed and offset, Adam's step size and bias
+// corrections; Note [Step scalars]): `bytes` of device memory, 8-byte aligned, that `fill` writes at
+// each replay (in the order of each_step) and the captured kernels read when they run. Returns
+// their device address; nullptr outside a capture (then pass the values themselves).
+const void* step_scalars(const Device& d, size_t bytes, std::function<void(void* host)> fill);
+
+// Host code that reads or writes the memory of CPU devices directly (not through a backend): run
+// now, or, inside a capture of those devices, recorded and run at each replay in its place among the
+// kernel calls. `devices` are the devices whose memory fn touches.
+void on_device_memory(const std::vector<Device>& devices, std::function<void()> fn);
+
+// ef::Error when `d` is being recorded: `what` ("copy_to_host", "item()") cannot be part of a step
+// that is replayed; `why` says what to do instead.
+void check_not_recording(const Device& d, const char* what, const char* why);
+
+// A recording of a step's device work as a backend keeps it: for CUDA devices one CUDA graph of
+// their streams (cuda/cuda_graph.cu); for CPU devices the Capture's calls (step_graph.cpp).
+class DeviceRecording {
+ public:
+  virtual ~DeviceRecording() = default;
+  // Ends the recording; ef::Error when the devices refused the work (the runtime's reason).
+  virtual void end() = 0;
+  // Ends it after the step failed, keeping nothing. Never throws.
+  virtual void abandon() noexcept = 0;
+  // Runs the recorded work (queued on CUDA devices).
+  virtual void replay() = 0;
+  // Kernel calls or graph nodes recorded.
+  virtual int64_t size() const = 0;
+};
+// The CPU kernels behind a backend that records their calls while a capture is active (Note
+// [Recording CPU devices] in step_graph.cpp): what make_cpu_backend gives every CPU device.
+std::unique_ptr<Backend> make_recording_backend(std::unique_ptr<Backend> kernels);
+
+// Starts recording the work of CUDA logical devices of one GPU (dispatch.cpp: ef::Error in a build
+// without CUDA).
+std::unique_ptr<DeviceRecording> begin_cuda_recording(const std::vector<Device>& devices);
+
+// Tags the calling thread's kernel calls with a team size (replays restore the recorded one).
+class KernelThreadsGuard {
+ public:
+  explicit KernelThreadsGuard(int n);
+  ~KernelThreadsGuard();
+  KernelThreadsGuard(const KernelThreadsGuard&) = delete;
+  KernelThreadsGuard& operator=(const KernelThreadsGuard&) = delete;
+
+ private:
+  int previous_;
+};
+
+}  // namespace evenflow::detail

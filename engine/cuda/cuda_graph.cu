@@ -1,0 +1,135 @@
+// The recording of a step's work on CUDA logical devices as one CUDA graph (StepGraph,
+// engine/step_graph.h; Note [Recording CUDA devices]).
+#include <vector>
+
+#include "evenflow/engine/cuda/cuda_backend.h"
+#include "evenflow/engine/cuda/cuda_internal.h"
+
+namespace evenflow::cuda_backend {
+
+// Note [Recording CUDA devices]
+// A step's kernels are recorded by stream capture: the first device's stream is put in capture
+// mode, and every other device's stream joins the capture by waiting on an event recorded in it, so
+// whatever the step's threads queue on any of those streams -- kernels, library calls, the copies
+// and event waits that order one logical device's work after another's -- becomes a node of one
+// graph, with the edges the events made. Before the capture ends each stream is joined back into
+// the first (an event recorded on it, waited on by the first), since a capture must end where it
+// began. Replaying orders the graph after the work already queued on every stream (the inputs
+// copied in, the step scalars) and the streams' later work after the graph, with the same events.
+//
+// The capture is in relaxed mode: the step's threads are the caller's and the devices' workers, and
+// a block the step's pool obtains from the device while recording (cudaMalloc) must not fail the
+// capture. What cannot be recorded fails it: a synchronization (a host read, which the engine
+// refuses before the runtime does), a workspace that has to grow (CudaBackend::scratch), an indexing
+// kernel whose bad-index flag would never be read (Note [Index checks]). Logical devices of one GPU
+// only: on GPUs of their own each would need its own graph, and NCCL's collectives inside it.
+class CudaRecording final : public ::evenflow::detail::DeviceRecording {
+ public:
+  explicit CudaRecording(std::vector<CudaBackend*> backends) : backends_(std::move(backends)) {
+    CudaBackend& origin = *backends_[0];
+    origin.activate();
+    for (size_t i = 0; i < backends_.size(); ++i) {
+      cudaEvent_t e = nullptr;
+      EF_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+      events_.push_back(e);
+    }
+    EF_CUDA_CHECK(cudaStreamBeginCapture(origin.stream(), cudaStreamCaptureModeRelaxed));
+    capturing_ = true;
+    try {  // the other streams join the capture
+      EF_CUDA_CHECK(cudaEventRecord(events_[0], origin.stream()));
+      for (size_t i = 1; i < backends_.size(); ++i) {
+        backends_[i]->activate();
+        EF_CUDA_CHECK(cudaStreamWaitEvent(backends_[i]->stream(), events_[0], 0));
+      }
+    } catch (...) {
+      abandon();
+      for (cudaEvent_t e : events_) EF_CUDA_CHECK_PRINT(cudaEventDestroy(e));
+      throw;
+    }
+  }
+
+  ~CudaRecording() override {
+    abandon();
+    if (exec_ != nullptr) EF_CUDA_CHECK_PRINT(cudaGraphExecDestroy(exec_));
+    if (graph_ != nullptr) EF_CUDA_CHECK_PRINT(cudaGraphDestroy(graph_));
+    for (cudaEvent_t e : events_) EF_CUDA_CHECK_PRINT(cudaEventDestroy(e));
+  }
+
+  void end() override {
+    CudaBackend& origin = *backends_[0];
+    join_into_origin();
+    origin.activate();
+    capturing_ = false;
+    const cudaError_t status = cudaStreamEndCapture(origin.stream(), &graph_);
+    if (status != cudaSuccess) {
+      (void)cudaGetLastError();
+      EF_ERROR("the CUDA runtime refused the recorded step on ", origin.name(), ": ", cudaGetErrorString(status), " (",
+               static_cast<int>(status), "); something in the step synchronized or could not be captured");
+    }
+    EF_CUDA_CHECK(cudaGraphGetNodes(graph_, nullptr, &nodes_));
+    EF_CUDA_CHECK(cudaGraphInstantiate(&exec_, graph_, 0));
+    EF_CUDA_CHECK(cudaGraphUpload(exec_, origin.stream()));
+  }
+
+  void abandon() noexcept override {
+    if (!capturing_) return;
+    capturing_ = false;
+    CudaBackend& origin = *backends_[0];
+    // The joins may fail once the runtime has invalidated the capture; ending it is what matters.
+    try {
+      join_into_origin();
+    } catch (const std::exception&) {
+    }
+    (void)cudaSetDevice(origin.physical_id());
+    cudaGraph_t partial = nullptr;
+    if (cudaStreamEndCapture(origin.stream(), &partial) == cudaSuccess && partial != nullptr)
+      EF_CUDA_CHECK_PRINT(cudaGraphDestroy(partial));
+    (void)cudaGetLastError();
+  }
+
+  void replay() override {
+    CudaBackend& origin = *backends_[0];
+    EF_ASSERT(exec_ != nullptr, "replay of a CUDA recording that did not end");
+    join_into_origin();  // the inputs and scalars the other streams' copies wrote
+    origin.activate();
+    EF_CUDA_CHECK(cudaGraphLaunch(exec_, origin.stream()));
+    EF_CUDA_CHECK(cudaEventRecord(events_[0], origin.stream()));
+    for (size_t i = 1; i < backends_.size(); ++i) {
+      backends_[i]->activate();
+      EF_CUDA_CHECK(cudaStreamWaitEvent(backends_[i]->stream(), events_[0], 0));
+    }
+  }
+
+  int64_t size() const override { return static_cast<int64_t>(nodes_); }
+
+ private:
+  // The first stream waits for the work queued on the others.
+  void join_into_origin() {
+    CudaBackend& origin = *backends_[0];
+    for (size_t i = 1; i < backends_.size(); ++i) {
+      backends_[i]->activate();
+      EF_CUDA_CHECK(cudaEventRecord(events_[i], backends_[i]->stream()));
+      origin.activate();
+      EF_CUDA_CHECK(cudaStreamWaitEvent(origin.stream(), events_[i], 0));
+    }
+  }
+
+  std::vector<CudaBackend*> backends_;
+  std::vector<cudaEvent_t> events_;  // one per stream, for the joins
+  bool capturing_ = false;
+  cudaGraph_t graph_ = nullptr;
+  cudaGraphExec_t exec_ = nullptr;
+  size_t nodes_ = 0;
+};
+
+std::unique_ptr<::evenflow::detail::DeviceRecording> begin_recording(const std::vector<Backend*>& backends) {
+  std::vector<CudaBackend*> cuda;
+  for (Backend* b : backends) {
+    auto* c = dynamic_cast<CudaBackend*>(b);
+    EF_ASSERT(c != nullptr, "begin_recording called with a backend that is not CUDA");
+    cuda.push_back(c);
+  }
+  return std::make_unique<CudaRecording>(std::move(cuda));
+}
+
+}  // namespace evenflow::cuda_backend

@@ -1,0 +1,284 @@
+// A step recorded once and replayed (engine/step_graph.h, Note [A step that can be replayed]): on CPU
+// devices, where CI runs, replayed steps equal eager ones bit for bit -- a critic step with its
+// gradient penalty's double backward, random draws, Adam, on one device and on two -- and what breaks
+// the contract is refused (a host read, a copy from the host, a synchronization, SGD, Adam's first
+// step) or, for a counter passed by value, shows as a replay that differs from the eager step. The
+// same checks on CUDA devices run where a GPU is ("cuda step graph: ..."; scripts/gpu_check.sh).
+#include <doctest/doctest.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "evenflow/engine/step_graph.h"
+#include "evenflow/layers/layers.h"
+#include "evenflow/losses/losses.h"
+#include "evenflow/optim/optim.h"
+#include "evenflow/parallel/data_parallel.h"
+#include "tests/testing/helpers.h"
+
+using namespace evenflow;
+using evenflow::testing::error_of;
+namespace par = evenflow::parallel;
+
+namespace {
+
+// A small WGAN-GP critic: convolution, layer norm, leaky ReLU, linear; [N, 1, 8, 8] -> [N].
+class TinyCritic : public nn::Cloneable<TinyCritic> {
+ public:
+  std::string name() const override { return "TinyCritic"; }
+  explicit TinyCritic(DType dtype) {
+    const nn::ModuleOptions o{.dtype = dtype};
+    register_module("conv", std::make_shared<nn::Conv2d>(1, 4, 3, nn::Conv2dConfig{.stride = 2, .padding = 1}, o));
+    register_module("norm", std::make_shared<nn::LayerNorm>(Shape{4, 4, 4}, nn::LayerNormConfig{}, o));
+    register_module("fc", std::make_shared<nn::Linear>(64, 1, true, o));
+  }
+  Tensor forward(const Tensor& x) override {
+    const Tensor h = leaky_relu(child("norm")->forward(child("conv")->forward(x)), 0.2);
+    return reshape(child("fc")->forward(flatten(h, 1)), {x.size(0)});
+  }
+};
+
+// What one training run records of itself: the loss of every step and the final parameters.
+struct Trace {
+  std::vector<double> losses;
+  std::vector<std::vector<double>> params;
+  std::vector<double> adam_steps;  // each parameter's step count, from the optimizer's state
+};
+
+// `steps` critic steps with the WGAN-GP penalty (interpolation weights drawn inside the step when
+// `draw_inside`, else copied in from the host with the batches), Adam, on `devices`, through
+// ReplayedStep: recorded after two eager steps when `record`, else every step eager.
+Trace train_critic(const std::vector<Device>& devices, DType dtype, bool record, int steps, bool draw_inside,
+                   std::string* log = nullptr) {
+  manual_seed(7);
+  par::DataParallelModel critic(std::make_shared<TinyCritic>(dtype), devices);
+  par::ReplicatedOptimizer<optim::Adam> opt(critic, optim::AdamOptions{.lr = 1e-2, .betas = {0.0, 0.9}});
+  par::DataParallelCriterion criterion(critic);
+  const int64_t batch = 6;
+  const std::vector<int64_t> sizes = par::split_sizes(batch, static_cast<int>(devices.size()));
+  // The step's buffers: each device's chunk of the batches.
+  par::PerDevice<Tensor> real, fake, eps;
+  for (size_t r = 0; r < devices.size(); ++r) {
+    real.push_back(zeros({sizes[r], 1, 8, 8}, {.dtype = dtype, .device = devices[r]}));
+    fake.push_back(zeros({sizes[r], 1, 8, 8}, {.dtype = dtype, .device = devices[r]}));
+    eps.push_back(zeros({sizes[r], 1, 1, 1}, {.dtype = dtype, .device = devices[r]}));
+  }
+  Tensor loss;
+  const auto step = [&] {
+    const auto reals = critic.scatter(real);
+    loss = criterion([&](int r) {
+      nn::Module& d = critic.replica(r);
+      const Tensor d_real = d(reals[static_cast<size_t>(r)]), d_fake = d(fake[static_cast<size_t>(r)]);
+      const losses::Critic fn = [&d](const Tensor& x) { return d(x); };
+      return losses::wasserstein_critic_loss(d_real, d_fake) +
+             losses::wgan_gp_penalty(fn, reals[static_cast<size_t>(r)], fake[static_cast<size_t>(r)],
+                                     {.lambda = 10.0, .eps = draw_inside ? Tensor() : eps[static_cast<size_t>(r)]});
+    });
+    opt.zero_grad();
+    loss.backward();
+    opt.step();
+  };
+  ReplayedStep run(devices, step, {.record = record, .warm_up = 2, .log = [&](const std::string& line) {
+                                     if (log) *log += line + "\n";
+                                   }});
+  Trace trace;
+  for (int s = 0; s < steps; ++s) {
+    // The batches, from the host, into the step's buffers: the same numbers whatever the devices.
+    manual_seed(cpu(), 1000 + static_cast<uint64_t>(s));
+    const Tensor host_real = randn({batch, 1, 8, 8}, {.dtype = dtype});
+    const Tensor host_fake = randn({batch, 1, 8, 8}, {.dtype = dtype});
+    const Tensor host_eps = rand({batch, 1, 1, 1}, {.dtype = dtype});
+    int64_t start = 0;
+    for (size_t r = 0; r < devices.size(); ++r) {
+      real[r].copy_(narrow(host_real, 0, start, sizes[r]));
+      fake[r].copy_(narrow(host_fake, 0, start, sizes[r]));
+      eps[r].copy_(narrow(host_eps, 0, start, sizes[r]));
+      start += sizes[r];
+    }
+    run();
+    trace.losses.push_back(read_later(loss).get()[0]);
+    CHECK(run.replayed() == (record && s >= 2));
+  }
+  for (const Tensor& p : critic.module().parameters()) trace.params.push_back(p.to_vector());
+  for (const auto& [name, t] : opt.primary().state())
+    if (name.size() > 5 && name.substr(name.size() - 5) == ".step") trace.adam_steps.push_back(t.item());
+  critic.check_replicas();
+  return trace;
+}
+
+void check_equal(const Trace& a, const Trace& b) {
+  REQUIRE(a.losses.size() == b.losses.size());
+  for (size_t s = 0; s < a.losses.size(); ++s) {
+    INFO("step " << s);
+    CHECK(a.losses[s] == b.losses[s]);
+  }
+  REQUIRE(a.params.size() == b.params.size());
+  for (size_t i = 0; i < a.params.size(); ++i) {
+    INFO("parameter " << i);
+    CHECK(a.params[i] == b.params[i]);
+  }
+  CHECK(a.adam_steps == b.adam_steps);
+}
+
+}  // namespace
+
+TEST_CASE("step graph: replayed critic steps with a gradient penalty equal eager ones bitwise (float32, one device)") {
+  std::string log;
+  const Trace eager = train_critic({cpu(0)}, kFloat32, false, 6, false);
+  const Trace replayed = train_critic({cpu(0)}, kFloat32, true, 6, false, &log);
+  check_equal(eager, replayed);
+  CHECK(log.find("recorded the step on cpu:0") != std::string::npos);
+  CHECK(log.find("0 blocks obtained while recording") != std::string::npos);  // warm-up sized the pool
+  CHECK(eager.adam_steps == std::vector<double>(eager.adam_steps.size(), 6.0));
+  // The steps did train: the losses moved.
+  CHECK(eager.losses.front() != eager.losses.back());
+}
+
+TEST_CASE("step graph: random draws inside a replayed step are new at every replay, as eager ones (float64)") {
+  const Trace eager = train_critic({cpu(0)}, kFloat64, false, 5, true);
+  const Trace replayed = train_critic({cpu(0)}, kFloat64, true, 5, true);
+  check_equal(eager, replayed);
+}
+
+TEST_CASE("step graph: two CPU devices replay what they run eagerly, and what one device runs (float64)") {
+  const Trace one = train_critic({cpu(0)}, kFloat64, false, 5, true);
+  const Trace eager = train_critic({cpu(0), cpu(1)}, kFloat64, false, 5, true);
+  const Trace replayed = train_critic({cpu(0), cpu(1)}, kFloat64, true, 5, true);
+  check_equal(eager, replayed);
+  for (size_t s = 0; s < one.losses.size(); ++s)
+    CHECK(replayed.losses[s] == doctest::Approx(one.losses[s]).epsilon(1e-10));
+  for (size_t i = 0; i < one.params.size(); ++i)
+    for (size_t j = 0; j < one.params[i].size(); ++j)
+      CHECK(replayed.params[i][j] == doctest::Approx(one.params[i][j]).epsilon(1e-10));
+}
+
+TEST_CASE("step graph: what a recorded step may not do is refused, naming it") {
+  const Device d = cpu(3);
+  const Tensor w = ones({4}, {.device = d});
+  StepGraph g;
+  SUBCASE("a host read") {
+    const std::string e = error_of([&] { g.capture({d}, [&] { (void)sum(w * 2.0).item(); }); });
+    CHECK(e.find("inside a recorded step") != std::string::npos);
+    CHECK(e.find("cpu:3") != std::string::npos);
+  }
+  SUBCASE("a copy from the host") {
+    const Tensor host = ones({4}, {.device = cpu(4)});
+    const std::string e = error_of([&] { g.capture({d}, [&] { w.copy_(host); }); });
+    CHECK(e.find("inside a recorded step") != std::string::npos);
+    const std::string v = error_of([&] { g.capture({d}, [&] { (void)from_vector({1, 2}, {2}, {.device = d}); }); });
+    CHECK(v.find("from_vector") != std::string::npos);
+  }
+  SUBCASE("a synchronization") {
+    const std::string e = error_of([&] { g.capture({d}, [&] { synchronize(d); }); });
+    CHECK(e.find("synchronize") != std::string::npos);
+  }
+  SUBCASE("SGD, whose learning rate is a kernel argument") {
+    Tensor p = ones({3}, {.device = d, .requires_grad = true});
+    optim::SGD sgd({p}, {.lr = 0.1});
+    const std::string e = error_of([&] {
+      g.capture({d}, [&] {
+        p.set_grad(ones({3}, {.device = d}));
+        sgd.step();
+      });
+    });
+    CHECK(e.find("SGD inside a recorded step") != std::string::npos);
+  }
+  SUBCASE("Adam's first step, which makes its moments") {
+    Tensor p = ones({3}, {.device = d, .requires_grad = true});
+    optim::Adam adam({p}, {.lr = 0.1});
+    const std::string e = error_of([&] {
+      g.capture({d}, [&] {
+        p.set_grad(ones({3}, {.device = d}));
+        adam.step();
+      });
+    });
+    CHECK(e.find("first step inside a recorded step") != std::string::npos);
+    CHECK(adam.state().size() == 1);  // only "lr": the refused step counted nothing
+  }
+  SUBCASE("devices of two kinds, or none") {
+    CHECK(error_of([&] { g.capture({}, [] {}); }).find("no devices") != std::string::npos);
+    CHECK(error_of([&] { g.replay(); }).find("nothing is recorded") != std::string::npos);
+  }
+  CHECK(g.empty());
+  // The device is usable as before.
+  CHECK(sum(w * 2.0).item() == 8.0);
+}
+
+TEST_CASE("step graph: a counter passed by value is frozen by the recording, which the comparison with eager shows") {
+  // The engine cannot tell a constant from a counter: the step below breaks the contract (its
+  // learning-rate-like scalar changes every step but is a kernel argument), and the replays keep the
+  // value it had when recorded. This is what the bitwise comparisons of the tests above catch.
+  const Device d = cpu(3);
+  const auto run = [&](bool record) {
+    Tensor x = zeros({2}, {.device = d});
+    int counter = 0;
+    ReplayedStep step({d}, [&] { x.add_(full({2}, static_cast<double>(++counter), {.device = d})); },
+                      {.record = record, .warm_up = 1, .log = [](const std::string&) {}});
+    for (int s = 0; s < 4; ++s) step();
+    return x.to_vector()[0];
+  };
+  CHECK(run(false) == 1.0 + 2.0 + 3.0 + 4.0);
+  CHECK(run(true) == 1.0 + 2.0 + 2.0 + 2.0);  // recorded at the second call, with counter 2
+}
+
+TEST_CASE("step graph: host effects run at each replay and not while recording; values read later") {
+  const Device d = cpu(3);
+  Tensor x = zeros({3}, {.device = d});
+  int effects = 0;
+  StepGraph g;
+  g.capture({d}, [&] {
+    each_step(d, [&] { ++effects; });
+    x.add_(ones({3}, {.device = d}));
+  });
+  CHECK(effects == 0);
+  CHECK(x.to_vector() == std::vector<double>{0, 0, 0});  // nothing ran
+  CHECK(g.stats().calls >= 2);
+  CHECK(g.stats().effects == 1);
+  g.replay();
+  g.replay();
+  CHECK(effects == 2);
+  HostValues v = read_later(x);
+  CHECK(v.get() == std::vector<double>{2, 2, 2});
+  CHECK(error_of([&] { (void)v.get(); }).find("no values") != std::string::npos);
+  // A new recording replaces the old one.
+  g.capture({d}, [&] { x.mul_(3.0); });
+  g.replay();
+  CHECK(x.to_vector() == std::vector<double>{6, 6, 6});
+  CHECK(effects == 2);
+}
+
+TEST_CASE("step graph: a changed signature records the step again, saying so") {
+  const Device d = cpu(3);
+  Tensor x = zeros({2}, {.device = d});
+  std::string log;
+  ReplayedStep step({d}, [&] { x.add_(ones({2}, {.device = d})); },
+                    {.warm_up = 1, .log = [&](const std::string& line) { log += line + "\n"; }});
+  step("batch 2");
+  step("batch 2");
+  CHECK(step.replayed());
+  step("batch 3");
+  CHECK(!step.replayed());
+  CHECK(log.find("the step changed (batch 2") != std::string::npos);
+  step("batch 3");
+  CHECK(step.replayed());
+  CHECK(x.to_vector()[0] == 4.0);
+}
+
+TEST_CASE("step graph: a step that cannot be recorded runs eagerly, saying why") {
+  const Device d = cpu(3);
+  Tensor x = zeros({1}, {.device = d});
+  double seen = -1;
+  std::string log;
+  ReplayedStep step({d},
+                    [&] {
+                      x.add_(ones({1}, {.device = d}));
+                      seen = x.item();  // a host read inside the step
+                    },
+                    {.warm_up = 1, .log = [&](const std::string& line) { log += line + "\n"; }});
+  for (int s = 0; s < 3; ++s) step();
+  CHECK(x.item() == 3.0);
+  CHECK(seen == 3.0);
+  CHECK(log.find("running the step eagerly") != std::string::npos);
+  CHECK(log.find("item()") != std::string::npos);
+}
