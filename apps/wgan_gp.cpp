@@ -24,6 +24,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -44,6 +45,7 @@
 #include "evenflow/data/fashion_mnist.h"
 #include "evenflow/data/loader.h"
 #include "evenflow/engine/device.h"
+#include "evenflow/engine/step_graph.h"
 #include "evenflow/io/checkpoint.h"
 #include "evenflow/io/file.h"
 #include "evenflow/losses/losses.h"
@@ -83,6 +85,7 @@ struct Args : ef::apps::RunOptions {
   double ema_decay = 0;               // off: it sampled worse at 2000 steps of 5 critic steps (README)
   std::string classifier = kDefaultClassifier;
   static constexpr const char* kDefaultClassifier = "runs/classify/model.safetensors";
+  bool cuda_graph = false;  // Note [Step buffers]
 };
 
 // The standard deviation (unbiased) of every value of a batch of `batch` images of which this
@@ -252,6 +255,12 @@ int run(const Args& a) {
            "--penalty must be wgan-gp, dragan or r1, got \"", a.penalty, "\"");
   EF_CHECK(a.lr_decay_steps == 0 || a.steps <= a.lr_decay_steps, "--steps ", a.steps, " beyond --lr-decay-steps ",
            a.lr_decay_steps, ": the learning rates are 0 from that step on");
+  EF_CHECK(!a.cuda_graph || a.penalty != "dragan",
+           "--cuda-graph with --penalty dragan: its perturbation scale is the batch's standard deviation, computed on "
+           "the host each step, which a recorded step would keep; use wgan-gp or r1");
+  EF_CHECK(!a.cuda_graph || par::processes()->size() == 1,
+           "--cuda-graph across processes: the processes' collectives run on the host, which a recorded step cannot "
+           "hold; run one process");
   const ef::DType dtype = a.dtype == "float64" ? ef::kFloat64 : ef::kFloat32;
   const ef::DType compute = ef::apps::compute_dtype(a);
   ef::set_num_threads(a.threads > 0 ? a.threads : ef::parallel::cpu_threads_per_device(devices));
@@ -411,110 +420,185 @@ int run(const Args& a) {
     return images;
   };
 
-  // --- Training -----------------------------------------------------------------------------------------------
-  ef::apps::setup_done();
-  using Clock = std::chrono::steady_clock;
-  ef::apps::ProgressBar bar;
-  bar.start("generator steps", a.steps, progress.step + 1);
-  double seconds = 0;
-  int64_t images_seen = 0;
-  while (progress.step < a.steps) {
-    const auto t0 = Clock::now();
-    const double lr =
-        a.lr_decay_steps > 0 ? ef::optim::linear_lr(progress.step, a.lr, 1.0, 0.0, a.lr_decay_steps) : a.lr;
-    opt_d.primary().set_lr(lr);
-    opt_g.primary().set_lr(lr);
-    double critic_loss = NAN, generator_loss = NAN, wasserstein = NAN, frechet_distance = NAN;
-    // Losses and estimates stay on their devices until the generator step is queued: the host
-    // reads them once a generator step, not once per critic step (a read waits for the device).
-    std::vector<Tensor> critic_losses;
-    std::vector<std::pair<Tensor, double>> distances;  // the last critic step's, per replica, with its batch share
+  // --- The step's inputs (Note [Step buffers]) ---------------------------------------------------------------
+  // Note [Step buffers]
+  // A generator step's device inputs -- each critic step's real batch, noise and what its penalty
+  // draws (wgan-gp's interpolation weights, dragan's perturbation), and the generator step's noise --
+  // are drawn and loaded on the host first, in the order the step uses them, and copied into one
+  // buffer per device (one copy each); the step reads views of it. So the step is the same work on the
+  // same memory every time, which --cuda-graph records once and replays (Note [A step that can be
+  // replayed] in engine/step_graph.h), and a device gets its inputs in one copy either way.
+  const int64_t n = a.batch_size;  // the whole batch, over every process (the loader drops a last partial one)
+  const int64_t part = processes == 1 ? n : par::process_share(n, critic.size(), *par::processes()).count;
+  const std::vector<int64_t> chunk = par::split_sizes(part, critic.size());
+  const int64_t image_numel = 28 * 28;
+  const bool draws_eps = a.penalty == "wgan-gp", draws_noise = a.penalty == "dragan";
+  // Per sample, per critic step: the image, z, eps, noise; then z of the generator step.
+  const int64_t per_sample_critic = image_numel + a.z_dim + (draws_eps ? 1 : 0) + (draws_noise ? image_numel : 0);
+  struct DeviceBuffers {
+    Tensor flat;
+    std::vector<Tensor> reals, zs, epss, noises;  // [critic step]
+    Tensor z_gen;
+  };
+  std::vector<DeviceBuffers> buffers(chunk.size());
+  for (size_t r = 0; r < chunk.size(); ++r) {
+    DeviceBuffers& b = buffers[r];
+    const int64_t m = chunk[r];
+    b.flat = ef::zeros({a.critic_steps * m * per_sample_critic + m * a.z_dim}, {.dtype = dtype, .device = devices[r]});
+    int64_t offset = 0;
+    const auto take = [&](const ef::Shape& shape) {
+      int64_t count = 1;
+      for (const int64_t d : shape) count *= d;
+      const Tensor view = ef::reshape(ef::narrow(b.flat, 0, offset, count), shape);
+      offset += count;
+      return view;
+    };
+    for (int64_t k = 0; k < a.critic_steps; ++k) {
+      b.reals.push_back(take({m, 1, 28, 28}));
+      b.zs.push_back(take({m, a.z_dim}));
+      b.epss.push_back(draws_eps ? take({m, 1, 1, 1}) : Tensor());
+      b.noises.push_back(draws_noise ? take({m, 1, 28, 28}) : Tensor());
+    }
+    b.z_gen = take({m, a.z_dim});
+  }
+  const auto per_device = [&](const auto& member) {
+    par::PerDevice<Tensor> out;
+    for (const DeviceBuffers& b : buffers) out.push_back(member(b));
+    return out;
+  };
+  std::vector<double> real_stds(static_cast<size_t>(a.critic_steps), 0.0);  // dragan's, per critic step
+  // Draws and loads one generator step's inputs on the host and copies them into the buffers.
+  const auto load_step_inputs = [&] {
+    std::vector<std::vector<Tensor>> pieces(chunk.size());  // per device, in buffer order
+    const auto add = [&](const Tensor& whole_part) {
+      int64_t start = 0;
+      for (size_t r = 0; r < chunk.size(); ++r) {
+        pieces[r].push_back(ef::flatten(ef::narrow(whole_part, 0, start, chunk[r])));
+        start += chunk[r];
+      }
+    };
     for (int64_t k = 0; k < a.critic_steps; ++k) {
       const Tensor real = next_real();
-      const int64_t n = a.batch_size;  // the whole batch, over every process (the loader drops a last partial one)
       ef::Shape noise_shape = real.shape();
       noise_shape[0] = n;
       const Tensor z = my_part(ef::randn({n, a.z_dim}, {.dtype = dtype}));
-      // Only what the penalty reads: wgan-gp's interpolation weights, dragan's perturbation (the
-      // host draws while the devices wait: an unread uniform batch of 64x1x28x28 cost 174 us a critic
-      // step, `bench_engine --only random --threads 1`, AMD Zen 4).
-      const Tensor eps = a.penalty == "wgan-gp" ? my_part(ef::rand({n, 1, 1, 1}, {.dtype = dtype})) : Tensor();
-      const Tensor noise = a.penalty == "dragan" ? my_part(ef::rand(noise_shape, {.dtype = dtype})) : Tensor();
-      // In one process, the whole batch's std as before; across processes, from every process's part.
-      const double real_std = a.penalty != "dragan" ? 0.0
-                              : processes == 1      ? std::sqrt(ef::var(ef::flatten(real), {0}).item())
-                                                    : batch_std(real, n, job_sum);
-      const auto scatter_drawn = [&](const Tensor& t) {
-        return t.defined() ? critic.scatter(t) : par::PerDevice<Tensor>(static_cast<size_t>(critic.size()));
-      };
-      const auto reals = critic.scatter(real), zs = gen.scatter(z), epss = scatter_drawn(eps),
-                 noises = scatter_drawn(noise);
+      // Only what the penalty reads: wgan-gp's interpolation weights, dragan's perturbation (an
+      // unread uniform batch of 64x1x28x28 cost 174 us a critic step, `bench_engine --only random
+      // --threads 1`, AMD Zen 4).
+      const Tensor eps = draws_eps ? my_part(ef::rand({n, 1, 1, 1}, {.dtype = dtype})) : Tensor();
+      const Tensor noise = draws_noise ? my_part(ef::rand(noise_shape, {.dtype = dtype})) : Tensor();
+      // In one process, the whole batch's std; across processes, from every process's part.
+      real_stds[static_cast<size_t>(k)] = !draws_noise     ? 0.0
+                                          : processes == 1 ? std::sqrt(ef::var(ef::flatten(real), {0}).item())
+                                                           : batch_std(real, n, job_sum);
+      add(real);
+      add(z);
+      if (draws_eps) add(eps);
+      if (draws_noise) add(noise);
+    }
+    add(my_part(ef::randn({n, a.z_dim}, {.dtype = dtype})));
+    for (size_t r = 0; r < chunk.size(); ++r) buffers[r].flat.copy_(ef::cat(pieces[r], 0));
+  };
+
+  // --- One generator step on the devices -----------------------------------------------------------------
+  // Its losses, in one tensor on the first device that the host reads after the step: each critic
+  // step's loss, the generator's, then the last critic step's Wasserstein estimate per replica.
+  Tensor step_values;
+  const auto device_step = [&] {
+    std::vector<Tensor> values;
+    std::vector<Tensor> distance(chunk.size());
+    for (int64_t k = 0; k < a.critic_steps; ++k) {
+      const auto kth = [k](const std::vector<Tensor>& v) { return v[static_cast<size_t>(k)]; };
+      const auto reals = critic.scatter(per_device([&](const DeviceBuffers& b) { return kth(b.reals); }));
+      const auto zs = per_device([&](const DeviceBuffers& b) { return kth(b.zs); });
+      const auto epss = per_device([&](const DeviceBuffers& b) { return kth(b.epss); });
+      const auto noises = per_device([&](const DeviceBuffers& b) { return kth(b.noises); });
       par::PerDevice<Tensor> fakes;
       {
         ef::NoGradGuard no_grad;
         fakes = gen(zs);
       }
-      std::vector<Tensor> distance(reals.size());
+      const double real_std = real_stds[static_cast<size_t>(k)];
       const Tensor loss = criterion([&](int r) {
+        const auto i = static_cast<size_t>(r);
         nn::Module& d = critic.replica(r);
-        const Tensor d_real = d(reals[r]), d_fake = d(fakes[r]);
-        distance[static_cast<size_t>(r)] = (ef::mean(d_real) - ef::mean(d_fake)).detach();
+        const Tensor d_real = d(reals[i]), d_fake = d(fakes[i]);
+        distance[i] = (ef::mean(d_real) - ef::mean(d_fake)).detach();
         return ef::losses::wasserstein_critic_loss(d_real, d_fake) +
-               penalty(a, d, reals[r], fakes[r], epss[r], noises[r], real_std);
+               penalty(a, d, reals[i], fakes[i], epss[i], noises[i], real_std);
       });
       opt_d.zero_grad();
       loss.backward();
       opt_d.step();
-      critic_losses.push_back(loss.detach());
-      distances.clear();
-      for (size_t r = 0; r < reals.size(); ++r)
-        distances.emplace_back(distance[r], static_cast<double>(reals[r].size(0)) / static_cast<double>(n));
-      images_seen += n;
+      values.push_back(loss.detach());
     }
-    {
-      const Tensor z = my_part(ef::randn({a.batch_size, a.z_dim}, {.dtype = dtype}));
-      const auto zs = gen.scatter(z);
-      set_critic_trainable(false);
-      const auto fakes = gen(zs);
-      // Weighed by the critic's current batch, the last real batch: the same size, split the same way.
-      const Tensor loss =
-          criterion([&](int r) { return ef::losses::wasserstein_generator_loss(critic.replica(r)(fakes[r])); });
-      opt_g.zero_grad();
-      loss.backward();
-      opt_g.step();
-      if (average) update_average(*average, gen.module(), a.ema_decay, progress.step);
-      set_critic_trainable(true);
-      // The step's host reads, in the order the losses arose (a NaN stops the run before any save).
-      for (size_t k = 0; k < critic_losses.size(); ++k) {
-        critic_loss = critic_losses[k].item();
-        run.check_loss(critic_loss, progress.step + 1, "critic loss",
-                       "step " + std::to_string(progress.step + 1) + " critic " + std::to_string(k + 1));
-      }
-      // The Wasserstein estimate of the last critic step, chunk-weighted over the replicas.
-      wasserstein = 0;
-      for (const auto& [distance, share] : distances) wasserstein += distance.item() * share;
-      wasserstein = job_sum(wasserstein);
-      generator_loss = loss.item();
-      run.check_loss(generator_loss, progress.step + 1, "generator loss",
-                     "step " + std::to_string(progress.step + 1) + " generator");
-    }
-    ++progress.step;
-    seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+    const auto zs = per_device([](const DeviceBuffers& b) { return b.z_gen; });
+    set_critic_trainable(false);
+    const par::PerDevice<Tensor> fakes = gen(zs);
+    // Weighed by the critic's current batch, the last real batch: the same size, split the same way.
+    const Tensor loss =
+        criterion([&](int r) { return ef::losses::wasserstein_generator_loss(critic.replica(r)(fakes[r])); });
+    opt_g.zero_grad();
+    loss.backward();
+    opt_g.step();
+    set_critic_trainable(true);
+    values.push_back(loss.detach());
+    for (const Tensor& d : distance) values.push_back(d.to(first));
+    step_values = ef::stack(values, 0);
+  };
+  ef::ReplayedStep step(devices, device_step, {.record = a.cuda_graph, .warm_up = 2, .log = nullptr});
+
+  // --- Training -----------------------------------------------------------------------------------------------
+  // The host reads a step's losses after queuing the next step (read_later), so that it never waits
+  // for the devices but at evaluations and checkpoints, where it reads every step queued.
+  ef::apps::setup_done();
+  using Clock = std::chrono::steady_clock;
+  ef::apps::ProgressBar bar;
+  bar.start("generator steps", a.steps, progress.step + 1);
+  double seconds = 0;  // training time (without evaluations and checkpoints), up to the last step read
+  auto since = Clock::now();
+  int64_t images_seen = 0;
+  struct Queued {
+    int64_t step;
+    ef::HostValues values;
+    double lr;
+  };
+  std::deque<Queued> queued;
+  // Reads the oldest queued step's losses and logs its row; with `evaluate`, its Frechet distance too.
+  const auto read_oldest = [&](bool evaluate) {
+    Queued q = std::move(queued.front());
+    queued.pop_front();
+    const std::vector<double> v = q.values.get();
+    seconds += std::chrono::duration<double>(Clock::now() - since).count();
+    since = Clock::now();
+    images_seen += n * a.critic_steps;
+    const auto k = static_cast<size_t>(a.critic_steps);
+    // In the order the losses arose (a NaN stops the run before any save).
+    for (size_t c = 0; c < k; ++c)
+      run.check_loss(v[c], q.step, "critic loss",
+                     "step " + std::to_string(q.step) + " critic " + std::to_string(c + 1));
+    const double critic_loss = v[k - 1], generator_loss = v[k];
+    // The Wasserstein estimate of the last critic step, chunk-weighted over the replicas.
+    double wasserstein = 0;
+    for (size_t r = 0; r < chunk.size(); ++r)
+      wasserstein += v[k + 1 + r] * static_cast<double>(chunk[r]) / static_cast<double>(n);
+    wasserstein = job_sum(wasserstein);
+    run.check_loss(generator_loss, q.step, "generator loss", "step " + std::to_string(q.step) + " generator");
     const double images_per_s = static_cast<double>(images_seen) / seconds;
-    bar.update(progress.step, critic_loss, images_per_s);
-    const bool last = progress.step == a.steps;
-    const bool checkpoint = progress.step % a.sample_every == 0 || progress.step % a.fid_every == 0 || last;
-    if (checkpoint) refresh_average_statistics();
-    if (progress.step % a.fid_every == 0 || last) {
-      frechet_distance = frechet();
-      if (!std::isnan(frechet_distance)) {
-        bar.finish();
-        std::printf("step %" PRId64 "  Frechet distance %.3f (floor %.3f)\n", progress.step, frechet_distance,
-                    fid.floor);
-        std::fflush(stdout);
+    bar.update(q.step, critic_loss, images_per_s);
+    double frechet_distance = NAN;
+    if (evaluate) {
+      refresh_average_statistics();
+      if (q.step % a.fid_every == 0 || q.step == a.steps) {
+        frechet_distance = frechet();
+        if (!std::isnan(frechet_distance)) {
+          bar.finish();
+          std::printf("step %" PRId64 "  Frechet distance %.3f (floor %.3f)\n", q.step, frechet_distance, fid.floor);
+          std::fflush(stdout);
+        }
       }
     }
-    run.log({{"step", static_cast<double>(progress.step)},
+    run.log({{"step", static_cast<double>(q.step)},
              {"critic_loss", critic_loss},
              {"generator_loss", generator_loss},
              {"wasserstein", wasserstein},
@@ -524,10 +608,30 @@ int run(const Args& a) {
              {"images_per_s", images_per_s}});
     // TensorBoard only: the last critic step's loss is its Wasserstein term (minus the estimate)
     // plus its penalty, both weighted by chunk as the criterion weighs them.
-    run.scalar("penalty", critic_loss + wasserstein, progress.step);
-    run.scalar("learning_rate", lr, progress.step);
+    run.scalar("penalty", critic_loss + wasserstein, q.step);
+    run.scalar("learning_rate", q.lr, q.step);
+  };
+  while (progress.step < a.steps) {
+    const double lr =
+        a.lr_decay_steps > 0 ? ef::optim::linear_lr(progress.step, a.lr, 1.0, 0.0, a.lr_decay_steps) : a.lr;
+    opt_d.primary().set_lr(lr);
+    opt_g.primary().set_lr(lr);
+    load_step_inputs();
+    step();
+    if (average) update_average(*average, gen.module(), a.ema_decay, progress.step);
+    queued.push_back({progress.step + 1, ef::read_later(step_values), lr});
+    ++progress.step;
+    const bool last = progress.step == a.steps;
+    const bool checkpoint = progress.step % a.sample_every == 0 || progress.step % a.fid_every == 0 || last;
+    if (!checkpoint) {
+      while (queued.size() > 1) read_oldest(false);
+      continue;
+    }
+    while (queued.size() > 1) read_oldest(false);
+    read_oldest(true);
     if (progress.step % a.sample_every == 0 || last) sample(progress.step);
-    if (checkpoint) save();
+    save();
+    since = Clock::now();  // evaluations and checkpoints are not training time
   }
   bar.finish();
   if (fid.net && primary && a.final_fid_samples > 0 && progress.step == a.steps) {
@@ -603,5 +707,9 @@ int main(int argc, char** argv) {
                  "generated (and real) images of the distance after the last step, in evaluation.json (0: none)")
       ->check(CLI::Range(int64_t{0}, int64_t{100000}));
   app.add_option("--classifier", a.classifier, "apps/classify's model.safetensors (the feature space)");
+  app.add_flag("--cuda-graph", a.cuda_graph,
+               "after two eager steps, record one whole generator step (critic steps, penalties' double backward, "
+               "gradient sums, both Adam steps) and replay it: on a GPU one CUDA graph launch a step; on CPU devices "
+               "the recorded kernel calls (the same results; a check of the step, not a speed-up)");
   return ef::apps::run_program(app, argc, argv, "wgan_gp", [&] { return run(a); });
 }

@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "evenflow/engine/backend.h"
+#include "evenflow/engine/capture.h"
 #include "evenflow/engine/context.h"
 #include "evenflow/engine/error.h"
 
@@ -50,7 +51,8 @@ void* CachingAllocator::allocate(size_t nbytes, size_t* block_bytes) {
   std::lock_guard<std::mutex> lock(mu_);
   ++stats_.num_allocs;
   void* ptr = nullptr;
-  Pool* pool = active_pool_ != 0 ? &pools_.at(active_pool_) : nullptr;
+  // Only the step's own allocations (Note [The step's threads] in capture.h).
+  Pool* pool = active_pool_ != 0 && detail::step_thread().in_step ? &pools_.at(active_pool_) : nullptr;
   std::multimap<size_t, void*>& cache = pool ? pool->free_blocks : free_blocks_;
   if (auto it = cache.find(size); it != cache.end()) {
     ptr = it->second;

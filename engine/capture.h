@@ -50,7 +50,23 @@ struct Capture {
 // The number of captures in progress in the process: checks on hot paths test it first.
 extern std::atomic<int> g_recording;
 
-// The capture in progress on `d`, or nullptr.
+// Note [The step's threads]
+// What a step does runs on the thread that calls StepGraph::capture or warm_up and on the threads
+// that run the tasks it posts (the devices' workers: DeviceGroup::run, the backward passes), while
+// other threads may work on the same devices meanwhile -- a data loader filling the next batch on
+// cpu:0. So a recording, and the pool a step allocates from, belong to the step's threads: each
+// thread carries whether it works for a step, and Worker::post hands the poster's state to its task.
+// Only the step's allocations come from its pool, only its calls are recorded, only its host reads
+// are refused. (A CUDA stream cannot tell threads apart: while a step is recorded, nothing else may
+// queue work on its devices' streams.)
+struct StepThread {
+  Capture* capture = nullptr;  // the recording this thread works for
+  bool in_step = false;        // allocations on a device with a pool in use come from it
+};
+StepThread step_thread();            // the calling thread's
+void set_step_thread(StepThread s);  // sets the calling thread's
+
+// The capture in progress on `d` that the calling thread works for, or nullptr.
 Capture* capture_of(const Device& d);
 
 // Scalars that change from step to step (a random draw's seed and offset, Adam's step size and bias

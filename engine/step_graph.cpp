@@ -38,9 +38,22 @@ namespace detail {
 
 std::atomic<int> g_recording{0};
 
+namespace {
+thread_local StepThread tls_step_thread;
+}  // namespace
+
+StepThread step_thread() {
+  return tls_step_thread;
+}
+void set_step_thread(StepThread s) {
+  tls_step_thread = s;
+}
+
 Capture* capture_of(const Device& d) {
   if (g_recording.load(std::memory_order_acquire) == 0) return nullptr;
-  return context(d).capture();
+  Capture* c = tls_step_thread.capture;
+  if (c == nullptr) return nullptr;
+  return std::find(c->devices.begin(), c->devices.end(), d) != c->devices.end() ? c : nullptr;
 }
 
 const void* step_scalars(const Device& d, size_t bytes, std::function<void(void* host)> fill) {
@@ -194,7 +207,8 @@ class RecordingBackend final : public Backend {
   bool normalize_double_backward(const NormArgs& args, const View& dgy, const View& dx, const View& dw, const View& ggx,
                                  const View& ggw, const View& ggb, const View& gy, const View& x, const View& mean,
                                  const View& rstd, const View& weight) override {
-    if (capture_.load(std::memory_order_acquire) == nullptr)
+    Capture* c = capture_.load(std::memory_order_acquire);
+    if (c == nullptr || step_thread().capture != c)
       return kernels_->normalize_double_backward(args, dgy, dx, dw, ggx, ggw, ggb, gy, x, mean, rstd, weight);
     call([=, this] {
       const bool ran = kernels_->normalize_double_backward(args, dgy, dx, dw, ggx, ggw, ggb, gy, x, mean, rstd, weight);
@@ -239,7 +253,7 @@ class RecordingBackend final : public Backend {
   template <typename F>
   void call(F&& run) {
     Capture* c = capture_.load(std::memory_order_acquire);
-    if (c == nullptr) {
+    if (c == nullptr || step_thread().capture != c) {  // not the step's call (Note [The step's threads])
       run();
       return;
     }
@@ -247,7 +261,7 @@ class RecordingBackend final : public Backend {
   }
   void refuse(const char* what) {
     Capture* c = capture_.load(std::memory_order_acquire);
-    if (c == nullptr) return;
+    if (c == nullptr || step_thread().capture != c) return;
     const std::string message =
         str_cat(what, " on a CPU device inside a recorded step: nothing runs while a step is recorded");
     {
@@ -408,10 +422,28 @@ struct StepGraph::Impl {
 StepGraph::StepGraph() : impl_(std::make_unique<Impl>()) {}
 StepGraph::~StepGraph() = default;
 
+namespace {
+// Makes the calling thread (and the tasks it posts) work for a step while it lives (Note [The
+// step's threads]).
+class StepThreadGuard {
+ public:
+  explicit StepThreadGuard(detail::Capture* capture) : previous_(detail::step_thread()) {
+    detail::set_step_thread({.capture = capture, .in_step = true});
+  }
+  ~StepThreadGuard() { detail::set_step_thread(previous_); }
+  StepThreadGuard(const StepThreadGuard&) = delete;
+  StepThreadGuard& operator=(const StepThreadGuard&) = delete;
+
+ private:
+  detail::StepThread previous_;
+};
+}  // namespace
+
 void StepGraph::warm_up(const std::vector<Device>& devices, const std::function<void()>& step) {
   Impl::check_devices("StepGraph::warm_up", devices);
   impl_->use_pools(devices, true);
   try {
+    const StepThreadGuard in_step(nullptr);
     step();
   } catch (...) {
     impl_->use_pools(devices, false);
@@ -442,6 +474,7 @@ void StepGraph::capture(const std::vector<Device>& devices, const std::function<
   try {
     recording = devices[0].is_cuda() ? detail::begin_cuda_recording(devices)
                                      : std::make_unique<detail::CpuRecording>(devices, capture.get());
+    const StepThreadGuard in_step(capture.get());
     step();
     // The backward passes' bookkeeping ends with the step: nothing of it may run after.
     recording->end();

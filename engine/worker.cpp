@@ -1,5 +1,6 @@
 #include "evenflow/engine/worker.h"
 
+#include "evenflow/engine/capture.h"
 #include "evenflow/engine/error.h"
 
 namespace evenflow {
@@ -31,6 +32,16 @@ Worker* Worker::current() {
 }
 
 void Worker::post(std::function<void()> task) {
+  // A step's task works for the step (Note [The step's threads] in capture.h).
+  const detail::StepThread poster = detail::step_thread();
+  if (poster.in_step) {
+    task = [poster, inner = std::move(task)] {
+      const detail::StepThread previous = detail::step_thread();
+      detail::set_step_thread(poster);
+      inner();
+      detail::set_step_thread(previous);
+    };
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     tasks_.push_back(std::move(task));

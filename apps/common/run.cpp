@@ -38,6 +38,9 @@ void add_run_options(CLI::App& app, RunOptions& o, const std::string& seed_help)
   app.add_flag("--cudnn-benchmark", o.cudnn_benchmark,
                "on CUDA, time each convolution shape's cuDNN algorithms at its first call and keep the fastest "
                "(PyTorch's cudnn.benchmark; without it, cuDNN's heuristic choice, the same in every run)");
+  app.add_flag("--cudnn-deterministic", o.cudnn_deterministic,
+               "on CUDA, only cuDNN algorithms that repeat bit for bit (PyTorch's cudnn.deterministic): two runs with "
+               "the same settings then give the same losses");
 }
 
 void add_epoch_options(CLI::App& app, EpochOptions& o, const std::string& seed_help) {
@@ -128,9 +131,10 @@ Run::Run(const RunOptions& options, fs::path out, std::vector<std::string> metri
       metadata_(std::move(metadata)),
       metrics_(std::move(metric_columns)),
       primary_(primary_process()) {
-  if (options_.cudnn_benchmark) {
+  if (options_.cudnn_benchmark || options_.cudnn_deterministic) {
     CudaMath math = cuda_math();
-    math.benchmark = true;
+    math.benchmark = math.benchmark || options_.cudnn_benchmark;
+    math.deterministic = math.deterministic || options_.cudnn_deterministic;
     set_cuda_math(math);
   }
   if (!primary_) return;

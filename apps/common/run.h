@@ -47,11 +47,12 @@ struct RunOptions {
   bool resume = false;
   bool overwrite = false;
   bool print_loss = false;
-  bool cudnn_benchmark = false;  // CudaMath::benchmark, set by Run
+  bool cudnn_benchmark = false;      // CudaMath::benchmark, set by Run
+  bool cudnn_deterministic = false;  // CudaMath::deterministic, set by Run
 };
 
 // --devices, --seed (described by seed_help), --dtype, --precision, --data, --out, --workers,
-// --threads, --resume, --overwrite, --print-loss, --cudnn-benchmark.
+// --threads, --resume, --overwrite, --print-loss, --cudnn-benchmark, --cudnn-deterministic.
 void add_run_options(CLI::App& app, RunOptions& o, const std::string& seed_help);
 
 // The dtype the model's products and convolutions compute in for --precision (Note [bfloat16

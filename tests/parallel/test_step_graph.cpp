@@ -6,6 +6,7 @@
 // same checks on CUDA devices run where a GPU is ("cuda step graph: ..."; scripts/gpu_check.sh).
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <memory>
 #include <string>
 #include <vector>
@@ -281,4 +282,95 @@ TEST_CASE("step graph: a step that cannot be recorded runs eagerly, saying why")
   CHECK(seen == 3.0);
   CHECK(log.find("running the step eagerly") != std::string::npos);
   CHECK(log.find("item()") != std::string::npos);
+}
+
+// --- On a GPU (scripts/gpu_check.sh; EF_CUDA_DEVICES=0,0 makes two logical devices of one GPU) ------------
+
+namespace {
+// cuDNN's algorithms that repeat bit for bit, while it lives: eager and replayed steps compared
+// bitwise must run the same sums.
+struct DeterministicCudnn {
+  CudaMath saved = cuda_math();
+  DeterministicCudnn() {
+    CudaMath m = saved;
+    m.deterministic = true;
+    set_cuda_math(m);
+  }
+  ~DeterministicCudnn() { set_cuda_math(saved); }
+};
+}  // namespace
+
+TEST_CASE("cuda step graph: replayed critic steps with a gradient penalty equal eager ones bitwise") {
+  if (!evenflow::testing::cuda_devices_available(1)) return;
+  const DeterministicCudnn deterministic;
+  for (const DType dtype : {kFloat32, kFloat64}) {
+    CAPTURE(dtype_name(dtype));
+    std::string log;
+    const Trace eager = train_critic({cuda(0)}, dtype, false, 8, true);
+    const Trace replayed = train_critic({cuda(0)}, dtype, true, 8, true, &log);
+    MESSAGE(log);
+    check_equal(eager, replayed);
+    CHECK(log.find("recorded the step on cuda:0") != std::string::npos);
+    CHECK(eager.losses.front() != eager.losses.back());
+  }
+}
+
+TEST_CASE("cuda step graph: two logical devices replay what they run eagerly, and what one device runs (float64)") {
+  if (!evenflow::testing::cuda_devices_available(2)) return;
+  const DeterministicCudnn deterministic;
+  const Trace one = train_critic({cuda(0)}, kFloat64, true, 6, true);
+  const Trace eager = train_critic({cuda(0), cuda(1)}, kFloat64, false, 6, true);
+  std::string log;
+  const Trace replayed = train_critic({cuda(0), cuda(1)}, kFloat64, true, 6, true, &log);
+  MESSAGE(log);
+  check_equal(eager, replayed);
+  // cuDNN's sums over other chunks, in float64 (as the data-parallel CUDA tests allow).
+  for (size_t s = 0; s < one.losses.size(); ++s)
+    CHECK(std::abs(replayed.losses[s] - one.losses[s]) <= 1e-9 * (1.0 + std::abs(one.losses[s])));
+}
+
+TEST_CASE("cuda step graph: what a recorded step may not do is refused, and the device works after") {
+  if (!evenflow::testing::cuda_devices_available(1)) return;
+  const Device d = cuda(0);
+  const Tensor w = ones({4}, {.device = d});
+  StepGraph g;
+  const std::string read = error_of([&] { g.capture({d}, [&] { (void)sum(w * 2.0).item(); }); });
+  CHECK(read.find("inside a recorded step") != std::string::npos);
+  const Tensor host = ones({4});
+  const std::string copy = error_of([&] { g.capture({d}, [&] { w.copy_(host); }); });
+  CHECK(copy.find("a copy from host memory on cuda:0 inside a recorded step") != std::string::npos);
+  const std::string sync = error_of([&] { g.capture({d}, [&] { synchronize(d); }); });
+  CHECK(sync.find("synchronize") != std::string::npos);
+  CHECK(g.empty());
+  CHECK(sum(w * 2.0).item() == 8.0);  // the stream left capture mode
+  // A step recorded after the refusals replays.
+  Tensor x = zeros({3}, {.device = d});
+  g.capture({d}, [&] { x.add_(ones({3}, {.device = d})); });
+  for (int i = 0; i < 3; ++i) g.replay();
+  CHECK(x.to_vector() == std::vector<double>{3, 3, 3});
+  CHECK(g.stats().calls >= 2);
+}
+
+TEST_CASE("cuda step graph: a changed signature or math setting records the step again, saying so") {
+  if (!evenflow::testing::cuda_devices_available(1)) return;
+  const Device d = cuda(0);
+  Tensor x = zeros({2}, {.device = d});
+  std::string log;
+  ReplayedStep step({d}, [&] { x.add_(ones({2}, {.device = d})); },
+                    {.warm_up = 1, .log = [&](const std::string& line) { log += line + "\n"; }});
+  step("batch 2");
+  step("batch 2");
+  CHECK(step.replayed());
+  const CudaMath saved = cuda_math();
+  CudaMath m = saved;
+  m.allow_tf32_conv = !m.allow_tf32_conv;
+  set_cuda_math(m);
+  step("batch 2");
+  set_cuda_math(saved);
+  CHECK(!step.replayed());
+  CHECK(log.find("the step changed") != std::string::npos);
+  step("batch 3");
+  step("batch 3");
+  CHECK(step.replayed());
+  CHECK(x.to_vector()[0] == 5.0);
 }

@@ -229,6 +229,77 @@ TEST_CASE("wgan_gp: two CUDA logical devices equal one CPU device (float64)") {
   }
 }
 
+// --cuda-graph records one generator step after two eager ones and replays it (Note [Step buffers] in
+// apps/wgan_gp.cpp). On CPU devices the replay runs the recorded kernel calls: the eager run's losses
+// to the bit, every penalty, and a --resume of a recorded run continues it exactly.
+TEST_CASE("wgan_gp: --cuda-graph on CPU devices replays the eager run's losses bitwise, and resumes exactly") {
+  Data data;
+  for (const char* variant : {"--norm layernorm --penalty wgan-gp", "--norm syncbn --penalty r1"}) {
+    CAPTURE(variant);
+    TempDir eager, recorded, split;
+    const std::string common = data.args() + variant + " --devices cpu:2 --critic-steps 2 --print-loss ";
+    const AppResult a = run_wgan(common + "--steps 5 --out " + eager.path().string());
+    const AppResult b = run_wgan(common + "--steps 5 --cuda-graph --out " + recorded.path().string());
+    REQUIRE_MESSAGE(a.rc == 0, a.output);
+    REQUIRE_MESSAGE(b.rc == 0, b.output);
+    CHECK(b.output.find("step graph: recorded the step on cpu:0 and 1 more") != std::string::npos);
+    const auto reference = labelled_losses(a.output);
+    REQUIRE(reference.size() == 15);
+    CHECK(labelled_losses(b.output) == reference);  // bitwise
+    const AppResult first = run_wgan(common + "--steps 3 --cuda-graph --out " + split.path().string());
+    const AppResult resumed = run_wgan(common + "--steps 5 --cuda-graph --resume --out " + split.path().string());
+    REQUIRE_MESSAGE(first.rc == 0, first.output);
+    REQUIRE_MESSAGE(resumed.rc == 0, resumed.output);
+    CHECK(losses_of(first, resumed) == reference);
+  }
+  const AppResult dragan = run_wgan(data.args() + "--penalty dragan --cuda-graph --steps 1");
+  CHECK(dragan.rc == 2);
+  CHECK(dragan.output.find("--cuda-graph with --penalty dragan") != std::string::npos);
+}
+
+// On a GPU: the recorded step is one CUDA graph. With cuDNN's deterministic algorithms the replays
+// give the eager run's losses to the bit, in float32 and float64; on two logical devices of the GPU
+// (one graph over both streams) they equal one device's in float64 to cuDNN's rounding; a --resume
+// continues a recorded run exactly.
+TEST_CASE("wgan_gp: --cuda-graph on a GPU replays the eager run bitwise, on two logical devices too, and resumes") {
+  if (!cuda_devices_available(2)) return;
+  Data data;
+  for (const char* dtype : {"float32", "float64"}) {
+    CAPTURE(dtype);
+    TempDir eager, recorded, split;
+    const std::string common =
+        data.args() + "--dtype " + dtype + " --devices cuda:0 --cudnn-deterministic --critic-steps 2 --print-loss ";
+    const AppResult a = run_wgan(common + "--steps 6 --out " + eager.path().string());
+    const AppResult b = run_wgan(common + "--steps 6 --cuda-graph --out " + recorded.path().string());
+    REQUIRE_MESSAGE(a.rc == 0, a.output);
+    REQUIRE_MESSAGE(b.rc == 0, b.output);
+    CHECK(b.output.find("step graph: recorded the step on cuda:0") != std::string::npos);
+    const auto reference = labelled_losses(a.output);
+    REQUIRE(reference.size() == 18);
+    CHECK(labelled_losses(b.output) == reference);
+    const AppResult first = run_wgan(common + "--steps 3 --cuda-graph --out " + split.path().string());
+    const AppResult resumed = run_wgan(common + "--steps 6 --cuda-graph --resume --out " + split.path().string());
+    REQUIRE_MESSAGE(first.rc == 0, first.output);
+    REQUIRE_MESSAGE(resumed.rc == 0, resumed.output);
+    CHECK(losses_of(first, resumed) == reference);
+  }
+  TempDir one, two;
+  const std::string common =
+      data.args() + "--dtype float64 --cudnn-deterministic --critic-steps 2 --steps 4 --cuda-graph --print-loss ";
+  const AppResult a = run_wgan(common + "--devices cuda:0 --out " + one.path().string());
+  const AppResult b = run_wgan(common + "--devices cuda:0,1 --out " + two.path().string());
+  REQUIRE_MESSAGE(a.rc == 0, a.output);
+  REQUIRE_MESSAGE(b.rc == 0, b.output);
+  CHECK(b.output.find("step graph: recorded the step on cuda:0 and 1 more") != std::string::npos);
+  const auto la = labelled_losses(a.output), lb = labelled_losses(b.output);
+  REQUIRE(la.size() == 12);
+  REQUIRE(lb.size() == la.size());
+  for (size_t i = 0; i < la.size(); ++i) {
+    CAPTURE(la[i].first);
+    CHECK(std::abs(lb[i].second - la[i].second) <= 1e-9 * (1.0 + std::abs(la[i].second)));
+  }
+}
+
 TEST_CASE("wgan_gp: a classifier whose weights hold NaN is refused, naming the file and the tensor") {
   Data data;
   TempDir out;
