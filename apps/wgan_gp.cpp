@@ -42,6 +42,8 @@
 #include "apps/common/run.h"
 #include "apps/common/wgan_critic.h"
 #include "apps/common/wgan_generator.h"
+#include "apps/common/wgan_resnet.h"
+#include "evenflow/data/dataset.h"
 #include "evenflow/data/fashion_mnist.h"
 #include "evenflow/data/loader.h"
 #include "evenflow/engine/device.h"
@@ -73,10 +75,11 @@ struct Args : ef::apps::RunOptions {
   double lambda = 10.0;
   double lr = 2e-4, beta1 = 0.0, beta2 = 0.9;  // the paper's 1e-4 ends the default run at 38 instead of 23
   int64_t lr_decay_steps = 0;                  // Note [Learning-rate decay]
-  std::string norm = "layernorm";
+  std::string model = "dcgan";                 // Note [Models]
+  std::string norm;                            // the model's: layernorm (dcgan), none (resnet)
   std::string penalty = "wgan-gp";
   std::string layout = "channels-last";  // Note [Channels-last] in engine/ops.h
-  int64_t width = 32;
+  int64_t width = 0;                     // the model's: 32 (dcgan), 128 (resnet)
   int64_t z_dim = 128;
   int64_t sample_every = 100;
   int64_t fid_every = 1000;
@@ -155,6 +158,7 @@ std::map<std::string, std::string> run_metadata(const Args& a) {
           {"lambda", ef::apps::metadata_number(a.lambda)},
           {"lr", ef::apps::metadata_number(a.lr)},
           {"lr_decay_steps", std::to_string(a.lr_decay_steps)},
+          {"model", a.model},
           {"norm", a.norm},
           {"penalty", a.penalty},
           {"seed", std::to_string(a.seed)},
@@ -236,8 +240,21 @@ Tensor own_noise(const Args& a, int64_t count, uint64_t stream, ef::DType dtype)
   ef::set_generator_state(host, training);
   return z;
 }
+// `count` synthetic images [count, shape...], uniform in [0, 1] as FashionMNIST's pixels are, from their
+// own stream, as own_noise (Note [Models]).
+Tensor own_images(const Args& a, int64_t count, const ef::Shape& shape, uint64_t stream) {
+  const ef::Device host = ef::cpu();
+  const ef::GeneratorState training = ef::generator_state(host);
+  ef::manual_seed(host, a.seed ^ stream);
+  ef::Shape full = shape;
+  full.insert(full.begin(), count);
+  Tensor images = ef::rand(full, {.dtype = ef::kFloat32});
+  ef::set_generator_state(host, training);
+  return images;
+}
 constexpr uint64_t kFinalNoiseStream = 0x9e3779b97f4a7c15ULL;         // Note [Final evaluation]
 constexpr uint64_t kAverageStatisticsStream = 0x6a09e667f3bcc909ULL;  // Note [Generator average]
+constexpr uint64_t kSyntheticImagesStream = 0xbb67ae8584caa73bULL;    // Note [Models]
 
 int run(const Args& a) {
   // --- Setup: every failure here is a bad argument or a missing file (exit 2) ----------------------
@@ -251,6 +268,11 @@ int run(const Args& a) {
   EF_CHECK(a.dtype == "float32" || a.dtype == "float64", "--dtype must be float32 or float64, got \"", a.dtype, "\"");
   EF_CHECK(a.norm == "none" || a.norm == "layernorm" || a.norm == "syncbn",
            "--norm must be none, layernorm or syncbn, got \"", a.norm, "\"");
+  const bool resnet = a.model == "resnet";
+  EF_CHECK(!resnet || a.norm == "none",
+           "--model resnet: its critic has no normalization (the paper's); --norm "
+           "must be none, got \"",
+           a.norm, "\"");
   EF_CHECK(a.penalty == "wgan-gp" || a.penalty == "dragan" || a.penalty == "r1",
            "--penalty must be wgan-gp, dragan or r1, got \"", a.penalty, "\"");
   EF_CHECK(a.lr_decay_steps == 0 || a.steps <= a.lr_decay_steps, "--steps ", a.steps, " beyond --lr-decay-steps ",
@@ -270,12 +292,17 @@ int run(const Args& a) {
   if (primary) fs::create_directories(fs::path(a.out) / "samples");
   // A classifier asked for by name must be there; only the default may be missing (metric skipped).
   std::error_code ec;
-  const bool have_classifier = fs::exists(a.classifier, ec);
+  const bool have_classifier = !resnet && fs::exists(a.classifier, ec);
   EF_CHECK(!ec, "--classifier ", a.classifier, ": ", ec.message());
-  EF_CHECK(have_classifier || a.classifier == Args::kDefaultClassifier, "--classifier ", a.classifier,
+  EF_CHECK(have_classifier || resnet || a.classifier == Args::kDefaultClassifier, "--classifier ", a.classifier,
            " does not exist");
-  auto train_set = std::make_shared<ef::data::FashionMNIST>(ef::data::Split::Train, a.data);
-  const ef::data::FashionMNIST test_set(ef::data::Split::Test, a.data);
+  // The images: FashionMNIST's, or for the ResNet a synthetic set (Note [Models]).
+  const int64_t channels = resnet ? 3 : 1, image_size = resnet ? 32 : 28;
+  std::shared_ptr<ef::data::FashionMNIST> train_set, test_set;
+  if (!resnet) {
+    train_set = std::make_shared<ef::data::FashionMNIST>(ef::data::Split::Train, a.data);
+    test_set = std::make_shared<ef::data::FashionMNIST>(ef::data::Split::Test, a.data);
+  }
 
   // Host draws (noise, interpolation weights) come from cpu:0's generator: part of the checkpoint.
   ef::manual_seed(a.seed);
@@ -285,12 +312,19 @@ int run(const Args& a) {
   // which writes the images, and the critic's first, which reads them (set_precision); the penalty's
   // norm and everything else float32 (Note [bfloat16 compute]).
   const bool channels_last = a.layout == "channels-last";
-  auto generator =
-      std::make_shared<ef::apps::WganGenerator>(a.z_dim, a.width, nn::ModuleOptions{.dtype = dtype}, channels_last);
-  auto critic_net =
-      std::make_shared<ef::apps::WganCritic>(a.width, a.norm, nn::ModuleOptions{.dtype = dtype}, channels_last);
-  ef::apps::set_precision(*generator, compute, ef::apps::WganGenerator::kImageLayer);
-  ef::apps::set_precision(*critic_net, compute, ef::apps::WganCritic::kImageLayer);
+  const nn::ModuleOptions options{.dtype = dtype};
+  std::shared_ptr<nn::Module> generator, critic_net;
+  if (resnet) {
+    generator = std::make_shared<ef::apps::WganResnetGenerator>(a.z_dim, a.width, options, channels_last);
+    critic_net = std::make_shared<ef::apps::WganResnetCritic>(a.width, options, channels_last);
+    ef::apps::set_precision(*generator, compute, ef::apps::WganResnetGenerator::kImageLayers);
+    ef::apps::set_precision(*critic_net, compute, ef::apps::WganResnetCritic::kImageLayers);
+  } else {
+    generator = std::make_shared<ef::apps::WganGenerator>(a.z_dim, a.width, options, channels_last);
+    critic_net = std::make_shared<ef::apps::WganCritic>(a.width, a.norm, options, channels_last);
+    ef::apps::set_precision(*generator, compute, ef::apps::WganGenerator::kImageLayer);
+    ef::apps::set_precision(*critic_net, compute, ef::apps::WganCritic::kImageLayer);
+  }
   par::DataParallelModel gen(generator, devices);
   par::DataParallelModel critic(critic_net, devices);
   const ef::optim::AdamOptions adam{.lr = a.lr, .betas = {a.beta1, a.beta2}};
@@ -319,10 +353,12 @@ int run(const Args& a) {
     ef::io::check_finite(*fid.net, "--classifier " + a.classifier);
     fid.net->to(first);
     fid.noise = fid_noise;
-    fid.reference = ef::apps::feature_stats(fid.features(dataset_images(test_set, test_set.size(), dtype, first)));
+    fid.reference = ef::apps::feature_stats(fid.features(dataset_images(*test_set, test_set->size(), dtype, first)));
     fid.floor = fid.floor_of(*train_set, a.fid_samples, dtype, first);
     std::printf("Frechet distance floor (%" PRId64 " real training images vs the test set): %.3f\n", a.fid_samples,
                 fid.floor);
+  } else if (resnet) {
+    std::printf("--model resnet trains on synthetic images: no Frechet distance\n");
   } else {
     std::printf("no classifier at %s: the Frechet distance is skipped (train one with apps/classify)\n",
                 a.classifier.c_str());
@@ -335,21 +371,35 @@ int run(const Args& a) {
   run.resume(state, "generator step");
   ef::io::TrainingProgress& progress = run.progress();
 
-  std::printf("training on %s, %s, batch %" PRId64 ", %" PRId64
+  std::printf("training %s (width %" PRId64 ") on %s, %s, batch %" PRId64 ", %" PRId64
               " critic steps per generator step, norm %s, penalty %s, layout %s\n",
-              ef::apps::describe_devices(devices).c_str(), ef::apps::describe_precision(a).c_str(), a.batch_size,
-              a.critic_steps, a.norm.c_str(), a.penalty.c_str(), a.layout.c_str());
+              a.model.c_str(), a.width, ef::apps::describe_devices(devices).c_str(),
+              ef::apps::describe_precision(a).c_str(), a.batch_size, a.critic_steps, a.norm.c_str(), a.penalty.c_str(),
+              a.layout.c_str());
   std::fflush(stdout);
 
-  ef::data::DataLoader loader(train_set, {.batch_size = a.batch_size,
-                                          .shuffle = true,
-                                          .seed = a.seed,
-                                          .drop_last = true,
-                                          .num_workers = a.workers,
-                                          .device = ef::cpu(),
-                                          .batch_part = critic.batch_part()});
+  // Note [Models]
+  // --model dcgan (the default) is the DCGAN-style pair of apps/common/wgan_{generator,critic}.h on
+  // FashionMNIST, small enough for a CPU; --model resnet is the WGAN-GP paper's CIFAR-10 ResNet
+  // (apps/common/wgan_resnet.h, width 128: ~1.2M parameters a network), a model that keeps a GPU busy.
+  // CIFAR-10 is not packaged here, so the ResNet trains on a synthetic set of 2048 RGB images, drawn
+  // from --seed (uniform noise: for speed and correctness checks, not for sample quality; no Frechet
+  // distance, which needs FashionMNIST's classifier).
+  std::shared_ptr<ef::data::Dataset> images_set = train_set;
+  if (resnet) {
+    const Tensor synthetic = own_images(a, 2048, {channels, image_size, image_size}, kSyntheticImagesStream);
+    images_set = std::make_shared<ef::data::TensorDataset>(
+        ef::data::Batch{synthetic, ef::zeros({synthetic.size(0)}, {.dtype = ef::kInt64})});
+  }
+  ef::data::DataLoader loader(images_set, {.batch_size = a.batch_size,
+                                           .shuffle = true,
+                                           .seed = a.seed,
+                                           .drop_last = true,
+                                           .num_workers = a.workers,
+                                           .device = ef::cpu(),
+                                           .batch_part = critic.batch_part()});
   const int64_t per_epoch = loader.num_batches();
-  EF_CHECK(per_epoch > 0, "the training set has fewer images (", train_set->size(), ") than a batch (", a.batch_size,
+  EF_CHECK(per_epoch > 0, "the training set has fewer images (", images_set->size(), ") than a batch (", a.batch_size,
            ")");
 
   // --- Pieces of a step ---------------------------------------------------------------------------------
@@ -431,7 +481,7 @@ int run(const Args& a) {
   const int64_t n = a.batch_size;  // the whole batch, over every process (the loader drops a last partial one)
   const int64_t part = processes == 1 ? n : par::process_share(n, critic.size(), *par::processes()).count;
   const std::vector<int64_t> chunk = par::split_sizes(part, critic.size());
-  const int64_t image_numel = 28 * 28;
+  const int64_t image_numel = channels * image_size * image_size;
   const bool draws_eps = a.penalty == "wgan-gp", draws_noise = a.penalty == "dragan";
   // Per sample, per critic step: the image, z, eps, noise; then z of the generator step.
   const int64_t per_sample_critic = image_numel + a.z_dim + (draws_eps ? 1 : 0) + (draws_noise ? image_numel : 0);
@@ -454,10 +504,10 @@ int run(const Args& a) {
       return view;
     };
     for (int64_t k = 0; k < a.critic_steps; ++k) {
-      b.reals.push_back(take({m, 1, 28, 28}));
+      b.reals.push_back(take({m, channels, image_size, image_size}));
       b.zs.push_back(take({m, a.z_dim}));
       b.epss.push_back(draws_eps ? take({m, 1, 1, 1}) : Tensor());
-      b.noises.push_back(draws_noise ? take({m, 1, 28, 28}) : Tensor());
+      b.noises.push_back(draws_noise ? take({m, channels, image_size, image_size}) : Tensor());
     }
     b.z_gen = take({m, a.z_dim});
   }
@@ -685,7 +735,11 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--beta1", a.beta1, "Adam beta1, in [0, 1)")->check(CLI::Range(0.0, 1.0) & ef::apps::finite());
   app.add_option("--beta2", a.beta2, "Adam beta2, in [0, 1)")->check(CLI::Range(0.0, 1.0) & ef::apps::finite());
-  app.add_option("--norm", a.norm, "critic normalization: none, layernorm, syncbn");
+  app.add_option("--model", a.model,
+                 "dcgan: the DCGAN-style networks on FashionMNIST; resnet: the WGAN-GP paper's CIFAR-10 ResNet on "
+                 "synthetic 32x32 RGB images (no Frechet distance)")
+      ->check(CLI::IsMember({"dcgan", "resnet"}));
+  app.add_option("--norm", a.norm, "critic normalization: none, layernorm, syncbn (default: layernorm; resnet: none)");
   app.add_option("--penalty", a.penalty, "wgan-gp, dragan or r1");
   app.add_option("--layout", a.layout,
                  "channels-last: both networks' convolutions keep their activations channels-last (NHWC in "
@@ -696,7 +750,9 @@ int main(int argc, char** argv) {
                  "the samples, the Frechet distance and generator.safetensors come from an exponential moving "
                  "average of the generator's weights with this decay (0: from the trained generator, as the paper)")
       ->check(CLI::Range(0.0, 0.99999));
-  app.add_option("--width", a.width, "channels of the first critic layer / last generator layer (1 to 4096)")
+  app.add_option("--width", a.width,
+                 "channels of the first critic layer / last generator layer, 1 to 4096 (default: dcgan 32, resnet "
+                 "128)")
       ->check(CLI::Range(int64_t{1}, int64_t{4096}));
   app.add_option("--z-dim", a.z_dim, "noise dimension (1 to 65536)")->check(CLI::Range(int64_t{1}, int64_t{65536}));
   app.add_option("--sample-every", a.sample_every, "write a sample grid every K steps")->check(CLI::PositiveNumber);
@@ -711,5 +767,10 @@ int main(int argc, char** argv) {
                "after two eager steps, record one whole generator step (critic steps, penalties' double backward, "
                "gradient sums, both Adam steps) and replay it: on a GPU one CUDA graph launch a step; on CPU devices "
                "the recorded kernel calls (the same results; a check of the step, not a speed-up)");
-  return ef::apps::run_program(app, argc, argv, "wgan_gp", [&] { return run(a); });
+  return ef::apps::run_program(app, argc, argv, "wgan_gp", [&] {
+    // The model's defaults (Note [Models]).
+    if (a.width == 0) a.width = a.model == "resnet" ? 128 : 32;
+    if (a.norm.empty()) a.norm = a.model == "resnet" ? "none" : "layernorm";
+    return run(a);
+  });
 }

@@ -196,6 +196,8 @@ verify_stamp() {
 mode=check
 allow_dirty=0
 deadline=540
+all_stages="parity,graph,data-parallel,speed,sanitizer"
+stages=$all_stages
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --prepare) mode=prepare; shift ;;
@@ -203,9 +205,17 @@ while [[ $# -gt 0 ]]; do
     --deadline)
       [[ $# -ge 2 && "$2" =~ ^[0-9]+$ ]] || { echo "gpu_check.sh: --deadline takes a number of seconds" >&2; exit 2; }
       deadline=$2; shift 2 ;;
-    *) echo "gpu_check.sh: unknown argument $1 (--prepare [--allow-dirty], or --deadline SECONDS)" >&2; exit 2 ;;
+    --stages)
+      [[ $# -ge 2 ]] || { echo "gpu_check.sh: --stages takes a list ($all_stages)" >&2; exit 2; }
+      stages=$2; shift 2 ;;
+    *) echo "gpu_check.sh: unknown argument $1 (--prepare [--allow-dirty], or --deadline SECONDS --stages $all_stages)" >&2; exit 2 ;;
   esac
 done
+for s in ${stages//,/ }; do
+  [[ ",$all_stages," == *",$s,"* ]] || { echo "gpu_check.sh: unknown stage $s (of $all_stages)" >&2; exit 2; }
+done
+# Whether a stage after the build was asked for (--stages; probe and build always run).
+wanted() { [[ ",$stages," == *",$1,"* ]]; }
 
 # --- Here: gather, rehearse, stamp -------------------------------------------------------------------
 if [[ $mode == prepare ]]; then
@@ -404,11 +414,42 @@ run_tests() {  # run_tests REGEX EXPECTED_COUNT PARALLEL
   grep -q "tests passed.* out of $2\$" /tmp/ef_ctest.log || { echo "gpu_check: expected $2 tests matching '$1'"; return 1; }
   return "$rc"
 }
-parity() { run_tests '^(cuda|CUDA|nccl|every loss on a CUDA|NaN propagates.*CUDA)' 20 4; }
+parity() { run_tests '^(cuda|CUDA|nccl|every loss on a CUDA|NaN propagates.*CUDA)' 24 4; }
 # The counts, and each test that did not pass, into the summary.
 ctest_results() { [[ -f "$1" ]] && grep -E 'tests passed|\((Failed|Timeout|Not Run|SEGFAULT|Subprocess aborted)\)' "$1" | sed 's/^ */    /' | tee -a "$summary"; }
-stage parity parity.log 30 200 parity
-ctest_results "$logs/parity.log"
+if wanted parity; then
+  stage parity parity.log 30 200 parity
+  ctest_results "$logs/parity.log"
+fi
+
+# 3b. The step recorded as one CUDA graph (engine/step_graph.h; the unit cases "cuda step graph: ..."
+# ran in parity): wgan_gp --cuda-graph against its eager run bitwise (float32, float64), on two
+# logical devices against one, and a --resume; then the step's speed, eager and recorded, against
+# PyTorch's eager step and its whole-step torch.cuda.graph capture (scripts/wgan_gp_torch.py
+# --cuda-graph: its error where it cannot capture), for the DCGAN-style networks on FashionMNIST and
+# the paper's CIFAR-10 ResNet (synthetic images), float32 (TF32 convolutions on both sides) and bf16.
+graph() {
+  local rc=0 data=$deps/data/fashion-mnist rounds=${GRAPH_ROUNDS:-1}
+  run_tests 'cuda-graph on a GPU' 1 1 || rc=1
+  for graph_flag in "" --cuda-graph; do
+    PYTHON=$python bash scripts/bench_wgan_gp.sh --build "$build" --devices cuda:0 --data "$data" --steps 200 \
+      --rounds "$rounds" $graph_flag || rc=1
+  done
+  PYTHON=$python bash scripts/bench_wgan_gp.sh --build "$build" --devices cuda:0 --data "$data" --steps 200 \
+    --rounds "$rounds" --precision bf16 --cuda-graph || rc=1
+  for graph_flag in "" --cuda-graph; do
+    PYTHON=$python bash scripts/bench_wgan_gp.sh --build "$build" --devices cuda:0 --model resnet --steps 50 \
+      --rounds "$rounds" $graph_flag || rc=1
+  done
+  return "$rc"
+}
+if wanted graph; then
+  stage "cuda graph" graph.log 60 300 graph
+  ctest_results "$logs/graph.log"
+  [[ -f "$logs/graph.log" ]] && { echo; echo '```'
+    grep -E '^(== evenflow wgan_gp|step graph:|evenflow |pytorch |ratio |round |note:)' "$logs/graph.log"
+    echo '```'; } >>"$summary"
+fi
 
 # 4. Data parallel on two logical devices of GPU 0, then memory balance and step time on four.
 data_parallel() {
@@ -417,8 +458,10 @@ data_parallel() {
   EF_CUDA_DEVICES=0,0,0,0 "$build/apps/bench_parallel" --devices cuda || rc=1
   return "$rc"
 }
-stage "data parallel" data_parallel.log 30 150 data_parallel
-ctest_results "$logs/data_parallel.log"
+if wanted data-parallel; then
+  stage "data parallel" data_parallel.log 30 150 data_parallel
+  ctest_results "$logs/data_parallel.log"
+fi
 
 # 5. Speed against PyTorch on the same GPU, TF32 in convolutions only on both sides (both defaults).
 speed() {
@@ -438,10 +481,10 @@ speed() {
     --data "$deps/data/fashion-mnist" --steps 30 --precision bf16 || rc=1
   return "$rc"
 }
-stage speed speed.log 60 200 speed
+wanted speed && stage speed speed.log 60 200 speed
 # The engine tables' rows (both sides, then evenflow's own cases), the programs' results, and each
 # bfloat16 convolution's timed choice.
-[[ -f "$logs/speed.log" ]] && { echo; echo '```'
+wanted speed && [[ -f "$logs/speed.log" ]] && { echo; echo '```'
   grep -E '^(device|case|matmul|conv|layer_norm|batch_norm|add_|copy_|layout_copy|wgan_|random_|overhead|evenflow|pytorch|ratio|epoch|[0-9]+ )' \
     "$logs/speed.log" | grep -v '^evenflow cuDNN'
   grep '^evenflow cuDNN.* ms, rounded' "$logs/speed.log" | sort -u; echo '```'; } >>"$summary"
@@ -471,11 +514,16 @@ sanitizer_run() {
   echo "sanitizer: $tool on $(basename "$binary") -tc=\"$cases\": $verdict${found:+; $found}${counts:+; $counts} ($((SECONDS - start)) s)"
   return $((rc != 0))
 }
-# The CUDA-graph path's sanitizer runs go here, with that path (to be added: memcheck, synccheck and
-# racecheck over the graph tests' capture and replay, one sanitizer_run each, with caps that keep the
-# stage within its own). Called by sanitize() after racecheck, before the last memcheck run.
+# The recorded step (engine/step_graph.h): memcheck and synccheck over the CUDA step-graph cases,
+# which record a critic step with its double backward and replay it as one CUDA graph, and compare
+# with the eager step; racecheck over the replays of the smaller cases.
 sanitize_graph() {
-  return 0
+  local rc=0 parallel=$build/tests/test_parallel
+  sanitizer_run memcheck 60 "$parallel" "cuda step graph*" || rc=1
+  sanitizer_run synccheck 45 "$parallel" "cuda step graph: replayed critic*" || rc=1
+  sanitizer_run racecheck 45 "$parallel" "cuda step graph: what a recorded step*,cuda step graph: a changed*" \
+    --racecheck-report all || rc=1
+  return "$rc"
 }
 sanitize() {
   if ((gvisor)); then
@@ -495,7 +543,7 @@ sanitize() {
     "cuda parity: realistic sizes*,cuda parity: float32 convolutions*,cuda parity: bfloat16 convolutions*" || rc=1
   return "$rc"
 }
-stage "compute-sanitizer" sanitizer.log 45 240 sanitize
+wanted sanitizer && stage "compute-sanitizer" sanitizer.log 45 300 sanitize
 [[ -f "$logs/sanitizer.log" ]] && grep '^sanitizer: ' "$logs/sanitizer.log" | sed 's/^/    /' >>"$summary"
 
 note ""

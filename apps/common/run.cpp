@@ -110,7 +110,7 @@ void check_metadata(const std::string& path, const std::map<std::string, std::st
                     const std::map<std::string, std::string>& expected) {
   // Settings added after runs had been written, with the value those runs had.
   static const std::map<std::string, std::string> kBefore = {
-      {"precision", "fp32"}, {"augment", "off"}, {"ema_decay", "0"}, {"lr_decay_steps", "0"}};
+      {"precision", "fp32"}, {"augment", "off"}, {"ema_decay", "0"}, {"lr_decay_steps", "0"}, {"model", "dcgan"}};
   for (const auto& [key, value] : expected) {
     const auto it = written.find(key);
     const auto before = kBefore.find(key);

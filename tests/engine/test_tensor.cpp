@@ -131,7 +131,7 @@ TEST_CASE("random draws: every element is random::sample's, normal ones to float
         const uint64_t seed = 0x0123456789abcdefULL, offset = 0xffffff00ULL;
         const double a = kind == RandomKind::Bernoulli ? 0.3 : -1.5, b = 2.5;
         Tensor t = empty({n}, {.dtype = dtype});
-        cpu_kernels.random(t.view(), kind, a, b, seed, offset);
+        cpu_kernels.random(t.view(), kind, a, b, RandomKey{.seed = seed, .offset = offset});
         const std::vector<double> got = vals(t);
         int64_t off = 0;  // elements outside the tolerance
         for (int64_t i = 0; i < n; ++i) {
