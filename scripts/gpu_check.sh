@@ -516,7 +516,8 @@ sanitizer_run() {
 }
 # The recorded step (engine/step_graph.h): memcheck and synccheck over the CUDA step-graph cases,
 # which record a critic step with its double backward and replay it as one CUDA graph, and compare
-# with the eager step; racecheck over the replays of the smaller cases.
+# with the eager step; racecheck over the replays of the smaller cases. First in the stage: the
+# newest code.
 sanitize_graph() {
   local rc=0 parallel=$build/tests/test_parallel
   sanitizer_run memcheck 60 "$parallel" "cuda step graph*" || rc=1
@@ -531,13 +532,13 @@ sanitize() {
     return 0
   fi
   local rc=0 engine=$build/tests/test_engine
+  sanitize_graph || rc=1
   sanitizer_run memcheck 60 "$engine" \
     "cuda: a bad index*,cuda: copies*,cuda parity: the multi-tensor Adam step,cuda parity: every op? float64" || rc=1
   sanitizer_run memcheck 60 "$build/tests/test_parallel" "*CUDA logical*" || rc=1
   sanitizer_run synccheck 45 "$engine" "cuda parity: every op? float64,cuda parity: the multi-tensor Adam step" || rc=1
   # Slow (every shared-memory access is tracked): the op table alone.
   sanitizer_run racecheck 75 "$engine" "cuda parity: every op? float64" --racecheck-report all || rc=1
-  sanitize_graph || rc=1
   # Last, as the stage's cap can cut it: every op's kernels at realistic sizes, timed cuDNN choice.
   sanitizer_run memcheck 120 "$engine" \
     "cuda parity: realistic sizes*,cuda parity: float32 convolutions*,cuda parity: bfloat16 convolutions*" || rc=1
