@@ -428,23 +428,25 @@ fi
 # PyTorch's eager step and its whole-step torch.cuda.graph capture (scripts/wgan_gp_torch.py
 # --cuda-graph: its error where it cannot capture), for the DCGAN-style networks on FashionMNIST and
 # the paper's CIFAR-10 ResNet (synthetic images), float32 (TF32 convolutions on both sides) and bf16.
+# GRAPH_ROUNDS (default 3) rounds of the DCGAN-style float32 step, eager and recorded; one of the
+# others (bf16, and the ResNet's GRAPH_RESNET_STEPS timed steps, default 200) to fit the machine's
+# ten minutes.
 graph() {
-  local rc=0 data=$deps/data/fashion-mnist rounds=${GRAPH_ROUNDS:-1}
+  local rc=0 data=$deps/data/fashion-mnist rounds=${GRAPH_ROUNDS:-3} resnet_steps=${GRAPH_RESNET_STEPS:-200}
   run_tests 'cuda-graph on a GPU' 1 1 || rc=1
+  local bench=(bash scripts/bench_wgan_gp.sh --build "$build" --devices cuda:0)
   for graph_flag in "" --cuda-graph; do
-    PYTHON=$python bash scripts/bench_wgan_gp.sh --build "$build" --devices cuda:0 --data "$data" --steps 200 \
-      --rounds "$rounds" $graph_flag || rc=1
+    PYTHON=$python "${bench[@]}" --data "$data" --steps 200 --rounds "$rounds" $graph_flag || rc=1
   done
-  PYTHON=$python bash scripts/bench_wgan_gp.sh --build "$build" --devices cuda:0 --data "$data" --steps 200 \
-    --rounds "$rounds" --precision bf16 --cuda-graph || rc=1
+  PYTHON=$python "${bench[@]}" --data "$data" --steps 200 --precision bf16 --cuda-graph || rc=1
   for graph_flag in "" --cuda-graph; do
-    PYTHON=$python bash scripts/bench_wgan_gp.sh --build "$build" --devices cuda:0 --model resnet --steps 50 \
-      --rounds "$rounds" $graph_flag || rc=1
+    PYTHON=$python "${bench[@]}" --model resnet --steps "$resnet_steps" $graph_flag || rc=1
   done
+  PYTHON=$python "${bench[@]}" --model resnet --steps "$resnet_steps" --precision bf16 --cuda-graph || rc=1
   return "$rc"
 }
 if wanted graph; then
-  stage "cuda graph" graph.log 60 300 graph
+  stage "cuda graph" graph.log 60 330 graph
   ctest_results "$logs/graph.log"
   [[ -f "$logs/graph.log" ]] && { echo; echo '```'
     grep -E '^(== evenflow wgan_gp|step graph:|evenflow |pytorch |ratio |round |note:)' "$logs/graph.log"
@@ -464,6 +466,8 @@ if wanted data-parallel; then
 fi
 
 # 5. Speed against PyTorch on the same GPU, TF32 in convolutions only on both sides (both defaults).
+# The wgan_gp steps are the graph stage's; SPEED_PROGRAMS=1 adds them here (30 steps each), with a
+# classify epoch.
 speed() {
   local rc=0
   BUILD_DIR=$build MIN_SECONDS=0.3 TF32=conv PYTHON=$python bash scripts/bench_engine.sh cuda || rc=1
@@ -471,6 +475,7 @@ speed() {
   # choice between it and the float32 kernels (Note [bfloat16 convolutions on cuDNN]); into the summary.
   EF_CUDNN_VERBOSE=1 BUILD_DIR=$build MIN_SECONDS=0.3 TF32=conv PRECISION=bf16 PYTHON=$python \
     bash scripts/bench_engine.sh cuda || rc=1
+  [[ "${SPEED_PROGRAMS:-0}" == 1 ]] || return "$rc"
   PYTHON=$python bash scripts/bench_wgan_gp.sh --build "$build" --devices cuda:0 --data "$deps/data/fashion-mnist" \
     --steps 30 || rc=1
   PYTHON=$python bash scripts/bench_classify.sh --build "$build" --devices cuda:0 --data "$deps/data/fashion-mnist" \
