@@ -66,17 +66,17 @@ struct TensorOptions {
 
 struct TensorImpl;
 
-/// A tensor: a shared handle to a TensorImpl (shape, strides, offset and dtype over a Storage, and
-/// the autograd state). Copying a Tensor copies the handle, so copies alias: an in-place write or a
-/// requires_grad_() through one is seen through all. A default-constructed Tensor is undefined: only
-/// defined(), str(), impl(), impl_ptr() and same() may be called on it. The methods that run an op
-/// are the ops of ops.h; they throw ef::Error naming the op when an argument is wrong.
 namespace detail {
 // ef::Error when `d` is being recorded by a StepGraph: the host may not touch its memory then
 // (Note [A step that can be replayed] in step_graph.h).
 void check_host_access(const Device& d);
 }  // namespace detail
 
+/// A tensor: a shared handle to a TensorImpl (shape, strides, offset and dtype over a Storage, and
+/// the autograd state). Copying a Tensor copies the handle, so copies alias: an in-place write or a
+/// requires_grad_() through one is seen through all. A default-constructed Tensor is undefined: only
+/// defined(), str(), impl(), impl_ptr() and same() may be called on it. The methods that run an op
+/// are the ops of ops.h; they throw ef::Error naming the op when an argument is wrong.
 class Tensor {
  public:
   Tensor() = default;  ///< An undefined tensor.
