@@ -299,7 +299,7 @@ std::map<ConvKey, ConvAlgo>& CudaBackend::conv_algos(const Lock& held) {
   return conv_algos_;
 }
 
-std::map<ConvKey, Bf16ConvPlan>& CudaBackend::bf16_conv_plans(const Lock& held) {
+std::map<ConvKey, ConvPlan>& CudaBackend::bf16_conv_plans(const Lock& held) {
   check_held(held);
   return bf16_conv_plans_;
 }

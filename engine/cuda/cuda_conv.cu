@@ -231,10 +231,35 @@ std::vector<ConvAlgo> candidate_algos(cudnnHandle_t h, const ConvDescs& d, DType
   return out;
 }
 
+// The graph API's side of a timed float32 choice (Note [float32 convolutions on cuDNN's graph API]),
+// defined with the graph API's helpers below.
+template <typename Pass>
+std::vector<ConvAlgo> graph_algos(cudnnHandle_t h, const ConvArgs& a, const CudaMath& settings);
+cudnnStatus_t execute_plan(cudnnHandle_t h, const ConvPlan& p, void* result, const void* a, const void* b,
+                           void* workspace);
+bool cudnn_verbose();
+std::string shape_text(const ConvArgs& a);
+
+// Whether a plan can take these operands: the graph's tensors promise 16-byte alignment.
+bool plan_aligned(const View& out, const View& in_a, const View& in_b) {
+  for (const void* p : {out.data, in_a.data, in_b.data}) {
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  }
+  return true;
+}
+
 // Runs one algorithm; the status of cuDNN's call (our own failures throw).
 template <typename Pass>
 cudnnStatus_t run_algo(CudaBackend& be, const CudaBackend::Lock& lock, cudnnHandle_t h, const ConvDescs& d,
                        const ConvAlgo& algo, DType dtype, const View& out, const View& in_a, const View& in_b) {
+  if (algo.plan && (algo.algo < 0 || plan_aligned(out, in_a, in_b))) {
+    void* workspace = be.scratch(lock, algo.plan->workspace);
+    EF_CHECK(algo.plan->workspace == 0 || workspace != nullptr, Pass::kName, ": out of memory on ", be.name(),
+             " for a cuDNN workspace of ", algo.plan->workspace, " bytes");
+    EF_CHECK(plan_aligned(out, in_a, in_b), Pass::kName, ": operands not 16-byte aligned for cuDNN's plan on ",
+             be.name());
+    return execute_plan(h, *algo.plan, out.data, in_a.data, in_b.data, workspace);
+  }
   EF_CUDA_CHECK(cudnnSetConvolutionMathType(d.conv.get(), static_cast<cudnnMathType_t>(algo.math_type)));
   void* workspace = be.scratch(lock, algo.workspace);
   EF_CHECK(algo.workspace == 0 || workspace != nullptr, Pass::kName, ": out of memory on ", be.name(),
@@ -273,6 +298,28 @@ float time_on_stream(CudaBackend& be, const Run& run) {
   return best;
 }
 
+// Note [float32 convolutions on cuDNN's graph API]
+// PyTorch runs its convolutions on cuDNN's graph API, which offers engines the legacy calls do not
+// (runtime-compiled and specialized kernels): with TORCH_CUDNN_V8_API_DISABLED=1 the same PyTorch
+// ran the three benchmark forwards at 0.51-0.76x its speed, below ours (docs/gpu.md, "What stays to
+// do on a GPU"). So under cuda_math().benchmark a float32 shape's first call times, beside the legacy
+// algorithms, the engine configurations the graph API offers for the same convolution -- its
+// heuristics' ranking (mode A), then its fallback list, at most kGraphEngines of them (PyTorch's
+// cudnn.benchmark_limit is 10), those the settings allow (Note [cuDNN math for float32]: TF32
+// tensor-core engines only with allow_tf32_conv; nondeterministic ones not under deterministic) --
+// on the call's own operands, and keeps the fastest of all. A plan promises cuDNN 16-byte aligned
+// operands (our blocks are, views into them need not be): where they are not, the fastest legacy
+// algorithm, kept beside the plan, runs. EF_CUDNN_LEGACY=1 times the legacy algorithms alone (to
+// measure what the plans bring); EF_CUDNN_VERBOSE=1 prints each shape's choice.
+constexpr size_t kGraphEngines = 8;
+bool legacy_only() {
+  static const bool legacy = [] {
+    const char* env = std::getenv("EF_CUDNN_LEGACY");
+    return env != nullptr && *env != '\0' && std::string(env) != "0";
+  }();
+  return legacy;
+}
+
 template <typename Pass>
 void run_conv(CudaBackend& be, const ConvArgs& a, DType dtype, const View& out, const View& in_a, const View& in_b) {
   be.activate();
@@ -301,11 +348,18 @@ void run_conv(CudaBackend& be, const ConvArgs& a, DType dtype, const View& out, 
   }
   cudnnStatus_t last = CUDNN_STATUS_NOT_SUPPORTED;
   bool workspace_too_large = false;
-  const ConvAlgo* fastest = nullptr;
-  float fastest_ms = 0;
-  const std::vector<ConvAlgo> candidates = candidate_algos<Pass>(h, d, dtype, settings);
+  const ConvAlgo* fastest = nullptr;         // of every candidate
+  const ConvAlgo* fastest_legacy = nullptr;  // of the legacy algorithms: where a plan cannot take the operands
+  float fastest_ms = 0, fastest_legacy_ms = 0;
+  std::vector<ConvAlgo> candidates = candidate_algos<Pass>(h, d, dtype, settings);
+  const size_t legacy = candidates.size();
+  // Note [float32 convolutions on cuDNN's graph API]: timed beside the legacy algorithms.
+  if (settings.benchmark && dtype == DType::Float32 && plan_aligned(out, in_a, in_b) && !legacy_only()) {
+    for (ConvAlgo& algo : graph_algos<Pass>(h, a, settings)) candidates.push_back(std::move(algo));
+  }
   for (const ConvAlgo& algo : candidates) {
-    if (algo.workspace > 0 && be.scratch(lock, algo.workspace) == nullptr) {
+    const size_t workspace_bytes = algo.plan ? algo.plan->workspace : algo.workspace;
+    if (workspace_bytes > 0 && be.scratch(lock, workspace_bytes) == nullptr) {
       workspace_too_large = true;
       continue;
     }
@@ -320,10 +374,33 @@ void run_conv(CudaBackend& be, const ConvArgs& a, DType dtype, const View& out, 
       fastest = &algo;
       fastest_ms = ms;
     }
+    if (static_cast<size_t>(&algo - candidates.data()) < legacy &&
+        (fastest_legacy == nullptr || ms < fastest_legacy_ms)) {
+      fastest_legacy = &algo;
+      fastest_legacy_ms = ms;
+    }
   }
   if (fastest != nullptr) {
-    cache.emplace(key, *fastest);
-    EF_CUDA_CHECK(run_algo<Pass>(be, lock, h, d, *fastest, dtype, out, in_a, in_b));  // its result, not the last's
+    ConvAlgo chosen = *fastest;
+    if (chosen.plan) {
+      // A plan keeps the fastest legacy algorithm beside it, for operands it cannot take.
+      chosen.algo = fastest_legacy ? fastest_legacy->algo : -1;
+      chosen.math_type = fastest_legacy ? fastest_legacy->math_type : 0;
+      chosen.workspace = fastest_legacy ? fastest_legacy->workspace : 0;
+    }
+    if (cudnn_verbose() && dtype == DType::Float32) {
+      std::fprintf(stderr, "evenflow cuDNN: %s float32 %s: %s %.4f ms, fastest legacy algorithm %s: %s\n", Pass::kName,
+                   shape_text(a).c_str(),
+                   chosen.plan ? ("plan " + chosen.plan->engine).c_str()
+                               : ::evenflow::detail::str_cat("algorithm ", chosen.algo).c_str(),
+                   fastest_ms,
+                   fastest_legacy
+                       ? ::evenflow::detail::str_cat(fastest_legacy->algo, " ", fastest_legacy_ms, " ms").c_str()
+                       : "none",
+                   chosen.plan ? "the plan" : "the legacy algorithm");
+    }
+    const auto [it, inserted] = cache.emplace(key, std::move(chosen));
+    EF_CUDA_CHECK(run_algo<Pass>(be, lock, h, d, it->second, dtype, out, in_a, in_b));  // its result, not the last's
     return;
   }
   EF_ERROR(Pass::kName, ": cuDNN has no usable ", settings.deterministic ? "deterministic " : "",
@@ -440,12 +517,14 @@ void set_handle(const GraphDescriptor& d, bool is_plan, cudnnHandle_t h) {
 #pragma GCC diagnostic pop
 
 // An engine configuration's name ("engine 12, runtime compiled") and whether its numerical notes
-// allow it under `settings`.
+// allow it under `settings`: never one that down-converts its inputs or sums in less than float32,
+// nor a nondeterministic one under cuda_math().deterministic; for float32 operands
+// (`float32_operands`), no tensor-core engine (TF32) unless allow_tf32_conv.
 struct EngineInfo {
   std::string name;
   bool allowed = true;
 };
-EngineInfo engine_info(const GraphDescriptor& config, const CudaMath& settings) {
+EngineInfo engine_info(const GraphDescriptor& config, const CudaMath& settings, bool float32_operands) {
   const GraphDescriptor engine(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
   cudnnBackendDescriptor_t raw = engine.get();
   int64_t count = 0;
@@ -473,6 +552,12 @@ EngineInfo engine_info(const GraphDescriptor& config, const CudaMath& settings) 
         info.name += ", nondeterministic";
         if (settings.deterministic) info.allowed = false;
         break;
+      case CUDNN_NUMERICAL_NOTE_TENSOR_CORE:
+        if (float32_operands) {
+          info.name += ", TF32";
+          if (!settings.allow_tf32_conv) info.allowed = false;
+        }
+        break;
       default:
         break;
     }
@@ -484,9 +569,10 @@ EngineInfo engine_info(const GraphDescriptor& config, const CudaMath& settings) 
 }
 
 // Runs a plan: result, a, b in run's order.
-cudnnStatus_t execute_plan(cudnnHandle_t h, const Bf16ConvPlan& p, void* result, void* a, void* b, void* workspace) {
+cudnnStatus_t execute_plan(cudnnHandle_t h, const ConvPlan& p, void* result, const void* a, const void* b,
+                           void* workspace) {
   GraphDescriptor pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
-  const std::array<void*, 3> pointers = {result, a, b};
+  const std::array<const void*, 3> pointers = {result, a, b};
   set_attribute(pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, 3, pointers.data());
   set_attribute(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, 3, kUids.data());
   set_attribute(pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace);
@@ -494,19 +580,22 @@ cudnnStatus_t execute_plan(cudnnHandle_t h, const Bf16ConvPlan& p, void* result,
   return cudnnBackendExecute(h, p.plan.get(), pack.get());
 }
 
-// The plan of one pass and shape: the first engine configuration allowed by its notes that
-// finalizes and passes `trial` (which returns why a plan failed, or "" if it ran). Why there is
-// none: `why_none`.
-template <typename Pass, typename Trial>
-Bf16ConvPlan make_bf16_plan(cudnnHandle_t h, const ConvArgs& a, const CudaMath& settings, const Trial& trial,
-                            std::string& why_none) {
-  Bf16ConvPlan p;
-  const std::array<Dims, 3> dims = Pass::dims(a);
-  std::vector<GraphDescriptor>& made = p.made_from;
-  made.push_back(graph_tensor(kUids[0], CUDNN_DATA_FLOAT, dims[0], false));
-  made.push_back(graph_tensor(kUids[1], CUDNN_DATA_BFLOAT16, dims[1], true));
-  made.push_back(graph_tensor(kUids[2], CUDNN_DATA_BFLOAT16, dims[2], true));
+// The data types and layouts of one pass's graph: its result's (out) and operands' (a, b), in run's
+// order.
+struct GraphTypes {
+  std::array<cudnnDataType_t, 3> types;
+  std::array<bool, 3> channels_last;
+};
 
+// The operation graph of one pass of a convolution, with the tensors, convolution and operation it
+// was made from (in parts, the graph last); empty parts, with `why_none`, where cuDNN refuses the
+// operation or the graph (an answer, not an error).
+template <typename Pass>
+std::vector<GraphDescriptor> conv_graph(cudnnHandle_t h, const ConvArgs& a, const GraphTypes& g,
+                                        std::string& why_none) {
+  std::vector<GraphDescriptor> parts;
+  const std::array<Dims, 3> dims = Pass::dims(a);
+  for (size_t i = 0; i < 3; ++i) parts.push_back(graph_tensor(kUids[i], g.types[i], dims[i], g.channels_last[i]));
   GraphDescriptor conv(CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR);
   const cudnnDataType_t compute = CUDNN_DATA_FLOAT;
   const cudnnConvolutionMode_t mode = CUDNN_CROSS_CORRELATION;
@@ -523,27 +612,32 @@ Bf16ConvPlan make_bf16_plan(cudnnHandle_t h, const ConvArgs& a, const CudaMath& 
   EF_CUDA_CHECK(cudnnBackendFinalize(conv.get()));
 
   GraphDescriptor op(Pass::kGraphOp);
-  for (size_t i = 0; i < 3; ++i) set_descriptor(op, Pass::kGraphAttrs[i], made[i]);
+  for (size_t i = 0; i < 3; ++i) set_descriptor(op, Pass::kGraphAttrs[i], parts[i]);
   set_descriptor(op, Pass::kGraphAttrs[3], conv);
   const float alpha = 1.0f, beta = 0.0f;
   set_attribute(op, Pass::kGraphAttrs[4], CUDNN_TYPE_FLOAT, 1, &alpha);
   set_attribute(op, Pass::kGraphAttrs[5], CUDNN_TYPE_FLOAT, 1, &beta);
   GraphDescriptor graph(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
-  // cuDNN refusing the operation, the graph or every engine is an answer (no plan), not an error.
   cudnnStatus_t s = cudnnBackendFinalize(op.get());
   if (s == CUDNN_STATUS_SUCCESS) {
     set_handle(graph, false, h);
     set_descriptor(graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, op);
     s = cudnnBackendFinalize(graph.get());
   }
-  made.push_back(std::move(conv));
-  made.push_back(std::move(op));
   if (s != CUDNN_STATUS_SUCCESS) {
     why_none = ::evenflow::detail::str_cat("the operation graph: ", cudnnGetErrorString(s));
-    return p;
+    return {};
   }
-  size_t listed = 0;
-  std::string refused;
+  parts.push_back(std::move(conv));
+  parts.push_back(std::move(op));
+  parts.push_back(std::move(graph));
+  return parts;
+}
+
+// The engine configurations cuDNN offers for `graph`: its heuristics' ranking (mode A), then its
+// fallback list; each with whether it came from the fallback list.
+std::vector<std::pair<GraphDescriptor, bool>> engine_configs(const GraphDescriptor& graph) {
+  std::vector<std::pair<GraphDescriptor, bool>> out;
   for (const cudnnBackendHeurMode_t heur_mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
     GraphDescriptor heuristics(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
     set_descriptor(heuristics, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph);
@@ -560,37 +654,79 @@ Bf16ConvPlan make_bf16_plan(cudnnHandle_t h, const ConvArgs& a, const CudaMath& 
     }
     EF_CUDA_CHECK(cudnnBackendGetAttribute(heuristics.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
                                            CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &count, raw.data()));
-    if (count < static_cast<int64_t>(configs.size())) configs.erase(configs.begin() + count, configs.end());
-    listed += configs.size();
-    for (GraphDescriptor& config : configs) {
-      const EngineInfo info = engine_info(config, settings);
-      if (!info.allowed) continue;
-      GraphDescriptor plan(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
-      set_handle(plan, true, h);
-      set_descriptor(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, config);
-      std::string failure;
-      if (const cudnnStatus_t fs = cudnnBackendFinalize(plan.get()); fs != CUDNN_STATUS_SUCCESS) {
-        failure = cudnnGetErrorString(fs);
-      } else {
-        int64_t workspace = 0, n = 0;
-        EF_CUDA_CHECK(cudnnBackendGetAttribute(plan.get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64,
-                                               1, &n, &workspace));
-        p.workspace = static_cast<size_t>(workspace);
-        p.plan = std::move(plan);
-        failure = trial(p);
-      }
-      if (failure.empty()) {
-        p.engine = info.name + (heur_mode == CUDNN_HEUR_MODE_FALLBACK ? ", fallback list" : "");
-        made.push_back(std::move(graph));
-        made.push_back(std::move(config));
-        return p;
-      }
-      p.plan = GraphDescriptor();
-      refused += ::evenflow::detail::str_cat("; ", info.name, ": ", failure);
-    }
+    for (int64_t i = 0; i < count && i < static_cast<int64_t>(configs.size()); ++i)
+      out.emplace_back(std::move(configs[static_cast<size_t>(i)]), heur_mode == CUDNN_HEUR_MODE_FALLBACK);
   }
-  why_none = ::evenflow::detail::str_cat(listed, " engine configurations", refused);
+  return out;
+}
+
+// The plan of `config` on `graph`, finalized (its workspace size read), with its engine's name; an
+// empty plan, with `failure`, where cuDNN refuses it.
+ConvPlan finalize_plan(cudnnHandle_t h, std::shared_ptr<const std::vector<GraphDescriptor>> graph,
+                       GraphDescriptor config, const EngineInfo& info, bool fallback, std::string& failure) {
+  ConvPlan p;
+  p.graph = std::move(graph);
+  p.engine = info.name + (fallback ? ", fallback list" : "");
+  GraphDescriptor plan(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
+  set_handle(plan, true, h);
+  set_descriptor(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, config);
+  if (const cudnnStatus_t fs = cudnnBackendFinalize(plan.get()); fs != CUDNN_STATUS_SUCCESS) {
+    failure = cudnnGetErrorString(fs);
+    return p;
+  }
+  int64_t workspace = 0, n = 0;
+  EF_CUDA_CHECK(cudnnBackendGetAttribute(plan.get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &n,
+                                         &workspace));
+  p.workspace = static_cast<size_t>(workspace);
+  p.config = std::move(config);
+  p.plan = std::move(plan);
   return p;
+}
+
+// The plan of one pass and shape: the first engine configuration allowed by its notes that
+// finalizes and passes `trial` (which returns why a plan failed, or "" if it ran). Why there is
+// none: `why_none`.
+template <typename Pass, typename Trial>
+ConvPlan make_bf16_plan(cudnnHandle_t h, const ConvArgs& a, const CudaMath& settings, const Trial& trial,
+                        std::string& why_none) {
+  const GraphTypes types{{CUDNN_DATA_FLOAT, CUDNN_DATA_BFLOAT16, CUDNN_DATA_BFLOAT16}, {false, true, true}};
+  auto graph = std::make_shared<const std::vector<GraphDescriptor>>(conv_graph<Pass>(h, a, types, why_none));
+  if (graph->empty()) return {};
+  std::vector<std::pair<GraphDescriptor, bool>> configs = engine_configs(graph->back());
+  std::string refused;
+  for (auto& [config, fallback] : configs) {
+    const EngineInfo info = engine_info(config, settings, false);
+    if (!info.allowed) continue;
+    std::string failure;
+    ConvPlan p = finalize_plan(h, graph, std::move(config), info, fallback, failure);
+    if (p.plan.get() != nullptr) failure = trial(p);
+    if (failure.empty()) return p;
+    refused += ::evenflow::detail::str_cat("; ", info.name, ": ", failure);
+  }
+  why_none = ::evenflow::detail::str_cat(configs.size(), " engine configurations", refused);
+  return {};
+}
+
+template <typename Pass>
+std::vector<ConvAlgo> graph_algos(cudnnHandle_t h, const ConvArgs& a, const CudaMath& settings) {
+  std::vector<ConvAlgo> out;
+  std::string why_none;
+  const GraphTypes types{{CUDNN_DATA_FLOAT, CUDNN_DATA_FLOAT, CUDNN_DATA_FLOAT}, {false, false, false}};
+  auto graph = std::make_shared<const std::vector<GraphDescriptor>>(conv_graph<Pass>(h, a, types, why_none));
+  if (graph->empty()) return out;
+  for (auto& [config, fallback] : engine_configs(graph->back())) {
+    if (out.size() == kGraphEngines) break;
+    const EngineInfo info = engine_info(config, settings, true);
+    if (!info.allowed) continue;
+    std::string failure;
+    ConvPlan p = finalize_plan(h, graph, std::move(config), info, fallback, failure);
+    if (p.plan.get() == nullptr) continue;
+    ConvAlgo algo;
+    algo.algo = -1;  // until the choice: a plan alone
+    algo.plan = std::make_shared<const ConvPlan>(std::move(p));
+    out.push_back(std::move(algo));
+  }
+  return out;
 }
 
 std::string shape_text(const ConvArgs& a) {
@@ -602,7 +738,7 @@ std::string shape_text(const ConvArgs& a) {
 // Queues one pass on `p`'s plan: the operands cast into the scratch buffer (grown first: growing
 // replaces it), then the plan. The plan's status; our own failures throw.
 template <typename Pass>
-cudnnStatus_t queue_bf16_conv(CudaBackend& be, const CudaBackend::Lock& lock, const Bf16ConvPlan& p, const ConvArgs& a,
+cudnnStatus_t queue_bf16_conv(CudaBackend& be, const CudaBackend::Lock& lock, const ConvPlan& p, const ConvArgs& a,
                               const View& out, const View& in_a, const View& in_b) {
   const std::array<Dims, 3> dims = Pass::dims(a);
   const ScratchLayout l = scratch_layout(dims);
@@ -618,7 +754,7 @@ cudnnStatus_t queue_bf16_conv(CudaBackend& be, const CudaBackend::Lock& lock, co
 // scratch buffer's contents (whatever they are: the result, written into the scratch buffer too, is
 // not used).
 template <typename Pass>
-Bf16ConvPlan& bf16_plan(CudaBackend& be, const CudaBackend::Lock& lock, const ConvArgs& a) {
+ConvPlan& bf16_plan(CudaBackend& be, const CudaBackend::Lock& lock, const ConvArgs& a) {
   const CudaMath settings = cuda_math();
   auto& cache = be.bf16_conv_plans(lock);
   const ConvKey key = conv_key(Pass::kId, DType::BFloat16, a, settings);
@@ -627,7 +763,7 @@ Bf16ConvPlan& bf16_plan(CudaBackend& be, const CudaBackend::Lock& lock, const Co
   const std::array<Dims, 3> dims = Pass::dims(a);
   const ScratchLayout l = scratch_layout(dims);
   const size_t result_bytes = aligned_256(elements(dims[0]) * sizeof(float));  // after the workspace
-  const auto trial = [&](const Bf16ConvPlan& plan) -> std::string {
+  const auto trial = [&](const ConvPlan& plan) -> std::string {
     const size_t result = l.workspace + aligned_256(plan.workspace);
     std::byte* buf = static_cast<std::byte*>(be.scratch(lock, result + result_bytes));
     if (buf == nullptr) return ::evenflow::detail::str_cat("no memory for its workspace of ", plan.workspace, " bytes");
@@ -635,7 +771,7 @@ Bf16ConvPlan& bf16_plan(CudaBackend& be, const CudaBackend::Lock& lock, const Co
     return s == CUDNN_STATUS_SUCCESS ? "" : cudnnGetErrorString(s);
   };
   std::string why_none;
-  Bf16ConvPlan p = make_bf16_plan<Pass>(h, a, settings, trial, why_none);
+  ConvPlan p = make_bf16_plan<Pass>(h, a, settings, trial, why_none);
   if (cudnn_verbose()) {
     if (p.plan.get() == nullptr) {
       std::fprintf(stderr, "evenflow cuDNN: %s bfloat16 %s: no plan (%s)\n", Pass::kName, shape_text(a).c_str(),
@@ -669,7 +805,7 @@ class DeviceBuffer {
 // the float32 kernels, timed once on zeros (Note [bfloat16 convolutions on cuDNN]).
 template <typename Pass>
 bool bf16_plan_faster(CudaBackend& be, const ConvArgs& a) {
-  Bf16ConvPlan* plan = nullptr;  // in the backend's cache, whose entries stay where they are
+  ConvPlan* plan = nullptr;  // in the backend's cache, whose entries stay where they are
   {
     const CudaBackend::Lock lock = be.lock_libraries();
     plan = &bf16_plan<Pass>(be, lock, a);
@@ -715,7 +851,7 @@ void run_bf16_conv(CudaBackend& be, const ConvArgs& a, const View& out, const Vi
             Pass::kName, ": bfloat16 compute takes contiguous bfloat16 operands");
   EF_ASSERT(reinterpret_cast<uintptr_t>(out.data) % 16 == 0, Pass::kName, ": the output is not 16-byte aligned");
   const CudaBackend::Lock lock = be.lock_libraries();
-  const Bf16ConvPlan& p = bf16_plan<Pass>(be, lock, a);
+  const ConvPlan& p = bf16_plan<Pass>(be, lock, a);
   EF_CHECK(p.plan.get() != nullptr, Pass::kName, ": cuDNN has no bfloat16 plan for ", shape_text(a), " on ", be.name());
   EF_CUDA_CHECK(queue_bf16_conv<Pass>(be, lock, p, a, out, in_a, in_b));
 }

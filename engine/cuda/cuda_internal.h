@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -32,15 +33,6 @@ namespace evenflow::cuda_backend {
 // stream then runs the work in order, which is what makes one scratch buffer enough. Functions that
 // need the lock take the held lock as a parameter, so a caller cannot forget it.
 
-// A cuDNN algorithm chosen for one convolution shape (see cuda_conv.cu).
-struct ConvAlgo {
-  int algo = 0;       // a cudnnConvolution{Fwd,BwdData,BwdFilter}Algo_t
-  int math_type = 0;  // the cudnnMathType_t the algorithm runs with
-  size_t workspace = 0;
-};
-// Pass, dtype, the 16 ConvArgs fields and the math settings: what a choice of algorithm depends on.
-using ConvKey = std::array<int64_t, 21>;  // pass, dtype, shape (16), TF32, deterministic, benchmark
-
 // An owned descriptor of cuDNN's graph API (cudnnBackend*; cuda_conv.cu); default-constructed: none.
 class GraphDescriptor {
  public:
@@ -58,17 +50,31 @@ class GraphDescriptor {
   cudnnBackendDescriptor_t desc_ = nullptr;
 };
 
-// cuDNN's graph-API plan for one shape of a bfloat16 convolution pass (Note [bfloat16 convolutions
-// on cuDNN] in cuda_conv.cu).
-struct Bf16ConvPlan {
-  std::vector<GraphDescriptor> made_from;  // the tensors, convolution, operation, graph and engine configuration
-  GraphDescriptor plan;                    // none: cuDNN has no plan for the shape
+// An execution plan of cuDNN's graph API for one pass and shape of a convolution (Note [bfloat16
+// convolutions on cuDNN], Note [float32 convolutions on cuDNN's graph API] in cuda_conv.cu).
+struct ConvPlan {
+  // The tensors, convolution, operation and graph the plan was made from, shared by the plans of
+  // one graph.
+  std::shared_ptr<const std::vector<GraphDescriptor>> graph;
+  GraphDescriptor config;  // the engine configuration
+  GraphDescriptor plan;    // none: cuDNN has no plan for the shape
   size_t workspace = 0;
   std::string engine;  // "engine 71, runtime compiled", for EF_CUDNN_VERBOSE
-  // Timed under cuda_math().benchmark (at the first ask): whether the plan beats the rounded
-  // operands on the float32 kernels.
+  // bfloat16, timed under cuda_math().benchmark (at the first ask): whether the plan beats the
+  // rounded operands on the float32 kernels.
   std::optional<bool> faster;
 };
+
+// A cuDNN algorithm chosen for one convolution shape (see cuda_conv.cu): a legacy algorithm, or
+// a graph-API plan.
+struct ConvAlgo {
+  int algo = 0;       // a cudnnConvolution{Fwd,BwdData,BwdFilter}Algo_t
+  int math_type = 0;  // the cudnnMathType_t the algorithm runs with
+  size_t workspace = 0;
+  std::shared_ptr<const ConvPlan> plan;  // set: the plan runs instead of the legacy algorithm
+};
+// Pass, dtype, the 16 ConvArgs fields and the math settings: what a choice of algorithm depends on.
+using ConvKey = std::array<int64_t, 21>;  // pass, dtype, shape (16), TF32, deterministic, benchmark
 
 class CudaBackend final : public Backend {
  public:
@@ -142,7 +148,7 @@ class CudaBackend final : public Backend {
   // A device buffer of at least nbytes, valid until the next call; nullptr when out of memory.
   void* scratch(const Lock& held, size_t nbytes);
   std::map<ConvKey, ConvAlgo>& conv_algos(const Lock& held);
-  std::map<ConvKey, Bf16ConvPlan>& bf16_conv_plans(const Lock& held);
+  std::map<ConvKey, ConvPlan>& bf16_conv_plans(const Lock& held);
 
   // Note [Index checks]: reserves the flag of an indexing kernel about to be queued, with `describe`,
   // which makes the message of the error the next synchronization throws from the bad index. Queue
@@ -175,7 +181,7 @@ class CudaBackend final : public Backend {
   void* scratch_ = nullptr;
   size_t scratch_bytes_ = 0;
   std::map<ConvKey, ConvAlgo> conv_algos_;
-  std::map<ConvKey, Bf16ConvPlan> bf16_conv_plans_;  // destroyed before the cuDNN handle
+  std::map<ConvKey, ConvPlan> bf16_conv_plans_;  // destroyed before the cuDNN handle
 
   std::mutex staging_mu_;
   std::map<size_t, std::vector<void*>> staging_free_;  // by size class
