@@ -40,6 +40,7 @@
 #include "apps/common/program.h"
 #include "apps/common/progress.h"
 #include "apps/common/run.h"
+#include "apps/common/step_buffers.h"
 #include "apps/common/wgan_critic.h"
 #include "apps/common/wgan_generator.h"
 #include "apps/common/wgan_resnet.h"
@@ -117,7 +118,7 @@ Tensor penalty(const Args& a, nn::Module& critic, const Tensor& real, const Tens
 const std::vector<std::string> kColumns = {"step",    "critic_loss",   "generator_loss", "wasserstein",
                                            "frechet", "frechet_floor", "seconds",        "images_per_s"};
 
-void write_curves(const std::string& path, const ef::apps::MetricsLog& log) {
+void write_curves(const std::string& path, const ef::apps::MetricsLog& log, const std::string& title) {
   ef::apps::Series critic{.label = "critic loss", .color = {200, 40, 40}};
   ef::apps::Series wasserstein{.label = "wasserstein estimate", .color = {30, 80, 200}};
   ef::apps::Series frechet{.label = "frechet distance / 10", .color = {20, 150, 60}};
@@ -134,7 +135,7 @@ void write_curves(const std::string& path, const ef::apps::MetricsLog& log) {
       frechet.y.push_back(log.at(i, "frechet") / 10.0);
     }
   }
-  ef::apps::write_line_plot_png(path, {.title = "WGAN-GP on FashionMNIST",
+  ef::apps::write_line_plot_png(path, {.title = title,
                                        .x_label = "generator step",
                                        .y_label = "loss / distance",
                                        .series = {critic, wasserstein, frechet}});
@@ -167,59 +168,6 @@ std::map<std::string, std::string> run_metadata(const Args& a) {
           {"z_dim", std::to_string(a.z_dim)}};
 }
 
-// Note [Generator average]
-// With --ema-decay d > 0 the samples, the Fréchet distance and generator.safetensors come from an
-// exponential moving average of the generator's weights, as GAN practice does (Karras et al. 2018,
-// Yazıcı et al. 2019): after every generator step avg = e·avg + (1 - e)·w, with e = min(d, (1 +
-// t) / (10 + t)) at step t so that the average soon forgets its random start. Its batch-norm
-// running statistics are its own: recomputed before each sample, distance and save from 2048
-// noise vectors of its own stream (update_batchnorm_statistics, as torch.optim.swa_utils.update_bn),
-// since the trained generator's statistics belong to other weights. It is part of the checkpoint
-// ("gen_average"), and every process keeps the same copy on its first device. Measured at 2000
-// steps and 5 critic steps with the trained generator's statistics copied in, the average sampled
-// worse (Fréchet distance 145.6 against 124.5 with d = 0.999): the distance still falls fast there,
-// and the average lags.
-void update_average(nn::Module& average, const nn::Module& model, double decay, int64_t step) {
-  ef::NoGradGuard no_grad;
-  const double e = std::min(decay, (1.0 + static_cast<double>(step)) / (10.0 + static_cast<double>(step)));
-  const std::vector<Tensor> avg = average.parameters(), now = model.parameters();
-  for (size_t i = 0; i < avg.size(); ++i) avg[i].mul_(e).add_(now[i], 1.0 - e);
-}
-
-// The Fréchet distance set-up: the classifier, the test set's feature statistics, and the floor.
-struct FrechetMetric {
-  std::shared_ptr<nn::Sequential> net;
-  ef::apps::FeatureStats reference;
-  double floor = NAN;
-  Tensor noise;  // fixed, so successive evaluations compare the generator, not the noise
-
-  // The distance of `count` real training images (held out from the reference, the test set): as
-  // many as the generated ones measured, since the distance's bias depends on the count.
-  double floor_of(const ef::data::FashionMNIST& train, int64_t count, ef::DType dtype, const ef::Device& device) const;
-
-  // Features of images in [-1, 1] (the generator's range), in chunks, in float32.
-  Tensor features(const Tensor& images) const {
-    std::vector<Tensor> parts;
-    for (int64_t start = 0; start < images.size(0); start += 500) {
-      const Tensor chunk = ef::narrow(images, 0, start, std::min<int64_t>(500, images.size(0) - start));
-      parts.push_back(ef::apps::fashion_cnn_features(*net, (chunk.to(ef::kFloat32) + 1.0) * 0.5).to(ef::cpu()));
-    }
-    return ef::cat(parts, 0);
-  }
-};
-
-Tensor dataset_images(const ef::data::FashionMNIST& set, int64_t count, ef::DType dtype, const ef::Device& device) {
-  std::vector<int64_t> indices(static_cast<size_t>(std::min(count, set.size())));
-  for (size_t i = 0; i < indices.size(); ++i) indices[i] = static_cast<int64_t>(i);
-  return set.get_batch(indices).images.to(dtype).to(device) * 2.0 - 1.0;
-}
-
-double FrechetMetric::floor_of(const ef::data::FashionMNIST& train, int64_t count, ef::DType dtype,
-                               const ef::Device& device) const {
-  return ef::apps::frechet_distance(ef::apps::feature_stats(features(dataset_images(train, count, dtype, device))),
-                                    reference);
-}
-
 // Note [Final evaluation]
 // The figure a run is judged by, and the README's: the Fréchet distance of --final-fid-samples
 // (10,000) generated images against the whole test set, with its floor from as many real training
@@ -230,28 +178,33 @@ double FrechetMetric::floor_of(const ef::data::FashionMNIST& train, int64_t coun
 // two runs differ only by their generators. A run resumed after its last step evaluates again and
 // writes the same numbers. With --ema-decay the trained generator is measured too, from the same
 // noise ("frechet_trained_generator"), so one run shows what the average bought.
-// `count` noise vectors of their own stream (`stream` xor --seed), the host generator's state
-// restored after: the training draws stay the same whether or not they are made.
+// What `draw` draws from the host generator seeded with --seed xor `stream`, the host generator's
+// state restored after: the training draws stay the same whether or not these are made.
+Tensor drawn_apart(const Args& a, uint64_t stream, const std::function<Tensor()>& draw) {
+  const ef::Device host = ef::cpu();
+  const ef::GeneratorState training = ef::generator_state(host);
+  ef::manual_seed(host, a.seed ^ stream);
+  Tensor drawn = draw();
+  ef::set_generator_state(host, training);
+  return drawn;
+}
+// `count` noise vectors of their own stream (drawn_apart).
 Tensor own_noise(const Args& a, int64_t count, uint64_t stream, ef::DType dtype) {
-  const ef::Device host = ef::cpu();
-  const ef::GeneratorState training = ef::generator_state(host);
-  ef::manual_seed(host, a.seed ^ stream);
-  Tensor z = ef::randn({count, a.z_dim}, {.dtype = dtype});
-  ef::set_generator_state(host, training);
-  return z;
+  return drawn_apart(a, stream, [&] { return ef::randn({count, a.z_dim}, {.dtype = dtype}); });
 }
-// `count` synthetic images [count, shape...], uniform in [0, 1] as FashionMNIST's pixels are, from their
-// own stream, as own_noise (Note [Models]).
-Tensor own_images(const Args& a, int64_t count, const ef::Shape& shape, uint64_t stream) {
-  const ef::Device host = ef::cpu();
-  const ef::GeneratorState training = ef::generator_state(host);
-  ef::manual_seed(host, a.seed ^ stream);
-  ef::Shape full = shape;
-  full.insert(full.begin(), count);
-  Tensor images = ef::rand(full, {.dtype = ef::kFloat32});
-  ef::set_generator_state(host, training);
-  return images;
-}
+
+// Sets the critic's parameters frozen (set(false)) while it lives, trainable again after.
+class FrozenCritic {
+ public:
+  explicit FrozenCritic(std::function<void(bool)> set) : set_(std::move(set)) { set_(false); }
+  ~FrozenCritic() { set_(true); }
+  FrozenCritic(const FrozenCritic&) = delete;
+  FrozenCritic& operator=(const FrozenCritic&) = delete;
+
+ private:
+  std::function<void(bool)> set_;
+};
+
 constexpr uint64_t kFinalNoiseStream = 0x9e3779b97f4a7c15ULL;         // Note [Final evaluation]
 constexpr uint64_t kAverageStatisticsStream = 0x6a09e667f3bcc909ULL;  // Note [Generator average]
 constexpr uint64_t kSyntheticImagesStream = 0xbb67ae8584caa73bULL;    // Note [Models]
@@ -269,10 +222,10 @@ int run(const Args& a) {
   EF_CHECK(a.norm == "none" || a.norm == "layernorm" || a.norm == "syncbn",
            "--norm must be none, layernorm or syncbn, got \"", a.norm, "\"");
   const bool resnet = a.model == "resnet";
-  EF_CHECK(!resnet || a.norm == "none",
-           "--model resnet: its critic has no normalization (the paper's); --norm "
-           "must be none, got \"",
-           a.norm, "\"");
+  EF_CHECK(!resnet || a.norm == "none", "--model resnet: its critic has no normalization (the paper's), so --norm ",
+           "must be none, got \"", a.norm, "\"");
+  EF_CHECK(!resnet || a.classifier == Args::kDefaultClassifier,
+           "--classifier with --model resnet: the ResNet trains on synthetic images, which have no Frechet distance");
   EF_CHECK(a.penalty == "wgan-gp" || a.penalty == "dragan" || a.penalty == "r1",
            "--penalty must be wgan-gp, dragan or r1, got \"", a.penalty, "\"");
   EF_CHECK(a.lr_decay_steps == 0 || a.steps <= a.lr_decay_steps, "--steps ", a.steps, " beyond --lr-decay-steps ",
@@ -346,14 +299,15 @@ int run(const Args& a) {
   };
 
   // Before a resume restores the generators: building the classifier draws its initial weights.
-  FrechetMetric fid;
+  ef::apps::FashionFrechet fid;
   if (have_classifier) {
     fid.net = ef::apps::make_fashion_cnn();  // float32, as classify saves it, whatever --dtype is
     ef::io::load_module(*fid.net, a.classifier);
     ef::io::check_finite(*fid.net, "--classifier " + a.classifier);
     fid.net->to(first);
     fid.noise = fid_noise;
-    fid.reference = ef::apps::feature_stats(fid.features(dataset_images(*test_set, test_set->size(), dtype, first)));
+    fid.reference =
+        ef::apps::feature_stats(fid.features(ef::apps::dataset_images(*test_set, test_set->size(), dtype, first)));
     fid.floor = fid.floor_of(*train_set, a.fid_samples, dtype, first);
     std::printf("Frechet distance floor (%" PRId64 " real training images vs the test set): %.3f\n", a.fid_samples,
                 fid.floor);
@@ -387,7 +341,10 @@ int run(const Args& a) {
   // distance, which needs FashionMNIST's classifier).
   std::shared_ptr<ef::data::Dataset> images_set = train_set;
   if (resnet) {
-    const Tensor synthetic = own_images(a, 2048, {channels, image_size, image_size}, kSyntheticImagesStream);
+    // Uniform in [0, 1], as FashionMNIST's pixels are, from their own stream.
+    const Tensor synthetic = drawn_apart(a, kSyntheticImagesStream, [&] {
+      return ef::rand({2048, channels, image_size, image_size}, {.dtype = ef::kFloat32});
+    });
     images_set = std::make_shared<ef::data::TensorDataset>(
         ef::data::Batch{synthetic, ef::zeros({synthetic.size(0)}, {.dtype = ef::kInt64})});
   }
@@ -432,7 +389,8 @@ int run(const Args& a) {
   const auto frechet = [&] { return frechet_of(fid.noise); };
   const auto save = [&] {
     run.save(state, [&] {
-      write_curves(run.file("curves.png"), run.metrics());
+      write_curves(run.file("curves.png"), run.metrics(),
+                   resnet ? "WGAN-GP, CIFAR-10 ResNet on synthetic images" : "WGAN-GP on FashionMNIST");
       ef::io::save_module(average ? *average : gen.module(), run.file("generator.safetensors"));
       ef::io::save_module(critic.module(), run.file("critic.safetensors"));
     });
@@ -470,84 +428,46 @@ int run(const Args& a) {
     return images;
   };
 
-  // --- The step's inputs (Note [Step buffers]) ---------------------------------------------------------------
-  // Note [Step buffers]
-  // A generator step's device inputs -- each critic step's real batch, noise and what its penalty
-  // draws (wgan-gp's interpolation weights, dragan's perturbation), and the generator step's noise --
-  // are drawn and loaded on the host first, in the order the step uses them, and copied into one
-  // buffer per device (one copy each); the step reads views of it. So the step is the same work on the
-  // same memory every time, which --cuda-graph records once and replays (Note [A step that can be
-  // replayed] in engine/step_graph.h), and a device gets its inputs in one copy either way.
+  // --- The step's inputs (Note [Step buffers] in apps/common/step_buffers.h) ---------------------------------
   const int64_t n = a.batch_size;  // the whole batch, over every process (the loader drops a last partial one)
   const int64_t part = processes == 1 ? n : par::process_share(n, critic.size(), *par::processes()).count;
-  const std::vector<int64_t> chunk = par::split_sizes(part, critic.size());
-  const int64_t image_numel = channels * image_size * image_size;
   const bool draws_eps = a.penalty == "wgan-gp", draws_noise = a.penalty == "dragan";
-  // Per sample, per critic step: the image, z, eps, noise; then z of the generator step.
-  const int64_t per_sample_critic = image_numel + a.z_dim + (draws_eps ? 1 : 0) + (draws_noise ? image_numel : 0);
-  struct DeviceBuffers {
-    Tensor flat;
-    std::vector<Tensor> reals, zs, epss, noises;  // [critic step]
-    Tensor z_gen;
-  };
-  std::vector<DeviceBuffers> buffers(chunk.size());
-  for (size_t r = 0; r < chunk.size(); ++r) {
-    DeviceBuffers& b = buffers[r];
-    const int64_t m = chunk[r];
-    b.flat = ef::zeros({a.critic_steps * m * per_sample_critic + m * a.z_dim}, {.dtype = dtype, .device = devices[r]});
-    int64_t offset = 0;
-    const auto take = [&](const ef::Shape& shape) {
-      int64_t count = 1;
-      for (const int64_t d : shape) count *= d;
-      const Tensor view = ef::reshape(ef::narrow(b.flat, 0, offset, count), shape);
-      offset += count;
-      return view;
-    };
-    for (int64_t k = 0; k < a.critic_steps; ++k) {
-      b.reals.push_back(take({m, channels, image_size, image_size}));
-      b.zs.push_back(take({m, a.z_dim}));
-      b.epss.push_back(draws_eps ? take({m, 1, 1, 1}) : Tensor());
-      b.noises.push_back(draws_noise ? take({m, channels, image_size, image_size}) : Tensor());
-    }
-    b.z_gen = take({m, a.z_dim});
+  const ef::Shape image_row = {channels, image_size, image_size};
+  // Each critic step's real batch, noise and what its penalty reads (wgan-gp's interpolation weights,
+  // dragan's perturbation), then the generator step's noise.
+  std::vector<ef::apps::StepBuffers::Field> fields;
+  const auto input = [](const char* what, int64_t k) { return std::string(what) + " " + std::to_string(k); };
+  for (int64_t k = 0; k < a.critic_steps; ++k) {
+    fields.push_back({input("real", k), image_row});
+    fields.push_back({input("z", k), {a.z_dim}});
+    if (draws_eps) fields.push_back({input("eps", k), {1, 1, 1}});
+    if (draws_noise) fields.push_back({input("noise", k), image_row});
   }
-  const auto per_device = [&](const auto& member) {
-    par::PerDevice<Tensor> out;
-    for (const DeviceBuffers& b : buffers) out.push_back(member(b));
-    return out;
-  };
+  fields.push_back({"z gen", {a.z_dim}});
+  const ef::apps::StepBuffers buffers(devices, part, dtype, fields);
+  const std::vector<int64_t>& chunk = buffers.rows();
   std::vector<double> real_stds(static_cast<size_t>(a.critic_steps), 0.0);  // dragan's, per critic step
-  // Draws and loads one generator step's inputs on the host and copies them into the buffers.
+  // Draws and loads one generator step's inputs on the host, in the order the step uses them, and
+  // copies them in.
   const auto load_step_inputs = [&] {
-    std::vector<std::vector<Tensor>> pieces(chunk.size());  // per device, in buffer order
-    const auto add = [&](const Tensor& whole_part) {
-      int64_t start = 0;
-      for (size_t r = 0; r < chunk.size(); ++r) {
-        pieces[r].push_back(ef::flatten(ef::narrow(whole_part, 0, start, chunk[r])));
-        start += chunk[r];
-      }
-    };
+    std::vector<Tensor> host;
     for (int64_t k = 0; k < a.critic_steps; ++k) {
       const Tensor real = next_real();
       ef::Shape noise_shape = real.shape();
       noise_shape[0] = n;
-      const Tensor z = my_part(ef::randn({n, a.z_dim}, {.dtype = dtype}));
-      // Only what the penalty reads: wgan-gp's interpolation weights, dragan's perturbation (an
-      // unread uniform batch of 64x1x28x28 cost 174 us a critic step, `bench_engine --only random
-      // --threads 1`, AMD Zen 4).
-      const Tensor eps = draws_eps ? my_part(ef::rand({n, 1, 1, 1}, {.dtype = dtype})) : Tensor();
-      const Tensor noise = draws_noise ? my_part(ef::rand(noise_shape, {.dtype = dtype})) : Tensor();
+      host.push_back(real);
+      host.push_back(my_part(ef::randn({n, a.z_dim}, {.dtype = dtype})));
+      // Only what the penalty reads (an unread uniform batch of 64x1x28x28 cost 174 us a critic
+      // step, `bench_engine --only random --threads 1`, AMD Zen 4).
+      if (draws_eps) host.push_back(my_part(ef::rand({n, 1, 1, 1}, {.dtype = dtype})));
+      if (draws_noise) host.push_back(my_part(ef::rand(noise_shape, {.dtype = dtype})));
       // In one process, the whole batch's std; across processes, from every process's part.
       real_stds[static_cast<size_t>(k)] = !draws_noise     ? 0.0
                                           : processes == 1 ? std::sqrt(ef::var(ef::flatten(real), {0}).item())
                                                            : batch_std(real, n, job_sum);
-      add(real);
-      add(z);
-      if (draws_eps) add(eps);
-      if (draws_noise) add(noise);
     }
-    add(my_part(ef::randn({n, a.z_dim}, {.dtype = dtype})));
-    for (size_t r = 0; r < chunk.size(); ++r) buffers[r].flat.copy_(ef::cat(pieces[r], 0));
+    host.push_back(my_part(ef::randn({n, a.z_dim}, {.dtype = dtype})));
+    buffers.load(host);
   };
 
   // --- One generator step on the devices -----------------------------------------------------------------
@@ -558,11 +478,11 @@ int run(const Args& a) {
     std::vector<Tensor> values;
     std::vector<Tensor> distance(chunk.size());
     for (int64_t k = 0; k < a.critic_steps; ++k) {
-      const auto kth = [k](const std::vector<Tensor>& v) { return v[static_cast<size_t>(k)]; };
-      const auto reals = critic.scatter(per_device([&](const DeviceBuffers& b) { return kth(b.reals); }));
-      const auto zs = per_device([&](const DeviceBuffers& b) { return kth(b.zs); });
-      const auto epss = per_device([&](const DeviceBuffers& b) { return kth(b.epss); });
-      const auto noises = per_device([&](const DeviceBuffers& b) { return kth(b.noises); });
+      const auto reals = critic.scatter(buffers[input("real", k)]);
+      const auto zs = buffers[input("z", k)];
+      const auto none = par::PerDevice<Tensor>(chunk.size());
+      const auto epss = draws_eps ? buffers[input("eps", k)] : none;
+      const auto noises = draws_noise ? buffers[input("noise", k)] : none;
       par::PerDevice<Tensor> fakes;
       {
         ef::NoGradGuard no_grad;
@@ -582,17 +502,19 @@ int run(const Args& a) {
       opt_d.step();
       values.push_back(loss.detach());
     }
-    const auto zs = per_device([](const DeviceBuffers& b) { return b.z_gen; });
-    set_critic_trainable(false);
-    const par::PerDevice<Tensor> fakes = gen(zs);
-    // Weighed by the critic's current batch, the last real batch: the same size, split the same way.
-    const Tensor loss =
-        criterion([&](int r) { return ef::losses::wasserstein_generator_loss(critic.replica(r)(fakes[r])); });
-    opt_g.zero_grad();
-    loss.backward();
-    opt_g.step();
-    set_critic_trainable(true);
-    values.push_back(loss.detach());
+    {
+      // The critic frozen for the generator step, and trainable again however the step ends (a
+      // recording that fails here is run again eagerly: ReplayedStep).
+      const FrozenCritic frozen(set_critic_trainable);
+      const par::PerDevice<Tensor> fakes = gen(buffers["z gen"]);
+      // Weighed by the critic's current batch, the last real batch: the same size, split the same way.
+      const Tensor loss =
+          criterion([&](int r) { return ef::losses::wasserstein_generator_loss(critic.replica(r)(fakes[r])); });
+      opt_g.zero_grad();
+      loss.backward();
+      opt_g.step();
+      values.push_back(loss.detach());
+    }
     for (const Tensor& d : distance) values.push_back(d.to(first));
     step_values = ef::stack(values, 0);
   };
@@ -668,16 +590,15 @@ int run(const Args& a) {
     opt_g.primary().set_lr(lr);
     load_step_inputs();
     step();
-    if (average) update_average(*average, gen.module(), a.ema_decay, progress.step);
+    if (average) ef::apps::update_average(*average, gen.module(), a.ema_decay, progress.step);
     queued.push_back({progress.step + 1, ef::read_later(step_values), lr});
     ++progress.step;
     const bool last = progress.step == a.steps;
     const bool checkpoint = progress.step % a.sample_every == 0 || progress.step % a.fid_every == 0 || last;
-    if (!checkpoint) {
-      while (queued.size() > 1) read_oldest(false);
-      continue;
-    }
-    while (queued.size() > 1) read_oldest(false);
+    // On a GPU the host reads a step's losses one step behind; a CPU device has them already.
+    const size_t behind = first.is_cuda() ? 1 : 0;
+    while (queued.size() > (checkpoint ? 1 : behind)) read_oldest(false);
+    if (!checkpoint) continue;
     read_oldest(true);
     if (progress.step % a.sample_every == 0 || last) sample(progress.step);
     save();

@@ -61,7 +61,9 @@ void* CachingAllocator::allocate(size_t nbytes, size_t* block_bytes) {
   } else {
     const bool over_limit = stats_.limit != 0 && stats_.reserved + size > stats_.limit;
     if (!over_limit) ptr = backend_.raw_alloc(size);
-    if (ptr == nullptr && !free_blocks_.empty()) {  // retry once with the cache given back
+    // Retry once with the cache given back -- but not while a step is recorded anywhere: a CUDA
+    // device may not free memory then (a capture refuses cudaFree).
+    if (ptr == nullptr && !free_blocks_.empty() && detail::g_recording.load(std::memory_order_acquire) == 0) {
       empty_cache_locked();
       if (stats_.limit == 0 || stats_.reserved + size <= stats_.limit) ptr = backend_.raw_alloc(size);
     }

@@ -45,6 +45,10 @@ struct Capture {
   std::vector<RecordedCall> calls;
   // What broke the step's contract, if anything did (the first), reported when capture() ends.
   std::string violation;
+
+  // Keeps `message` as the violation (the first one) and throws it as an ef::Error: the step may
+  // catch it, and capture() reports it all the same.
+  [[noreturn]] void refuse(const std::string& message);
 };
 
 // The number of captures in progress in the process: checks on hot paths test it first.
@@ -70,7 +74,7 @@ void set_step_thread(StepThread s);  // sets the calling thread's
 Capture* capture_of(const Device& d);
 
 // Scalars that change from step to step (a random draw's seed and offset, Adam's step size and bias
-// corrections; Note [Step scalars]): `bytes` of device memory, 8-byte aligned, that `fill` writes at
+// corrections; Note [Step scalars]): `bytes` of device memory, 16-byte aligned, that `fill` writes at
 // each replay (in the order of each_step) and the captured kernels read when they run. Returns
 // their device address; nullptr outside a capture (then pass the values themselves).
 const void* step_scalars(const Device& d, size_t bytes, std::function<void(void* host)> fill);

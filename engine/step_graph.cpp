@@ -38,6 +38,14 @@ namespace detail {
 
 std::atomic<int> g_recording{0};
 
+void Capture::refuse(const std::string& message) {
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (violation.empty()) violation = message;
+  }
+  EF_ERROR(message);
+}
+
 namespace {
 thread_local StepThread tls_step_thread;
 }  // namespace
@@ -59,13 +67,12 @@ Capture* capture_of(const Device& d) {
 const void* step_scalars(const Device& d, size_t bytes, std::function<void(void* host)> fill) {
   Capture* c = capture_of(d);
   if (c == nullptr) return nullptr;
-  std::lock_guard<std::mutex> lock(c->mu);
+  std::unique_lock<std::mutex> lock(c->mu);
   const size_t offset = (c->scalars_host.size() + 15) / 16 * 16;
   if (offset + bytes > c->scalars_capacity) {
-    const std::string why = str_cat("a recorded step needs more than ", c->scalars_capacity,
-                                    " bytes of step scalars (random draws and optimizer steps): record a shorter step");
-    if (c->violation.empty()) c->violation = why;
-    EF_ERROR(why);
+    lock.unlock();
+    c->refuse(str_cat("a recorded step needs more than ", c->scalars_capacity,
+                      " bytes of step scalars (random draws and optimizer steps): record a shorter step"));
   }
   c->scalars_host.resize(offset + bytes);
   c->effects.push_back([c, offset, fill = std::move(fill)] { fill(c->scalars_host.data() + offset); });
@@ -91,12 +98,10 @@ void on_device_memory(const std::vector<Device>& devices, std::function<void()> 
   }
   for (const Device& d : devices) {
     if (capture_of(d) != c) {
-      const std::string why =
-          str_cat("a copy between ", devices[0].str(), " and ", devices.back().str(), " inside a recorded step of ",
-                  d == devices[0] ? devices.back().str() : devices[0].str(), " alone: host values enter a recorded ",
-                  "step through its own buffers, copied before replay(), and results leave it after (read_later)");
-      if (c->violation.empty()) c->violation = why;
-      EF_ERROR(why);
+      c->refuse(str_cat("a copy between ", devices[0].str(), " and ", devices.back().str(),
+                        " inside a recorded step of ", d == devices[0] ? devices.back().str() : devices[0].str(),
+                        " alone: host values enter a recorded step through its own buffers, copied before replay(), "
+                        "and results leave it after (read_later)"));
     }
   }
   record_call(c, std::move(fn));
@@ -109,13 +114,7 @@ void check_host_access(const Device& d) {
 
 void check_not_recording(const Device& d, const char* what, const char* why) {
   Capture* c = capture_of(d);
-  if (c == nullptr) return;
-  const std::string message = str_cat(what, " on ", d.str(), " inside a recorded step: ", why);
-  {
-    std::lock_guard<std::mutex> lock(c->mu);
-    if (c->violation.empty()) c->violation = message;
-  }
-  EF_ERROR(message);
+  if (c != nullptr) c->refuse(str_cat(what, " on ", d.str(), " inside a recorded step: ", why));
 }
 
 // Note [Recording CPU devices]
@@ -137,6 +136,8 @@ class RecordingBackend final : public Backend {
   explicit RecordingBackend(std::unique_ptr<Backend> kernels) : kernels_(std::move(kernels)) {}
 
   void start(Capture* c) { capture_.store(c, std::memory_order_release); }
+  // Stops recording for `c` (and not another capture that took the device since).
+  void stop(Capture* c) { capture_.compare_exchange_strong(c, nullptr, std::memory_order_acq_rel); }
 
   void* raw_alloc(size_t nbytes) override { return kernels_->raw_alloc(nbytes); }
   void raw_free(void* ptr) override { kernels_->raw_free(ptr); }
@@ -226,20 +227,36 @@ class RecordingBackend final : public Backend {
     call([=, this] { kernels_->max_pool2d_backward(args, gx, gy, indices); });
   }
   void gather(const View& out, const View& x, int dim, const View& index) override {
+    refuse("gather (an indexing kernel)",
+           "its bad-index check is read on the host, which a replay does not repeat; not supported in a recorded step "
+           "yet (as on CUDA devices)");
     call([=, this] { kernels_->gather(out, x, dim, index); });
   }
   void scatter_add(const View& out, int dim, const View& index, const View& src) override {
+    refuse("scatter_add (an indexing kernel)",
+           "its bad-index check is read on the host, which a replay does not repeat; not supported in a recorded step "
+           "yet (as on CUDA devices)");
     call([=, this] { kernels_->scatter_add(out, dim, index, src); });
   }
   void index_select(const View& out, const View& x, int dim, const View& index) override {
+    refuse("index_select (an indexing kernel)",
+           "its bad-index check is read on the host, which a replay does not repeat; not supported in a recorded step "
+           "yet (as on CUDA devices)");
     call([=, this] { kernels_->index_select(out, x, dim, index); });
   }
   void index_add(const View& out, int dim, const View& index, const View& src) override {
+    refuse("index_add (an indexing kernel)",
+           "its bad-index check is read on the host, which a replay does not repeat; not supported in a recorded step "
+           "yet (as on CUDA devices)");
     call([=, this] { kernels_->index_add(out, dim, index, src); });
   }
-  // A bad index throws when the recorded call runs: at replay().
+  // Refused while recording, as CUDA devices refuse it (CudaBackend::index_check), so that a step
+  // CI records on CPU devices is one a GPU can record.
   void check_index_range(const View& index, int64_t size, int64_t allowed,
                          std::function<std::string(int64_t)> describe) override {
+    refuse("an index check (a loss's class targets)",
+           "its bad-index check is read on the host, which a replay does not repeat; not supported in a recorded step "
+           "yet (as on CUDA devices)");
     call([=, this] { kernels_->check_index_range(index, size, allowed, describe); });
   }
   void adam(const AdamArgs& args, const std::vector<AdamOperands>& params) override {
@@ -259,16 +276,10 @@ class RecordingBackend final : public Backend {
     }
     record_call(c, std::function<void()>(std::forward<F>(run)));
   }
-  void refuse(const char* what) {
+  void refuse(const char* what, const char* why = "nothing runs while a step is recorded") {
     Capture* c = capture_.load(std::memory_order_acquire);
     if (c == nullptr || step_thread().capture != c) return;
-    const std::string message =
-        str_cat(what, " on a CPU device inside a recorded step: nothing runs while a step is recorded");
-    {
-      std::lock_guard<std::mutex> lock(c->mu);
-      if (c->violation.empty()) c->violation = message;
-    }
-    EF_ERROR(message);
+    c->refuse(str_cat(what, " on a CPU device inside a recorded step: ", why));
   }
 
   std::unique_ptr<Backend> kernels_;
@@ -338,7 +349,7 @@ class CpuRecording final : public DeviceRecording {
   }
   void stop() noexcept {
     for (const Device& d : devices_) {
-      if (auto* b = dynamic_cast<RecordingBackend*>(&context(d).backend())) b->start(nullptr);
+      if (auto* b = dynamic_cast<RecordingBackend*>(&context(d).backend())) b->stop(capture_);
     }
   }
   std::vector<Device> devices_;
@@ -379,18 +390,12 @@ struct StepGraph::Impl {
     }
   }
 
-  // Makes every allocation on `ds` come from the graph's pool (use(false): from the shared cache).
-  void use_pools(const std::vector<Device>& ds, bool on) {
-    for (const Device& d : ds) {
-      CachingAllocator& allocator = context(d).allocator();
-      if (!on) {
-        allocator.use_pool(0);
-        continue;
-      }
-      auto it = pools.find(d);
-      if (it == pools.end()) it = pools.emplace(d, allocator.new_pool()).first;
-      allocator.use_pool(it->second);
-    }
+  // Makes `d`'s allocations by the step's threads come from the graph's pool (made on first use).
+  void use_pool(const Device& d) {
+    CachingAllocator& allocator = context(d).allocator();
+    auto it = pools.find(d);
+    if (it == pools.end()) it = pools.emplace(d, allocator.new_pool()).first;
+    allocator.use_pool(it->second);
   }
 
   uint64_t pool_device_allocs() const {
@@ -439,18 +444,53 @@ class StepThreadGuard {
 };
 }  // namespace
 
+// Puts `devices`' allocations in the graph's pools while it lives (undoing every one it set, however
+// it ends).
+class StepGraph::PoolScope {
+ public:
+  PoolScope(Impl& impl, const std::vector<Device>& devices) : impl_(impl) {
+    for (const Device& d : devices) {
+      impl_.use_pool(d);
+      set_.push_back(d);
+    }
+  }
+  ~PoolScope() {
+    for (const Device& d : set_) context(d).allocator().use_pool(0);
+  }
+  PoolScope(const PoolScope&) = delete;
+  PoolScope& operator=(const PoolScope&) = delete;
+
+ private:
+  Impl& impl_;
+  std::vector<Device> set_;
+};
+
 void StepGraph::warm_up(const std::vector<Device>& devices, const std::function<void()>& step) {
   Impl::check_devices("StepGraph::warm_up", devices);
-  impl_->use_pools(devices, true);
-  try {
-    const StepThreadGuard in_step(nullptr);
-    step();
-  } catch (...) {
-    impl_->use_pools(devices, false);
-    throw;
-  }
-  impl_->use_pools(devices, false);
+  const PoolScope pools(*impl_, devices);
+  const StepThreadGuard in_step(nullptr);
+  step();
 }
+
+namespace {
+// Marks `devices` as recorded by `capture` while it lives (Note [The step's threads]).
+class RecordingScope {
+ public:
+  RecordingScope(const std::vector<Device>& devices, detail::Capture* capture) : devices_(devices) {
+    detail::g_recording.fetch_add(1, std::memory_order_acq_rel);
+    for (const Device& d : devices_) context(d).set_capture(capture);
+  }
+  ~RecordingScope() {
+    for (const Device& d : devices_) context(d).set_capture(nullptr);
+    detail::g_recording.fetch_sub(1, std::memory_order_acq_rel);
+  }
+  RecordingScope(const RecordingScope&) = delete;
+  RecordingScope& operator=(const RecordingScope&) = delete;
+
+ private:
+  const std::vector<Device>& devices_;
+};
+}  // namespace
 
 void StepGraph::capture(const std::vector<Device>& devices, const std::function<void()>& step) {
   Impl::check_devices("StepGraph::capture", devices);
@@ -466,27 +506,35 @@ void StepGraph::capture(const std::vector<Device>& devices, const std::function<
   capture->scalars_device = scalars.data_ptr();
   for (const Device& d : devices) synchronize(d);  // nothing queued before may run inside the recording
   const uint64_t allocs_before = impl_->pool_device_allocs();
-  impl_->use_pools(devices, true);
-  for (const Device& d : devices) context(d).set_capture(capture.get());
-  detail::g_recording.fetch_add(1, std::memory_order_acq_rel);
   std::unique_ptr<detail::DeviceRecording> recording;
+  bool failed = false;
   std::string failure;
-  try {
-    recording = devices[0].is_cuda() ? detail::begin_cuda_recording(devices)
-                                     : std::make_unique<detail::CpuRecording>(devices, capture.get());
+  {
+    const PoolScope pools(*impl_, devices);
+    const RecordingScope recorded(devices, capture.get());
+    // The calling thread works for the step from the recording's start to its end, its
+    // abandonment included (CudaBackend::activate lets other threads wait meanwhile).
     const StepThreadGuard in_step(capture.get());
-    step();
-    // The backward passes' bookkeeping ends with the step: nothing of it may run after.
-    recording->end();
-  } catch (const std::exception& e) {
-    failure = e.what();
-    if (recording) recording->abandon();
+    try {
+      recording = devices[0].is_cuda() ? detail::begin_cuda_recording(devices)
+                                       : std::make_unique<detail::CpuRecording>(devices, capture.get());
+      step();
+      // The backward passes' bookkeeping ends with the step: nothing of it may run after.
+      recording->end();
+    } catch (const std::exception& e) {
+      failed = true;
+      failure = e.what();
+    } catch (...) {
+      failed = true;
+      failure = "an exception that is not a std::exception";
+    }
+    if (failed && recording) recording->abandon();
   }
-  detail::g_recording.fetch_sub(1, std::memory_order_acq_rel);
-  for (const Device& d : devices) context(d).set_capture(nullptr);
-  impl_->use_pools(devices, false);
-  if (failure.empty() && !capture->violation.empty()) failure = capture->violation;  // the step caught it
-  if (!failure.empty()) {
+  if (!failed && !capture->violation.empty()) {  // the step caught the refusal
+    failed = true;
+    failure = capture->violation;
+  }
+  if (failed) {
     EF_ERROR("StepGraph::capture: the step on ", devices[0].str(), devices.size() > 1 ? " and others" : "",
              " cannot be recorded: ", failure);
   }
@@ -546,8 +594,9 @@ void ReplayedStep::operator()(const std::string& signature) {
     return;
   }
   const CudaMath math = cuda_math();
-  const std::string full = detail::str_cat(signature, signature.empty() ? "" : ", ", "cuda math ", math.allow_tf32_conv,
-                                           math.allow_tf32_matmul, math.deterministic, math.benchmark);
+  const std::string full = detail::str_cat(signature, signature.empty() ? "" : ", ", "TF32 convolutions ",
+                                           math.allow_tf32_conv, ", TF32 products ", math.allow_tf32_matmul,
+                                           ", deterministic ", math.deterministic, ", benchmark ", math.benchmark);
   if (!signed_ || full != signature_) {
     if (signed_) {
       options_.log(detail::str_cat("the step changed (", signature_, " -> ", full, "): recording it again after ",

@@ -24,9 +24,11 @@
 ///     pool so that recording needs no new memory from the device.
 /// What the host code does to host objects happens once, at capture: the tensors the step leaves
 /// behind (a parameter's gradient, a loss) are the same tensors after every replay, with the new
-/// values. The engine refuses what it can tell is wrong with an ef::Error naming it; a counter passed
+/// values. The tensors it uses from outside -- parameters, optimizer states, input buffers -- are
+/// used at their addresses: keep them alive and in place between replays (copying new values into
+/// them is fine; replacing them, as Optimizer::load_state does, needs a new capture). The engine refuses what it can tell is wrong with an ef::Error naming it; a counter passed
 /// by value is not caught there, but makes replayed steps differ from eager ones, which the tests
-/// compare bit for bit (tests/engine/test_step_graph.cpp on CPU devices, the CUDA ones on a GPU).
+/// compare bit for bit (tests/parallel/test_step_graph.cpp on CPU devices, the CUDA ones on a GPU).
 #pragma once
 
 #include <cstddef>
@@ -87,6 +89,7 @@ class StepGraph {
 
  private:
   struct Impl;
+  class PoolScope;
   std::unique_ptr<Impl> impl_;
 };
 
@@ -154,7 +157,6 @@ class HostValues {
   friend HostValues read_later(const Tensor& t);
   std::function<void()> wait_;
   std::shared_ptr<std::vector<double>> values_;
-  DType dtype_ = DType::Float64;
 };
 
 /// Starts copying `t`'s values to the host behind the work queued on its device (ef::Error for an

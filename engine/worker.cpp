@@ -31,17 +31,27 @@ Worker* Worker::current() {
   return tls_current_worker;
 }
 
+namespace {
+// Runs a task with its poster's step state, restoring the thread's own after (Note [The step's
+// threads] in capture.h): a task of a step works for the step, and another task that a step's
+// thread runs while it waits (run_until) does not.
+class StepThreadSwap {
+ public:
+  explicit StepThreadSwap(detail::StepThread s) : previous_(detail::step_thread()) { detail::set_step_thread(s); }
+  ~StepThreadSwap() { detail::set_step_thread(previous_); }
+  StepThreadSwap(const StepThreadSwap&) = delete;
+  StepThreadSwap& operator=(const StepThreadSwap&) = delete;
+
+ private:
+  detail::StepThread previous_;
+};
+}  // namespace
+
 void Worker::post(std::function<void()> task) {
-  // A step's task works for the step (Note [The step's threads] in capture.h).
-  const detail::StepThread poster = detail::step_thread();
-  if (poster.in_step) {
-    task = [poster, inner = std::move(task)] {
-      const detail::StepThread previous = detail::step_thread();
-      detail::set_step_thread(poster);
-      inner();
-      detail::set_step_thread(previous);
-    };
-  }
+  task = [poster = detail::step_thread(), inner = std::move(task)] {
+    const StepThreadSwap as_poster(poster);
+    inner();
+  };
   {
     std::lock_guard<std::mutex> lock(mu_);
     tasks_.push_back(std::move(task));

@@ -112,6 +112,17 @@ PerDevice<Tensor> DataParallelModel::scatter(const PerDevice<Tensor>& chunks) {
     EF_CHECK(x.device() == group_->device(r), "DataParallelModel::scatter: chunk ", r, " is on ", x.device().str(),
              ", but replica ", r, " is on ", group_->device(r).str());
   }
+  // The rows the batch's draws per sample follow (Note [Random numbers per sample]) are scatter's.
+  int64_t rows = 0;
+  for (const Tensor& x : chunks) rows += x.size(0);
+  const std::vector<int64_t> sizes = split_sizes(rows, group_->size());
+  EF_CHECK(sizes.size() == chunks.size(), "DataParallelModel::scatter: ", k, " chunks of a batch of ", rows,
+           " rows, which scatter splits into ", sizes.size());
+  for (int r = 0; r < k; ++r) {
+    EF_CHECK(chunks[static_cast<size_t>(r)].size(0) == sizes[static_cast<size_t>(r)],
+             "DataParallelModel::scatter: ", "chunk ", r, " has ", chunks[static_cast<size_t>(r)].size(0),
+             " rows, scatter gives it ", sizes[static_cast<size_t>(r)], " of a batch of ", rows);
+  }
   batch_rows_ = rows_of(*group_, chunks);
   return chunks;
 }

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "evenflow/engine/autograd.h"
+#include "evenflow/engine/capture.h"
 #include "evenflow/parallel/process_group_internal.h"
 
 namespace evenflow::parallel {
@@ -45,6 +46,11 @@ GradientSync::~GradientSync() {
 
 void GradientSync::on_ready(int rank, size_t param) {
   if (no_sync_depth_.load() > 0) return;
+  // Across processes the buckets are summed on a thread of their own, through the host.
+  if (ordered_)
+    detail::check_not_recording(params_[static_cast<size_t>(rank)][param].device(), "a gradient sum across processes",
+                                "the processes meet on the host, which a replay does not repeat; record steps of one "
+                                "process");
   Bucket* to_reduce = nullptr;
   {
     std::lock_guard<std::mutex> lock(mu_);

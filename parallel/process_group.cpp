@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 
+#include "evenflow/engine/capture.h"
 #include "evenflow/parallel/comm_ops.h"
 #include "evenflow/parallel/process_group_internal.h"
 
@@ -68,6 +69,10 @@ Tensor host_copy(const Tensor& x) {
 }
 
 void check_host_tensor(const char* op, const Tensor& x) {
+  // The processes meet on the host, which a replayed step does not (Note [A step that can be replayed]).
+  EF_CHECK(detail::step_thread().capture == nullptr, op,
+           " across processes inside a recorded step: the processes meet on the host, which a replay does not "
+           "repeat; record steps of one process");
   EF_CHECK(x.defined(), op, ": undefined tensor");
   EF_CHECK(x.device().is_cpu() && x.is_contiguous(), op, ": needs a contiguous CPU tensor, got ", x.str());
   EF_CHECK(x.dtype() == kFloat32 || x.dtype() == kFloat64 || x.dtype() == kInt64, op,

@@ -11,7 +11,9 @@
 #endif
 #include <Eigen/Dense>
 
+#include "apps/common/fashion_cnn.h"
 #include "evenflow/engine/error.h"
+#include "evenflow/engine/ops.h"
 
 namespace evenflow::apps {
 
@@ -53,6 +55,26 @@ double frechet_distance(const FeatureStats& a, const FeatureStats& b) {
   const Eigen::SelfAdjointEigenSolver<Matrix> eig((inner + inner.transpose()) / 2.0, Eigen::EigenvaluesOnly);
   const double cross = eig.eigenvalues().cwiseMax(0.0).cwiseSqrt().sum();
   return (mu_a - mu_b).squaredNorm() + cov_a.trace() + cov_b.trace() - 2.0 * cross;
+}
+
+Tensor dataset_images(const data::FashionMNIST& set, int64_t count, DType dtype, const Device& device) {
+  std::vector<int64_t> indices(static_cast<size_t>(std::min(count, set.size())));
+  for (size_t i = 0; i < indices.size(); ++i) indices[i] = static_cast<int64_t>(i);
+  return set.get_batch(indices).images.to(dtype).to(device) * 2.0 - 1.0;
+}
+
+double FashionFrechet::floor_of(const data::FashionMNIST& train, int64_t count, DType dtype,
+                                const Device& device) const {
+  return frechet_distance(feature_stats(features(dataset_images(train, count, dtype, device))), reference);
+}
+
+Tensor FashionFrechet::features(const Tensor& images) const {
+  std::vector<Tensor> parts;
+  for (int64_t start = 0; start < images.size(0); start += 500) {
+    const Tensor chunk = narrow(images, 0, start, std::min<int64_t>(500, images.size(0) - start));
+    parts.push_back(fashion_cnn_features(*net, (chunk.to(kFloat32) + 1.0) * 0.5).to(cpu()));
+  }
+  return cat(parts, 0);
 }
 
 }  // namespace evenflow::apps

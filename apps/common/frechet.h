@@ -5,10 +5,14 @@
 // rounding are clamped to 0), so it is defined for rank-deficient covariances too.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
+#include "evenflow/data/fashion_mnist.h"
 #include "evenflow/engine/tensor.h"
+#include "evenflow/layers/sequential.h"
 
 namespace evenflow::apps {
 
@@ -22,5 +26,25 @@ struct FeatureStats {
 FeatureStats feature_stats(const Tensor& features);
 
 double frechet_distance(const FeatureStats& a, const FeatureStats& b);
+
+// The first `count` images of `set` (all, if it has fewer), as `dtype` on `device`, scaled from
+// [0, 1] to [-1, 1]: a generator's range.
+Tensor dataset_images(const data::FashionMNIST& set, int64_t count, DType dtype, const Device& device);
+
+// A generator's sample quality on FashionMNIST (wgan_gp): the classifier whose features the
+// distance compares, the test set's feature statistics (the reference), the floor (the distance of
+// as many real training images) and the fixed noise of the periodic evaluations.
+struct FashionFrechet {
+  std::shared_ptr<nn::Sequential> net;
+  FeatureStats reference;
+  double floor = NAN;
+  Tensor noise;  // fixed, so successive evaluations compare the generator, not the noise
+
+  // The distance of `count` real training images (held out from the reference, the test set): as
+  // many as the generated ones measured, since the distance's bias depends on the count.
+  double floor_of(const data::FashionMNIST& train, int64_t count, DType dtype, const Device& device) const;
+  // Features of images in [-1, 1] (the generator's range), in chunks of 500, in float32, on the host.
+  Tensor features(const Tensor& images) const;
+};
 
 }  // namespace evenflow::apps

@@ -1,5 +1,7 @@
 #include "apps/common/wgan_generator.h"
 
+#include <algorithm>
+
 #include "evenflow/parallel/sync_batch_norm.h"
 
 namespace evenflow::apps {
@@ -19,6 +21,13 @@ Tensor WganGenerator::forward(const Tensor& z) {
   h = reshape(h, {z.size(0), 2 * width_, 7, 7});
   h = relu(child("bn1")->forward(child("up1")->forward(h)));
   return tanh(child(kImageLayer)->forward(h));
+}
+
+void update_average(nn::Module& average, const nn::Module& model, double decay, int64_t step) {
+  NoGradGuard no_grad;
+  const double e = std::min(decay, (1.0 + static_cast<double>(step)) / (10.0 + static_cast<double>(step)));
+  const std::vector<Tensor> avg = average.parameters(), now = model.parameters();
+  for (size_t i = 0; i < avg.size(); ++i) avg[i].mul_(e).add_(now[i], 1.0 - e);
 }
 
 }  // namespace evenflow::apps

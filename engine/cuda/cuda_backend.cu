@@ -2,9 +2,11 @@
 // stream on its GPU, lazily created cuBLAS/cuDNN handles bound to that stream, and a scratch buffer
 // for library workspaces. Here: construction, memory, host and peer copies, library state, and the
 // entry points of cuda_backend.h. The kernels are in cuda_<family>.cu, convolutions in cuda_conv.cu.
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <set>
+#include <thread>
 #include <utility>
 
 #include "evenflow/engine/cuda/cuda_backend.h"
@@ -57,6 +59,22 @@ std::string CudaBackend::name() const {
 
 void CudaBackend::activate() const {
   EF_CUDA_CHECK(cudaSetDevice(physical_id_));
+  if (::evenflow::detail::g_recording.load(std::memory_order_acquire) != 0) wait_for_recording();
+}
+
+// Note [Recording CUDA devices] in cuda_graph.cu: a stream being recorded takes whatever any thread
+// queues on it, so a thread that does not work for the step (a data loader uploading the next
+// batch) waits until the recording ends -- a few milliseconds of host work -- rather than having
+// its work recorded into the step.
+void CudaBackend::wait_for_recording() const {
+  if (::evenflow::detail::capture_of(device()) != nullptr) return;  // this thread works for the step
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (recording()) {
+    EF_CHECK(std::chrono::steady_clock::now() < deadline, name(),
+             ": waited 60 s for the step being recorded on it to end; a thread that does not work for the step "
+             "cannot queue work on its stream meanwhile");
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
 }
 
 // --- Memory and copies ---------------------------------------------------------------------------
@@ -173,18 +191,22 @@ std::function<void()> CudaBackend::copy_to_host_later(void* dst, const void* src
       copy_status == cudaSuccess ? cudaEventCreateWithFlags(&done, cudaEventDisableTiming) : copy_status;
   if (status == cudaSuccess) status = cudaEventRecord(done, stream_);
   const uint64_t mark = deferred_errors_.mark();
+  // The staging buffer and the event go back once the copy is done, whether or not anyone waited
+  // for the values (a run stopped by an error drops what it had queued).
+  const std::shared_ptr<void> resources(nullptr, [this, size_class, staging, done](void*) {
+    if (done != nullptr) {
+      EF_CUDA_CHECK_PRINT(cudaEventSynchronize(done));
+      EF_CUDA_CHECK_PRINT(cudaEventDestroy(done));
+    }
+    release_staging(new StagingReturn{this, size_class, staging});
+  });
   if (status != cudaSuccess) {
     EF_CUDA_CHECK_PRINT(cudaStreamSynchronize(stream_));
-    if (done != nullptr) EF_CUDA_CHECK_PRINT(cudaEventDestroy(done));
-    release_staging(new StagingReturn{this, size_class, staging});
     EF_CUDA_CHECK(status);
   }
-  return [this, dst, nbytes, size_class, staging, done, mark] {
-    const cudaError_t wait_status = cudaEventSynchronize(done);
-    EF_CUDA_CHECK_PRINT(cudaEventDestroy(done));
-    if (wait_status == cudaSuccess) std::memcpy(dst, staging, nbytes);
-    release_staging(new StagingReturn{this, size_class, staging});
-    EF_CUDA_CHECK(wait_status);
+  return [this, dst, nbytes, staging, done, mark, resources] {
+    EF_CUDA_CHECK(cudaEventSynchronize(done));
+    std::memcpy(dst, staging, nbytes);
     const std::string error = deferred_errors_.take_errors(
         mark, ::evenflow::detail::str_cat(" (found on ", name(), " when a value was read)"));
     EF_CHECK(error.empty(), error);

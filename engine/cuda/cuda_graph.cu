@@ -27,15 +27,16 @@ class CudaRecording final : public ::evenflow::detail::DeviceRecording {
  public:
   explicit CudaRecording(std::vector<CudaBackend*> backends) : backends_(std::move(backends)) {
     CudaBackend& origin = *backends_[0];
-    origin.activate();
-    for (size_t i = 0; i < backends_.size(); ++i) {
-      cudaEvent_t e = nullptr;
-      EF_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-      events_.push_back(e);
-    }
-    EF_CUDA_CHECK(cudaStreamBeginCapture(origin.stream(), cudaStreamCaptureModeRelaxed));
-    capturing_ = true;
-    try {  // the other streams join the capture
+    try {
+      origin.activate();
+      for (size_t i = 0; i < backends_.size(); ++i) {
+        cudaEvent_t e = nullptr;
+        EF_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+        events_.push_back(e);
+      }
+      EF_CUDA_CHECK(cudaStreamBeginCapture(origin.stream(), cudaStreamCaptureModeRelaxed));
+      capturing_ = true;
+      // The other streams join the capture.
       EF_CUDA_CHECK(cudaEventRecord(events_[0], origin.stream()));
       for (size_t i = 1; i < backends_.size(); ++i) {
         backends_[i]->activate();

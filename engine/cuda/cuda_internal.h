@@ -139,6 +139,9 @@ class CudaBackend final : public Backend {
   void activate() const;
   // Whether the stream is being recorded into a CUDA graph (cuda_graph.cu).
   bool recording() const;
+  // Waits while another thread's step is recorded on this stream (activate's; Note [Recording CUDA
+  // devices] in cuda_graph.cu).
+  void wait_for_recording() const;
 
   // Library state, see Note [Library handles and threads]. Handles are created on first use.
   using Lock = std::unique_lock<std::mutex>;

@@ -238,18 +238,20 @@ TEST_CASE("wgan_gp: --cuda-graph on CPU devices replays the eager run's losses b
     CAPTURE(variant);
     TempDir eager, recorded, split;
     const std::string common = data.args() + variant + " --devices cpu:2 --critic-steps 2 --print-loss ";
-    const AppResult a = run_wgan(common + "--steps 5 --out " + eager.path().string());
-    const AppResult b = run_wgan(common + "--steps 5 --cuda-graph --out " + recorded.path().string());
+    const AppResult a = run_wgan(common + "--steps 6 --out " + eager.path().string());
+    const AppResult b = run_wgan(common + "--steps 6 --cuda-graph --out " + recorded.path().string());
     REQUIRE_MESSAGE(a.rc == 0, a.output);
     REQUIRE_MESSAGE(b.rc == 0, b.output);
     CHECK(b.output.find("step graph: recorded the step on cpu:0 and 1 more") != std::string::npos);
     const auto reference = labelled_losses(a.output);
-    REQUIRE(reference.size() == 15);
+    REQUIRE(reference.size() == 18);
     CHECK(labelled_losses(b.output) == reference);  // bitwise
+    // Resumed at step 3: two eager steps, then the step recorded again and replayed.
     const AppResult first = run_wgan(common + "--steps 3 --cuda-graph --out " + split.path().string());
-    const AppResult resumed = run_wgan(common + "--steps 5 --cuda-graph --resume --out " + split.path().string());
+    const AppResult resumed = run_wgan(common + "--steps 6 --cuda-graph --resume --out " + split.path().string());
     REQUIRE_MESSAGE(first.rc == 0, first.output);
     REQUIRE_MESSAGE(resumed.rc == 0, resumed.output);
+    CHECK(resumed.output.find("step graph: recorded the step") != std::string::npos);
     CHECK(losses_of(first, resumed) == reference);
   }
   const AppResult dragan = run_wgan(data.args() + "--penalty dragan --cuda-graph --steps 1");
