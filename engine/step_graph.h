@@ -26,9 +26,10 @@
 /// behind (a parameter's gradient, a loss) are the same tensors after every replay, with the new
 /// values. The tensors it uses from outside -- parameters, optimizer states, input buffers -- are
 /// used at their addresses: keep them alive and in place between replays (copying new values into
-/// them is fine; replacing them, as Optimizer::load_state does, needs a new capture). The engine refuses what it can tell is wrong with an ef::Error naming it; a counter passed
-/// by value is not caught there, but makes replayed steps differ from eager ones, which the tests
-/// compare bit for bit (tests/parallel/test_step_graph.cpp on CPU devices, the CUDA ones on a GPU).
+/// them is fine; replacing them, as Optimizer::load_state does, needs a new capture). The engine refuses what it can
+/// tell is wrong with an ef::Error naming it; a counter passed by value is not caught there, but makes replayed steps
+/// differ from eager ones, which the tests compare bit for bit (tests/parallel/test_step_graph.cpp on CPU devices, the
+/// CUDA ones on a GPU).
 #pragma once
 
 #include <cstddef>
