@@ -4,7 +4,7 @@
 // (Note [Data-parallel step] in parallel/data_parallel.h). Defaults are the WGAN-GP paper's (λ = 10,
 // Adam with betas (0, 0.9), batch 64) but for 2 critic steps per generator step instead of 5, a
 // learning rate of 2e-4 instead of 1e-4, and 10,000 generator steps: at equal compute they reach a
-// far lower Fréchet distance (README, "Sample quality"); --critic-steps 5 --lr 1e-4 is the paper's.
+// far lower Fréchet distance (docs/wgan_gp.md, "Sample quality"); --critic-steps 5 --lr 1e-4 is the paper's.
 //
 // Every random number (noise, interpolation weights) is drawn on the host for the whole batch and
 // then split over the devices, so N devices compute what one device computes on the whole batch
@@ -86,7 +86,7 @@ struct Args : ef::apps::RunOptions {
   int64_t fid_every = 1000;
   int64_t fid_samples = 2000;
   int64_t final_fid_samples = 10000;  // Note [Final evaluation]
-  double ema_decay = 0;               // off: it sampled worse at 2000 steps of 5 critic steps (README)
+  double ema_decay = 0;               // off: it sampled worse at 2000 steps of 5 critic steps (docs/wgan_gp.md)
   std::string classifier = kDefaultClassifier;
   static constexpr const char* kDefaultClassifier = "runs/classify/model.safetensors";
   bool cuda_graph = false;  // Note [Step buffers]
@@ -169,7 +169,7 @@ std::map<std::string, std::string> run_metadata(const Args& a) {
 }
 
 // Note [Final evaluation]
-// The figure a run is judged by, and the README's: the Fréchet distance of --final-fid-samples
+// The figure a run is judged by, and docs/wgan_gp.md's: the Fréchet distance of --final-fid-samples
 // (10,000) generated images against the whole test set, with its floor from as many real training
 // images, computed once after the last step. The periodic distance (--fid-samples, 2000) is cheaper
 // and biased upwards by its smaller count; comparing runs by it alone would reward nothing but the

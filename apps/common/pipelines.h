@@ -1,4 +1,4 @@
-// The programs' training pipelines (README, "Augmentation" and "Preprocessing on a Ray cluster"),
+// The programs' training pipelines (docs/data.md, "Augmentation" and "Preprocessing on a Ray cluster"),
 // described as text: the programs build their local pipeline from the description, and a Ray worker
 // builds the same one from the same text (data::RayBatches), so there is one way to make them.
 // apps/bench_loader measures them. Every random draw is per image (data::SampleStreams).
