@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <numbers>
 #include <numeric>
 
 #include "evenflow/engine/ops_util.h"
@@ -296,6 +297,12 @@ Tensor tanh(const Tensor& x) {
   return unary_op("tanh", UnaryOp::Tanh, x,
                   [](const Tensor& in, const Tensor& g, double, double) { return g * (1.0 - square(tanh(in))); });
 }
+Tensor erf(const Tensor& x) {
+  return unary_op("erf", UnaryOp::Erf, x, [](const Tensor& in, const Tensor& g, double, double) {
+    return g * mul_scalar(exp(neg(square(in))), 2.0 / std::sqrt(std::numbers::pi));
+  });
+}
+
 Tensor softplus(const Tensor& x, double beta, double threshold) {
   EF_CHECK(beta > 0, "softplus: beta must be positive, got ", beta);
   return unary_op(

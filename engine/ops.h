@@ -32,7 +32,7 @@ namespace evenflow {
 #define EF_DIFFERENTIABLE_OPS(X)                                                                        \
   /* elementwise */ X(add) X(sub) X(mul) X(div) X(neg) X(add_scalar) X(mul_scalar) X(pow) X(sqrt)       \
   X(rsqrt) X(reciprocal) X(exp) X(log) X(abs) X(square) X(clamp) X(where) X(maximum) X(minimum)         \
-  X(relu) X(leaky_relu) X(elu) X(sigmoid) X(tanh) X(softplus)                                           \
+  X(relu) X(leaky_relu) X(elu) X(sigmoid) X(tanh) X(erf) X(softplus)                                    \
   /* reductions */ X(sum) X(mean) X(var) X(max) X(amax) X(norm) X(sum_to)                               \
   /* shape */ X(reshape) X(permute) X(transpose) X(slice) X(select) X(cat) X(stack) X(split) X(chunk)   \
   X(expand) X(flatten) X(squeeze) X(unsqueeze) X(pad)                                                   \
@@ -105,6 +105,8 @@ Tensor elu(const Tensor& x, double alpha = 1.0);
 Tensor sigmoid(const Tensor& x);
 /// Hyperbolic tangent. Backward: g·(1-tanh²(x)).
 Tensor tanh(const Tensor& x);
+/// The error function erf(x) = 2/√π ∫₀ˣ e^{-t²} dt. Backward: g·2/√π·e^{-x²}.
+Tensor erf(const Tensor& x);
 /// log(1 + exp(βx))/β, β = beta, and x itself where βx > threshold (PyTorch's); beta must be
 /// positive. Backward: g·σ(βx) (g where βx > threshold).
 Tensor softplus(const Tensor& x, double beta = 1.0, double threshold = 20.0);

@@ -42,6 +42,12 @@ EF_HD inline float tanh_(float x) {
 EF_HD inline double tanh_(double x) {
   return ::tanh(x);
 }
+EF_HD inline float erf_(float x) {
+  return ::erff(x);
+}
+EF_HD inline double erf_(double x) {
+  return ::erf(x);
+}
 EF_HD inline float abs_(float x) {
   return ::fabsf(x);
 }
@@ -90,6 +96,7 @@ EF_HD inline bool isnan_(T x) {
   X(Elu, x > T(0) ? x : T(a) * (exp_(x) - T(1)))                                       \
   X(Sigmoid, x >= T(0) ? T(1) / (T(1) + exp_(-x)) : exp_(x) / (T(1) + exp_(x)))        \
   X(Tanh, tanh_(x))                                                                    \
+  X(Erf, erf_(x))                                                                      \
   /* softplus with beta=a, threshold=b (PyTorch's): linear where beta*x > threshold */ \
   X(Softplus, T(a) * x > T(b) ? x : log1p_(exp_(T(a) * x)) / T(a))                     \
   X(Clamp, x < T(a) ? T(a) : (x > T(b) ? T(b) : x))                                    \

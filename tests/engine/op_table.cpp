@@ -38,6 +38,7 @@ std::vector<OpCase> build() {
   add_case("elu", {{{2, 3}, A}}, [](const V& x) { return elu(x[0], 1.3); });
   add_case("sigmoid", {{{2, 3}}}, [](const V& x) { return sigmoid(x[0]); });
   add_case("tanh", {{{2, 3}}}, [](const V& x) { return tanh(x[0]); });
+  add_case("erf", {{{2, 3}}}, [](const V& x) { return erf(x[0]); });
   add_case("softplus", {{{3, 4}, A}}, [](const V& x) { return softplus(x[0], 2.0, 1.0); });
   // Reductions
   add_case("sum", {{{2, 3, 4}}}, [](const V& x) { return sum(x[0], {0, 2}); });
