@@ -19,12 +19,42 @@ namespace evenflow::apps {
 
 namespace {
 using Matrix = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using ConstMap = Eigen::Map<const Matrix>;
 
-// The symmetric PSD square root, through the eigendecomposition.
-Matrix psd_sqrt(const Matrix& m) {
-  const Eigen::SelfAdjointEigenSolver<Matrix> eig(m);
-  const Eigen::VectorXd roots = eig.eigenvalues().cwiseMax(0.0).cwiseSqrt();
-  return eig.eigenvectors() * roots.asDiagonal() * eig.eigenvectors().transpose();
+ConstMap factor_of(const FeatureStats& s) {
+  return ConstMap(s.factor.data(), s.rows(), s.dim);
+}
+
+// F [dim, dim] with FᵀF = cov for a covariance (symmetric PSD): from the pivoted LDLᵀ = PᵀLDLᵀP,
+// F = √D·Lᵀ·P (D's rounding below 0 clamped). Eigen's `matrix * transpositions` multiplies by the
+// permutation's inverse, hence the transpose; test_frechet.cpp's first case checks FᵀF = cov with
+// a pivoting that is not its own inverse.
+Matrix covariance_factor(const Matrix& cov) {
+  const Eigen::LDLT<Matrix> ldlt(cov);
+  const Eigen::VectorXd root_d = ldlt.vectorD().cwiseMax(0.0).cwiseSqrt();
+  const Matrix upper = root_d.asDiagonal() * Matrix(ldlt.matrixL()).transpose();
+  return upper * ldlt.transpositionsP().transpose();
+}
+
+// Note [Fréchet cross term]
+// tr((Σa^½ Σb Σa^½)^½) is Σ √λ over the eigenvalues λ of Σa·Σb (similar matrices). With Σ = FᵀF,
+// the nonzero eigenvalues of FaᵀFa·FbᵀFb are those of Fa·FbᵀFb·Faᵀ = (Fa·Fbᵀ)(Fa·Fbᵀ)ᵀ, the squares
+// of the singular values of Fa·Fbᵀ [rows a, rows b]. So the cross term is their sum: one SVD, no
+// matrix square root, no square root of an eigenvalue that rounding moved off 0 (which costs ~1e-8
+// of the distance where covariances are singular, as they are with fewer vectors than dimensions).
+// And a periodic distance over fewer images than the features' 1024 dimensions needs an SVD of
+// their count, not two 1024 x 1024 eigendecompositions (most of a short run's time, and of the
+// programs' tests).
+double cross_term(const FeatureStats& a, const FeatureStats& b) {
+  const Matrix product = factor_of(a) * factor_of(b).transpose();
+  return Eigen::BDCSVD<Matrix>(product).singularValues().sum();
+}
+
+void check_stats(const FeatureStats& s) {
+  EF_CHECK(s.dim > 0 && s.count >= 2 && s.mean.size() == static_cast<size_t>(s.dim) && s.rows() >= 1 &&
+               s.factor.size() == static_cast<size_t>(s.rows() * s.dim),
+           "frechet_distance: statistics of ", s.count, " vectors of ", s.dim,
+           " dimensions need a mean of that size and a factor [rows, dim] (", s.factor.size(), " values)");
 }
 }  // namespace
 
@@ -34,27 +64,24 @@ FeatureStats feature_stats(const Tensor& features) {
            features.defined() ? shape_str(features.shape()) : "undefined");
   const int64_t n = features.size(0), d = features.size(1);
   const std::vector<double> v = features.to(cpu()).to(kFloat64).contiguous().to_vector();
-  const Eigen::Map<const Matrix> x(v.data(), n, d);
+  const ConstMap x(v.data(), n, d);
   const Eigen::RowVectorXd mu = x.colwise().mean();
-  const Matrix centered = x.rowwise() - mu;
-  const Matrix cov = (centered.transpose() * centered) / static_cast<double>(n - 1);
+  const Matrix scaled = (x.rowwise() - mu) / std::sqrt(static_cast<double>(n - 1));
+  const Matrix factor = n <= d ? scaled : covariance_factor(scaled.transpose() * scaled);
   FeatureStats s;
   s.dim = d;
   s.count = n;
   s.mean.assign(mu.data(), mu.data() + d);
-  s.covariance.assign(cov.data(), cov.data() + d * d);
+  s.factor.assign(factor.data(), factor.data() + factor.size());
   return s;
 }
 
 double frechet_distance(const FeatureStats& a, const FeatureStats& b) {
-  EF_CHECK(a.dim == b.dim && a.dim > 0, "frechet_distance: feature dims differ (", a.dim, " and ", b.dim, ")");
+  EF_CHECK(a.dim == b.dim, "frechet_distance: feature dims differ (", a.dim, " and ", b.dim, ")");
+  check_stats(a);
+  check_stats(b);
   const Eigen::Map<const Eigen::VectorXd> mu_a(a.mean.data(), a.dim), mu_b(b.mean.data(), b.dim);
-  const Eigen::Map<const Matrix> cov_a(a.covariance.data(), a.dim, a.dim), cov_b(b.covariance.data(), b.dim, b.dim);
-  const Matrix root_a = psd_sqrt(cov_a);
-  const Matrix inner = root_a * cov_b * root_a;
-  const Eigen::SelfAdjointEigenSolver<Matrix> eig((inner + inner.transpose()) / 2.0, Eigen::EigenvaluesOnly);
-  const double cross = eig.eigenvalues().cwiseMax(0.0).cwiseSqrt().sum();
-  return (mu_a - mu_b).squaredNorm() + cov_a.trace() + cov_b.trace() - 2.0 * cross;
+  return (mu_a - mu_b).squaredNorm() + factor_of(a).squaredNorm() + factor_of(b).squaredNorm() - 2.0 * cross_term(a, b);
 }
 
 Tensor dataset_images(const data::FashionMNIST& set, int64_t count, DType dtype, const Device& device) {

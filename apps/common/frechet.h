@@ -1,8 +1,10 @@
 // Fréchet distance between two sets of feature vectors, each summarised by its mean and covariance
 // (the FID recipe, here in the feature space of a FashionMNIST classifier, fashion_cnn.h):
 //   d² = |μa - μb|² + tr(Σa) + tr(Σb) - 2·tr((Σa^½ Σb Σa^½)^½).
-// Computed in double precision with symmetric eigendecompositions (negative eigenvalues from
-// rounding are clamped to 0), so it is defined for rank-deficient covariances too.
+// Computed in double precision from a factor F of each covariance (Σ = FᵀF): the cross term is
+// then the sum of the singular values of Fa·Fbᵀ (Note [Fréchet cross term]), defined for
+// rank-deficient covariances too and without the square roots of rounding errors that the
+// eigenvalues of Σa·Σb would give near 0.
 #pragma once
 
 #include <cmath>
@@ -18,8 +20,12 @@ namespace evenflow::apps {
 
 struct FeatureStats {
   int64_t dim = 0, count = 0;
-  std::vector<double> mean;        // [dim]
-  std::vector<double> covariance;  // [dim, dim], row-major, unbiased (count - 1)
+  std::vector<double> mean;  // [dim]
+  // A factor F [rows, dim] of the unbiased covariance, Σ = FᵀF, row-major: the centred vectors
+  // / √(count - 1) where count <= dim (rows = count), else the covariance's pivoted LDLᵀ factor
+  // √D·Lᵀ·P (rows = dim). The smaller of the two.
+  std::vector<double> factor;
+  int64_t rows() const { return dim > 0 ? static_cast<int64_t>(factor.size()) / dim : 0; }
 };
 
 // Statistics of features [N, dim] (N >= 2; any device and float dtype).
