@@ -7,6 +7,8 @@
 #   --fuzz         clang and libclang-rt-dev (libFuzzer's and the sanitizers' runtimes, scripts/fuzz.sh)
 #   --ray          Ray's C++ API (PyPI ray[cpp], pinned) in a venv where the build finds it
 #                  (EF_RAY_VENV, cmake/ray.cmake), with the `ray` command that starts a cluster
+#   --safetensors  Debian's PyTorch 1.13 and PyPI safetensors (pinned) in a venv that sees it: what
+#                  tests/io/test_safetensors.cpp cross-checks our files with (safetensors.torch)
 #   --tensorboard  PyPI tensorboard in a venv (what tests/ reads the programs' event files back with:
 #                  scripts/check_tensorboard.py)
 set -euo pipefail
@@ -14,14 +16,15 @@ set -euo pipefail
 packages=(build-essential cmake ninja-build pkg-config libeigen3-dev doctest-dev libcli11-dev
           nlohmann-json3-dev libpng-dev zlib1g-dev libbenchmark-dev clang-format dataset-fashion-mnist
           python3-pip doxygen openmpi-bin libopenmpi-dev)
-ray=0 tensorboard=0
+ray=0 safetensors=0 tensorboard=0
 for arg in "$@"; do
   case "$arg" in
     --fixtures) packages+=(python3-torch python3-numpy) ;;
     --fuzz) packages+=(clang libclang-rt-dev) ;;
     --ray) ray=1; packages+=(python3-venv) ;;
+    --safetensors) safetensors=1; packages+=(python3-torch python3-venv) ;;
     --tensorboard) tensorboard=1; packages+=(python3-venv) ;;
-    *) echo "setup.sh: unknown argument $arg (--fixtures, --fuzz, --ray, --tensorboard)" >&2; exit 2 ;;
+    *) echo "setup.sh: unknown argument $arg (--fixtures, --fuzz, --ray, --safetensors, --tensorboard)" >&2; exit 2 ;;
   esac
 done
 
@@ -55,12 +58,14 @@ if [[ ! -f $onednn_root/lib/libdnnl.so.3 || ! -f $onednn_root/include/oneapi/dnn
   rm -rf "$wheels"
 fi
 
-# A Python venv at $1 with the pinned package $3 whose module $2 reports version $4, made once.
+# A Python venv at $1 with the pinned package $3 whose module $2 reports version $4, made once; any
+# further arguments go to `venv` (the venv is made by Debian's python3, whose packages it may see).
 pinned_venv() {
   local venv=$1 module=$2 requirement=$3 version=$4
+  shift 4
   if ! "$venv/bin/python" -c "import $module, sys; sys.exit($module.__version__ != '$version')" 2>/dev/null; then
     echo "setup: installing $requirement into $venv"
-    python3 -m venv "$venv"
+    /usr/bin/python3 -m venv "$@" "$venv"
     "$venv/bin/pip" install -q "$requirement"
   fi
 }
@@ -69,6 +74,14 @@ pinned_venv() {
 # notice between releases). ~100 MB of wheels, ~10 s.
 if ((ray)); then
   pinned_venv "${EF_RAY_VENV:-$HOME/.cache/evenflow/ray-2.60.0}" ray "ray[cpp]==2.60.0" 2.60.0
+fi
+
+# safetensors 0.8.0 beside Debian's PyTorch 1.13 (python3-torch; PyPI's torch is ~3 GB with CUDA's
+# libraries): the reference reader and writer our safetensors files are cross-checked with
+# (cmake: EF_SAFETENSORS_PYTHON). ~1 MB from PyPI; the Debian packages ~1.5 min.
+if ((safetensors)); then
+  pinned_venv "${EF_SAFETENSORS_VENV:-$HOME/.cache/evenflow/safetensors-0.8.0}" safetensors "safetensors==0.8.0" 0.8.0 \
+    --system-site-packages
 fi
 
 # TensorBoard 2.21.0, whose reader the tests check the event files with (cmake: EF_TENSORBOARD_PYTHON).

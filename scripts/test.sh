@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # Each stage's heading says how long the script has run, for docs/contributing.md's CI timings.
 stage() { printf '== [%d:%02d] %s\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*"; }
-bash scripts/setup.sh --ray --tensorboard
+bash scripts/setup.sh --ray --safetensors --tensorboard
 
 stage "format check"
 git ls-files '*.h' '*.cpp' '*.cu' '*.cuh' | xargs clang-format --dry-run -Werror

@@ -25,8 +25,7 @@ namespace {
 
 bool have_dataset() {
   if (std::filesystem::exists(std::string(kFashionMnistRoot) + "/t10k-labels-idx1-ubyte.gz")) return true;
-  MESSAGE("skipped: FashionMNIST is not installed in " << kFashionMnistRoot
-                                                       << " (apt-get install dataset-fashion-mnist)");
+  EF_SKIP_TEST("FashionMNIST is not installed in " << kFashionMnistRoot << " (apt-get install dataset-fashion-mnist)");
   return false;
 }
 

@@ -1,7 +1,14 @@
 // Batch transforms: exact results for Normalize and Pad, and for the random ones that every image
 // is a crop (or mirror) of its input, that the choices follow each image's stream (SampleStreams)
-// and not the batch around it, and that p = 0 / 1 and full-size crops are identities.
+// and not the batch around it, and that p = 0 / 1 and full-size crops are identities; RandomAffine's
+// map against an analytic reference (a similarity about the centre within the drawn ranges), and
+// its label maps at the nearest source pixel.
 #include <doctest/doctest.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <numbers>
 
 #include "evenflow/data/transforms.h"
 #include "evenflow/engine/ops.h"
@@ -140,6 +147,111 @@ TEST_CASE("RandomAffine: identity settings change nothing; images move by their 
   CHECK(vals(RandomAffine(180, 0.2, 0.3)(batch_of(x.narrow(0, 3, 2)), s3).images) == vals(moved.narrow(0, 3, 2)));
   CHECK(error_of([] { RandomAffine(190); }).find("degrees in [0, 180]") != std::string::npos);
   CHECK(error_of([] { RandomAffine(10, 0, 1); }).find("scale in [0, 1)") != std::string::npos);
+}
+
+// The map RandomAffine applied to image i, read back from images whose channels are their own row
+// and column (bilinear sampling reproduces a linear function exactly where all four pixels it
+// blends are inside) and a channel of ones (1 exactly there): each output pixel's source position.
+struct SourceMap {
+  std::vector<std::array<double, 4>> points;  // (y, x, source row, source column), interior pixels
+};
+
+// Least squares for v ≈ a0 + a1·y + a2·x over the points, v = source row (k = 2) or column (k = 3).
+std::array<double, 3> fit_plane(const SourceMap& m, int k) {
+  double ata[3][3] = {}, atb[3] = {};
+  for (const auto& p : m.points) {
+    const double row[3] = {1, p[0], p[1]};
+    for (int r = 0; r < 3; ++r) {
+      atb[r] += row[r] * p[k];
+      for (int c = 0; c < 3; ++c) ata[r][c] += row[r] * row[c];
+    }
+  }
+  // Cramer's rule on the 3x3 normal equations.
+  const auto det = [](const double m3[3][3]) {
+    return m3[0][0] * (m3[1][1] * m3[2][2] - m3[1][2] * m3[2][1]) -
+           m3[0][1] * (m3[1][0] * m3[2][2] - m3[1][2] * m3[2][0]) +
+           m3[0][2] * (m3[1][0] * m3[2][1] - m3[1][1] * m3[2][0]);
+  };
+  const double d = det(ata);
+  std::array<double, 3> out{};
+  for (int col = 0; col < 3; ++col) {
+    double m3[3][3];
+    for (int r = 0; r < 3; ++r)
+      for (int c = 0; c < 3; ++c) m3[r][c] = c == col ? atb[r] : ata[r][c];
+    out[static_cast<size_t>(col)] = det(m3) / d;
+  }
+  return out;
+}
+
+TEST_CASE("RandomAffine: each image's map is a rotation, scaling and shift about its centre within the ranges") {
+  // An analytic point map, independent of how the transform computes it: channels y, x and 1.
+  const int64_t n = 24, h = 21, w = 25;
+  std::vector<double> v;
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t k = 0; k < 3; ++k)
+      for (int64_t y = 0; y < h; ++y)
+        for (int64_t x = 0; x < w; ++x)
+          v.push_back(k == 0 ? static_cast<double>(y) : k == 1 ? static_cast<double>(x) : 1.0);
+  std::vector<int64_t> ids;  // label map: each pixel's own number y·w + x
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t p = 0; p < h * w; ++p) ids.push_back(p);
+  const Batch b{.images = from_vector(v, {n, 3, h, w}, {.dtype = kFloat64}), .labels = from_int_vector(ids, {n, h, w})};
+  const double degrees = 40, translate = 0.1, scale = 0.25;
+  SampleStreams streams = streams_of(n);
+  const Batch out = RandomAffine(degrees, translate, scale, -1)(b, streams);
+  const std::vector<double> image = vals(out.images);
+  const std::vector<int64_t> label = out.labels.to_int_vector();
+  const double cy = (h - 1) / 2.0, cx = (w - 1) / 2.0;
+  std::vector<double> angles;
+  for (int64_t i = 0; i < n; ++i) {
+    CAPTURE(i);
+    const auto at = [&](int64_t k, int64_t y, int64_t x) {
+      return image[static_cast<size_t>(((i * 3 + k) * h + y) * w + x)];
+    };
+    SourceMap m;
+    for (int64_t y = 0; y < h; ++y)
+      for (int64_t x = 0; x < w; ++x)
+        if (std::abs(at(2, y, x) - 1) < 1e-12) m.points.push_back({double(y), double(x), at(0, y, x), at(1, y, x)});
+    REQUIRE(m.points.size() > static_cast<size_t>(h * w / 3));
+    // The source position is an affine function of the output position, on every interior pixel.
+    const auto row = fit_plane(m, 2), col = fit_plane(m, 3);
+    for (const auto& p : m.points) {
+      CHECK(std::abs(row[0] + row[1] * p[0] + row[2] * p[1] - p[2]) < 1e-9);
+      CHECK(std::abs(col[0] + col[1] * p[0] + col[2] * p[1] - p[3]) < 1e-9);
+    }
+    // Its linear part is (1/s)·R(-θ): a rotation and a uniform scale, no shear, no mirror.
+    CHECK(row[1] == doctest::Approx(col[2]).epsilon(1e-9));
+    CHECK(row[2] == doctest::Approx(-col[1]).epsilon(1e-9));
+    const double inverse_scale = std::hypot(row[1], col[1]);
+    const double s = 1 / inverse_scale, theta = std::atan2(col[1], row[1]) * 180 / std::numbers::pi;
+    CHECK(s >= 1 - scale - 1e-12);
+    CHECK(s <= 1 + scale + 1e-12);
+    CHECK(std::abs(theta) <= degrees + 1e-9);
+    angles.push_back(theta);
+    // The output point the centre goes to is the centre shifted by at most translate x the size.
+    // Solve row(p) = cy, col(p) = cx for p = (py, px).
+    const double det = row[1] * col[2] - row[2] * col[1];
+    const double py = ((cy - row[0]) * col[2] - row[2] * (cx - col[0])) / det;
+    const double px = (row[1] * (cx - col[0]) - (cy - row[0]) * col[1]) / det;
+    CHECK(std::abs(py - cy) <= translate * h + 1e-9);
+    CHECK(std::abs(px - cx) <= translate * w + 1e-9);
+    // Labels: the nearest source pixel's number, or the fill where the source is off the map.
+    for (int64_t y = 0; y < h; ++y) {
+      for (int64_t x = 0; x < w; ++x) {
+        const double sy = row[0] + row[1] * y + row[2] * x, sx = col[0] + col[1] * y + col[2] * x;
+        const double ry = std::round(sy), rx = std::round(sx);
+        // Halfway cases could round either way after rounding errors in the transform: skip them.
+        if (std::abs(std::abs(sy - std::floor(sy)) - 0.5) < 1e-9 ||
+            std::abs(std::abs(sx - std::floor(sx)) - 0.5) < 1e-9)
+          continue;
+        const bool inside = ry >= 0 && ry < h && rx >= 0 && rx < w;
+        CHECK(label[static_cast<size_t>((i * h + y) * w + x)] == (inside ? int64_t(ry) * w + int64_t(rx) : -1));
+      }
+    }
+  }
+  // The draws spread over the range: not all small, not all alike.
+  const auto [lo, hi] = std::minmax_element(angles.begin(), angles.end());
+  CHECK(*hi - *lo > degrees / 2);
 }
 
 TEST_CASE("geometric transforms move a label map with its image (Note [Label maps])") {

@@ -152,10 +152,16 @@ TEST_CASE("safetensors: a file written by PyTorch loads exactly (committed fixtu
 }
 
 TEST_CASE("safetensors: live cross-check with safetensors.torch (scripts/io_check_safetensors.py)") {
+  // EF_PYTHON, else scripts/setup.sh --safetensors's venv where the build found it, else Debian's.
   const char* env = std::getenv("EF_PYTHON");
-  const std::string python = env ? env : (std::filesystem::exists("/usr/bin/python3") ? "/usr/bin/python3" : "python3");
+#ifdef EF_SAFETENSORS_PYTHON
+  const std::string found = EF_SAFETENSORS_PYTHON;
+#else
+  const std::string found = "/usr/bin/python3";
+#endif
+  const std::string python = env ? env : found;
   if (std::system((python + " -c 'import torch, safetensors.torch' >/dev/null 2>&1").c_str()) != 0) {
-    MESSAGE("skipped: " << python << " cannot import torch and safetensors (pip install --target /tmp/st "
+    EF_SKIP_TEST(python << " cannot import torch and safetensors (pip install --target /tmp/st "
                         << "safetensors; PYTHONPATH=/tmp/st; EF_PYTHON picks the interpreter)");
     return;
   }

@@ -87,6 +87,28 @@ inline void check_tensorboard(const std::string& dir, [[maybe_unused]] const std
 #endif
 }
 
+// The devices a program said it trained on: its "training ... on DEVICES, ..." line's list
+// ("cpu:0,cpu:1,cpu:2", "cpu:0,cpu:1 in each of 2 processes"), or "(no training line)". A test that
+// compares N devices with one checks N were used, not only that both runs agree.
+inline std::string trained_on(const std::string& output) {
+  std::istringstream in(output);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("training", 0) != 0) continue;
+    const size_t on = line.find(" on ");
+    if (on == std::string::npos) continue;
+    const size_t start = on + 4;
+    return line.substr(start, line.find(", ", start) - start);
+  }
+  return "(no training line)";
+}
+
+// "cpu:0,cpu:1,...,cpu:N-1": what trained_on gives for --devices cpu:N.
+inline std::string cpu_devices(int n) {
+  std::string out;
+  for (int i = 0; i < n; ++i) out += (i ? ",cpu:" : "cpu:") + std::to_string(i);
+  return out;
+}
+
 inline std::string first_line(const std::string& path) {
   const std::string text = read_bytes(path);
   return text.substr(0, text.find('\n'));

@@ -16,11 +16,13 @@
 #include "tests/train/app_runner.h"
 
 using evenflow::testing::check_tensorboard;
+using evenflow::testing::cpu_devices;
 using evenflow::testing::first_line;
 using evenflow::testing::read_bytes;
 using evenflow::testing::run_app;
 using evenflow::testing::step_losses;
 using evenflow::testing::TempDir;
+using evenflow::testing::trained_on;
 using evenflow::testing::write_fashion_split;
 using Result = evenflow::testing::AppResult;
 
@@ -37,6 +39,9 @@ void check_resume(const std::string& extra_args) {
 
   const Result whole = run_app(EF_CLASSIFY_BIN, common + " --steps 10 --out " + full.path().string());
   REQUIRE_MESSAGE(whole.rc == 0, whole.output);
+  const size_t devices = extra_args.find("--devices cpu:");
+  CHECK(trained_on(whole.output) ==
+        cpu_devices(devices == std::string::npos ? 1 : std::stoi(extra_args.substr(devices + 14))));
   const auto reference = step_losses(whole.output);
   REQUIRE(reference.size() == 10);
 
@@ -136,6 +141,7 @@ TEST_CASE("classify: --augment trains the same on one device or three, and resum
   const Result b = run_app(EF_CLASSIFY_BIN,
                            common + "--steps 6 --augment --devices cpu:3 --workers 2 --out " + three.path().string());
   for (const Result* r : {&p, &a, &b}) REQUIRE_MESSAGE(r->rc == 0, r->output);
+  CHECK(trained_on(b.output) == cpu_devices(3));
   const auto lp = step_losses(p.output), la = step_losses(a.output), lb = step_losses(b.output);
   REQUIRE(la.size() == 6);
   REQUIRE(lb.size() == 6);

@@ -28,9 +28,13 @@ const std::string kMpirun = [] {
   return std::string(EF_MPIEXEC) + " -np 2 ";
 }();
 
+// One device's run and the job's (2 processes x cpu:2, each run on the devices it says) print the
+// same `expected` losses (float64, 1e-10).
 void check_same_losses(const AppResult& one, const AppResult& job, size_t expected) {
   REQUIRE_MESSAGE(one.rc == 0, one.output);
   REQUIRE_MESSAGE(job.rc == 0, job.output);
+  CHECK(trained_on(one.output) == cpu_devices(1));
+  CHECK(trained_on(job.output) == cpu_devices(2) + " in each of 2 processes");
   const auto a = labelled_losses(one.output), b = labelled_losses(job.output);
   REQUIRE(a.size() == expected);
   REQUIRE_MESSAGE(b.size() == a.size(), job.output);  // one process prints

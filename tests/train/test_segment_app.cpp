@@ -22,10 +22,12 @@ namespace ef = evenflow;
 namespace seg = evenflow::segment;
 using evenflow::testing::AppResult;
 using evenflow::testing::check_tensorboard;
+using evenflow::testing::cpu_devices;
 using evenflow::testing::first_line;
 using evenflow::testing::read_bytes;
 using evenflow::testing::step_losses;
 using evenflow::testing::TempDir;
+using evenflow::testing::trained_on;
 
 namespace {
 
@@ -264,6 +266,8 @@ TEST_CASE("segment: three CPU devices train what one does (ce+dice, float64), wi
     const AppResult b = run_segment(common + " --devices cpu:3 --out " + three.path().string());
     REQUIRE_MESSAGE(a.rc == 0, a.output);
     REQUIRE_MESSAGE(b.rc == 0, b.output);
+    CHECK(trained_on(a.output) == cpu_devices(1));
+    CHECK(trained_on(b.output) == cpu_devices(3));
     const auto la = step_losses(a.output), lb = step_losses(b.output);
     REQUIRE(la.size() == 3);
     REQUIRE(lb.size() == 3);

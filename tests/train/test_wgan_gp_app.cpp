@@ -134,6 +134,8 @@ TEST_CASE("wgan_gp: three CPU devices equal one device (float64)") {
     const AppResult b = run_wgan(common + "--devices cpu:3 --out " + three.path().string());
     REQUIRE_MESSAGE(a.rc == 0, a.output);
     REQUIRE_MESSAGE(b.rc == 0, b.output);
+    CHECK(trained_on(a.output) == cpu_devices(1));
+    CHECK(trained_on(b.output) == cpu_devices(3));
     const auto la = labelled_losses(a.output), lb = labelled_losses(b.output);
     REQUIRE(la.size() == 6);
     REQUIRE(lb.size() == la.size());
@@ -191,6 +193,7 @@ TEST_CASE("wgan_gp: --precision bf16 on three CPU devices equals one device") {
     const AppResult a = run_wgan(common + "--precision bf16 --devices cpu --out " + one.path().string());
     const AppResult b = run_wgan(common + "--precision bf16 --devices cpu:3 --out " + three.path().string());
     for (const AppResult* r : {&f, &a, &b}) REQUIRE_MESSAGE(r->rc == 0, r->output);
+    CHECK(trained_on(b.output) == cpu_devices(3));
     const auto lf = labelled_losses(f.output), la = labelled_losses(a.output), lb = labelled_losses(b.output);
     REQUIRE(la.size() == 6);
     REQUIRE(lb.size() == la.size());
@@ -242,6 +245,7 @@ TEST_CASE("wgan_gp: --cuda-graph on CPU devices replays the eager run's losses b
     const AppResult b = run_wgan(common + "--steps 6 --cuda-graph --out " + recorded.path().string());
     REQUIRE_MESSAGE(a.rc == 0, a.output);
     REQUIRE_MESSAGE(b.rc == 0, b.output);
+    CHECK(trained_on(b.output) == cpu_devices(2));
     CHECK(b.output.find("step graph: recorded the step on cpu:0 and 1 more") != std::string::npos);
     const auto reference = labelled_losses(a.output);
     REQUIRE(reference.size() == 18);
