@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# evenflow as another project uses it, twice: a build with the CUDA backend (where the toolkit is)
-# and a CPU-only one (EF_CUDA=OFF). Each is configured the way README's install is (shared
-# libraries, portable: EF_NATIVE=OFF, the CPU kernels chosen at run time) and installed into a fresh
-# prefix. Then examples/wgan_gp_critic is built against it with nothing but
+# evenflow as another project uses it, twice: a build with the CUDA backend (where the toolkit is),
+# for this machine (EF_NATIVE=ON: the CPU kernels compiled once, as a developer installs what they
+# built here), and a CPU-only one (EF_CUDA=OFF) configured the way README's install is (portable:
+# EF_NATIVE=OFF, the CPU kernels compiled for three instruction sets and chosen at run time). Both
+# shared libraries, each installed into a fresh prefix. Then examples/wgan_gp_critic is built against it with nothing but
 # -DCMAKE_PREFIX_PATH=<prefix> and run on cpu:2 and cpu:1 in float64 (the losses must agree to
 # 1e-10), and so is examples/data_parallel (the README's example: cpu:2 against cpu:1, and a run
 # saved after 10 steps on cpu:3 resumed on cpu:1 against an unbroken one); the program must need no library but evenflow's (and the CPU-only install none of CUDA's
-# at all); the narrower copies of the CPU kernels (forced with EF_CPU_KERNELS) must give the same
-# losses; and a one-file program built with pkg-config's flags must run and report the widest
-# copy of the CPU kernels this CPU supports. Extra arguments go to both configure steps.
+# at all); in the portable install the narrower copies of the CPU kernels (forced with
+# EF_CPU_KERNELS) must give the same losses; and a one-file program built with pkg-config's flags
+# must run and report the CPU kernels in use: the widest copy this CPU supports where portable,
+# "native" otherwise. Extra arguments go to both configure steps.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 work=$(mktemp -d /tmp/evenflow-install.XXXXXX)
@@ -33,13 +35,14 @@ same_losses() {
           print "losses " what " (float64, 1e-10)" }'
 }
 
-# check NAME BUILD_DIR CMAKE_ARGS...
+# check NAME BUILD_DIR portable|native CMAKE_ARGS...
 check() {
-  local name=$1 build=$2
-  shift 2
-  local prefix=$work/$name/prefix
-  echo "== $name: build, install into $prefix"
-  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF -DEF_NATIVE=OFF -DEF_RAY=OFF \
+  local name=$1 build=$2 kind=$3
+  shift 3
+  local prefix=$work/$name/prefix native=OFF isas=("${narrower_isas[@]}") expect_isa=$want_isa
+  if [[ $kind == native ]]; then native=ON isas=() expect_isa=native; fi
+  echo "== $name: build ($kind CPU kernels), install into $prefix"
+  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF -DEF_NATIVE=$native -DEF_RAY=OFF \
     -DCMAKE_INSTALL_PREFIX="$prefix" "$@" >/dev/null
   local libs=()
   for c in engine io data layers optim losses parallel; do libs+=(--target "ef_$c"); done
@@ -70,7 +73,7 @@ check() {
   same_losses "$work/$name/two" "$work/$name/one" "on cpu:2 equal those on cpu:1"
   # The narrower copies of the CPU kernels, which this CPU would not pick by itself.
   local isa
-  for isa in "${narrower_isas[@]}"; do
+  for isa in "${isas[@]}"; do
     EF_CPU_KERNELS=$isa "$example/wgan_gp_critic" cpu:2 float64 > "$work/$name/$isa"
     same_losses "$work/$name/$isa" "$work/$name/one" "with the $isa kernels (EF_CPU_KERNELS) equal the default's"
   done
@@ -112,9 +115,10 @@ CPP
   c++ $("${pc[@]}" --cflags evenflow) "$work/$name/sum.cpp" -o "$work/$name/sum" $("${pc[@]}" --libs evenflow) \
     -Wl,-rpath,"$prefix/lib"
   isa=$("$work/$name/sum")
-  echo "CPU kernels in use: $isa (this CPU runs: $want_isa)"
-  [[ "$isa" == "$want_isa" ]] || { echo "FAIL: the portable library runs the $isa kernels" >&2; exit 1; }
-  for isa in "${narrower_isas[@]}"; do
+  echo "CPU kernels in use: $isa (expected: $expect_isa)"
+  [[ "$isa" == "$expect_isa" ]] || { echo "FAIL: the $kind library runs the $isa kernels" >&2; exit 1; }
+  [[ $kind == portable ]] || return 0
+  for isa in "${isas[@]}"; do
     [[ $(EF_CPU_KERNELS=$isa "$work/$name/sum") == "$isa" ]] || { echo "FAIL: EF_CPU_KERNELS=$isa ignored" >&2; exit 1; }
   done
   if EF_CPU_KERNELS=sse9 "$work/$name/sum" 2>"$work/$name/err"; then
@@ -124,6 +128,6 @@ CPP
     { echo "FAIL: EF_CPU_KERNELS=sse9 gave: $(cat "$work/$name/err")" >&2; exit 1; }
 }
 
-check cuda "${BUILD_DIR:-build-install}" "$@"
-check cpu-only "${BUILD_DIR:-build-install}-cpu" -DEF_CUDA=OFF "$@"
+check cuda "${BUILD_DIR:-build-install}" native "$@"
+check cpu-only "${BUILD_DIR:-build-install}-cpu" portable -DEF_CUDA=OFF "$@"
 echo "install check: ok"
