@@ -74,8 +74,9 @@ void attempt(const std::string& name, const std::function<void()>& fn) {
 }
 
 // Configurations that take turns: each runs `steps` steps, one after the other, round after
-// round (this VM's speed drifts by up to 30% within a minute, so only what was measured side by side
-// compares). Seconds a step, per configuration, per round; round 0 warms up and is left out.
+// round (this VM's speed drifts within minutes: docs/benchmarks.md, "On an AMD Zen 4"; only what
+// was measured side by side compares). Seconds a step, per configuration, per round; round 0 warms
+// up and is left out.
 std::vector<std::vector<double>> time_in_turns(const std::vector<std::function<void()>>& step, int steps, int rounds,
                                                const ef::Device& d) {
   std::vector<std::vector<double>> seconds(step.size());
@@ -381,7 +382,7 @@ int main(int argc, char** argv) {
       });
     }
 
-    // wgan_gp's host draws each critic step (Note [Vectorized draws] in cpu_backend.cpp): the noise z
+    // wgan_gp's host draws each critic step (Note [Vectorized draws] in cpu_elementwise.cpp): the noise z
     // (normal) and, for DRAGAN, a perturbation of the batch (uniform); the host draws them with the
     // devices waiting.
     if (only.empty() || std::string("random").find(only) != std::string::npos) {

@@ -457,8 +457,8 @@ int run(const Args& a) {
       noise_shape[0] = n;
       host.push_back(real);
       host.push_back(my_part(ef::randn({n, a.z_dim}, {.dtype = dtype})));
-      // Only what the penalty reads (an unread uniform batch of 64x1x28x28 cost 174 us a critic
-      // step, `bench_engine --only random --threads 1`, AMD Zen 4).
+      // Only what the penalty reads (an unread uniform batch cost time every critic step:
+      // docs/benchmarks.md, "The program's host work").
       if (draws_eps) host.push_back(my_part(ef::rand({n, 1, 1, 1}, {.dtype = dtype})));
       if (draws_noise) host.push_back(my_part(ef::rand(noise_shape, {.dtype = dtype})));
       // In one process, the whole batch's std; across processes, from every process's part.

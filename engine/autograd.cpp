@@ -391,7 +391,7 @@ void schedule(const std::shared_ptr<GraphTask>& task, Node* node) {
 // on the calling thread, in the order the worker would run them. Otherwise this pass would start
 // the device's worker, and from then on the calling thread, which runs the forward passes, would
 // run its kernels on one thread (Note [One OpenMP team per core] in device.cpp): bench_engine's
-// convolutions and matmuls forward ran at half speed after their first backward.
+// forward convolutions and matmuls slowed down after their first backward (docs/benchmarks.md, "Engine").
 bool runs_on_caller(const GraphTask& task) {
   if (Worker::current() != nullptr || cpu_workers_started()) return false;
   const Device first = task.nodes.front()->device();

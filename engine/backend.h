@@ -1,7 +1,7 @@
 // The kernel interface a backend implements: a small set of non-differentiable kernels over strided
 // views of device memory. Shape checks, dtype promotion, autograd and every derivative live above
-// it, in ops.cpp, once for all backends. The CPU backend (cpu/) uses Eigen and OpenMP; the CUDA
-// backend (cuda/) uses cuBLAS, cuDNN and kernels of its own.
+// it, in the ops (engine/ops/), once for all backends. The CPU backend (cpu/) uses Eigen and
+// OpenMP; the CUDA backend (cuda/) uses cuBLAS, cuDNN and kernels of its own.
 #pragma once
 
 #include <cstddef>
@@ -74,8 +74,9 @@ struct GemmArgs {
 // Note [Adam moments flush to zero]
 // A moment whose magnitude falls below the dtype's smallest normal number is stored as 0. A
 // parameter whose gradient stays 0 (the weights of a dead ReLU unit) sees m shrink by β1 each step,
-// into subnormal numbers after ~700 steps, and x86 CPUs compute on subnormals through microcode
-// assists ~100x slower: classify's second epoch took twice its first, a third of it in this kernel.
+// into subnormal numbers after ~700 steps, and x86 CPUs compute on subnormals through slow microcode
+// assists: classify's later epochs slowed down, much of it in this kernel (docs/benchmarks.md,
+// "classify (the FashionMNIST CNN, ...)").
 // The values flushed are below 1e-38 (float32); the update they would make is below lr·1e-30.
 struct AdamArgs {
   double decay = 1, weight_decay = 0, beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
@@ -128,8 +129,8 @@ struct ConvArgs {
   // The activations (x and y, or their gradients) are channels-last: NCHW-shaped views with NHWC
   // strides (Note [Channels-last] in ops.h); only where the backend said it can
   // (Backend::channels_last_conv). The weight is OIHW, but OHWI (channels-last too) for bfloat16
-  // compute: the op converts it so, from which oneDNN's reorder into its blocked layouts runs 2-3x
-  // as fast (10-14 against 28-30 us for wgan_gp's conv2, AMD Zen 4).
+  // compute: the op converts it so, from which oneDNN's reorder into its blocked layouts runs faster
+  // (docs/benchmarks.md, "Convolution operands converted to bfloat16 once").
   bool channels_last = false;
 };
 
@@ -234,7 +235,7 @@ class Backend {
     return false;
   }
 
-  // The fused normalization forward of NormArgs (Note [Fused normalization] in ops_nn.cpp).
+  // The fused normalization forward of NormArgs (Note [Fused normalization] in ops/normalization.cpp).
   virtual void normalize(const NormArgs& args, const View& y, const View& mean, const View& var, const View& x,
                          const View& weight, const View& bias) = 0;
   // Its first-order gradient, for a backward whose own graph is not needed: with x̂ = (x - mean)·rstd
@@ -246,11 +247,11 @@ class Backend {
   virtual void normalize_backward(const NormArgs& args, const View& gx, const View& gw, const View& gb, const View& gy,
                                   const View& x, const View& mean, const View& rstd, const View& weight) = 0;
   // Its second-order gradient, for a double backward whose own graph is not needed (Note [Fused
-  // normalization] in ops_nn.cpp): given ggx, ggw and ggb, the gradients reaching gx, gw and gb
-  // (shaped like x, weight, weight; a view with null data is zero), writes the gradients of gy, x
-  // and weight (dgy and dx like x, dw like weight; each skipped when its data is null). Operands as
-  // in normalize_backward. Returns false, writing nothing, where the backend has no kernel for
-  // `args`: the op then computes the same formula with differentiable ops.
+  // normalization] in ops/normalization.cpp): given ggx, ggw and ggb, the gradients reaching gx,
+  // gw and gb (shaped like x, weight, weight; a view with null data is zero), writes the gradients
+  // of gy, x and weight (dgy and dx like x, dw like weight; each skipped when its data is null).
+  // Operands as in normalize_backward. Returns false, writing nothing, where the backend has no
+  // kernel for `args`: the op then computes the same formula with differentiable ops.
   virtual bool normalize_double_backward(const NormArgs& args, const View& dgy, const View& dx, const View& dw,
                                          const View& ggx, const View& ggw, const View& ggb, const View& gy,
                                          const View& x, const View& mean, const View& rstd, const View& weight) {

@@ -207,11 +207,11 @@ DeviceContext::DeviceContext(Device device, std::unique_ptr<Backend> backend, ui
 // share the cores), a team of another thread -- the main thread, which loaded the data before and
 // prepares batches now -- makes libgomp count more threads than cores. It then stops spinning
 // between parallel regions (its "throttled" mode) and every region wakes its threads through the
-// kernel: on one CPU device with 2 threads, wgan_gp spent 21% of its CPU time in futex wake-ups and
-// ran at 1614 images/s, classify took 26.2 s an epoch. So when the first CPU worker starts, the
-// thread starting it frees its own team (omp_pause_resource), and from then on threads that are not
-// device workers run kernels on one thread (kernel_threads); the work they do beside the workers is
-// small. wgan_gp: 2841 images/s; classify: 22.4 s.
+// kernel: on one CPU device with 2 threads, wgan_gp spent much of its CPU time in futex wake-ups,
+// and both programs ran slower (docs/benchmarks.md, "wgan_gp (batch 64, ...)"). So when the first
+// CPU worker starts, the thread starting it frees its own team (omp_pause_resource), and from then
+// on threads that are not device workers run kernels on one thread (kernel_threads); the work they
+// do beside the workers is small.
 namespace {
 std::atomic<bool> g_cpu_workers{false};
 }

@@ -78,10 +78,11 @@ struct CudaMath {
   /// convolution for which cuDNN has none).
   bool deterministic = false;
   /// A convolution shape's first call times every candidate algorithm on its operands and keeps
-  /// the fastest, where the heuristics' first choice can be 2x slower (PyTorch's
-  /// cudnn.benchmark): for training, whose shapes repeat. The choice may differ from run to run.
+  /// the fastest, where the heuristics' first choice can be much slower (PyTorch's cudnn.benchmark;
+  /// docs/gpu.md, "2026-11-26, NVIDIA H200", run 1): for training, whose shapes repeat. The choice
+  /// may differ from run to run.
   /// With bfloat16 compute it also chooses between cuDNN's bfloat16 kernels and the float32 ones
-  /// (Note [bfloat16 convolutions on cuDNN] in engine/cuda/cuda_conv.cu).
+  /// (Note [bfloat16 convolutions on cuDNN] in engine/cuda/cuda_conv_plans.cu).
   bool benchmark = false;
 };
 CudaMath cuda_math();  ///< The current settings.

@@ -3,7 +3,7 @@
 /// is the gradient of the op's output). Each op checks its arguments (shapes, dtypes, devices: no
 /// implicit copies across devices or dtypes) and throws ef::Error naming the op and what was wrong,
 /// runs a backend kernel, and records a node whose backward is written in these same ops, so
-/// gradients can be differentiated again (Note [Conv double backward] in ops_nn.cpp shows the
+/// gradients can be differentiated again (Note [Conv double backward] in ops/conv.cpp shows the
 /// pattern for conv). Ops marked "composite" are built from other ops and get their derivatives
 /// from them. Dims may be negative (counted from the end) wherever an op takes one.
 ///
@@ -48,7 +48,7 @@ namespace evenflow {
 /// @name Elementwise
 /// Broadcasting; both operands same dtype and device. The unary ops take float32 or float64.
 /// A NaN input gives a NaN output (Note [NaN propagation] in scalar_ops.h); where a backward masks,
-/// it selects as PyTorch's does (Note [NaN in backward masks] in ops.cpp).
+/// it selects as PyTorch's does (Note [NaN in backward masks] in ops/elementwise.cpp).
 /// @{
 
 /// Elementwise a + b, broadcasting. Backward: d/da = g, d/db = g (summed to each shape).
@@ -166,7 +166,7 @@ Tensor argmax(const Tensor& x, int64_t dim, bool keepdim = false);
 Tensor argmin(const Tensor& x, int64_t dim, bool keepdim = false);
 /// The p-norm over dims (all if empty), (Σ|x|^p)^(1/p); p must be positive. Composite: p = 2 is
 /// sqrt(sum(square(x))), p = 1 is sum(abs(x)). Where the norm is 0 its gradient is 0, as in PyTorch
-/// (Note [Norm at zero] in ops.cpp; for p < 1 an element at 0 still has an infinite derivative).
+/// (Note [Norm at zero] in ops/reduce.cpp; for p < 1 an element at 0 still has an infinite derivative).
 Tensor norm(const Tensor& x, double p = 2.0, const Shape& dims = {}, bool keepdim = false);
 /// Sums x down to `shape` (the inverse of broadcasting): expand(g). `shape` must broadcast to x's
 /// shape, or it throws; x itself is returned when the shapes are equal.
@@ -293,7 +293,7 @@ Tensor to_device(const Tensor& x, const Device& d);
 /// the operands and runs the float32 kernels. Both compute the same products, summed in their own
 /// orders: results agree to float32 rounding on every CPU and on CUDA. A convolution converts each
 /// operand once for the passes of its node and of its backward, and keeps the copy as long as the
-/// node (Note [bfloat16 operands converted once] in ops_nn.cpp).
+/// node (Note [bfloat16 operands converted once] in ops/conv.cpp).
 
 /// How a matrix product computes (Note [bfloat16 compute]).
 struct MatmulOptions {
@@ -329,7 +329,7 @@ struct Conv2dOptions {
 /// dweight = conv2d_weight_grad(x, g), dbias = g summed over N, OH and OW.
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(), const Conv2dOptions& o = {});
 /// The gradient of conv2d with respect to its input, itself an op (Note [Conv double backward] in
-/// ops_nn.cpp): gy [N, O, OH, OW] is the output gradient of conv2d(x, weight) with options o and x
+/// ops/conv.cpp): gy [N, O, OH, OW] is the output gradient of conv2d(x, weight) with options o and x
 /// of input_shape; returns [input_shape].
 /// Backward: d/dgy = conv2d(gg, weight), d/dweight = conv2d_weight_grad(gg, gy).
 Tensor conv2d_input_grad(const Tensor& gy, const Tensor& weight, const Shape& input_shape, const Conv2dOptions& o);
@@ -361,7 +361,7 @@ struct ConvTranspose2dOptions {
 /// x [N, C, H, W], weight [C, O/groups, kh, kw] (PyTorch's layout): conv2d_input_grad in disguise.
 /// Returns [N, O, OH, OW], OH = (H - 1)·stride - 2·padding + dilation·(kh - 1) + output_padding +
 /// 1, likewise OW; bias [O] (optional). output_padding must be smaller than the stride or the
-/// dilation (PyTorch's rule; Note [Output padding past the stride] in ops_nn.cpp), or it throws.
+/// dilation (PyTorch's rule; Note [Output padding past the stride] in ops/conv.cpp), or it throws.
 /// Backward: that of conv2d_input_grad, plus db = Σg over N, OH and OW.
 Tensor conv_transpose2d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(),
                         const ConvTranspose2dOptions& o = {});
@@ -445,8 +445,8 @@ Tensor dropout(const Tensor& x, double p, bool training);
 /// @name Normalization
 /// With the input's own statistics (layer norm; batch norm in training) the forward is one fused
 /// kernel and the backward differentiable ops, so they are differentiable to any order (Note [Fused
-/// normalization] in ops_nn.cpp); batch norm in eval is composite. An undefined weight or bias is
-/// skipped.
+/// normalization] in ops/normalization.cpp); batch norm in eval is composite. An undefined weight
+/// or bias is skipped.
 /// @{
 
 /// x [N, C, ...]. Training: normalizes with the batch's statistics and, if given, updates

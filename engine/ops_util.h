@@ -1,4 +1,5 @@
-// Helpers shared by the op implementations (ops.cpp, ops_nn.cpp); not part of the public API.
+// Helpers shared by the op implementations (engine/ops/*.cpp, one file per op family); not part of
+// the public API. The ones not defined here are defined in ops/elementwise.cpp.
 #pragma once
 
 #include <string>
@@ -38,6 +39,18 @@ Shape broadcast_shapes(const char* op, const Shape& a, const Shape& b);
 // A view of t broadcast to `shape` (stride 0 on broadcast dims).
 View broadcast_view(const Tensor& t, const Shape& shape);
 std::vector<int64_t> normalize_dims(const Shape& dims, int64_t ndim, const char* op);
+
+// Note [bfloat16 compute]: the operand a product or convolution runs on, `t` itself or, for
+// bfloat16 compute, t rounded to bfloat16 (held in float32: the float32 kernels then multiply
+// exactly what bfloat16 ones would). A constant: the node records the unrounded inputs, and its
+// backward rounds what it multiplies in turn.
+inline Tensor operand_for(const char* op, const Tensor& t, DType compute) {
+  if (compute != kBFloat16) return t;
+  EF_CHECK(t.dtype() == kFloat32, op, ": bfloat16 compute takes float32 operands, got ", dtype_name(t.dtype()));
+  Tensor rounded = detail::empty_in_format(t, t.shape(), detail::format_for(t.shape(), {&t}));
+  if (t.numel() > 0) backend_of(t).unary(UnaryOp::RoundBfloat16, rounded.view(), t.view(), 0.0, 0.0);
+  return rounded;
+}
 
 using Grads = std::vector<Tensor>;
 

@@ -43,7 +43,7 @@ EF_HD inline double uniform01(uint32_t hi, uint32_t lo) {
   return (static_cast<double>(bits & ((uint64_t{1} << 53) - 1)) + 1.0) * (1.0 / 9007199254740992.0);
 }
 
-// a + b·c rounded twice, as the CPU computes it (sample() runs on the host only in cpu_backend.cpp,
+// a + b·c rounded twice, as the CPU computes it (sample() runs on the host only in cpu_elementwise.cpp,
 // which is built with -ffp-contract=off: GCC's C++ default would contract too); nvcc would otherwise
 // fuse it into one FMA and round once, and uniform draws would differ between the backends in the
 // last bit.

@@ -76,7 +76,7 @@ EF_HD inline bool isnan_(T x) {
 // comparison with NaN is false, so the branch a functor below takes for NaN must compute from x:
 // Relu is PyTorch's threshold, x <= 0 ? 0 : x (x > 0 ? x : 0 would turn NaN into 0), and
 // Maximum/Minimum test x for NaN (a NaN y reaches the output through the false comparison). The
-// backward rules for NaN are in Note [NaN in backward masks] (ops.cpp).
+// backward rules for NaN are in Note [NaN in backward masks] (ops/elementwise.cpp).
 
 // Unary ops: y = f(x; a, b). `a` and `b` are the op's scalar parameters (unused by most).
 // Masks (GtScalar, LeScalar, InRange) return 1 or 0 in the input's type (0 for NaN); they carry no

@@ -256,7 +256,7 @@ Tensor Tensor::detach() const {
   return make_view(*this, shape(), strides(), offset());
 }
 
-// --- Conversions and in-place ops (bodies in ops.cpp) -------------------------------------------
+// --- Conversions and in-place ops (bodies in ops/views.cpp and ops/elementwise.cpp) -------------
 
 Tensor Tensor::to(const Device& d) const {
   return evenflow::to_device(*this, d);

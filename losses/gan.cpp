@@ -55,7 +55,7 @@ Tensor critic_gradient(const char* loss, const Critic& critic, const Tensor& x) 
 }
 
 // λ·mean (|g|₂ - 1)², per sample: the engine's norm, whose gradient at a zero g is the subgradient
-// 0, as torch's (Note [Norm at zero] in engine/ops.cpp), and which keeps a NaN a NaN.
+// 0, as torch's (Note [Norm at zero] in engine/ops/reduce.cpp), and which keeps a NaN a NaN.
 Tensor unit_norm_penalty(const Tensor& g, double lambda) {
   return mean(square(norm(g, 2.0, {1}) - 1.0)) * lambda;
 }

@@ -45,8 +45,8 @@ namespace evenflow::parallel {
 //
 // Buckets hold the gradients in their own dtype, float32 under `--precision bf16` too (Note
 // [bfloat16 compute] in engine/ops.h: weights and their gradients stay float32). bfloat16 buckets
-// would halve the bytes, but the whole gradient sync of wgan_gp's critic takes 50 µs, five times
-// in a 0.11 s generator step (0.23%; docs/benchmarks.md, "Mixed precision"), and every step would
+// would halve the bytes, but the whole gradient sync of wgan_gp's critic is a tiny share of its
+// step (docs/benchmarks.md, "The gradient all-reduce stays float32"), and every step would
 // round each gradient to bfloat16 (relative 2^-9), which one device does not.
 class GradientSync : public std::enable_shared_from_this<GradientSync> {
  public:
@@ -79,8 +79,8 @@ class GradientSync : public std::enable_shared_from_this<GradientSync> {
   // Sums each parameter's gradients over ranks into every rank's gradient. A rank without one
   // (idle, or the parameter unused there) contributes zeros; a parameter no rank has stays without.
   // One collective per bucket (per dtype, where a bucket mixes them). A collective per parameter
-  // would pay its fixed cost per parameter: across processes, twice the time of the whole bucket for
-  // wgan_gp's critic (scripts/bench_processes.sh).
+  // would pay its fixed cost per parameter: across processes, far more than the whole bucket for
+  // wgan_gp's critic (docs/benchmarks.md, "Data parallel across processes").
   void reduce(Bucket& b);
 
   // reduce() for parameters `js` of one dtype, in one collective. Which parameters some rank has a

@@ -161,10 +161,9 @@ class MpiProcessGroup final : public ProcessGroup {
   // travel the same ring, received straight into x. Each chunk's sum is added up once, in one order
   // (along the ring), and copied to the others, so every process gets the same bits, which
   // MPI_Allreduce does not promise. It is built on MPI_Isend/MPI_Irecv because Open MPI's
-  // nonblocking collectives (MPI_Iallreduce: 1.5-2.6x the time of MPI_Allreduce on 167 KiB to
-  // 16 MiB between two processes here) are slow, and a blocking one cannot be waited for with a
-  // timeout (Note [MPI from several threads]); this ring matches the blocking MPI_Allreduce
-  // (scripts/bench_processes.sh).
+  // nonblocking collectives (MPI_Iallreduce among them) are slow, and a blocking one cannot be
+  // waited for with a timeout (Note [MPI from several threads]); this ring matches the blocking
+  // MPI_Allreduce (docs/benchmarks.md, "Data parallel across processes").
   void all_reduce(const Tensor& x) override {
     check_host_tensor("all_reduce", x);
     const Call call(*this, "all_reduce");

@@ -4,7 +4,7 @@
 
 // GCC 12 reports false (maybe-)uninitialized uses inside its own AVX-512 intrinsics (the
 // _mm512_undefined_ps() idiom) where it inlines Eigen's kernels with -march=native, at the point of
-// use, so the whole file ignores them (as engine/cpu/cpu_conv.cpp does).
+// use, so the whole file ignores them (as engine/cpu/cpu_gemm.cpp does).
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"

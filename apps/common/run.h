@@ -66,13 +66,13 @@ std::string describe_precision(const RunOptions& o);
 // `image_layer`, the convolution that reads the one-channel images (or, in wgan_gp's generator, the
 // transposed one that writes them), which stays float32: it is a small part of the work (wgan_gp's
 // critic: 6% of its convolutions' FLOPs) and gains nothing in bfloat16 on CPU (one channel is too
-// few for oneDNN's bfloat16 kernels: classify's first layer ran at 80 GFLOP/s in bfloat16 against
-// 154 in float32, AMX, 2 threads; where they do not run, the op rounds the operands for the float32
-// kernels, passes that only cost: the wgan_gp step was 0.6-1.1% faster with the generator's last
-// layer float32, `bench_engine --only wgan_step` in-process, AMD Zen 4), while rounding the images
-// is the largest single source of error in a gradient penalty: the wgan_gp critic's penalty
-// gradients moved from 1.11e-2 to 8.9e-3 relative error against float64 at worst
-// (scripts/bench_penalty.sh, Intel Sapphire Rapids).
+// few for oneDNN's bfloat16 kernels, slower there than its float32 ones; where they do not run, the
+// op rounds the operands for the float32 kernels, passes that only cost: the wgan_gp step was a
+// little faster with the generator's last layer float32; docs/benchmarks.md,
+// "oneDNN convolution dispatch" and "The program's host work"), while rounding the images is the
+// largest single source of error in a gradient penalty: the wgan_gp critic's penalty gradients moved
+// from 1.11e-2 to 8.9e-3 relative error against float64 at worst (scripts/bench_penalty.sh, Intel
+// Sapphire Rapids).
 void set_precision(nn::Module& net, DType compute, const std::string& image_layer);
 
 // What the programs that train by epochs (classify, segment) add: --epochs, --batch-size, --lr

@@ -1,34 +1,16 @@
-// The CPU backend's matrix kernels: Backend::gemm on Eigen, and 2-D convolution (forward, input
-// gradient, weight gradient) as im2col / col2im around a packed, register-blocked GEMM of its own
-// (Note [Packed GEMM for convolution]). This is the one file of the CPU backend that includes
-// Eigen, whose GEMM templates dominate build time.
+// The CPU backend's 2-D convolution (forward, input gradient, weight gradient) as im2col / col2im
+// around the packed, register-blocked GEMM of packed_gemm.h (Note [Conv as GEMM]), or through oneDNN
+// where it runs a pass faster (onednn_conv.cpp); and the per-thread workspace both use.
 #include "evenflow/engine/cpu/cpu_conv.h"
 
 #include "evenflow/engine/cpu/onednn_conv.h"
-#include "evenflow/engine/cpu/onednn_matmul.h"
+#include "evenflow/engine/cpu/packed_gemm.h"
 #include "evenflow/engine/cpu/threads.h"
-
-// GCC 12 reports false (maybe-)uninitialized uses inside its own AVX-512 intrinsics (the
-// _mm512_undefined_ps() idiom) when it inlines Eigen's packing code with -march=native.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#include <Eigen/Core>
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
 
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <type_traits>
 #include <vector>
-
-#if EF_ONEDNN
-#include <oneapi/dnnl/dnnl.h>
-#endif
 
 #include "evenflow/engine/device.h"
 #include "evenflow/engine/error.h"
@@ -36,246 +18,6 @@
 namespace evenflow::cpu_backend {
 inline namespace EF_CPU_ISA {
 namespace {
-
-template <typename T>
-using RowMajor = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-template <typename T>
-using ConstMatMap = Eigen::Map<const RowMajor<T>, Eigen::Unaligned, Eigen::OuterStride<>>;
-template <typename T>
-using MatMap = Eigen::Map<RowMajor<T>, Eigen::Unaligned, Eigen::OuterStride<>>;
-
-// C = alpha·op(A)·op(B) + beta·C for one row-major matrix. Eigen parallelizes a large product over
-// omp_get_max_threads() threads, and runs it on the calling thread inside a parallel region.
-template <typename T>
-void eigen_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda,
-                const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
-  MatMap<T> cm(c, m, n, Eigen::OuterStride<>(ldc));
-  if (k == 0) {
-    if (beta == T(0))
-      cm.setZero();
-    else
-      cm *= beta;
-    return;
-  }
-  const ConstMatMap<T> am(a, trans_a ? k : m, trans_a ? m : k, Eigen::OuterStride<>(lda));
-  const ConstMatMap<T> bm(b, trans_b ? n : k, trans_b ? k : n, Eigen::OuterStride<>(ldb));
-  const auto run = [&](const auto& op_a, const auto& op_b) {
-    // Assigning a product zeroes C first, so beta == 0 ignores C's contents even when they are NaN.
-    if (beta == T(0)) {
-      cm.noalias() = alpha * op_a * op_b;
-    } else {
-      if (beta != T(1)) cm *= beta;
-      cm.noalias() += alpha * op_a * op_b;
-    }
-  };
-  if (!trans_a && !trans_b)
-    run(am, bm);
-  else if (trans_a && !trans_b)
-    run(am.transpose(), bm);
-  else if (!trans_a && trans_b)
-    run(am, bm.transpose());
-  else
-    run(am.transpose(), bm.transpose());
-}
-
-// The same for one matrix, through oneDNN's sgemm for float32 where the build has it: on this
-// machine's products it runs at 1.1–1.6× Eigen's rate and close to MKL's (docs/benchmarks.md). Like
-// Eigen it threads over omp_get_max_threads() and runs serially inside a parallel region. beta == 0
-// overwrites C (NaN included), as BLAS specifies; tests/engine check it.
-template <typename T>
-void gemm_one(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b,
-              int64_t ldb, T beta, T* c, int64_t ldc) {
-#if EF_ONEDNN
-  // sgemm insists on leading dimensions of at least a row (BLAS's rule); views of empty or
-  // one-row operands can have smaller ones, which Eigen takes.
-  if constexpr (std::is_same_v<T, float>) {
-    if (k > 0 && lda >= std::max<int64_t>(1, trans_a ? m : k) && ldb >= std::max<int64_t>(1, trans_b ? k : n) &&
-        ldc >= std::max<int64_t>(1, n)) {
-      const dnnl_status_t status =
-          dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-      EF_CHECK(status == dnnl_success, "matmul: oneDNN sgemm failed with status ", static_cast<int>(status), " (m=", m,
-               ", n=", n, ", k=", k, ")");
-      return;
-    }
-  }
-#endif
-  eigen_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-}
-
-template <typename T>
-void gemm_typed(const GemmArgs& g) {
-  const T* a = static_cast<const T*>(g.a);
-  const T* b = static_cast<const T*>(g.b);
-  T* c = static_cast<T*>(g.c);
-  const T alpha = static_cast<T>(g.alpha), beta = static_cast<T>(g.beta);
-  [[maybe_unused]] const int nt = std::max(1, kernel_threads());
-  const double flops = 2.0 * static_cast<double>(g.m) * static_cast<double>(g.n) * static_cast<double>(g.k);
-  // Threads take whole matrices when that splits evenly, when there are many, or when each is too
-  // small for Eigen to parallelize well; otherwise Eigen parallelizes each product.
-  const bool over_batch = g.batch > 1 && nt > 1 && (g.batch % nt == 0 || g.batch >= 4 * nt || flops < 4e6);
-  if (over_batch) {
-#pragma omp parallel for num_threads(nt) schedule(static)
-    for (int64_t i = 0; i < g.batch; ++i)
-      gemm_one(g.trans_a, g.trans_b, g.m, g.n, g.k, alpha, a + i * g.stride_a, g.lda, b + i * g.stride_b, g.ldb, beta,
-               c + i * g.stride_c, g.ldc);
-    return;
-  }
-  // Eigen sizes its team with omp_get_max_threads() of this thread; Eigen::setNbThreads would be a
-  // process-wide setting, racing between the devices' threads.
-  set_team_size(nt);
-  for (int64_t i = 0; i < g.batch; ++i)
-    gemm_one(g.trans_a, g.trans_b, g.m, g.n, g.k, alpha, a + i * g.stride_a, g.lda, b + i * g.stride_b, g.ldb, beta,
-             c + i * g.stride_c, g.ldc);
-}
-
-// ------------------------------------------------------------------------------------------------
-// Note [Packed GEMM for convolution]
-// Eigen's GEMM reaches about 75% of this machine's peak on convolution-shaped products, and its
-// packing pass re-reads the whole im2col matrix. The convolutions therefore use a small GEMM of
-// their own, in the usual BLIS structure: a register-blocked micro-kernel computes an MR x NR tile
-// of C from A, read one broadcast element per row, and B, packed into NR-column panels stored
-// k-major (one contiguous NR-vector per k). A is either packed too (MR-row panels, k-major) or read
-// in place from a row-major matrix: broadcasts need no contiguity. im2col writes its matrix
-// straight into the layout the GEMM reads, so nothing is packed twice. Two tile shapes:
-//   Wide: 3 vectors per C row (NR = 48 floats with AVX-512), MR = 8, for C with many columns;
-//   Tall: 2 vectors per C row (NR = 32), MR = 12, for C with few columns (the weight gradient's
-//         Og), where a 48-wide tile would waste lanes.
-// Both keep MR·vectors accumulators plus the B vectors and a broadcast in registers (32 vector
-// registers with AVX-512, 16 otherwise, where the vectors are 8 floats and MR is halved). The
-// kernel uses GCC vector extensions, so it compiles for any target.
-
-#if defined(__AVX512F__)
-constexpr int kVecBytes = 64;
-#else
-constexpr int kVecBytes = 32;
-#endif
-typedef float VecF __attribute__((vector_size(kVecBytes)));
-typedef double VecD __attribute__((vector_size(kVecBytes)));
-
-enum class TileShape { Wide, Tall };
-
-template <typename T, TileShape S>
-struct Micro {
-  using V = std::conditional_t<std::is_same_v<T, float>, VecF, VecD>;
-  static constexpr int64_t kLanes = kVecBytes / static_cast<int64_t>(sizeof(T));
-  static constexpr int64_t kVecs = S == TileShape::Wide ? 3 : 2;  // vectors per row of a C tile
-  static constexpr int64_t MR = (S == TileShape::Wide ? 8 : 12) / (kVecBytes == 64 ? 1 : 2);
-  static constexpr int64_t NR = kVecs * kLanes;
-};
-
-// One full MR x NR tile: C (row stride ldc) = A·B over kc, plus C's old values when accumulate.
-// A is a packed panel (element (r, k) at a[k·MR + r]) or, when !PackedA, rows of a row-major
-// matrix (a[r·lda + k]); b is a packed panel (b[k·NR + j]). Kept free of edge handling: any other
-// use of `acc` makes GCC keep the accumulators in memory instead of registers.
-template <typename T, TileShape S, bool PackedA>
-void micro_tile(int64_t kc, const T* a, int64_t lda, const T* b, T* c, int64_t ldc, bool accumulate) {
-  using M = Micro<T, S>;
-  using V = typename M::V;
-  V acc[M::MR][M::kVecs];
-  for (int64_t r = 0; r < M::MR; ++r)
-    for (int64_t v = 0; v < M::kVecs; ++v) acc[r][v] = V{};
-  for (int64_t k = 0; k < kc; ++k) {
-    V bv[M::kVecs];
-    for (int64_t v = 0; v < M::kVecs; ++v) std::memcpy(&bv[v], b + v * M::kLanes, sizeof(V));
-    for (int64_t r = 0; r < M::MR; ++r) {
-      // Adding -0.0 is exact, so GCC folds it and broadcasts straight from memory.
-      const V av = -V{} + (PackedA ? a[r] : a[r * lda]);
-      for (int64_t v = 0; v < M::kVecs; ++v) acc[r][v] += av * bv[v];
-    }
-    a += PackedA ? M::MR : 1;
-    b += M::NR;
-  }
-  for (int64_t r = 0; r < M::MR; ++r) {
-    for (int64_t v = 0; v < M::kVecs; ++v) {
-      T* p = c + r * ldc + v * M::kLanes;
-      V out = acc[r][v];
-      if (accumulate) {
-        V old;
-        std::memcpy(&old, p, sizeof(V));
-        out += old;
-      }
-      std::memcpy(p, &out, sizeof(V));
-    }
-  }
-}
-
-// C [m, n] (row stride ldc) = A·B (+ C when accumulate); A packed into MR-row panels or, when
-// !PackedA, row-major with row stride lda and readable up to a whole number of MR-row panels; B
-// packed into NR-column panels. Blocks of k keep a B panel in cache while the rows of A stream
-// past it. Edge tiles are computed into a local tile and copied, so the padding lanes of the
-// panels never reach C. With threads > 1 the column panels are split between threads (for
-// convolutions with fewer samples than threads).
-template <typename T, TileShape S, bool PackedA>
-void packed_gemm(int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* bp, T* c, int64_t ldc,
-                 bool accumulate, int threads) {
-  using M = Micro<T, S>;
-  constexpr int64_t kKc = 512, kMcPanels = 32;
-  const int64_t mp = (m + M::MR - 1) / M::MR, np = (n + M::NR - 1) / M::NR;
-  const auto columns = [&](int64_t j0, int64_t j1) {
-    for (int64_t pc = 0; pc < k; pc += kKc) {
-      const int64_t kb = std::min(kKc, k - pc);
-      const bool acc = accumulate || pc > 0;
-      for (int64_t i0 = 0; i0 < mp; i0 += kMcPanels) {
-        for (int64_t j = j0; j < j1; ++j) {
-          for (int64_t i = i0; i < std::min(mp, i0 + kMcPanels); ++i) {
-            const T* ai = PackedA ? a + (i * k + pc) * M::MR : a + i * M::MR * lda + pc;
-            const T* bj = bp + (j * k + pc) * M::NR;
-            T* cij = c + i * M::MR * ldc + j * M::NR;
-            const int64_t rows = std::min(M::MR, m - i * M::MR), cols = std::min(M::NR, n - j * M::NR);
-            if (rows == M::MR && cols == M::NR) {
-              micro_tile<T, S, PackedA>(kb, ai, lda, bj, cij, ldc, acc);
-              continue;
-            }
-            T tile[M::MR][M::NR];
-            micro_tile<T, S, PackedA>(kb, ai, lda, bj, &tile[0][0], M::NR, false);
-            for (int64_t r = 0; r < rows; ++r)
-              for (int64_t q = 0; q < cols; ++q) cij[r * ldc + q] = acc ? cij[r * ldc + q] + tile[r][q] : tile[r][q];
-          }
-        }
-      }
-    }
-  };
-  [[maybe_unused]] const int nt = static_cast<int>(std::min<int64_t>(threads, np));
-  if (nt <= 1) {
-    columns(0, np);
-    return;
-  }
-#pragma omp parallel num_threads(nt)
-  {
-    const int64_t t = thread_index(), team = team_size();
-    columns(np * t / team, np * (t + 1) / team);
-  }
-}
-
-// Elements of a packed operand, rounded to whole cache lines.
-template <typename T, TileShape S>
-int64_t packed_a_elems(int64_t m, int64_t k) {
-  using M = Micro<T, S>;
-  return ((m + M::MR - 1) / M::MR * M::MR * k + 15) / 16 * 16;
-}
-template <typename T, TileShape S>
-int64_t packed_b_elems(int64_t k, int64_t n) {
-  using M = Micro<T, S>;
-  return ((n + M::NR - 1) / M::NR * M::NR * k + 15) / 16 * 16;
-}
-
-// Packs the m x k matrix with element (i, kk) at s[i·rs + kk·cs] into A panels (zero padded).
-template <typename T, TileShape S>
-void pack_a(int64_t m, int64_t k, const T* s, int64_t rs, int64_t cs, T* dst) {
-  constexpr int64_t mr = Micro<T, S>::MR;
-  for (int64_t i0 = 0; i0 < m; i0 += mr, dst += mr * k)
-    for (int64_t r = 0; r < mr; ++r)
-      for (int64_t kk = 0; kk < k; ++kk) dst[kk * mr + r] = i0 + r < m ? s[(i0 + r) * rs + kk * cs] : T(0);
-}
-
-// Packs the k x n matrix with element (kk, j) at s[kk·rs + j·cs] into B panels (zero padded).
-template <typename T, TileShape S>
-void pack_b(int64_t k, int64_t n, const T* s, int64_t rs, int64_t cs, T* dst) {
-  constexpr int64_t nr = Micro<T, S>::NR;
-  for (int64_t j0 = 0; j0 < n; j0 += nr, dst += nr * k)
-    for (int64_t kk = 0; kk < k; ++kk)
-      for (int64_t q = 0; q < nr; ++q) dst[kk * nr + q] = j0 + q < n ? s[kk * rs + (j0 + q) * cs] : T(0);
-}
 
 // ------------------------------------------------------------------------------------------------
 // Note [Conv as GEMM]
@@ -340,7 +82,7 @@ void check_conv(const char* op, const ConvArgs& a, const View& activation, const
                 (second_is_activation ? activation_laid_out(a, second) : weight_laid_out(a, second)) &&
                 activation.dtype == second.dtype,
             op, ": expects views of one dtype, contiguous", a.channels_last ? " (activations channels-last)" : "");
-  // Note [bfloat16 operands converted once] in ops_nn.cpp.
+  // Note [bfloat16 operands converted once] in ops/conv.cpp.
   EF_ASSERT(a.compute != DType::BFloat16 || activation.dtype == DType::BFloat16, op,
             ": bfloat16 compute takes bfloat16 operands");
 }
@@ -601,13 +343,12 @@ void conv_forward_typed(const ConvArgs& a, T* y, const T* x, const T* w, const T
 // every gradient penalty, and the generator's last, a transposed convolution to the images: twelve
 // calls a training step of five critic steps) is, per output pixel, its output gradient's channels
 // times the weight's [c_out, kh·kw] matrix: kh·kw numbers a pixel, added to the kernel's footprint
-// in gx. The packed-GEMM path spent about two thirds of its time packing the output gradient and in
-// col2im's scalar adds (perf, 4x4 stride 2, 32 channels, 28x28). Here the taps of eight pixels at a
+// in gx. The packed-GEMM path spent most of its time packing the output gradient and in col2im's
+// scalar adds (perf, 4x4 stride 2, 32 channels, 28x28). Here the taps of eight pixels at a
 // time are accumulated in registers straight from the output gradient (read in either layout
 // through its strides), then added to gx. For 4x4 kernels, whose 16 taps are whole vectors (one
-// with AVX-512); other kernels take the packed-GEMM path. `bench_engine --only conv1_input_grad`,
-// AMD Zen 4: 525 -> 261 us on one thread, 241 -> 132 us on two (64x32x14x14 -> 64x1x28x28,
-// channels-last).
+// with AVX-512); other kernels take the packed-GEMM path.
+// Timings: docs/benchmarks.md, "The targets at its close".
 
 // The taps of kPixels output pixels (`out`: kTaps a pixel), from their output gradient `g`
 // (element (pixel q, channel c) at g[q·pixel_stride + c·channel_stride]) and the weight w [c_out, kTaps].
@@ -774,15 +515,6 @@ void* thread_workspace(size_t bytes) {
   return buf.data;
 }
 
-void gemm(const GemmArgs& args) {
-  if (args.m <= 0 || args.n <= 0 || args.batch <= 0) return;
-#if EF_ONEDNN
-  if (args.compute == DType::BFloat16) return onednn_gemm_bf16(args);
-#endif
-  EF_ASSERT(args.compute != DType::BFloat16, "matmul: bfloat16 compute asked of a build without oneDNN");
-  EF_DISPATCH_FLOAT(args.dtype, "matmul", [&] { gemm_typed<scalar_t>(args); });
-}
-
 namespace {
 
 // A pass's result: float32 for bfloat16 compute (bfloat16 operands, float32 sums), else the operands'.
@@ -792,7 +524,7 @@ DType result_dtype(const ConvArgs& args, DType operands) {
 
 #if EF_ONEDNN
 // Whether oneDNN runs a pass on operands of `dtype`: every one of bfloat16 compute (whose operands
-// the op converts to bfloat16, Note [bfloat16 operands converted once] in ops_nn.cpp), and the
+// the op converts to bfloat16, Note [bfloat16 operands converted once] in ops/conv.cpp), and the
 // float32 ones it runs faster than our kernels (Note [oneDNN convolution dispatch]).
 bool onednn_runs(const ConvArgs& args, ConvPass pass, DType dtype) {
   return args.compute == DType::BFloat16 || (dtype == DType::Float32 && onednn_takes(args, pass));

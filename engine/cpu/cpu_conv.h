@@ -1,6 +1,7 @@
-// Internal to the CPU backend: the matrix kernels that need Eigen, kept out of cpu_backend.cpp so
-// that only cpu_conv.cpp compiles Eigen's GEMM. CpuBackend forwards gemm and the three convolution
-// kernels here; the convolutions are im2col/col2im around the same GEMM.
+// Internal to the CPU backend: the matrix kernels, kept out of the kernel families' files so that
+// only cpu_gemm.cpp compiles Eigen's GEMM. CpuBackend forwards gemm (cpu_gemm.cpp) and the three
+// convolution kernels (cpu_conv.cpp) here; the convolutions are im2col/col2im around a packed GEMM
+// of their own (packed_gemm.h).
 #pragma once
 
 #include "evenflow/engine/backend.h"

@@ -34,9 +34,9 @@ inline namespace EF_CPU_ISA {
 //   kernel wants (nChw16c, OIhw16i16o, ... on AVX-512); operands whose layout differs from ours
 //   go through a reorder into or out of the workspace. Primitives on our plain layouts were
 //   measured too: oneDNN then mostly runs im2col + GEMM, slower on every pass of the benchmark and
-//   training shapes (classify conv2's forward at 1 thread: 93 GFLOP/s vs 210) but one: the input
-//   gradient of a 1-channel input (48 vs 42), too small a share of classify's and wgan_gp's work
-//   to keep a second layout for; it stays on our kernels (Note [oneDNN convolution dispatch]).
+//   training shapes but one (docs/benchmarks.md, "oneDNN convolution dispatch"): the input
+//   gradient of a 1-channel input, too small a share of classify's and wgan_gp's work to keep a
+//   second layout for; it stays on our kernels (Note [oneDNN convolution dispatch]).
 // - Weights change every step, so their reorder runs on every call, like the data's.
 
 namespace {
@@ -118,7 +118,7 @@ Plan make_plan(const ConvArgs& a, ConvPass pass, bool bias) {
   Plan plan;
   if (bias) plan.bias = dnnl::memory::desc({a.c_out}, dnnl::memory::data_type::f32, Tag::a);
   // bfloat16 compute: the pass's two inputs in bfloat16, ours and the primitive's (Note [bfloat16
-  // operands converted once] in ops_nn.cpp: the op converts them), its output float32. The forward
+  // operands converted once] in ops/conv.cpp: the op converts them), its output float32. The forward
   // descriptor, the backward passes' hint, is then the all-bfloat16 one.
   using dt = dnnl::memory::data_type;
   const bool bf16 = a.compute == DType::BFloat16;
@@ -200,17 +200,16 @@ void run(const ConvArgs& a, ConvPass pass, const void* in0, const void* in1, voi
 // Note [Weight gradients split by images]
 // oneDNN parallelizes a weight gradient inside the primitive and sums the threads' partial
 // gradients behind spin barriers. On wgan_gp's critic (32 -> 64 channels, 4x4, stride 2, 14x14
-// to 7x7, batch 64) its bfloat16 kernel without AMX (jit_bf16:avx512_core_bf16) takes 970-1070 us
-// on two threads, and 2100 us in streaks where the VM's other tenants intrude; on a CPU device
-// whose threads outnumber the cores it waited out whole time slices at its barriers (256 ms at
-// the 90th percentile: the step ran 12x slower). One thread on half the batch takes 640 us, two at
-// once too. So a weight gradient with a batch to share out runs as one single-threaded primitive
-// per thread, each on its own slice of the images into its own partial gradient, and the partials
-// are summed here, in thread order: the same result for the same team size, whatever the timing.
-// Where the partials would cost more to sum than the images cost to read (a weight as large as the
-// batch's input), oneDNN's own threading stays. Measured on the AMD Zen 4 VM, oneDNN 3.2
-// (docs/benchmarks.md, "On an AMD Zen 4"): classify's 5x5 stride-1 layer the same either way
-// (4.34 against 4.35 ms bfloat16, 7.47 against 7.41 float32).
+// to 7x7, batch 64) its bfloat16 kernel without AMX (jit_bf16:avx512_core_bf16) on two threads
+// takes longer than one thread on half the batch (two such at once the same), and far longer in
+// streaks where the VM's other tenants intrude; on a CPU device whose threads outnumber the cores
+// it waited out whole time slices at its barriers, and the step ran many times slower
+// (docs/benchmarks.md, "On an AMD Zen 4"). So a weight gradient with a batch to share out runs as
+// one single-threaded primitive per thread, each on its own slice of the images into its own
+// partial gradient, and the partials are summed here, in thread order: the same result for the
+// same team size, whatever the timing. Where the partials would cost more to sum than the images
+// cost to read (a weight as large as the batch's input), oneDNN's own threading stays: classify's
+// 5x5 stride-1 layer measured the same either way (same section).
 bool split_by_images(const ConvArgs& a, int threads) {
   const int64_t weight = a.c_out * (a.c_in / a.groups) * a.kh * a.kw;
   return threads > 1 && a.n >= threads && threads * weight <= a.n * a.c_in * a.h * a.w;
@@ -262,14 +261,12 @@ void weight_grad_split_by_images(const ConvArgs& a, int threads, float* gw, cons
 // Measured per pass against the im2col kernels on the convolutions of bench_engine, classify and
 // wgan_gp (forward, and both gradients: wgan_gp's transposed convolutions are input gradients), at
 // 2 threads on the whole batch and at 1 thread on half of it (cpu:2), and on inputs of 1..16
-// channels: oneDNN runs 1.05-6.7x as fast (depthwise and grouped too) except where its AVX-512
-// kernels compute an ungrouped convolution's input channels in blocks of 16, padding the rest:
-// - the input gradient of 1-4 input channels (classify conv1 at 1 thread: 11 GFLOP/s vs our 43;
-//   4 channels: 45 vs 56; 5: a tie; 6: 65 vs 57);
-// - the weight gradient of 4-15 input channels (1-3 take its first-layer kernel, 1.5x ours;
-//   4: 55 vs 105, 8: 106 vs 117, 14: 94 vs 121; 16: 181 vs 127).
-// Those stay on our kernels. (Measured on oneDNN 2.6; on 3.2 the 1-channel input gradient is slower
-// still: 977 us against 2.6's 626 for wgan_gp's at batch 64, scripts/bench_onednn_bf16.sh.)
+// channels: oneDNN runs faster (depthwise and grouped too) except where its AVX-512 kernels
+// compute an ungrouped convolution's input channels in blocks of 16, padding the rest:
+// - the input gradient of 1-4 input channels;
+// - the weight gradient of 4-15 input channels (1-3 take its first-layer kernel, faster than ours).
+// Those stay on our kernels (oneDNN 2.6; on 3.2 the 1-channel input gradient is slower still).
+// Figures: docs/benchmarks.md, "oneDNN convolution dispatch".
 bool onednn_takes(const ConvArgs& a, ConvPass pass) {
   if (a.n == 0 || a.c_in == 0 || a.c_out == 0) return false;
   if (a.groups == 1 && pass == ConvPass::InputGrad && a.c_in <= 4) return false;
@@ -282,8 +279,7 @@ bool onednn_takes_bf16(const ConvArgs& a, ConvPass pass) {
   // that the op rounds the operands for the float32 kernels. Same exclusions as float32's.
   static const bool avx512 = dnnl::get_effective_cpu_isa() >= dnnl::cpu_isa::avx512_core;
   // A first layer (fewer than 16 input channels a group) runs slower in bfloat16 than in float32
-  // (classify's conv1, 1 channel, 5x5: 80 GFLOP/s against 154 forward, AMX, 2 threads): rounded
-  // operands on the float32 kernels instead.
+  // (docs/benchmarks.md, "oneDNN convolution dispatch"): rounded operands on the float32 kernels instead.
   return avx512 && a.c_in / a.groups >= 16 && onednn_takes(a, pass);
 }
 

@@ -53,9 +53,9 @@ bool onednn_takes_bf16_gemm(const GemmArgs& g) {
   static const bool bf16_isa = dnnl::get_effective_cpu_isa() >= dnnl::cpu_isa::avx512_core_bf16;
   // A product with a side under 16 (a vector times a matrix, an outer product) is bound by memory,
   // not arithmetic, and the reorders that round its float32 operands into the primitive's blocked
-  // layouts cost more than the product: the wgan_gp critic's last layer's weight gradient, [1, 64]
-  // x [64, 3136], spent 124 us reordering for a 10 us product (ONEDNN_VERBOSE, AMX). Those take the
-  // rounded operands on the float32 GEMM.
+  // layouts cost more than the product, many times more for the wgan_gp critic's last layer's
+  // weight gradient, [1, 64] x [64, 3136] (docs/benchmarks.md, "Small products off oneDNN"). Those
+  // take the rounded operands on the float32 GEMM.
   constexpr int64_t kMinSide = 16;
   return bf16_isa && g.dtype == DType::Float32 && g.alpha == 1.0 && g.beta == 0.0 && g.m >= kMinSide &&
          g.n >= kMinSide && g.k >= kMinSide && g.ldc >= g.n;

@@ -15,9 +15,9 @@ inline namespace EF_CPU_ISA {
 
 // Note [Vectorized tanh]
 // tanh of a float32, without calls or branches, so that an elementwise loop over it vectorizes:
-// 0.66 ns an element against glibc's tanhf's 8.3 (one Sapphire Rapids core, 2^20 elements in
-// [-4, 4]); it was 3% of the wgan_gp step's CPU time (the generator's output layer). Error against
-// the exact value, over every float32 in [-12, 12]: at most 1.37 ulp (glibc's tanhf: 2.19).
+// many times faster than glibc's tanhf, which showed in the wgan_gp step's profile (the generator's
+// output layer; docs/benchmarks.md, "tanh vectorized"). Error against the exact value, over every
+// float32 in [-12, 12]: at most 1.37 ulp (glibc's tanhf: 2.19).
 // - |x| < 0.625: x + x^3 P(x^2), P of degree 4 fitted to (tanh(x) - x) / x^3 for least relative
 //   error (4.4e-9 at worst, below float32's half ulp).
 // - Otherwise 1 - 2 / (e^(2|x|) + 1) with the sign of x: e^(2|x|) = 2^n e^r, r = 2|x| - n ln 2 in
@@ -47,9 +47,9 @@ inline float tanh_vectorizable(float x) {
 }
 
 // Note [Vectorized log and cos]
-// Box-Muller's log(u) and cos(2πu) for normal draws (Note [Vectorized draws] in cpu_backend.cpp),
+// Box-Muller's log(u) and cos(2πu) for normal draws (Note [Vectorized draws] in cpu_elementwise.cpp),
 // in float64 without calls or branches, so that the draw's loop vectorizes: glibc's log and cos,
-// scalar calls, were most of a 64x128 normal draw's 220 us on one Zen 4 thread.
+// scalar calls, were most of a normal draw's time (docs/benchmarks.md, "The program's host work").
 // - log(x), x > 0 normal: x = m·2^e with m in [√½, √2), log m = 2 atanh(s), s = (m - 1) / (m + 1)
 //   (|s| ≤ 0.172), by its series to s^23 (the next term is below 2^-60 of the sum); e·ln 2 with
 //   ln 2 in two parts. Against glibc's log over a million draws' u in (0, 1] and every power of two

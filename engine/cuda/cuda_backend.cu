@@ -1,7 +1,8 @@
 // The CUDA backend's device side: one CudaBackend per logical CUDA device, owning a non-blocking
 // stream on its GPU, lazily created cuBLAS/cuDNN handles bound to that stream, and a scratch buffer
 // for library workspaces. Here: construction, memory, host and peer copies, library state, and the
-// entry points of cuda_backend.h. The kernels are in cuda_<family>.cu, convolutions in cuda_conv.cu.
+// entry points of cuda_backend.h. The kernels are in cuda_<family>.cu, convolutions in cuda_conv.cu
+// and cuda_conv_plans.cu.
 #include <chrono>
 #include <cstring>
 #include <memory>

@@ -1,46 +1,45 @@
 // The CUDA backend's convolutions: conv2d, conv2d_input_grad and conv2d_weight_grad with cuDNN's
 // legacy convolution API (cudnnConvolutionForward / BackwardData / BackwardFilter, still part of
-// cuDNN 9), NCHW input, OIHW weight, groups, float32 and float64; bfloat16 compute on cuDNN's graph
-// API (Note [bfloat16 convolutions on cuDNN]). One template runs all three passes; a traits struct
-// per pass names its cuDNN calls and graph operation.
+// cuDNN 9), NCHW input, OIHW weight, groups, float32 and float64, and the choice of algorithm per
+// shape (Note [cuDNN algorithm choice]; timed under cuda_math().benchmark beside cuDNN's graph-API
+// plans: Note [float32 convolutions on cuDNN's graph API]). The graph API and bfloat16 compute are
+// in cuda_conv_plans.cu; the traits struct per pass, naming its cuDNN calls and graph operation, is
+// in cuda_internal.h.
 #include <algorithm>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
-#include <limits>
 #include <vector>
 
 #include "evenflow/engine/cuda/cuda_internal.h"
 #include "evenflow/engine/device.h"
 
 namespace evenflow::cuda_backend {
+
+ConvKey conv_key(int pass, DType dtype, const ConvArgs& a, const CudaMath& math) {
+  // clang-format off
+  return {pass, static_cast<int64_t>(dtype),
+          a.n, a.c_in, a.h, a.w, a.c_out, a.kh, a.kw, a.oh, a.ow,
+          a.stride_h, a.stride_w, a.pad_h, a.pad_w, a.dil_h, a.dil_w, a.groups,
+          math.allow_tf32_conv, math.deterministic, math.benchmark};
+  // clang-format on
+}
+
+bool cudnn_verbose() {
+  static const bool verbose = [] {
+    const char* env = std::getenv("EF_CUDNN_VERBOSE");
+    return env != nullptr && *env != '\0' && std::string(env) != "0";
+  }();
+  return verbose;
+}
+
+std::string shape_text(const ConvArgs& a) {
+  return ::evenflow::detail::str_cat("x ", a.n, "x", a.c_in, "x", a.h, "x", a.w, ", w ", a.c_out, "x",
+                                     a.c_in / a.groups, "x", a.kh, "x", a.kw, " (stride ", a.stride_h, ", padding ",
+                                     a.pad_h, ", dilation ", a.dil_h, ", groups ", a.groups, ")");
+}
+
 namespace {
-
-// Owners of cuDNN descriptors (created per call: they are cheap host objects).
-template <typename Desc, cudnnStatus_t (*kCreate)(Desc*), cudnnStatus_t (*kDestroy)(Desc)>
-class Descriptor {
- public:
-  Descriptor() { EF_CUDA_CHECK(kCreate(&desc_)); }
-  ~Descriptor() { EF_CUDA_CHECK_PRINT(kDestroy(desc_)); }
-  Descriptor(const Descriptor&) = delete;
-  Descriptor& operator=(const Descriptor&) = delete;
-  Desc get() const { return desc_; }
-
- private:
-  Desc desc_ = nullptr;
-};
-using TensorDesc = Descriptor<cudnnTensorDescriptor_t, cudnnCreateTensorDescriptor, cudnnDestroyTensorDescriptor>;
-using FilterDesc = Descriptor<cudnnFilterDescriptor_t, cudnnCreateFilterDescriptor, cudnnDestroyFilterDescriptor>;
-using ConvDesc =
-    Descriptor<cudnnConvolutionDescriptor_t, cudnnCreateConvolutionDescriptor, cudnnDestroyConvolutionDescriptor>;
-
-// The descriptors of one convolution: x [n, c_in, h, w], w [c_out, c_in / groups, kh, kw],
-// y [n, c_out, oh, ow].
-struct ConvDescs {
-  TensorDesc x, y;
-  FilterDesc w;
-  ConvDesc conv;
-};
 
 int as_int(int64_t v, const char* op) {
   EF_CHECK(v >= 0 && v <= INT_MAX, op, ": size ", v, " is too large for cuDNN");
@@ -79,119 +78,6 @@ void set_descriptors(ConvDescs& d, const ConvArgs& a, DType dtype, const CudaMat
             a.ow);
 }
 
-// --- The three passes ------------------------------------------------------------------------------------
-// run(out, in_a, in_b): forward y = conv(x, w); backward data gx = conv_input_grad(w, gy);
-// backward filter gw = conv_weight_grad(x, gy). All overwrite their output (beta = 0).
-
-// A tensor's dims in NCHW order (the weight's: c_out, c_in / groups, kh, kw).
-using Dims = std::array<int64_t, 4>;
-Dims x_dims(const ConvArgs& a) {
-  return {a.n, a.c_in, a.h, a.w};
-}
-Dims w_dims(const ConvArgs& a) {
-  return {a.c_out, a.c_in / a.groups, a.kh, a.kw};
-}
-Dims y_dims(const ConvArgs& a) {
-  return {a.n, a.c_out, a.oh, a.ow};
-}
-
-struct ForwardPass {
-  using Algo = cudnnConvolutionFwdAlgo_t;
-  using Perf = cudnnConvolutionFwdAlgoPerf_t;
-  static constexpr int kId = 0;
-  static constexpr const char* kName = "conv2d";
-  static cudnnStatus_t max_count(cudnnHandle_t h, int* count) {
-    return cudnnGetConvolutionForwardAlgorithmMaxCount(h, count);
-  }
-  static cudnnStatus_t heuristics(cudnnHandle_t h, const ConvDescs& d, int requested, int* returned, Perf* perf) {
-    return cudnnGetConvolutionForwardAlgorithm_v7(h, d.x.get(), d.w.get(), d.conv.get(), d.y.get(), requested, returned,
-                                                  perf);
-  }
-  static cudnnStatus_t workspace(cudnnHandle_t h, const ConvDescs& d, Algo algo, size_t* bytes) {
-    return cudnnGetConvolutionForwardWorkspaceSize(h, d.x.get(), d.w.get(), d.conv.get(), d.y.get(), algo, bytes);
-  }
-  static cudnnStatus_t run(cudnnHandle_t h, const ConvDescs& d, Algo algo, void* ws, size_t ws_bytes, const void* alpha,
-                           const void* beta, void* y, const void* x, const void* w) {
-    return cudnnConvolutionForward(h, alpha, d.x.get(), x, d.w.get(), w, d.conv.get(), algo, ws, ws_bytes, beta,
-                                   d.y.get(), y);
-  }
-  // The graph API's operation: its attributes for the operands (in run's order: out, a, b), the
-  // convolution, alpha and beta.
-  static constexpr cudnnBackendDescriptorType_t kGraphOp = CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR;
-  static constexpr std::array<cudnnBackendAttributeName_t, 6> kGraphAttrs = {
-      CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y,     CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X,
-      CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W,     CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC,
-      CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA};
-  static std::array<Dims, 3> dims(const ConvArgs& a) { return {y_dims(a), x_dims(a), w_dims(a)}; }
-};
-
-struct BackwardDataPass {
-  using Algo = cudnnConvolutionBwdDataAlgo_t;
-  using Perf = cudnnConvolutionBwdDataAlgoPerf_t;
-  static constexpr int kId = 1;
-  static constexpr const char* kName = "conv2d_input_grad";
-  static cudnnStatus_t max_count(cudnnHandle_t h, int* count) {
-    return cudnnGetConvolutionBackwardDataAlgorithmMaxCount(h, count);
-  }
-  static cudnnStatus_t heuristics(cudnnHandle_t h, const ConvDescs& d, int requested, int* returned, Perf* perf) {
-    return cudnnGetConvolutionBackwardDataAlgorithm_v7(h, d.w.get(), d.y.get(), d.conv.get(), d.x.get(), requested,
-                                                       returned, perf);
-  }
-  static cudnnStatus_t workspace(cudnnHandle_t h, const ConvDescs& d, Algo algo, size_t* bytes) {
-    return cudnnGetConvolutionBackwardDataWorkspaceSize(h, d.w.get(), d.y.get(), d.conv.get(), d.x.get(), algo, bytes);
-  }
-  static cudnnStatus_t run(cudnnHandle_t h, const ConvDescs& d, Algo algo, void* ws, size_t ws_bytes, const void* alpha,
-                           const void* beta, void* gx, const void* w, const void* gy) {
-    return cudnnConvolutionBackwardData(h, alpha, d.w.get(), w, d.y.get(), gy, d.conv.get(), algo, ws, ws_bytes, beta,
-                                        d.x.get(), gx);
-  }
-  static constexpr cudnnBackendDescriptorType_t kGraphOp = CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR;
-  static constexpr std::array<cudnnBackendAttributeName_t, 6> kGraphAttrs = {
-      CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX,    CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W,
-      CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY,    CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC,
-      CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA};
-  static std::array<Dims, 3> dims(const ConvArgs& a) { return {x_dims(a), w_dims(a), y_dims(a)}; }
-};
-
-struct BackwardFilterPass {
-  using Algo = cudnnConvolutionBwdFilterAlgo_t;
-  using Perf = cudnnConvolutionBwdFilterAlgoPerf_t;
-  static constexpr int kId = 2;
-  static constexpr const char* kName = "conv2d_weight_grad";
-  static cudnnStatus_t max_count(cudnnHandle_t h, int* count) {
-    return cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(h, count);
-  }
-  static cudnnStatus_t heuristics(cudnnHandle_t h, const ConvDescs& d, int requested, int* returned, Perf* perf) {
-    return cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, d.x.get(), d.y.get(), d.conv.get(), d.w.get(), requested,
-                                                         returned, perf);
-  }
-  static cudnnStatus_t workspace(cudnnHandle_t h, const ConvDescs& d, Algo algo, size_t* bytes) {
-    return cudnnGetConvolutionBackwardFilterWorkspaceSize(h, d.x.get(), d.y.get(), d.conv.get(), d.w.get(), algo,
-                                                          bytes);
-  }
-  static cudnnStatus_t run(cudnnHandle_t h, const ConvDescs& d, Algo algo, void* ws, size_t ws_bytes, const void* alpha,
-                           const void* beta, void* gw, const void* x, const void* gy) {
-    return cudnnConvolutionBackwardFilter(h, alpha, d.x.get(), x, d.y.get(), gy, d.conv.get(), algo, ws, ws_bytes, beta,
-                                          d.w.get(), gw);
-  }
-  static constexpr cudnnBackendDescriptorType_t kGraphOp =
-      CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR;
-  static constexpr std::array<cudnnBackendAttributeName_t, 6> kGraphAttrs = {
-      CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW,    CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X,
-      CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY,    CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC,
-      CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA};
-  static std::array<Dims, 3> dims(const ConvArgs& a) { return {w_dims(a), x_dims(a), y_dims(a)}; }
-};
-
-ConvKey conv_key(int pass, DType dtype, const ConvArgs& a, const CudaMath& math) {
-  // clang-format off
-  return {pass, static_cast<int64_t>(dtype),
-          a.n, a.c_in, a.h, a.w, a.c_out, a.kh, a.kw, a.oh, a.ow,
-          a.stride_h, a.stride_w, a.pad_h, a.pad_w, a.dil_h, a.dil_w, a.groups,
-          math.allow_tf32_conv, math.deterministic, math.benchmark};
-  // clang-format on
-}
-
 // Note [cuDNN algorithm choice]
 // Per shape and math setting, once (cached in the backend): cuDNN's heuristics rank the algorithms
 // by expected speed (no benchmarking, so the first call is cheap). The candidates are those cuDNN
@@ -204,8 +90,8 @@ ConvKey conv_key(int pass, DType dtype, const ConvArgs& a, const CudaMath& math)
 // operands: PyTorch tries the next one too) gives way to the next. With cuda_math().benchmark every
 // candidate runs once to warm up and is then timed (the least of two runs, CUDA events on the
 // stream, the host waiting), and the fastest is cached: on an H200 the heuristics' first choice ran
-// wgan_gp's and the FashionMNIST network's forward convolutions 1.5-2.3x slower than PyTorch's
-// timed choice.
+// wgan_gp's and the FashionMNIST network's forward convolutions well behind PyTorch's timed choice
+// (docs/gpu.md, "2026-11-26, NVIDIA H200", run 1).
 template <typename Pass>
 std::vector<ConvAlgo> candidate_algos(cudnnHandle_t h, const ConvDescs& d, DType dtype, const CudaMath& settings) {
   int max_count = 0;
@@ -230,15 +116,6 @@ std::vector<ConvAlgo> candidate_algos(cudnnHandle_t h, const ConvDescs& d, DType
   }
   return out;
 }
-
-// The graph API's side of a timed float32 choice (Note [float32 convolutions on cuDNN's graph API]),
-// defined with the graph API's helpers below.
-template <typename Pass>
-std::vector<ConvAlgo> graph_algos(cudnnHandle_t h, const ConvArgs& a, const CudaMath& settings);
-cudnnStatus_t execute_plan(cudnnHandle_t h, const ConvPlan& p, void* result, const void* a, const void* b,
-                           void* workspace);
-bool cudnn_verbose();
-std::string shape_text(const ConvArgs& a);
 
 // Whether a plan can take these operands: the graph's tensors promise 16-byte alignment.
 bool plan_aligned(const View& out, const View& in_a, const View& in_b) {
@@ -273,36 +150,11 @@ cudnnStatus_t run_algo(CudaBackend& be, const CudaBackend::Lock& lock, cudnnHand
                    in_a.data, in_b.data);
 }
 
-// Milliseconds one call of `run` (which queues work on the stream and returns its cuDNN status)
-// takes: the least of two, timed on the stream (the host waits).
-template <typename Run>
-float time_on_stream(CudaBackend& be, const Run& run) {
-  struct Event {
-    cudaEvent_t e = nullptr;
-    Event() { EF_CUDA_CHECK(cudaEventCreate(&e)); }
-    ~Event() { EF_CUDA_CHECK_PRINT(cudaEventDestroy(e)); }
-    Event(const Event&) = delete;
-    Event& operator=(const Event&) = delete;
-  };
-  const Event start, stop;
-  float best = std::numeric_limits<float>::infinity();
-  for (int i = 0; i < 2; ++i) {
-    EF_CUDA_CHECK(cudaEventRecord(start.e, be.stream()));
-    EF_CUDA_CHECK(run());
-    EF_CUDA_CHECK(cudaEventRecord(stop.e, be.stream()));
-    EF_CUDA_CHECK(cudaEventSynchronize(stop.e));
-    float ms = 0;
-    EF_CUDA_CHECK(cudaEventElapsedTime(&ms, start.e, stop.e));
-    best = std::min(best, ms);
-  }
-  return best;
-}
-
 // Note [float32 convolutions on cuDNN's graph API]
 // PyTorch runs its convolutions on cuDNN's graph API, which offers engines the legacy calls do not
 // (runtime-compiled and specialized kernels): with TORCH_CUDNN_V8_API_DISABLED=1 the same PyTorch
-// ran the three benchmark forwards at 0.51-0.76x its speed, below ours (docs/gpu.md, "What stays to
-// do on a GPU"). So under cuda_math().benchmark a float32 shape's first call times, beside the legacy
+// ran the three benchmark forwards far slower, below ours (docs/gpu.md, "What stays to do on a GPU").
+// So under cuda_math().benchmark a float32 shape's first call times, beside the legacy
 // algorithms, the engine configurations the graph API offers for the same convolution -- its
 // heuristics' ranking (mode A), then its fallback list, at most kGraphEngines of them (PyTorch's
 // cudnn.benchmark_limit is 10), those the settings allow (Note [cuDNN math for float32]: TF32
@@ -311,7 +163,6 @@ float time_on_stream(CudaBackend& be, const Run& run) {
 // operands (our blocks are, views into them need not be): where they are not, the fastest legacy
 // algorithm, kept beside the plan, runs. EF_CUDNN_LEGACY=1 times the legacy algorithms alone (to
 // measure what the plans bring); EF_CUDNN_VERBOSE=1 prints each shape's choice.
-constexpr size_t kGraphEngines = 8;
 bool legacy_only() {
   static const bool legacy = [] {
     const char* env = std::getenv("EF_CUDNN_LEGACY");
@@ -319,6 +170,8 @@ bool legacy_only() {
   }();
   return legacy;
 }
+
+}  // namespace
 
 template <typename Pass>
 void run_conv(CudaBackend& be, const ConvArgs& a, DType dtype, const View& out, const View& in_a, const View& in_b) {
@@ -409,481 +262,10 @@ void run_conv(CudaBackend& be, const ConvArgs& a, DType dtype, const View& out, 
            cudnnGetErrorString(last), "'");
 }
 
-// --- bfloat16 compute: cuDNN's graph API ----------------------------------------------------------------
-
-// Note [bfloat16 convolutions on cuDNN]
-// Bfloat16 compute (Note [bfloat16 compute] in engine/ops.h) multiplies bfloat16 operands and sums
-// in float32 into a float32 result. cuDNN's legacy API computes a convolution in one data type (its
-// bfloat16 configuration rounds the result to bfloat16 as well), so a bfloat16 convolution of our
-// own is a graph of cuDNN's graph API (cudnnBackend* descriptors): one convolution whose two
-// operands are bfloat16 and whose result is float32, computing in float32. The operands, given in
-// bfloat16 (Note [bfloat16 operands converted once] in ops_nn.cpp), are copied into the scratch
-// buffer channels-last (NHWC; the weight KRSC), the layout of cuDNN's bfloat16 kernels, by the copy
-// kernel every cast uses (where it casts: round to nearest even, as in Note [bfloat16 products on
-// cuBLAS]); the workspace follows them. The result goes straight into the output, NCHW (the
-// first GPU run also offered the engines a channels-last result: none needed it). The plan, per
-// pass, shape and math setting: the first engine configuration that finalizes and runs (once, on
-// the scratch buffer's contents), from cuDNN's heuristics (mode A) and then its fallback list, less
-// those the settings exclude (nondeterministic ones under cuda_math().deterministic; any that
-// down-converts its inputs or sums in less than float32).
-// On an H200 with cuDNN 9.19 (docs/gpu.md, 2026-11-27) mode A ranks nothing for this mix of types;
-// the fallback list holds one runtime-compiled engine per pass, and none for a strided input
-// gradient or one input channel. Timed against the rounded operands on the float32 (TF32) kernels,
-// casts included, it ran a 5x5 convolution (100x32x14x14 -> 64) 2.4x faster forward, 1.6x faster
-// for the input gradient and 1.7x slower for the weight gradient, and a 3x3 one (32x64x56x56 -> 64)
-// 1.1x, 1.1x and 3.4x slower. So the plan is taken only where it was timed faster: under
-// cuda_math().benchmark, at a shape's first ask, bf16_conv times both ways on zeros of the shape
-// (the casts and copies each way included, a cast per pass: the op's operands, converted once for
-// several passes, make the plan's side cheaper than timed) and keeps the answer; without it bf16_conv says no and
-// the op rounds the operands for the float32 kernels (the same products). EF_CUDNN_VERBOSE=1 prints
-// each shape's plan, times and choice to stderr.
-
-// The operands' unique ids in the graph and in each call's variant pack, in run's order.
-constexpr std::array<int64_t, 3> kUids = {1, 2, 3};  // out, a, b
-
-bool cudnn_verbose() {
-  static const bool verbose = [] {
-    const char* env = std::getenv("EF_CUDNN_VERBOSE");
-    return env != nullptr && *env != '\0' && std::string(env) != "0";
-  }();
-  return verbose;
-}
-
-size_t aligned_256(size_t bytes) {
-  return (bytes + 255) / 256 * 256;
-}
-size_t elements(const Dims& d) {
-  return static_cast<size_t>(d[0] * d[1] * d[2] * d[3]);
-}
-
-// Strides of an NCHW-indexed tensor stored NCHW or channels-last (NHWC).
-Dims strides_of(const Dims& d, bool channels_last) {
-  if (channels_last) return {d[1] * d[2] * d[3], 1, d[3] * d[1], d[1]};
-  return {d[1] * d[2] * d[3], d[2] * d[3], d[3], 1};
-}
-
-// A View of `data` with dims `d` stored as strides_of says.
-View view_of(void* data, DType dtype, const Dims& d, bool channels_last) {
-  View v = contiguous_view(data, dtype, {d[0], d[1], d[2], d[3]});
-  const Dims strides = strides_of(d, channels_last);
-  std::copy(strides.begin(), strides.end(), v.strides);
-  return v;
-}
-
-// Where a call's pieces lie in the scratch buffer: the bfloat16 operands a (at 0) and b, then the
-// workspace.
-struct ScratchLayout {
-  size_t b = 0, workspace = 0;
-};
-ScratchLayout scratch_layout(const std::array<Dims, 3>& dims) {
-  ScratchLayout l;
-  l.b = aligned_256(elements(dims[1]) * 2);
-  l.workspace = l.b + aligned_256(elements(dims[2]) * 2);
-  return l;
-}
-
-void set_attribute(const GraphDescriptor& d, cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t type,
-                   int64_t count, const void* values) {
-  EF_CUDA_CHECK(cudnnBackendSetAttribute(d.get(), name, type, count, values));
-}
-void set_descriptor(const GraphDescriptor& d, cudnnBackendAttributeName_t name, const GraphDescriptor& value) {
-  const cudnnBackendDescriptor_t raw = value.get();
-  set_attribute(d, name, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &raw);
-}
-
-GraphDescriptor graph_tensor(int64_t uid, cudnnDataType_t type, const Dims& dims, bool channels_last) {
-  GraphDescriptor t(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
-  const Dims strides = strides_of(dims, channels_last);
-  const int64_t alignment = 16;  // the scratch buffer's offsets are multiples of 256, our allocations of 512
-  set_attribute(t, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &type);
-  set_attribute(t, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, dims.data());
-  set_attribute(t, CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, strides.data());
-  set_attribute(t, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &uid);
-  set_attribute(t, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &alignment);
-  EF_CUDA_CHECK(cudnnBackendFinalize(t.get()));
-  return t;
-}
-
-// The graph API's handle attributes are deprecated in favour of device-property descriptors (made
-// for building plans without a GPU); a handle still works and is what we have.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
-#pragma nv_diag_suppress 1215
-void set_handle(const GraphDescriptor& d, bool is_plan, cudnnHandle_t h) {
-  set_attribute(d, is_plan ? CUDNN_ATTR_EXECUTION_PLAN_HANDLE : CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1,
-                &h);
-}
-#pragma nv_diag_default 1215
-#pragma GCC diagnostic pop
-
-// An engine configuration's name ("engine 12, runtime compiled") and whether its numerical notes
-// allow it under `settings`: never one that down-converts its inputs or sums in less than float32,
-// nor a nondeterministic one under cuda_math().deterministic; for float32 operands
-// (`float32_operands`), no tensor-core engine (TF32) unless allow_tf32_conv.
-struct EngineInfo {
-  std::string name;
-  bool allowed = true;
-};
-EngineInfo engine_info(const GraphDescriptor& config, const CudaMath& settings, bool float32_operands) {
-  const GraphDescriptor engine(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
-  cudnnBackendDescriptor_t raw = engine.get();
-  int64_t count = 0;
-  EF_CUDA_CHECK(cudnnBackendGetAttribute(config.get(), CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
-                                         &count, &raw));
-  int64_t index = -1;
-  EF_CUDA_CHECK(
-      cudnnBackendGetAttribute(engine.get(), CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &count, &index));
-  std::array<cudnnBackendNumericalNote_t, CUDNN_NUMERICAL_NOTE_TYPE_COUNT> numerical{};
-  int64_t numerical_count = 0;
-  EF_CUDA_CHECK(cudnnBackendGetAttribute(engine.get(), CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE,
-                                         numerical.size(), &numerical_count, numerical.data()));
-  std::array<cudnnBackendBehaviorNote_t, CUDNN_BEHAVIOR_NOTE_TYPE_COUNT> behavior{};
-  int64_t behavior_count = 0;
-  EF_CUDA_CHECK(cudnnBackendGetAttribute(engine.get(), CUDNN_ATTR_ENGINE_BEHAVIOR_NOTE, CUDNN_TYPE_BEHAVIOR_NOTE,
-                                         behavior.size(), &behavior_count, behavior.data()));
-  EngineInfo info{::evenflow::detail::str_cat("engine ", index)};
-  for (int64_t i = 0; i < numerical_count; ++i) {
-    switch (numerical[static_cast<size_t>(i)]) {
-      case CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS:
-      case CUDNN_NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION:
-        info.allowed = false;
-        break;
-      case CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC:
-        info.name += ", nondeterministic";
-        if (settings.deterministic) info.allowed = false;
-        break;
-      case CUDNN_NUMERICAL_NOTE_TENSOR_CORE:
-        if (float32_operands) {
-          info.name += ", TF32";
-          if (!settings.allow_tf32_conv) info.allowed = false;
-        }
-        break;
-      default:
-        break;
-    }
-  }
-  for (int64_t i = 0; i < behavior_count; ++i) {
-    if (behavior[static_cast<size_t>(i)] == CUDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION) info.name += ", runtime compiled";
-  }
-  return info;
-}
-
-// Runs a plan: result, a, b in run's order.
-cudnnStatus_t execute_plan(cudnnHandle_t h, const ConvPlan& p, void* result, const void* a, const void* b,
-                           void* workspace) {
-  GraphDescriptor pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
-  const std::array<const void*, 3> pointers = {result, a, b};
-  set_attribute(pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, 3, pointers.data());
-  set_attribute(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, 3, kUids.data());
-  set_attribute(pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace);
-  EF_CUDA_CHECK(cudnnBackendFinalize(pack.get()));
-  return cudnnBackendExecute(h, p.plan.get(), pack.get());
-}
-
-// The data types and layouts of one pass's graph: its result's (out) and operands' (a, b), in run's
-// order.
-struct GraphTypes {
-  std::array<cudnnDataType_t, 3> types;
-  std::array<bool, 3> channels_last;
-};
-
-// The operation graph of one pass of a convolution, with the tensors, convolution and operation it
-// was made from (in parts, the graph last); empty parts, with `why_none`, where cuDNN refuses the
-// operation or the graph (an answer, not an error).
-template <typename Pass>
-std::vector<GraphDescriptor> conv_graph(cudnnHandle_t h, const ConvArgs& a, const GraphTypes& g,
-                                        std::string& why_none) {
-  std::vector<GraphDescriptor> parts;
-  const std::array<Dims, 3> dims = Pass::dims(a);
-  for (size_t i = 0; i < 3; ++i) parts.push_back(graph_tensor(kUids[i], g.types[i], dims[i], g.channels_last[i]));
-  GraphDescriptor conv(CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR);
-  const cudnnDataType_t compute = CUDNN_DATA_FLOAT;
-  const cudnnConvolutionMode_t mode = CUDNN_CROSS_CORRELATION;
-  const int64_t spatial = 2;
-  const std::array<int64_t, 2> dilation = {a.dil_h, a.dil_w}, stride = {a.stride_h, a.stride_w},
-                               padding = {a.pad_h, a.pad_w};
-  set_attribute(conv, CUDNN_ATTR_CONVOLUTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &compute);
-  set_attribute(conv, CUDNN_ATTR_CONVOLUTION_CONV_MODE, CUDNN_TYPE_CONVOLUTION_MODE, 1, &mode);
-  set_attribute(conv, CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS, CUDNN_TYPE_INT64, 1, &spatial);
-  set_attribute(conv, CUDNN_ATTR_CONVOLUTION_DILATIONS, CUDNN_TYPE_INT64, 2, dilation.data());
-  set_attribute(conv, CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES, CUDNN_TYPE_INT64, 2, stride.data());
-  set_attribute(conv, CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS, CUDNN_TYPE_INT64, 2, padding.data());
-  set_attribute(conv, CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, CUDNN_TYPE_INT64, 2, padding.data());
-  EF_CUDA_CHECK(cudnnBackendFinalize(conv.get()));
-
-  GraphDescriptor op(Pass::kGraphOp);
-  for (size_t i = 0; i < 3; ++i) set_descriptor(op, Pass::kGraphAttrs[i], parts[i]);
-  set_descriptor(op, Pass::kGraphAttrs[3], conv);
-  const float alpha = 1.0f, beta = 0.0f;
-  set_attribute(op, Pass::kGraphAttrs[4], CUDNN_TYPE_FLOAT, 1, &alpha);
-  set_attribute(op, Pass::kGraphAttrs[5], CUDNN_TYPE_FLOAT, 1, &beta);
-  GraphDescriptor graph(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
-  cudnnStatus_t s = cudnnBackendFinalize(op.get());
-  if (s == CUDNN_STATUS_SUCCESS) {
-    set_handle(graph, false, h);
-    set_descriptor(graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, op);
-    s = cudnnBackendFinalize(graph.get());
-  }
-  if (s != CUDNN_STATUS_SUCCESS) {
-    why_none = ::evenflow::detail::str_cat("the operation graph: ", cudnnGetErrorString(s));
-    return {};
-  }
-  parts.push_back(std::move(conv));
-  parts.push_back(std::move(op));
-  parts.push_back(std::move(graph));
-  return parts;
-}
-
-// The engine configurations cuDNN offers for `graph`: its heuristics' ranking (mode A), then its
-// fallback list; each with whether it came from the fallback list.
-std::vector<std::pair<GraphDescriptor, bool>> engine_configs(const GraphDescriptor& graph) {
-  std::vector<std::pair<GraphDescriptor, bool>> out;
-  for (const cudnnBackendHeurMode_t heur_mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
-    GraphDescriptor heuristics(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
-    set_descriptor(heuristics, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph);
-    set_attribute(heuristics, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &heur_mode);
-    if (cudnnBackendFinalize(heuristics.get()) != CUDNN_STATUS_SUCCESS) continue;
-    int64_t count = 0;
-    EF_CUDA_CHECK(cudnnBackendGetAttribute(heuristics.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
-                                           CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, nullptr));
-    std::vector<GraphDescriptor> configs;
-    std::vector<cudnnBackendDescriptor_t> raw;
-    for (int64_t i = 0; i < count; ++i) {
-      configs.emplace_back(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
-      raw.push_back(configs.back().get());
-    }
-    EF_CUDA_CHECK(cudnnBackendGetAttribute(heuristics.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
-                                           CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &count, raw.data()));
-    for (int64_t i = 0; i < count && i < static_cast<int64_t>(configs.size()); ++i)
-      out.emplace_back(std::move(configs[static_cast<size_t>(i)]), heur_mode == CUDNN_HEUR_MODE_FALLBACK);
-  }
-  return out;
-}
-
-// The plan of `config` on `graph`, finalized (its workspace size read), with its engine's name; an
-// empty plan, with `failure`, where cuDNN refuses it.
-ConvPlan finalize_plan(cudnnHandle_t h, std::shared_ptr<const std::vector<GraphDescriptor>> graph,
-                       GraphDescriptor config, const EngineInfo& info, bool fallback, std::string& failure) {
-  ConvPlan p;
-  p.graph = std::move(graph);
-  p.engine = info.name + (fallback ? ", fallback list" : "");
-  GraphDescriptor plan(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
-  set_handle(plan, true, h);
-  set_descriptor(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, config);
-  if (const cudnnStatus_t fs = cudnnBackendFinalize(plan.get()); fs != CUDNN_STATUS_SUCCESS) {
-    failure = cudnnGetErrorString(fs);
-    return p;
-  }
-  int64_t workspace = 0, n = 0;
-  EF_CUDA_CHECK(cudnnBackendGetAttribute(plan.get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &n,
-                                         &workspace));
-  p.workspace = static_cast<size_t>(workspace);
-  p.config = std::move(config);
-  p.plan = std::move(plan);
-  return p;
-}
-
-// The plan of one pass and shape: the first engine configuration allowed by its notes that
-// finalizes and passes `trial` (which returns why a plan failed, or "" if it ran). Why there is
-// none: `why_none`.
-template <typename Pass, typename Trial>
-ConvPlan make_bf16_plan(cudnnHandle_t h, const ConvArgs& a, const CudaMath& settings, const Trial& trial,
-                        std::string& why_none) {
-  const GraphTypes types{{CUDNN_DATA_FLOAT, CUDNN_DATA_BFLOAT16, CUDNN_DATA_BFLOAT16}, {false, true, true}};
-  auto graph = std::make_shared<const std::vector<GraphDescriptor>>(conv_graph<Pass>(h, a, types, why_none));
-  if (graph->empty()) return {};
-  std::vector<std::pair<GraphDescriptor, bool>> configs = engine_configs(graph->back());
-  std::string refused;
-  for (auto& [config, fallback] : configs) {
-    const EngineInfo info = engine_info(config, settings, false);
-    if (!info.allowed) continue;
-    std::string failure;
-    ConvPlan p = finalize_plan(h, graph, std::move(config), info, fallback, failure);
-    if (p.plan.get() != nullptr) failure = trial(p);
-    if (failure.empty()) return p;
-    refused += ::evenflow::detail::str_cat("; ", info.name, ": ", failure);
-  }
-  why_none = ::evenflow::detail::str_cat(configs.size(), " engine configurations", refused);
-  return {};
-}
-
-template <typename Pass>
-std::vector<ConvAlgo> graph_algos(cudnnHandle_t h, const ConvArgs& a, const CudaMath& settings) {
-  std::vector<ConvAlgo> out;
-  std::string why_none;
-  const GraphTypes types{{CUDNN_DATA_FLOAT, CUDNN_DATA_FLOAT, CUDNN_DATA_FLOAT}, {false, false, false}};
-  auto graph = std::make_shared<const std::vector<GraphDescriptor>>(conv_graph<Pass>(h, a, types, why_none));
-  if (graph->empty()) return out;
-  for (auto& [config, fallback] : engine_configs(graph->back())) {
-    if (out.size() == kGraphEngines) break;
-    const EngineInfo info = engine_info(config, settings, true);
-    if (!info.allowed) continue;
-    std::string failure;
-    ConvPlan p = finalize_plan(h, graph, std::move(config), info, fallback, failure);
-    if (p.plan.get() == nullptr) continue;
-    ConvAlgo algo;
-    algo.algo = -1;  // until the choice: a plan alone
-    algo.plan = std::make_shared<const ConvPlan>(std::move(p));
-    out.push_back(std::move(algo));
-  }
-  return out;
-}
-
-std::string shape_text(const ConvArgs& a) {
-  return ::evenflow::detail::str_cat("x ", a.n, "x", a.c_in, "x", a.h, "x", a.w, ", w ", a.c_out, "x",
-                                     a.c_in / a.groups, "x", a.kh, "x", a.kw, " (stride ", a.stride_h, ", padding ",
-                                     a.pad_h, ", dilation ", a.dil_h, ", groups ", a.groups, ")");
-}
-
-// Queues one pass on `p`'s plan: the operands cast into the scratch buffer (grown first: growing
-// replaces it), then the plan. The plan's status; our own failures throw.
-template <typename Pass>
-cudnnStatus_t queue_bf16_conv(CudaBackend& be, const CudaBackend::Lock& lock, const ConvPlan& p, const ConvArgs& a,
-                              const View& out, const View& in_a, const View& in_b) {
-  const std::array<Dims, 3> dims = Pass::dims(a);
-  const ScratchLayout l = scratch_layout(dims);
-  std::byte* buf = static_cast<std::byte*>(be.scratch(lock, l.workspace + p.workspace));
-  EF_CHECK(buf != nullptr, Pass::kName, ": out of memory on ", be.name(),
-           " for bfloat16 operands and a cuDNN workspace (", l.workspace + p.workspace, " bytes)");
-  be.copy(view_of(buf, DType::BFloat16, dims[1], true), in_a);
-  be.copy(view_of(buf + l.b, DType::BFloat16, dims[2], true), in_b);
-  return execute_plan(be.cudnn(lock), p, out.data, buf, buf + l.b, buf + l.workspace);
-}
-
-// This pass and shape's plan, made at the first ask. A plan is kept only after it ran once on the
-// scratch buffer's contents (whatever they are: the result, written into the scratch buffer too, is
-// not used).
-template <typename Pass>
-ConvPlan& bf16_plan(CudaBackend& be, const CudaBackend::Lock& lock, const ConvArgs& a) {
-  const CudaMath settings = cuda_math();
-  auto& cache = be.bf16_conv_plans(lock);
-  const ConvKey key = conv_key(Pass::kId, DType::BFloat16, a, settings);
-  if (const auto it = cache.find(key); it != cache.end()) return it->second;
-  const cudnnHandle_t h = be.cudnn(lock);
-  const std::array<Dims, 3> dims = Pass::dims(a);
-  const ScratchLayout l = scratch_layout(dims);
-  const size_t result_bytes = aligned_256(elements(dims[0]) * sizeof(float));  // after the workspace
-  const auto trial = [&](const ConvPlan& plan) -> std::string {
-    const size_t result = l.workspace + aligned_256(plan.workspace);
-    std::byte* buf = static_cast<std::byte*>(be.scratch(lock, result + result_bytes));
-    if (buf == nullptr) return ::evenflow::detail::str_cat("no memory for its workspace of ", plan.workspace, " bytes");
-    const cudnnStatus_t s = execute_plan(h, plan, buf + result, buf, buf + l.b, buf + l.workspace);
-    return s == CUDNN_STATUS_SUCCESS ? "" : cudnnGetErrorString(s);
-  };
-  std::string why_none;
-  ConvPlan p = make_bf16_plan<Pass>(h, a, settings, trial, why_none);
-  if (cudnn_verbose()) {
-    if (p.plan.get() == nullptr) {
-      std::fprintf(stderr, "evenflow cuDNN: %s bfloat16 %s: no plan (%s)\n", Pass::kName, shape_text(a).c_str(),
-                   why_none.c_str());
-    } else {
-      std::fprintf(stderr, "evenflow cuDNN: %s bfloat16 %s: plan %s\n", Pass::kName, shape_text(a).c_str(),
-                   p.engine.c_str());
-    }
-  }
-  return cache.emplace(key, std::move(p)).first->second;
-}
-
-// Device memory of our own, for timing on a shape's operands outside the scratch buffer.
-class DeviceBuffer {
- public:
-  DeviceBuffer(CudaBackend& be, size_t bytes) : be_(be), data_(be.raw_alloc(bytes)) {
-    EF_CHECK(data_ != nullptr, "out of memory on ", be.name(), " timing a convolution (", bytes, " bytes)");
-    EF_CUDA_CHECK(cudaMemsetAsync(data_, 0, bytes, be.stream()));
-  }
-  ~DeviceBuffer() { be_.raw_free(data_); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  View view(const Dims& d) const { return view_of(data_, DType::Float32, d, false); }
-
- private:
-  CudaBackend& be_;
-  void* data_;
-};
-
-// Under cuda_math().benchmark: whether the shape's plan runs faster than the rounded operands on
-// the float32 kernels, timed once on zeros (Note [bfloat16 convolutions on cuDNN]).
-template <typename Pass>
-bool bf16_plan_faster(CudaBackend& be, const ConvArgs& a) {
-  ConvPlan* plan = nullptr;  // in the backend's cache, whose entries stay where they are
-  {
-    const CudaBackend::Lock lock = be.lock_libraries();
-    plan = &bf16_plan<Pass>(be, lock, a);
-    if (plan->plan.get() == nullptr) return false;
-    if (plan->faster) return *plan->faster;
-  }
-  const std::array<Dims, 3> dims = Pass::dims(a);
-  const DeviceBuffer out(be, elements(dims[0]) * sizeof(float)), in_a(be, elements(dims[1]) * sizeof(float)),
-      in_b(be, elements(dims[2]) * sizeof(float)), rounded_a(be, elements(dims[1]) * sizeof(float)),
-      rounded_b(be, elements(dims[2]) * sizeof(float));
-  const auto run_plan = [&] {
-    const CudaBackend::Lock lock = be.lock_libraries();
-    return queue_bf16_conv<Pass>(be, lock, *plan, a, out.view(dims[0]), in_a.view(dims[1]), in_b.view(dims[2]));
-  };
-  ConvArgs f32 = a;
-  f32.compute = DType::Float32;
-  const auto run_rounded = [&] {  // what the op does when bf16_conv says no
-    be.unary(UnaryOp::RoundBfloat16, rounded_a.view(dims[1]), in_a.view(dims[1]), 0.0, 0.0);
-    be.unary(UnaryOp::RoundBfloat16, rounded_b.view(dims[2]), in_b.view(dims[2]), 0.0, 0.0);
-    run_conv<Pass>(be, f32, DType::Float32, out.view(dims[0]), rounded_a.view(dims[1]), rounded_b.view(dims[2]));
-    return CUDNN_STATUS_SUCCESS;
-  };
-  EF_CUDA_CHECK(run_plan());  // warm-ups: the float32 kernels' own timed choice happens here
-  run_rounded();
-  const float plan_ms = time_on_stream(be, run_plan), rounded_ms = time_on_stream(be, run_rounded);
-  const CudaBackend::Lock lock = be.lock_libraries();
-  plan->faster = plan_ms < rounded_ms;
-  if (cudnn_verbose()) {
-    std::fprintf(
-        stderr, "evenflow cuDNN: %s bfloat16 %s: plan %.4f ms, rounded operands on the float32 kernels %.4f ms: %s\n",
-        Pass::kName, shape_text(a).c_str(), plan_ms, rounded_ms, *plan->faster ? "the plan" : "the float32 kernels");
-  }
-  return *plan->faster;
-}
-
-// Runs `pass` of bfloat16 compute on the shape's plan (Note [bfloat16 convolutions on cuDNN]).
-template <typename Pass>
-void run_bf16_conv(CudaBackend& be, const ConvArgs& a, const View& out, const View& in_a, const View& in_b) {
-  be.activate();
-  // The op gives bfloat16 operands (Note [bfloat16 operands converted once] in ops_nn.cpp).
-  EF_ASSERT(out.dtype == DType::Float32 && in_a.dtype == DType::BFloat16 && in_b.dtype == DType::BFloat16 &&
-                out.is_contiguous() && in_a.is_contiguous() && in_b.is_contiguous(),
-            Pass::kName, ": bfloat16 compute takes contiguous bfloat16 operands");
-  EF_ASSERT(reinterpret_cast<uintptr_t>(out.data) % 16 == 0, Pass::kName, ": the output is not 16-byte aligned");
-  const CudaBackend::Lock lock = be.lock_libraries();
-  const ConvPlan& p = bf16_plan<Pass>(be, lock, a);
-  EF_CHECK(p.plan.get() != nullptr, Pass::kName, ": cuDNN has no bfloat16 plan for ", shape_text(a), " on ", be.name());
-  EF_CUDA_CHECK(queue_bf16_conv<Pass>(be, lock, p, a, out, in_a, in_b));
-}
-
-}  // namespace
-
-GraphDescriptor::GraphDescriptor(cudnnBackendDescriptorType_t type) {
-  EF_CUDA_CHECK(cudnnBackendCreateDescriptor(type, &desc_));
-}
-
-GraphDescriptor::~GraphDescriptor() {
-  if (desc_ != nullptr) EF_CUDA_CHECK_PRINT(cudnnBackendDestroyDescriptor(desc_));
-}
-
-bool CudaBackend::bf16_conv(const ConvArgs& args, ConvPass pass) {
-  // Only a timed choice takes cuDNN's bfloat16 plan (Note [bfloat16 convolutions on cuDNN]); empty
-  // operands stay on the float32 path, which writes the empty sum itself.
-  if (!cuda_math().benchmark) return false;
-  for (const int64_t size : {args.n, args.c_in, args.h, args.w, args.c_out, args.oh, args.ow}) {
-    if (size == 0) return false;
-  }
-  activate();
-  switch (pass) {
-    case ConvPass::Forward:
-      return bf16_plan_faster<ForwardPass>(*this, args);
-    case ConvPass::InputGrad:
-      return bf16_plan_faster<BackwardDataPass>(*this, args);
-    case ConvPass::WeightGrad:
-      return bf16_plan_faster<BackwardFilterPass>(*this, args);
-  }
-  return false;
-}
+// Instantiated for the three passes: bf16_plan_faster in cuda_conv_plans.cu times them too.
+template void run_conv<ForwardPass>(CudaBackend&, const ConvArgs&, DType, const View&, const View&, const View&);
+template void run_conv<BackwardDataPass>(CudaBackend&, const ConvArgs&, DType, const View&, const View&, const View&);
+template void run_conv<BackwardFilterPass>(CudaBackend&, const ConvArgs&, DType, const View&, const View&, const View&);
 
 void CudaBackend::conv2d(const ConvArgs& args, const View& y, const View& x, const View& w, const View& bias) {
   if (args.compute == DType::BFloat16)

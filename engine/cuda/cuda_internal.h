@@ -1,13 +1,16 @@
 // The CudaBackend class, shared by the files that implement it: cuda_backend.cu (device, stream,
 // memory, copies, library handles, index checks), one file per kernel family (cuda_elementwise.cu,
 // cuda_unary.cu, cuda_reduce.cu, cuda_normalization.cu, cuda_indexing.cu, cuda_pooling.cu,
-// cuda_adam.cu, cuda_gemm.cu) and cuda_conv.cu (cuDNN convolutions). Only .cu files include this
-// header; the rest of the engine sees cuda_backend.h.
+// cuda_adam.cu, cuda_gemm.cu), and cuda_conv.cu and cuda_conv_plans.cu (cuDNN convolutions: the
+// legacy API and the entry points; the graph API's plans), which also share the convolution passes
+// at the end. Only .cu files include this header; the rest of the engine sees cuda_backend.h.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -33,7 +36,7 @@ namespace evenflow::cuda_backend {
 // stream then runs the work in order, which is what makes one scratch buffer enough. Functions that
 // need the lock take the held lock as a parameter, so a caller cannot forget it.
 
-// An owned descriptor of cuDNN's graph API (cudnnBackend*; cuda_conv.cu); default-constructed: none.
+// An owned descriptor of cuDNN's graph API (cudnnBackend*; cuda_conv_plans.cu); default-constructed: none.
 class GraphDescriptor {
  public:
   GraphDescriptor() = default;
@@ -51,7 +54,8 @@ class GraphDescriptor {
 };
 
 // An execution plan of cuDNN's graph API for one pass and shape of a convolution (Note [bfloat16
-// convolutions on cuDNN], Note [float32 convolutions on cuDNN's graph API] in cuda_conv.cu).
+// convolutions on cuDNN] in cuda_conv_plans.cu, Note [float32 convolutions on cuDNN's graph API] in
+// cuda_conv.cu).
 struct ConvPlan {
   // The tensors, convolution, operation and graph the plan was made from, shared by the plans of
   // one graph.
@@ -126,7 +130,8 @@ class CudaBackend final : public Backend {
   void conv2d_input_grad(const ConvArgs& args, const View& gx, const View& gy, const View& w) override;
   void conv2d_weight_grad(const ConvArgs& args, const View& gw, const View& x, const View& gy) override;
   // Under cuda_math().benchmark, whether cuDNN's graph-API plan for this pass and shape ran faster
-  // than the rounded operands on the float32 kernels (Note [bfloat16 convolutions on cuDNN]).
+  // than the rounded operands on the float32 kernels (Note [bfloat16 convolutions on cuDNN];
+  // cuda_conv_plans.cu).
   bool bf16_conv(const ConvArgs& args, ConvPass pass) override;
 
   int physical_id() const { return physical_id_; }
@@ -192,5 +197,187 @@ class CudaBackend final : public Backend {
   // Mutable: bookkeeping of queued work, kept by const kernel launchers.
   mutable DeferredErrors deferred_errors_;
 };
+
+// --- Convolutions: what cuda_conv.cu (the legacy API, the entry points) and cuda_conv_plans.cu -------
+// (the graph API, bfloat16 compute) share. The templates are instantiated for the three passes.
+
+// Owners of cuDNN descriptors (created per call: they are cheap host objects).
+template <typename Desc, cudnnStatus_t (*kCreate)(Desc*), cudnnStatus_t (*kDestroy)(Desc)>
+class Descriptor {
+ public:
+  Descriptor() { EF_CUDA_CHECK(kCreate(&desc_)); }
+  ~Descriptor() { EF_CUDA_CHECK_PRINT(kDestroy(desc_)); }
+  Descriptor(const Descriptor&) = delete;
+  Descriptor& operator=(const Descriptor&) = delete;
+  Desc get() const { return desc_; }
+
+ private:
+  Desc desc_ = nullptr;
+};
+using TensorDesc = Descriptor<cudnnTensorDescriptor_t, cudnnCreateTensorDescriptor, cudnnDestroyTensorDescriptor>;
+using FilterDesc = Descriptor<cudnnFilterDescriptor_t, cudnnCreateFilterDescriptor, cudnnDestroyFilterDescriptor>;
+using ConvDesc =
+    Descriptor<cudnnConvolutionDescriptor_t, cudnnCreateConvolutionDescriptor, cudnnDestroyConvolutionDescriptor>;
+
+// The descriptors of one convolution: x [n, c_in, h, w], w [c_out, c_in / groups, kh, kw],
+// y [n, c_out, oh, ow].
+struct ConvDescs {
+  TensorDesc x, y;
+  FilterDesc w;
+  ConvDesc conv;
+};
+
+// --- The three passes ------------------------------------------------------------------------------------
+// run(out, in_a, in_b): forward y = conv(x, w); backward data gx = conv_input_grad(w, gy);
+// backward filter gw = conv_weight_grad(x, gy). All overwrite their output (beta = 0).
+
+// A tensor's dims in NCHW order (the weight's: c_out, c_in / groups, kh, kw).
+using Dims = std::array<int64_t, 4>;
+inline Dims x_dims(const ConvArgs& a) {
+  return {a.n, a.c_in, a.h, a.w};
+}
+inline Dims w_dims(const ConvArgs& a) {
+  return {a.c_out, a.c_in / a.groups, a.kh, a.kw};
+}
+inline Dims y_dims(const ConvArgs& a) {
+  return {a.n, a.c_out, a.oh, a.ow};
+}
+
+struct ForwardPass {
+  using Algo = cudnnConvolutionFwdAlgo_t;
+  using Perf = cudnnConvolutionFwdAlgoPerf_t;
+  static constexpr int kId = 0;
+  static constexpr const char* kName = "conv2d";
+  static cudnnStatus_t max_count(cudnnHandle_t h, int* count) {
+    return cudnnGetConvolutionForwardAlgorithmMaxCount(h, count);
+  }
+  static cudnnStatus_t heuristics(cudnnHandle_t h, const ConvDescs& d, int requested, int* returned, Perf* perf) {
+    return cudnnGetConvolutionForwardAlgorithm_v7(h, d.x.get(), d.w.get(), d.conv.get(), d.y.get(), requested, returned,
+                                                  perf);
+  }
+  static cudnnStatus_t workspace(cudnnHandle_t h, const ConvDescs& d, Algo algo, size_t* bytes) {
+    return cudnnGetConvolutionForwardWorkspaceSize(h, d.x.get(), d.w.get(), d.conv.get(), d.y.get(), algo, bytes);
+  }
+  static cudnnStatus_t run(cudnnHandle_t h, const ConvDescs& d, Algo algo, void* ws, size_t ws_bytes, const void* alpha,
+                           const void* beta, void* y, const void* x, const void* w) {
+    return cudnnConvolutionForward(h, alpha, d.x.get(), x, d.w.get(), w, d.conv.get(), algo, ws, ws_bytes, beta,
+                                   d.y.get(), y);
+  }
+  // The graph API's operation: its attributes for the operands (in run's order: out, a, b), the
+  // convolution, alpha and beta.
+  static constexpr cudnnBackendDescriptorType_t kGraphOp = CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR;
+  static constexpr std::array<cudnnBackendAttributeName_t, 6> kGraphAttrs = {
+      CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y,     CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X,
+      CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W,     CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC,
+      CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA};
+  static std::array<Dims, 3> dims(const ConvArgs& a) { return {y_dims(a), x_dims(a), w_dims(a)}; }
+};
+
+struct BackwardDataPass {
+  using Algo = cudnnConvolutionBwdDataAlgo_t;
+  using Perf = cudnnConvolutionBwdDataAlgoPerf_t;
+  static constexpr int kId = 1;
+  static constexpr const char* kName = "conv2d_input_grad";
+  static cudnnStatus_t max_count(cudnnHandle_t h, int* count) {
+    return cudnnGetConvolutionBackwardDataAlgorithmMaxCount(h, count);
+  }
+  static cudnnStatus_t heuristics(cudnnHandle_t h, const ConvDescs& d, int requested, int* returned, Perf* perf) {
+    return cudnnGetConvolutionBackwardDataAlgorithm_v7(h, d.w.get(), d.y.get(), d.conv.get(), d.x.get(), requested,
+                                                       returned, perf);
+  }
+  static cudnnStatus_t workspace(cudnnHandle_t h, const ConvDescs& d, Algo algo, size_t* bytes) {
+    return cudnnGetConvolutionBackwardDataWorkspaceSize(h, d.w.get(), d.y.get(), d.conv.get(), d.x.get(), algo, bytes);
+  }
+  static cudnnStatus_t run(cudnnHandle_t h, const ConvDescs& d, Algo algo, void* ws, size_t ws_bytes, const void* alpha,
+                           const void* beta, void* gx, const void* w, const void* gy) {
+    return cudnnConvolutionBackwardData(h, alpha, d.w.get(), w, d.y.get(), gy, d.conv.get(), algo, ws, ws_bytes, beta,
+                                        d.x.get(), gx);
+  }
+  static constexpr cudnnBackendDescriptorType_t kGraphOp = CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR;
+  static constexpr std::array<cudnnBackendAttributeName_t, 6> kGraphAttrs = {
+      CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX,    CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W,
+      CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY,    CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC,
+      CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA};
+  static std::array<Dims, 3> dims(const ConvArgs& a) { return {x_dims(a), w_dims(a), y_dims(a)}; }
+};
+
+struct BackwardFilterPass {
+  using Algo = cudnnConvolutionBwdFilterAlgo_t;
+  using Perf = cudnnConvolutionBwdFilterAlgoPerf_t;
+  static constexpr int kId = 2;
+  static constexpr const char* kName = "conv2d_weight_grad";
+  static cudnnStatus_t max_count(cudnnHandle_t h, int* count) {
+    return cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(h, count);
+  }
+  static cudnnStatus_t heuristics(cudnnHandle_t h, const ConvDescs& d, int requested, int* returned, Perf* perf) {
+    return cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, d.x.get(), d.y.get(), d.conv.get(), d.w.get(), requested,
+                                                         returned, perf);
+  }
+  static cudnnStatus_t workspace(cudnnHandle_t h, const ConvDescs& d, Algo algo, size_t* bytes) {
+    return cudnnGetConvolutionBackwardFilterWorkspaceSize(h, d.x.get(), d.y.get(), d.conv.get(), d.w.get(), algo,
+                                                          bytes);
+  }
+  static cudnnStatus_t run(cudnnHandle_t h, const ConvDescs& d, Algo algo, void* ws, size_t ws_bytes, const void* alpha,
+                           const void* beta, void* gw, const void* x, const void* gy) {
+    return cudnnConvolutionBackwardFilter(h, alpha, d.x.get(), x, d.y.get(), gy, d.conv.get(), algo, ws, ws_bytes, beta,
+                                          d.w.get(), gw);
+  }
+  static constexpr cudnnBackendDescriptorType_t kGraphOp =
+      CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR;
+  static constexpr std::array<cudnnBackendAttributeName_t, 6> kGraphAttrs = {
+      CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW,    CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X,
+      CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY,    CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC,
+      CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA};
+  static std::array<Dims, 3> dims(const ConvArgs& a) { return {w_dims(a), x_dims(a), y_dims(a)}; }
+};
+
+// The key of a pass and shape in the backend's caches of choices (cuda_conv.cu).
+ConvKey conv_key(int pass, DType dtype, const ConvArgs& a, const CudaMath& math);
+// EF_CUDNN_VERBOSE=1: print each shape's choice to stderr (cuda_conv.cu).
+bool cudnn_verbose();
+// A shape for those messages: "x 32x64x56x56, w 64x64x3x3 (stride 1, ...)" (cuda_conv.cu).
+std::string shape_text(const ConvArgs& a);
+
+// Milliseconds one call of `run` (which queues work on the stream and returns its cuDNN status)
+// takes: the least of two, timed on the stream (the host waits).
+template <typename Run>
+float time_on_stream(CudaBackend& be, const Run& run) {
+  struct Event {
+    cudaEvent_t e = nullptr;
+    Event() { EF_CUDA_CHECK(cudaEventCreate(&e)); }
+    ~Event() { EF_CUDA_CHECK_PRINT(cudaEventDestroy(e)); }
+    Event(const Event&) = delete;
+    Event& operator=(const Event&) = delete;
+  };
+  const Event start, stop;
+  float best = std::numeric_limits<float>::infinity();
+  for (int i = 0; i < 2; ++i) {
+    EF_CUDA_CHECK(cudaEventRecord(start.e, be.stream()));
+    EF_CUDA_CHECK(run());
+    EF_CUDA_CHECK(cudaEventRecord(stop.e, be.stream()));
+    EF_CUDA_CHECK(cudaEventSynchronize(stop.e));
+    float ms = 0;
+    EF_CUDA_CHECK(cudaEventElapsedTime(&ms, start.e, stop.e));
+    best = std::min(best, ms);
+  }
+  return best;
+}
+
+// Runs one pass in float32 or float64 with the algorithm chosen for the shape, legacy or a graph-API
+// plan (cuda_conv.cu: Note [cuDNN algorithm choice]).
+template <typename Pass>
+void run_conv(CudaBackend& be, const ConvArgs& a, DType dtype, const View& out, const View& in_a, const View& in_b);
+
+// The graph API's side of a timed float32 choice (Note [float32 convolutions on cuDNN's graph API]),
+// defined with the graph API's helpers (cuda_conv_plans.cu).
+template <typename Pass>
+std::vector<ConvAlgo> graph_algos(cudnnHandle_t h, const ConvArgs& a, const CudaMath& settings);
+// Runs a plan: result, a, b in run's order (cuda_conv_plans.cu).
+cudnnStatus_t execute_plan(cudnnHandle_t h, const ConvPlan& p, void* result, const void* a, const void* b,
+                           void* workspace);
+// Runs one pass of bfloat16 compute on the shape's plan (cuda_conv_plans.cu: Note [bfloat16
+// convolutions on cuDNN]).
+template <typename Pass>
+void run_bf16_conv(CudaBackend& be, const ConvArgs& a, const View& out, const View& in_a, const View& in_b);
 
 }  // namespace evenflow::cuda_backend

@@ -160,8 +160,8 @@ __global__ void normalize_backward_kernel(NormArgs a, T* gx, T* gw, T* gb, const
 // (a thread per feature and chunk, adjacent threads reading adjacent features of a row) into
 // partial sums, feature_sums_kernel adds a feature's chunks in order. The chunks depend on the shape
 // alone (feature_sum_rows_per_chunk), so the result repeats bit for bit on any GPU. One thread per feature
-// over every row ran layer_norm's forward+backward 24x slower than PyTorch on 8192 rows of 1024
-// features on an H200 (1024 threads).
+// over every row (1024 threads for 1024 features) ran layer_norm's forward+backward far slower than
+// PyTorch on an H200 (docs/gpu.md, "2026-11-26, NVIDIA H200", run 1).
 template <typename T>
 __global__ void feature_partial_sums_kernel(NormArgs a, int64_t rows_per_chunk, T* pw, T* pb, const T* gy, const T* x,
                                             const T* mean, const T* rstd) {

@@ -72,7 +72,7 @@ TEST_CASE("bfloat16 compute: every convolution pass with a backend's own bfloat1
   }
 }
 
-// Note [bfloat16 operands converted once] (engine/ops_nn.cpp): a convolution's nodes carry the
+// Note [bfloat16 operands converted once] (engine/ops/conv.cpp): a convolution's nodes carry the
 // bfloat16 copies of their operands to the passes of their backward, and those of the backward to
 // the double backward (bfloat16 ones for the backend's bfloat16 kernels: 16 or more input channels
 // a group, the weight's copy OHWI beside channels-last activations; rounded float32 ones for the

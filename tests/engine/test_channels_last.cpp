@@ -126,7 +126,7 @@ TEST_CASE("channels-last: batch_norm keeps the layout, with the contiguous one's
   }
 }
 
-// A transposed convolution is conv2d_input_grad (Note [Conv double backward] in ops_nn.cpp): its
+// A transposed convolution is conv2d_input_grad (Note [Conv double backward] in ops/conv.cpp): its
 // memory_format is that pass's.
 TEST_CASE("channels-last: conv_transpose2d gives the contiguous one's values, forward, backward and double backward") {
   manual_seed(cpu(), 6);

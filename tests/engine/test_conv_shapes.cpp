@@ -172,7 +172,7 @@ TEST_CASE(
       const Tensor y = conv_transpose2d(x, wt, Tensor(), to);
       const Shape ys{n, c_out, th, tw};
       // An output_padding of stride or more: the convolution from ys has more outputs than x (Note
-      // [Output padding past the stride] in ops_nn.cpp); they are zero in the adjoint's input.
+      // [Output padding past the stride] in ops/conv.cpp); they are zero in the adjoint's input.
       const int64_t extra_h = cc.output_padding.first / o.stride.first;
       const int64_t extra_w = cc.output_padding.second / o.stride.second;
       const Tensor x_full = pad(x.detach(), {0, extra_w, 0, extra_h});

@@ -493,7 +493,7 @@ TEST_CASE("cuda parity: bfloat16 convolutions on cuDNN's bfloat16 plans, every p
                      .groups = c.o.groups,
                      .compute = DType::BFloat16};
     Backend& gpu = detail::backend_of(xg);
-    // bfloat16 operands, as the ops give them (Note [bfloat16 operands converted once] in ops_nn.cpp).
+    // bfloat16 operands, as the ops give them (Note [bfloat16 operands converted once] in ops/conv.cpp).
     const Tensor xb = xg.to(kBFloat16), wb = wg.to(kBFloat16), gyb = gyg.to(kBFloat16);
     for (size_t pass = 0; pass < 3; ++pass) {
       if (!c.has_plan[pass]) continue;

@@ -107,7 +107,7 @@ TEST_CASE("random numbers: seeded per device, reproducible, sensible moments") {
   CHECK(vals(randn({1000}, {.dtype = kFloat64, .device = cpu(1)})) == vals(a));
 }
 
-// Note [Vectorized draws] in engine/cpu/cpu_backend.cpp: the CPU backend fills each kind in loops
+// Note [Vectorized draws] in engine/cpu/cpu_elementwise.cpp: the CPU backend fills each kind in loops
 // of its own, a normal draw in blocks of 256 from the start of each thread's range, on one thread
 // and on a team of three, at counters whose 32-bit halves carry. Uniform and Bernoulli draws must be
 // random::sample's (seed, offset + i) to the last bit, in float32 and float64. Normal draws take
@@ -126,7 +126,7 @@ TEST_CASE("random draws: every element is random::sample's, normal ones to float
     CHECK((kernel_threads() == threads || cpu_workers_started()));
     for (const RandomKind kind : {RandomKind::Uniform, RandomKind::Normal, RandomKind::Bernoulli}) {
       for (const DType dtype : {kFloat32, kFloat64}) {
-        // 4000 x 32 > kParallelGrain (cpu_backend.cpp): a team draws it.
+        // 4000 x 32 > kParallelGrain (cpu_internal.h): a team draws it.
         const int64_t n = kind == RandomKind::Normal && dtype == kFloat64 ? int64_t{1} << 20 : 4000;
         const uint64_t seed = 0x0123456789abcdefULL, offset = 0xffffff00ULL;
         const double a = kind == RandomKind::Bernoulli ? 0.3 : -1.5, b = 2.5;

@@ -1,0 +1,151 @@
+// The CPU backend's elementwise kernels but the unary ops (cpu_unary.cpp): fill, arange, copy (with
+// dtype casts), binary ops and where, all through map_elements (cpu_internal.h), and random numbers.
+#include <algorithm>
+#include <cstdint>
+
+#include "evenflow/engine/cpu/cpu_internal.h"
+#include "evenflow/engine/cpu/threads.h"
+#include "evenflow/engine/cpu/vector_math.h"
+#include "evenflow/engine/error.h"
+#include "evenflow/engine/random.h"
+
+namespace evenflow::cpu_backend {
+inline namespace EF_CPU_ISA {
+
+void fill_impl(const View& out, double value) {
+  EF_DISPATCH_STORAGE(out.dtype, "fill", [&] {
+    const auto v = dtype_cast<scalar_t>(value);
+    map_elements<scalar_t>(out, {}, [v]() { return v; });
+  });
+}
+
+namespace {
+
+template <typename T>
+void arange_typed(T* o, int64_t n, double start, double step) {
+  [[maybe_unused]] const int nt = threads_for(n);
+#pragma omp parallel for num_threads(nt) if (nt > 1)
+  for (int64_t i = 0; i < n; ++i) o[i] = static_cast<T>(start + static_cast<double>(i) * step);
+}
+
+void arange_impl(const View& out, double start, double step) {
+  EF_ASSERT(out.ndim == 1 && out.is_contiguous(), "arange: output must be contiguous 1-D");
+  EF_DISPATCH_ALL(out.dtype, "arange",
+                  [&] { arange_typed(static_cast<scalar_t*>(out.data), out.shape[0], start, step); });
+}
+
+// Between any two dtypes (dtype_cast).
+template <typename Out>
+void copy_to(const View& out, const View& x) {
+  EF_DISPATCH_STORAGE(x.dtype, "copy",
+                      [&] { map_elements<Out, scalar_t>(out, {x}, [](scalar_t v) { return dtype_cast<Out>(v); }); });
+}
+
+void copy_impl(const View& out, const View& x) {
+  EF_DISPATCH_STORAGE(out.dtype, "copy", [&] { copy_to<scalar_t>(out, x); });
+}
+
+void binary_impl(BinaryOp op, const View& out, const View& x, const View& y, double a) {
+  EF_ASSERT(out.dtype == x.dtype && out.dtype == y.dtype, "binary: operand dtypes differ");
+  // Integer division by zero is undefined behaviour in C++; PyTorch's int64 division is floor
+  // division anyway, not what the Div functor computes.
+  EF_CHECK(!(op == BinaryOp::Div && out.dtype == DType::Int64),
+           "div: int64 tensors are not supported (convert to a float dtype first)");
+  EF_DISPATCH_ALL(out.dtype, "binary", [&] {
+    visit_binary(op, a, [&](auto fn) { map_elements<scalar_t, scalar_t, scalar_t>(out, {x, y}, fn); });
+  });
+}
+
+void where_impl(const View& out, const View& cond, const View& x, const View& y) {
+  EF_ASSERT(out.dtype == cond.dtype && out.dtype == x.dtype && out.dtype == y.dtype, "where: operand dtypes differ");
+  EF_DISPATCH_ALL(out.dtype, "where", [&] {
+    map_elements<scalar_t, scalar_t, scalar_t, scalar_t>(
+        out, {cond, x, y}, [](scalar_t c, scalar_t a, scalar_t b) { return c != scalar_t(0) ? a : b; });
+  });
+}
+
+// Note [Vectorized draws]
+// Philox's rounds are integer multiplies and xors, which the compiler vectorizes (8 draws at once
+// with AVX-512) in a loop of its own per kind, but not in one loop over every kind inside an OpenMP
+// region's outlined body, which drew far slower (docs/benchmarks.md, "The program's host work"). So
+// each thread fills its range through random_range, one loop per kind. A normal draw runs its Philox
+// rounds for a block of values first, then Box-Muller's log and cosine, ours
+// (Note [Vectorized log and cos] in vector_math.h): glibc's scalar calls were most of a normal
+// draw's time (same section). Uniform and Bernoulli draws are random::sample's to the last bit;
+// normal ones a + b·R·cos θ within 2^-52·(|a| + 8·|b|·R) of it (test_engine's "random draws").
+template <typename T>
+void random_range(T* o, int64_t begin, int64_t end, RandomKind kind, double a, double b, uint64_t seed,
+                  uint64_t offset) {
+  using random::philox;
+  switch (kind) {
+    case RandomKind::Uniform:
+      for (int64_t i = begin; i < end; ++i)
+        o[i] = static_cast<T>(random::uniform_from(a, b, philox(seed, offset + static_cast<uint64_t>(i))));
+      return;
+    case RandomKind::Bernoulli:
+      for (int64_t i = begin; i < end; ++i)
+        o[i] = static_cast<T>(random::bernoulli_from(a, philox(seed, offset + static_cast<uint64_t>(i))));
+      return;
+    case RandomKind::Normal: {
+      constexpr int64_t kBlock = 256;
+      double u[kBlock], u2[kBlock];
+      for (int64_t i0 = begin; i0 < end; i0 += kBlock) {
+        const int64_t m = std::min(kBlock, end - i0);
+        for (int64_t i = 0; i < m; ++i) {
+          const random::Philox4 r = philox(seed, offset + static_cast<uint64_t>(i0 + i));
+          u[i] = random::uniform01(r.v[0], r.v[1]);
+          u2[i] = random::uniform01(r.v[2], r.v[3]);
+        }
+        for (int64_t i = 0; i < m; ++i)
+          o[i0 + i] = static_cast<T>(random::normal_from(a, b, log_vectorizable(u[i]), cos_two_pi_vectorizable(u2[i])));
+      }
+      return;
+    }
+  }
+}
+
+template <typename T>
+void random_typed(T* o, int64_t n, RandomKind kind, double a, double b, uint64_t seed, uint64_t offset) {
+  // A Philox draw costs as much as dozens of simple elementwise ops: parallelize at a smaller size.
+  [[maybe_unused]] const int nt = threads_for(n * 32);
+  if (nt <= 1) return random_range(o, 0, n, kind, a, b, seed, offset);
+#pragma omp parallel num_threads(nt)
+  {
+    const int64_t t = thread_index(), team = team_size();
+    random_range(o, n * t / team, n * (t + 1) / team, kind, a, b, seed, offset);
+  }
+}
+
+}  // namespace
+
+void CpuBackend::fill(const View& out, double value) {
+  fill_impl(out, value);
+}
+
+void CpuBackend::arange(const View& out, double start, double step) {
+  arange_impl(out, start, step);
+}
+
+void CpuBackend::copy(const View& out, const View& x) {
+  copy_impl(out, x);
+}
+
+void CpuBackend::binary(BinaryOp op, const View& out, const View& x, const View& y, double a) {
+  binary_impl(op, out, x, y, a);
+}
+
+void CpuBackend::where(const View& out, const View& cond, const View& x, const View& y) {
+  where_impl(out, cond, x, y);
+}
+
+void CpuBackend::random(const View& out, RandomKind kind, double a, double b, const RandomKey& key) {
+  EF_ASSERT(out.is_contiguous(), "random: output must be contiguous");
+  // A recorded step's key is read when the call runs (Note [Step scalars]).
+  const uint64_t seed = key.in_device ? key.in_device[0] : key.seed;
+  const uint64_t offset = key.in_device ? key.in_device[1] : key.offset;
+  EF_DISPATCH_ALL(out.dtype, "random",
+                  [&] { random_typed(static_cast<scalar_t*>(out.data), out.numel(), kind, a, b, seed, offset); });
+}
+
+}  // namespace EF_CPU_ISA
+}  // namespace evenflow::cpu_backend

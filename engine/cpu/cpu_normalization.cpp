@@ -1,0 +1,442 @@
+// The CPU backend's row and group normalizations: softmax and log-softmax, and the fused layer norm /
+// batch norm forward, backward and double backward (NormArgs in backend.h).
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "evenflow/engine/cpu/cpu_internal.h"
+#include "evenflow/engine/cpu/threads.h"
+#include "evenflow/engine/error.h"
+
+namespace evenflow::cpu_backend {
+inline namespace EF_CPU_ISA {
+
+namespace {
+
+template <typename T>
+void softmax_typed(T* out, const T* x, int64_t rows, int64_t cols, bool log) {
+  [[maybe_unused]] const int nt = threads_for(rows * cols);
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* xr = x + r * cols;
+    T* yr = out + r * cols;
+    T mx = -std::numeric_limits<T>::infinity();
+    for (int64_t c = 0; c < cols; ++c) mx = std::max(mx, xr[c]);
+    acc_t<T> sum = 0;
+    if (log) {
+      for (int64_t c = 0; c < cols; ++c) sum += std::exp(xr[c] - mx);
+      const T lse = mx + static_cast<T>(std::log(sum));
+      for (int64_t c = 0; c < cols; ++c) yr[c] = xr[c] - lse;
+    } else {
+      for (int64_t c = 0; c < cols; ++c) {
+        yr[c] = std::exp(xr[c] - mx);
+        sum += yr[c];
+      }
+      const T inv = static_cast<T>(1.0 / sum);
+      for (int64_t c = 0; c < cols; ++c) yr[c] *= inv;
+    }
+  }
+}
+
+// Normalization (NormArgs in backend.h). Groups are independent, so threads take whole groups; a
+// group's outer x inner elements are read three times (mean, variance, output), each pass over
+// rows of `inner` contiguous elements.
+//
+// A group's sums go into lanes (for_lanes), as reduce_row's do: with one accumulator each element
+// waits for the previous addition, and layer_norm's forward ran far slower (docs/benchmarks.md,
+// "oneDNN 3.2 instead of Debian's 2.6": the normalization table). The lanes are added up in a
+// fixed order, so a group's statistics depend on its elements alone, not on threads or devices.
+
+// One element a row and a group (batch_norm of [N, C]: a group is a column of x): the general loop
+// walks each column alone, one element a row, and ran far slower than layer_norm over as many
+// elements (docs/benchmarks.md, "Small products off oneDNN"). Here a block of columns is
+// summed side by side along each row, which vectorizes. Every column's sums are added in row order,
+// from 0, as the general loop's lane 0 takes them, so the results are the same bit for bit.
+constexpr int64_t kColumnBlock = 128;
+
+bool columns_layout(const NormArgs& a, bool per_feature_affine) {
+  return a.inner == 1 && a.outer > 1 && !per_feature_affine;
+}
+
+template <typename T>
+void normalize_columns(const NormArgs& a, T* y, T* mean_out, T* var_out, const T* x, const T* w, const T* b) {
+  using A = acc_t<T>;
+  const int64_t blocks = (a.groups + kColumnBlock - 1) / kColumnBlock, rows = a.outer, stride = a.groups;
+  [[maybe_unused]] const int nt = threads_for(a.groups * rows);
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    const int64_t g0 = blk * kColumnBlock, m = std::min(kColumnBlock, a.groups - g0);
+    A sums[kColumnBlock] = {}, squares[kColumnBlock] = {};
+    T mean[kColumnBlock], rstd[kColumnBlock], scale[kColumnBlock], shift[kColumnBlock];
+    for (int64_t o = 0; o < rows; ++o) {
+      const T* xr = x + o * stride + g0;
+      for (int64_t j = 0; j < m; ++j) sums[j] += static_cast<A>(xr[j]);
+    }
+    for (int64_t j = 0; j < m; ++j) mean[j] = static_cast<T>((A(0) + sums[j]) / static_cast<A>(rows));
+    for (int64_t o = 0; o < rows; ++o) {
+      const T* xr = x + o * stride + g0;
+      for (int64_t j = 0; j < m; ++j) {
+        const T d = xr[j] - mean[j];
+        squares[j] += static_cast<A>(d * d);
+      }
+    }
+    for (int64_t j = 0; j < m; ++j) {
+      const auto var = static_cast<T>((A(0) + squares[j]) / static_cast<A>(rows));
+      rstd[j] = T(1) / std::sqrt(static_cast<T>(var + static_cast<T>(a.eps)));
+      mean_out[g0 + j] = mean[j];
+      var_out[g0 + j] = var;
+      scale[j] = w != nullptr ? w[g0 + j] : T(1);
+      shift[j] = b != nullptr ? b[g0 + j] : T(-0.0);
+    }
+    for (int64_t o = 0; o < rows; ++o) {
+      const T* xr = x + o * stride + g0;
+      T* yr = y + o * stride + g0;
+      for (int64_t j = 0; j < m; ++j) yr[j] = static_cast<T>(xr[j] - mean[j]) * rstd[j] * scale[j] + shift[j];
+    }
+  }
+}
+
+template <typename T>
+void normalize_typed(const NormArgs& a, T* y, T* mean_out, T* var_out, const T* x, const T* w, const T* b) {
+  if (columns_layout(a, !a.affine_per_group && (w != nullptr || b != nullptr)))
+    return normalize_columns(a, y, mean_out, var_out, x, w, b);
+  using A = acc_t<T>;
+  const int64_t n = a.outer * a.inner, stride = a.groups * a.inner;
+  [[maybe_unused]] const int nt = threads_for(a.groups * n);
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
+  for (int64_t g = 0; g < a.groups; ++g) {
+    const T* xg = x + g * a.inner;
+    T* yg = y + g * a.inner;
+    A sums[kLanes] = {};
+    for (int64_t o = 0; o < a.outer; ++o) {
+      const T* xr = xg + o * stride;
+      for_lanes(a.inner, [&](int64_t i, int l) { sums[l] += static_cast<A>(xr[i]); });
+    }
+    const auto mean = static_cast<T>(lanes_total(sums) / static_cast<A>(n));
+    A squares[kLanes] = {};
+    for (int64_t o = 0; o < a.outer; ++o) {
+      const T* xr = xg + o * stride;
+      for_lanes(a.inner, [&](int64_t i, int l) {
+        const T d = xr[i] - mean;
+        squares[l] += static_cast<A>(d * d);
+      });
+    }
+    const auto var = static_cast<T>(lanes_total(squares) / static_cast<A>(n));
+    const T rstd = T(1) / std::sqrt(static_cast<T>(var + static_cast<T>(a.eps)));
+    mean_out[g] = mean;
+    var_out[g] = var;
+    // y = x̂·w + b with w and b per feature (varying along i) or one number for the group; a
+    // missing weight is 1 and a missing bias -0, which leave x̂ as it is (x + -0 is x for every x,
+    // -0 included). The loop is written once per kind, so that each compiles to plain vector code.
+    const auto write = [&](auto weight_at, auto bias_at) {
+      for (int64_t o = 0; o < a.outer; ++o) {
+        const T* xr = xg + o * stride;
+        T* yr = yg + o * stride;
+        for (int64_t i = 0; i < a.inner; ++i) yr[i] = static_cast<T>(xr[i] - mean) * rstd * weight_at(i) + bias_at(i);
+      }
+    };
+    const T gw = w != nullptr && a.affine_per_group ? w[g] : T(1),
+            gb = b != nullptr && a.affine_per_group ? b[g] : T(-0.0);
+    const auto group_w = [gw](int64_t) { return gw; };
+    const auto group_b = [gb](int64_t) { return gb; };
+    const auto feature_w = [w](int64_t i) { return w[i]; };
+    const auto feature_b = [b](int64_t i) { return b[i]; };
+    const bool per_feature_w = w != nullptr && !a.affine_per_group, per_feature_b = b != nullptr && !a.affine_per_group;
+    if (per_feature_w && per_feature_b)
+      write(feature_w, feature_b);
+    else if (per_feature_w)
+      write(feature_w, group_b);
+    else if (per_feature_b)
+      write(group_w, feature_b);
+    else
+      write(group_w, group_b);
+  }
+}
+
+// normalize_backward_typed's two passes for normalize_columns' layout, with the same arithmetic.
+template <typename T>
+void normalize_backward_columns(const NormArgs& a, T* gx, T* gw, T* gb, const T* gy, const T* x, const T* mean,
+                                const T* rstd, const T* w) {
+  using A = acc_t<T>;
+  const int64_t blocks = (a.groups + kColumnBlock - 1) / kColumnBlock, rows = a.outer, stride = a.groups;
+  [[maybe_unused]] const int nt = threads_for(a.groups * rows * 2);
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    const int64_t g0 = blk * kColumnBlock, m = std::min(kColumnBlock, a.groups - g0);
+    const T* mb = mean + g0;
+    const T* rb = rstd + g0;
+    A sum_g[kColumnBlock] = {}, sum_g_x_hat[kColumnBlock] = {};
+    for (int64_t o = 0; o < rows; ++o) {
+      const T* xr = x + o * stride + g0;
+      const T* gyr = gy + o * stride + g0;
+      for (int64_t j = 0; j < m; ++j) {
+        const T x_hat = (xr[j] - mb[j]) * rb[j];
+        sum_g[j] += gyr[j];
+        sum_g_x_hat[j] += gyr[j] * x_hat;
+      }
+    }
+    T scale[kColumnBlock], mean_g[kColumnBlock], mean_g_x_hat[kColumnBlock];
+    for (int64_t j = 0; j < m; ++j) {
+      const A sg = A(0) + sum_g[j], sgx = A(0) + sum_g_x_hat[j];
+      if (gw != nullptr) gw[g0 + j] = static_cast<T>(sgx);
+      if (gb != nullptr) gb[g0 + j] = static_cast<T>(sg);
+      scale[j] = w != nullptr ? w[g0 + j] : T(1);
+      mean_g[j] = static_cast<T>(sg / static_cast<A>(rows)) * scale[j];
+      mean_g_x_hat[j] = static_cast<T>(sgx / static_cast<A>(rows)) * scale[j];
+    }
+    if (gx == nullptr) continue;
+    for (int64_t o = 0; o < rows; ++o) {
+      const T* xr = x + o * stride + g0;
+      const T* gyr = gy + o * stride + g0;
+      T* gxr = gx + o * stride + g0;
+      for (int64_t j = 0; j < m; ++j) {
+        const T x_hat = (xr[j] - mb[j]) * rb[j], g_hat = gyr[j] * scale[j];
+        gxr[j] = rb[j] * (g_hat - mean_g[j] - x_hat * mean_g_x_hat[j]);
+      }
+    }
+  }
+}
+
+// Backend::normalize_backward. Two passes over a group: the sums, then gx. Per-feature gw and gb
+// (layer norm) add up over groups, so each thread keeps its own row of them, summed at the end.
+template <typename T>
+void normalize_backward_typed(const NormArgs& a, T* gx, T* gw, T* gb, const T* gy, const T* x, const T* mean,
+                              const T* rstd, const T* w) {
+  if (columns_layout(a, !a.affine_per_group && (w != nullptr || gw != nullptr || gb != nullptr)))
+    return normalize_backward_columns(a, gx, gw, gb, gy, x, mean, rstd, w);
+  const int64_t n = a.outer * a.inner, stride = a.groups * a.inner;
+  const bool feature_sums = !a.affine_per_group && (gw != nullptr || gb != nullptr);
+  const int nt = threads_for(a.groups * n * 2);
+  std::vector<acc_t<T>> partial(feature_sums ? static_cast<size_t>(nt) * 2 * static_cast<size_t>(a.inner) : 0, 0);
+#pragma omp parallel num_threads(nt) if (nt > 1)
+  {
+    acc_t<T>* part_w = feature_sums ? partial.data() + thread_index() * 2 * a.inner : nullptr;
+    acc_t<T>* part_b = feature_sums ? part_w + a.inner : nullptr;
+#pragma omp for schedule(static)
+    for (int64_t g = 0; g < a.groups; ++g) {
+      const T* xg = x + g * a.inner;
+      const T* gyg = gy + g * a.inner;
+      const T m = mean[g], r = rstd[g];
+      // A per-group weight factors out of the sums: they are taken without it (gw and gb), then scaled.
+      const T* fw = w != nullptr && !a.affine_per_group ? w : nullptr;
+      // Σĝ, Σĝ·x̂ (per group: Σgy, Σgy·x̂), in lanes as the forward's sums.
+      acc_t<T> lanes_g[kLanes] = {}, lanes_g_x_hat[kLanes] = {};
+      for (int64_t o = 0; o < a.outer; ++o) {
+        const T* xr = xg + o * stride;
+        const T* gyr = gyg + o * stride;
+        const auto add = [&](auto weight_at) {
+          for_lanes(a.inner, [&](int64_t i, int l) {
+            const T x_hat = (xr[i] - m) * r, g_hat = gyr[i] * weight_at(i);
+            lanes_g[l] += g_hat;
+            lanes_g_x_hat[l] += g_hat * x_hat;
+          });
+        };
+        if (fw != nullptr)
+          add([fw](int64_t i) { return fw[i]; });
+        else
+          add([](int64_t) { return T(1); });
+        // A loop of their own, which reads the row again: inside the lanes' loop they made layer
+        // norm's forward+backward slower (docs/benchmarks.md, "oneDNN 3.2 instead of Debian's 2.6").
+        if (feature_sums) {
+          for (int64_t i = 0; i < a.inner; ++i) {
+            const T x_hat = (xr[i] - m) * r;
+            part_w[i] += gyr[i] * x_hat;
+            part_b[i] += gyr[i];
+          }
+        }
+      }
+      const acc_t<T> sum_g = lanes_total(lanes_g), sum_g_x_hat = lanes_total(lanes_g_x_hat);
+      T group_w = 1;
+      if (a.affine_per_group) {
+        if (gw != nullptr) gw[g] = static_cast<T>(sum_g_x_hat);
+        if (gb != nullptr) gb[g] = static_cast<T>(sum_g);
+        if (w != nullptr) group_w = w[g];
+      }
+      if (gx == nullptr) continue;
+      const T mean_g = static_cast<T>(sum_g / static_cast<acc_t<T>>(n)) * group_w;
+      const T mean_g_x_hat = static_cast<T>(sum_g_x_hat / static_cast<acc_t<T>>(n)) * group_w;
+      T* gxg = gx + g * a.inner;
+      for (int64_t o = 0; o < a.outer; ++o) {
+        for (int64_t i = 0; i < a.inner; ++i) {
+          const T x_hat = (xg[o * stride + i] - m) * r, dy = gyg[o * stride + i];
+          const T g_hat = dy * (fw != nullptr ? fw[i] : group_w);
+          gxg[o * stride + i] = r * (g_hat - mean_g - x_hat * mean_g_x_hat);
+        }
+      }
+    }
+  }
+  if (!feature_sums) return;
+  for (int64_t i = 0; i < a.inner; ++i) {
+    acc_t<T> sw = 0, sb = 0;
+    for (int t = 0; t < nt; ++t) {
+      sw += partial[static_cast<size_t>(t * 2 * a.inner + i)];
+      sb += partial[static_cast<size_t>(t * 2 * a.inner + a.inner + i)];
+    }
+    if (gw != nullptr) gw[i] = static_cast<T>(sw);
+    if (gb != nullptr) gb[i] = static_cast<T>(sb);
+  }
+}
+
+// One row (`inner` elements) of the second pass. Operands absent or per group come as rows of
+// that value, outputs not asked for as a scratch row, so the loop has no branches and vectorizes.
+template <typename T>
+void normalize_double_backward_row(int64_t inner, T* __restrict dgy, T* __restrict dx, acc_t<T>* __restrict dw,
+                                   const T* __restrict ggx, const T* __restrict bw, const T* __restrict bb,
+                                   const T* __restrict gy, const T* __restrict x, const T* __restrict w, T m, T r, T a1,
+                                   T a2, T a3, T r_m2, T r_a2, T mean_big_g, T mean_big_g_x_hat) {
+  for (int64_t i = 0; i < inner; ++i) {
+    const T x_hat = (x[i] - m) * r, dy = gy[i], gg = ggx[i];
+    const T t = r * (gg - a1 - x_hat * a2);
+    dgy[i] = w[i] * t + bb[i] + bw[i] * x_hat;
+    const T big_g = bw[i] * dy - r_m2 * gg - r_a2 * (dy * w[i]);
+    dx[i] = r * (big_g - mean_big_g - x_hat * mean_big_g_x_hat) - r * x_hat * a3;
+    dw[i] += static_cast<acc_t<T>>(dy * t);
+  }
+}
+
+// Backend::normalize_double_backward, for every layout (normalize_columns' too: batch_norm of [N, C],
+// whose double backward no training here takes, walks its columns one element a row). Per group,
+// with x̂, ĝ, r as in the backward, A the gradient reaching gx and Bw, Bb those reaching gw, gb (each
+// per feature, or one number for the group), and m1 = mean(ĝ), m2 = mean(ĝ·x̂), a1 = mean(A),
+// a2 = mean(A·x̂):
+//   t = r·(A - a1 - x̂·a2)                       (the gradient reaching ĝ)
+//   dgy = w·t + Bb + Bw·x̂,  dw = Σ gy·t
+//   G = Bw·gy - r·m2·A - r·a2·ĝ                  (the gradient reaching x̂)
+//   dx = r·(G - mean(G) - x̂·mean(G·x̂)) - r·x̂·mean(A·gx)
+// (the last term: gx's own factor r depends on x). Two passes over a group: seven sums (mean(G) and
+// mean(G·x̂) follow from them), then the outputs. ops/normalization.cpp's normalize_double_backward_ops is the
+// same formula as differentiable ops.
+template <typename T>
+void normalize_double_backward_typed(const NormArgs& a, T* dgy, T* dx, T* dw, const T* ggx, const T* ggw, const T* ggb,
+                                     const T* gy, const T* x, const T* mean, const T* rstd, const T* w) {
+  using A = acc_t<T>;
+  const int64_t n = a.outer * a.inner, stride = a.groups * a.inner;
+  const auto inner = static_cast<size_t>(a.inner);
+  const bool per_feature = !a.affine_per_group;
+  const int nt = threads_for(a.groups * n * 3);
+  // dw's sums per feature, one row a thread (summed in thread order at the end); per group, a row
+  // summed at the end of each group.
+  std::vector<A> dw_rows(static_cast<size_t>(nt) * inner, A(0));
+#pragma omp parallel num_threads(nt) if (nt > 1)
+  {
+    A* dw_row = dw_rows.data() + static_cast<size_t>(thread_index()) * inner;
+    // Rows standing in for operands absent or per group, and for outputs not asked for.
+    std::vector<T> w_row(inner, T(1)), bw_row(inner, T(0)), bb_row(inner, T(0)), zero_row(inner, T(0)), dgy_sink(inner),
+        dx_sink(inner);
+    const T* fw = per_feature && w != nullptr ? w : w_row.data();
+    const T* fbw = per_feature && ggw != nullptr ? ggw : bw_row.data();
+    const T* fbb = per_feature && ggb != nullptr ? ggb : bb_row.data();
+#pragma omp for schedule(static)
+    for (int64_t g = 0; g < a.groups; ++g) {
+      const T m = mean[g], r = rstd[g];
+      if (!per_feature) {
+        std::fill(w_row.begin(), w_row.end(), w != nullptr ? w[g] : T(1));
+        std::fill(bw_row.begin(), bw_row.end(), ggw != nullptr ? ggw[g] : T(0));
+        std::fill(bb_row.begin(), bb_row.end(), ggb != nullptr ? ggb[g] : T(0));
+        std::fill(dw_row, dw_row + inner, A(0));
+      }
+      const int64_t base = g * a.inner;
+      A s_g[kLanes] = {}, s_gx[kLanes] = {}, s_a[kLanes] = {}, s_ax[kLanes] = {}, s_ag[kLanes] = {}, s_b[kLanes] = {},
+        s_bx[kLanes] = {};
+      for (int64_t o = 0; o < a.outer; ++o) {
+        const T* xr = x + base + o * stride;
+        const T* gyr = gy + base + o * stride;
+        const T* ggr = ggx != nullptr ? ggx + base + o * stride : zero_row.data();
+        for_lanes(a.inner, [&](int64_t i, int l) {
+          const T x_hat = (xr[i] - m) * r, g_hat = gyr[i] * fw[i], gg = ggr[i], b_gy = gyr[i] * fbw[i];
+          s_g[l] += g_hat;
+          s_gx[l] += g_hat * x_hat;
+          s_a[l] += gg;
+          s_ax[l] += gg * x_hat;
+          s_ag[l] += gg * g_hat;
+          s_b[l] += b_gy;
+          s_bx[l] += b_gy * x_hat;
+        });
+      }
+      const A inv_n = A(1) / static_cast<A>(n);
+      const A sum_g = lanes_total(s_g), sum_gx = lanes_total(s_gx), sum_a = lanes_total(s_a),
+              sum_ax = lanes_total(s_ax);
+      const T m1 = static_cast<T>(sum_g * inv_n), m2 = static_cast<T>(sum_gx * inv_n);
+      const T a1 = static_cast<T>(sum_a * inv_n), a2 = static_cast<T>(sum_ax * inv_n);
+      const T a3 = r * static_cast<T>(lanes_total(s_ag) * inv_n - A(a1) * A(m1) - A(a2) * A(m2));
+      const T r_m2 = r * m2, r_a2 = r * a2;
+      const T mean_big_g = static_cast<T>((lanes_total(s_b) - A(r_m2) * sum_a - A(r_a2) * sum_g) * inv_n);
+      const T mean_big_g_x_hat = static_cast<T>((lanes_total(s_bx) - A(r_m2) * sum_ax - A(r_a2) * sum_gx) * inv_n);
+      for (int64_t o = 0; o < a.outer; ++o) {
+        const int64_t at = base + o * stride;
+        normalize_double_backward_row<T>(a.inner, dgy != nullptr ? dgy + at : dgy_sink.data(),
+                                         dx != nullptr ? dx + at : dx_sink.data(), dw_row,
+                                         ggx != nullptr ? ggx + at : zero_row.data(), fbw, fbb, gy + at, x + at, fw, m,
+                                         r, a1, a2, a3, r_m2, r_a2, mean_big_g, mean_big_g_x_hat);
+      }
+      if (dw != nullptr && !per_feature) {
+        A sum = 0;
+        for (size_t i = 0; i < inner; ++i) sum += dw_row[i];
+        dw[g] = static_cast<T>(sum);
+      }
+    }
+  }
+  if (dw == nullptr || !per_feature) return;
+  for (size_t i = 0; i < inner; ++i) {
+    A sum = 0;
+    for (int t = 0; t < nt; ++t) sum += dw_rows[static_cast<size_t>(t) * inner + i];
+    dw[i] = static_cast<T>(sum);
+  }
+}
+
+}  // namespace
+
+void CpuBackend::softmax(const View& out, const View& x, bool log) {
+  EF_ASSERT(out.ndim == 2 && out.is_contiguous() && x.is_contiguous() && out.dtype == x.dtype,
+            "softmax: expects contiguous [rows, cols] views");
+  EF_DISPATCH_FLOAT(x.dtype, "softmax", [&] {
+    softmax_typed(static_cast<scalar_t*>(out.data), static_cast<const scalar_t*>(x.data), out.shape[0], out.shape[1],
+                  log);
+  });
+}
+
+void CpuBackend::normalize(const NormArgs& args, const View& y, const View& mean, const View& var, const View& x,
+                           const View& weight, const View& bias) {
+  EF_ASSERT(x.is_contiguous() && y.is_contiguous() && mean.is_contiguous() && var.is_contiguous(),
+            "normalize: expects contiguous views");
+  EF_DISPATCH_FLOAT(x.dtype, "normalize", [&] {
+    normalize_typed<scalar_t>(args, static_cast<scalar_t*>(y.data), static_cast<scalar_t*>(mean.data),
+                              static_cast<scalar_t*>(var.data), static_cast<const scalar_t*>(x.data),
+                              static_cast<const scalar_t*>(weight.data), static_cast<const scalar_t*>(bias.data));
+  });
+}
+
+void CpuBackend::normalize_backward(const NormArgs& args, const View& gx, const View& gw, const View& gb,
+                                    const View& gy, const View& x, const View& mean, const View& rstd,
+                                    const View& weight) {
+  EF_ASSERT(x.is_contiguous() && gy.is_contiguous() && mean.is_contiguous() && rstd.is_contiguous(),
+            "normalize_backward: expects contiguous views");
+  EF_DISPATCH_FLOAT(x.dtype, "normalize_backward", [&] {
+    using T = scalar_t;
+    normalize_backward_typed<T>(args, static_cast<T*>(gx.data), static_cast<T*>(gw.data), static_cast<T*>(gb.data),
+                                static_cast<const T*>(gy.data), static_cast<const T*>(x.data),
+                                static_cast<const T*>(mean.data), static_cast<const T*>(rstd.data),
+                                static_cast<const T*>(weight.data));
+  });
+}
+
+bool CpuBackend::normalize_double_backward(const NormArgs& args, const View& dgy, const View& dx, const View& dw,
+                                           const View& ggx, const View& ggw, const View& ggb, const View& gy,
+                                           const View& x, const View& mean, const View& rstd, const View& weight) {
+  EF_ASSERT(x.is_contiguous() && gy.is_contiguous() && mean.is_contiguous() && rstd.is_contiguous(),
+            "normalize_double_backward: expects contiguous views");
+  EF_DISPATCH_FLOAT(x.dtype, "normalize_double_backward", [&] {
+    using T = scalar_t;
+    normalize_double_backward_typed<T>(
+        args, static_cast<T*>(dgy.data), static_cast<T*>(dx.data), static_cast<T*>(dw.data),
+        static_cast<const T*>(ggx.data), static_cast<const T*>(ggw.data), static_cast<const T*>(ggb.data),
+        static_cast<const T*>(gy.data), static_cast<const T*>(x.data), static_cast<const T*>(mean.data),
+        static_cast<const T*>(rstd.data), static_cast<const T*>(weight.data));
+  });
+  return true;
+}
+
+}  // namespace EF_CPU_ISA
+}  // namespace evenflow::cpu_backend

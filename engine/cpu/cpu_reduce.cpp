@@ -1,0 +1,273 @@
+// The CPU backend's reductions (sum, max, min over any set of dims; argmax, argmin over one):
+// Note [CPU reductions].
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "evenflow/engine/cpu/cpu_internal.h"
+#include "evenflow/engine/cpu/threads.h"
+#include "evenflow/engine/error.h"
+
+namespace evenflow::cpu_backend {
+inline namespace EF_CPU_ISA {
+
+namespace {
+
+// Max and Min propagate NaN, as PyTorch does (x != x only for NaN; false for integers).
+template <ReduceOp Op, typename A>
+struct Reducer {
+  static A init() {
+    if constexpr (Op == ReduceOp::Sum)
+      return A(0);
+    else if constexpr (std::numeric_limits<A>::has_infinity)
+      return Op == ReduceOp::Max ? -std::numeric_limits<A>::infinity() : std::numeric_limits<A>::infinity();
+    else
+      return Op == ReduceOp::Max ? std::numeric_limits<A>::lowest() : std::numeric_limits<A>::max();
+  }
+  static A step(A acc, A v) {
+    if constexpr (Op == ReduceOp::Sum)
+      return acc + v;
+    else if constexpr (Op == ReduceOp::Max)
+      return (v > acc || v != v) ? v : acc;
+    else
+      return (v < acc || v != v) ? v : acc;
+  }
+};
+
+// Reduces n elements at p with the given element stride into acc, in lanes.
+template <typename R, typename T, typename A>
+A reduce_row(const T* p, int64_t n, int64_t stride, A acc) {
+  A lanes[kLanes];
+  for (A& l : lanes) l = R::init();
+  const auto loop = [&](auto st) {
+    for_lanes(n, [&](int64_t i, int l) { lanes[l] = R::step(lanes[l], static_cast<A>(p[i * st()])); });
+  };
+  if (stride == 1)
+    loop([] { return int64_t{1}; });
+  else
+    loop([stride] { return stride; });
+  for (const A& l : lanes) acc = R::step(acc, l);
+  return acc;
+}
+
+// A set of dims pulled out of a collapsed iterator: the kept (output) dims or the reduced ones.
+struct DimSet {
+  int ndim = 0;
+  int64_t shape[kMaxDims] = {};
+  int64_t out_stride[kMaxDims] = {};  // bytes
+  int64_t x_stride[kMaxDims] = {};    // bytes
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int d = 0; d < ndim; ++d) n *= shape[d];
+    return n;
+  }
+  // Byte offsets into out and x of the i-th element (row-major).
+  void offsets(int64_t i, int64_t& out_off, int64_t& x_off) const {
+    out_off = x_off = 0;
+    for (int d = ndim - 1; d >= 0; --d) {
+      const int64_t j = i % shape[d];
+      i /= shape[d];
+      out_off += j * out_stride[d];
+      x_off += j * x_stride[d];
+    }
+  }
+  StridedIter<1> x_iter() const {
+    StridedIter<1> it;
+    it.ndim = std::max(ndim, 1);
+    if (ndim == 0) it.strides[0][0] = 0;
+    for (int d = 0; d < ndim; ++d) {
+      it.shape[d] = shape[d];
+      it.strides[0][d] = x_stride[d];
+    }
+    return it;
+  }
+};
+
+// Note [CPU reductions]
+// Out is viewed with x's shape and stride 0 on reduced dims, and the pair is collapsed like an
+// elementwise problem, so reduced and kept dims alternate. Two layouts cover the common cases:
+// - the innermost dim is reduced (sum over the last dims, or over N,H,W of NCHW): each output
+//   reduces contiguous rows with reduce_row; threads take outputs, or, when there are fewer
+//   outputs than threads, split each output's reduction and combine the partials in order;
+// - the innermost dim is kept (sum over leading dims, as for a bias gradient): each task keeps a
+//   chunk of adjacent outputs in accumulators and adds whole input rows into them.
+template <ReduceOp Op, typename T>
+void reduce_typed(const View& out, const View& x) {
+  using A = acc_t<T>;
+  using R = Reducer<Op, A>;
+  View ob = out;
+  for (int d = 0; d < x.ndim; ++d) {
+    ob.shape[d] = x.shape[d];
+    if (out.shape[d] == 1 && x.shape[d] != 1) ob.strides[d] = 0;
+  }
+  const StridedIter<2> it = make_iter(std::array<View, 2>{ob, x}, 1);
+  DimSet kept, red;
+  for (int d = 0; d < it.ndim; ++d) {
+    if (it.shape[d] == 1) continue;
+    DimSet& s = it.strides[0][d] == 0 ? red : kept;
+    s.shape[s.ndim] = it.shape[d];
+    s.out_stride[s.ndim] = it.strides[0][d];
+    s.x_stride[s.ndim] = it.strides[1][d];
+    ++s.ndim;
+  }
+  char* const out_data = static_cast<char*>(out.data);
+  char* const x_data = static_cast<char*>(x.data);
+  const int64_t outputs = kept.numel(), per_output = red.numel();
+  [[maybe_unused]] const int nt = threads_for(outputs * per_output);
+  const StridedIter<1> red_it = red.x_iter();
+  const bool inner_reduced = red.ndim > 0 && (kept.ndim == 0 || it.strides[0][it.ndim - 1] == 0);
+
+  if (inner_reduced || kept.ndim == 0) {
+    // Reduces elements [b, e) of one output's reduction, starting from x_base.
+    const auto reduce_part = [&](char* x_base, int64_t b, int64_t e) {
+      A acc = R::init();
+      auto body = [&acc](char* const* p, const int64_t* s, int64_t n) {
+        acc = reduce_row<R>(reinterpret_cast<const T*>(p[0]), n, s[0] / static_cast<int64_t>(sizeof(T)), acc);
+      };
+      char* const base[1] = {x_base};
+      run_range(red_it, base, b, e, body);
+      return acc;
+    };
+    if (nt == 1 || outputs >= 4 * nt) {
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
+      for (int64_t o = 0; o < outputs; ++o) {
+        int64_t oo, xo;
+        kept.offsets(o, oo, xo);
+        *reinterpret_cast<T*>(out_data + oo) = static_cast<T>(reduce_part(x_data + xo, 0, per_output));
+      }
+    } else {
+      std::vector<A> partial(static_cast<size_t>(nt));
+      for (int64_t o = 0; o < outputs; ++o) {
+        int64_t oo, xo;
+        kept.offsets(o, oo, xo);
+        // Slots of threads the runtime did not start stay at init, which combines as a no-op.
+        std::fill(partial.begin(), partial.end(), R::init());
+#pragma omp parallel num_threads(nt)
+        {
+          const int64_t t = thread_index(), nteam = team_size();
+          partial[static_cast<size_t>(t)] =
+              reduce_part(x_data + xo, per_output * t / nteam, per_output * (t + 1) / nteam);
+        }
+        A acc = R::init();
+        for (const A& p : partial) acc = R::step(acc, p);
+        *reinterpret_cast<T*>(out_data + oo) = static_cast<T>(acc);
+      }
+    }
+    return;
+  }
+
+  // The innermost dim is kept: chunks of it accumulate whole reduced rows.
+  const int last = kept.ndim - 1;
+  const int64_t cols = kept.shape[last];
+  const int64_t xs = kept.x_stride[last] / static_cast<int64_t>(sizeof(T));
+  const int64_t os = kept.out_stride[last] / static_cast<int64_t>(sizeof(T));
+  DimSet outer = kept;
+  outer.ndim = last;
+  const int64_t outer_n = outer.numel();
+  constexpr int64_t kChunk = 256;
+  int64_t chunk = std::min(kChunk, cols);
+  if (outer_n * ((cols + chunk - 1) / chunk) < nt) chunk = std::max<int64_t>(16, (cols + nt - 1) / nt);
+  const int64_t chunks = (cols + chunk - 1) / chunk;
+  const int64_t tasks = outer_n * chunks;
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
+  for (int64_t task = 0; task < tasks; ++task) {
+    int64_t oo, xo;
+    outer.offsets(task / chunks, oo, xo);
+    const int64_t j0 = (task % chunks) * chunk, len = std::min(chunk, cols - j0);
+    A acc[kChunk];
+    std::fill(acc, acc + len, R::init());
+    char* const base[1] = {x_data + xo + j0 * xs * static_cast<int64_t>(sizeof(T))};
+    auto rows = [&](char* const* p, const int64_t* s, int64_t n) {
+      for (int64_t r = 0; r < n; ++r) {
+        const T* row = reinterpret_cast<const T*>(p[0] + r * s[0]);
+        const auto add = [&](auto st) {
+          for (int64_t j = 0; j < len; ++j) acc[j] = R::step(acc[j], static_cast<A>(row[j * st()]));
+        };
+        if (xs == 1)
+          add([] { return int64_t{1}; });
+        else
+          add([xs] { return xs; });
+      }
+    };
+    run_range(red_it, base, 0, per_output, rows);
+    T* o = reinterpret_cast<T*>(out_data + oo) + j0 * os;
+    for (int64_t j = 0; j < len; ++j) o[j * os] = static_cast<T>(acc[j]);
+  }
+}
+
+// ArgMax / ArgMin over the one reduced dim: first occurrence on ties; NaN counts as the extreme,
+// as in PyTorch.
+template <bool IsMax, typename T>
+void arg_reduce_typed(const View& out, const View& x, int dim) {
+  const int64_t len = x.shape[dim], stride = x.strides[dim];
+  View xb = x, ob = out;
+  xb.shape[dim] = 1;
+  ob.dtype = DType::Int64;
+  const StridedIter<2> it = make_iter(std::array<View, 2>{ob, xb});
+  for_each_row(it, [len, stride](char* const* p, const int64_t* s, int64_t n) {
+    for (int64_t k = 0; k < n; ++k) {
+      const T* row = reinterpret_cast<const T*>(p[1] + k * s[1]);
+      T best = row[0];
+      int64_t best_i = 0;
+      for (int64_t i = 1; i < len && best == best; ++i) {
+        const T v = row[i * stride];
+        if ((IsMax ? v > best : v < best) || v != v) {
+          best = v;
+          best_i = i;
+        }
+      }
+      *reinterpret_cast<int64_t*>(p[0] + k * s[0]) = best_i;
+    }
+  });
+}
+
+void reduce_impl(ReduceOp op, const View& out, const View& x) {
+  EF_ASSERT(out.ndim == x.ndim, "reduce: output rank ", out.ndim, " differs from input rank ", x.ndim);
+  for (int d = 0; d < x.ndim; ++d)
+    EF_ASSERT(out.shape[d] == x.shape[d] || out.shape[d] == 1, "reduce: output dim ", d, " is ", out.shape[d],
+              ", input ", x.shape[d]);
+  if (op == ReduceOp::ArgMax || op == ReduceOp::ArgMin) {
+    EF_ASSERT(out.dtype == DType::Int64, "reduce: arg reductions write int64");
+    int dim = -1;
+    for (int d = 0; d < x.ndim; ++d) {
+      if (out.shape[d] == x.shape[d]) continue;
+      EF_ASSERT(dim < 0, "reduce: argmax/argmin reduce exactly one dim");
+      dim = d;
+    }
+    if (dim < 0) {  // the reduced dim has size 1: every index is 0
+      fill_impl(out, 0.0);
+      return;
+    }
+    EF_DISPATCH_ALL(x.dtype, "argmax", [&] {
+      if (op == ReduceOp::ArgMax)
+        arg_reduce_typed<true, scalar_t>(out, x, dim);
+      else
+        arg_reduce_typed<false, scalar_t>(out, x, dim);
+    });
+    return;
+  }
+  EF_ASSERT(out.dtype == x.dtype, "reduce: output and input dtypes differ");
+  EF_DISPATCH_ALL(x.dtype, "reduce", [&] {
+    switch (op) {
+      case ReduceOp::Sum:
+        return reduce_typed<ReduceOp::Sum, scalar_t>(out, x);
+      case ReduceOp::Max:
+        return reduce_typed<ReduceOp::Max, scalar_t>(out, x);
+      case ReduceOp::Min:
+        return reduce_typed<ReduceOp::Min, scalar_t>(out, x);
+      default:
+        EF_ERROR("reduce: unknown op");
+    }
+  });
+}
+
+}  // namespace
+
+void CpuBackend::reduce(ReduceOp op, const View& out, const View& x) {
+  reduce_impl(op, out, x);
+}
+
+}  // namespace EF_CPU_ISA
+}  // namespace evenflow::cpu_backend

@@ -1,0 +1,159 @@
+// Reductions (sum, mean, var, max and argmax, norm, sum_to): argument checks, a backend kernel, and
+// a node whose backward is written in ops, or composites of those.
+#include "evenflow/engine/ops.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "evenflow/engine/ops_util.h"
+
+namespace evenflow {
+
+using detail::backend_of;
+using detail::Grads;
+
+// --- Reductions ------------------------------------------------------------------------------------
+
+static Shape keepdim_shape(const Shape& in, const std::vector<int64_t>& dims) {
+  Shape s = in;
+  for (int64_t d : dims) s[static_cast<size_t>(d)] = 1;
+  return s;
+}
+
+static Shape squeezed_shape(const Shape& in, const std::vector<int64_t>& dims) {
+  Shape s;
+  for (size_t i = 0; i < in.size(); ++i)
+    if (std::find(dims.begin(), dims.end(), static_cast<int64_t>(i)) == dims.end()) s.push_back(in[i]);
+  return s;
+}
+
+static std::vector<int64_t> all_dims(int64_t ndim) {
+  std::vector<int64_t> d(static_cast<size_t>(ndim));
+  std::iota(d.begin(), d.end(), 0);
+  return d;
+}
+
+Tensor sum(const Tensor& x, const Shape& dims_in, bool keepdim) {
+  detail::check_float("sum", x);
+  const std::vector<int64_t> dims =
+      dims_in.empty() ? all_dims(x.dim()) : detail::normalize_dims(dims_in, x.dim(), "sum");
+  const Shape kept = keepdim_shape(x.shape(), dims);
+  Tensor y = detail::empty_like_shape(x, kept);
+  if (y.numel() > 0) {
+    if (x.numel() == 0)
+      backend_of(x).fill(y.view(), 0.0);
+    else
+      backend_of(x).reduce(ReduceOp::Sum, y.view(), x.view());
+  }
+  if (!keepdim)
+    y = make_view(y, squeezed_shape(x.shape(), dims), contiguous_strides(squeezed_shape(x.shape(), dims)), 0);
+  record("sum", {y}, {x}, {},
+         [kept, shape = x.shape()](const Grads& g) { return Grads{expand(reshape(g[0], kept), shape)}; });
+  return y;
+}
+
+Tensor sum(const Tensor& x) {
+  return sum(x, {}, false);
+}
+
+static int64_t count_over(const Tensor& x, const std::vector<int64_t>& dims) {
+  int64_t n = 1;
+  for (int64_t d : dims) n *= x.shape()[static_cast<size_t>(d)];
+  return n;
+}
+
+Tensor mean(const Tensor& x, const Shape& dims_in, bool keepdim) {
+  detail::check_float("mean", x);
+  const std::vector<int64_t> dims =
+      dims_in.empty() ? all_dims(x.dim()) : detail::normalize_dims(dims_in, x.dim(), "mean");
+  const int64_t n = count_over(x, dims);
+  EF_CHECK(n > 0, "mean: reducing over an empty dim of shape ", shape_str(x.shape()));
+  return mul_scalar(sum(x, Shape(dims.begin(), dims.end()), keepdim), 1.0 / static_cast<double>(n));
+}
+
+Tensor mean(const Tensor& x) {
+  return mean(x, {}, false);
+}
+
+Tensor var(const Tensor& x, const Shape& dims_in, bool unbiased, bool keepdim) {
+  detail::check_float("var", x);
+  const std::vector<int64_t> dims =
+      dims_in.empty() ? all_dims(x.dim()) : detail::normalize_dims(dims_in, x.dim(), "var");
+  const Shape d(dims.begin(), dims.end());
+  const int64_t n = count_over(x, dims);
+  EF_CHECK(n > (unbiased ? 1 : 0), "var: need at least ", unbiased ? 2 : 1, " elements per reduction, got ", n);
+  const Tensor centered = x - mean(x, d, true);
+  return mul_scalar(sum(square(centered), d, keepdim), 1.0 / static_cast<double>(unbiased ? n - 1 : n));
+}
+
+static Tensor arg_reduce(const char* name, ReduceOp op, const Tensor& x, int64_t dim, bool keepdim) {
+  detail::check_float(name, x);
+  EF_CHECK(x.numel() > 0, name, ": input is empty");
+  const int64_t d = normalize_dim(dim, x.dim(), name);
+  const std::vector<int64_t> dims = x.dim() == 0 ? std::vector<int64_t>{} : std::vector<int64_t>{d};
+  Tensor idx = empty(keepdim_shape(x.shape(), dims), {.dtype = kInt64, .device = x.device()});
+  if (x.dim() == 0)
+    backend_of(x).fill(idx.view(), 0.0);
+  else
+    backend_of(x).reduce(op, idx.view(), x.view());
+  if (!keepdim)
+    idx = make_view(idx, squeezed_shape(x.shape(), dims), contiguous_strides(squeezed_shape(x.shape(), dims)), 0);
+  return idx;
+}
+
+Tensor argmax(const Tensor& x, int64_t dim, bool keepdim) {
+  return arg_reduce("argmax", ReduceOp::ArgMax, x, dim, keepdim);
+}
+Tensor argmin(const Tensor& x, int64_t dim, bool keepdim) {
+  return arg_reduce("argmin", ReduceOp::ArgMin, x, dim, keepdim);
+}
+
+std::pair<Tensor, Tensor> max(const Tensor& x, int64_t dim, bool keepdim) {
+  const Tensor idx = argmax(x, dim, true);
+  if (x.dim() == 0) return {clone(x), make_view(idx, {}, {}, 0)};
+  const int64_t d = normalize_dim(dim, x.dim(), "max");
+  Tensor values = gather(x, d, idx);
+  if (keepdim) return {values, idx};
+  return {squeeze(values, d), squeeze(idx, d)};
+}
+
+Tensor amax(const Tensor& x) {
+  detail::check_float("amax", x);
+  return max(reshape(x, {-1}), 0, false).first;
+}
+
+Tensor norm(const Tensor& x, double p, const Shape& dims, bool keepdim) {
+  detail::check_float("norm", x);
+  EF_CHECK(p > 0, "norm: p must be positive, got ", p);
+  if (p == 1.0) return sum(abs(x), dims, keepdim);
+  const Tensor s = p == 2.0 ? sum(square(x), dims, keepdim) : sum(pow(abs(x), p), dims, keepdim);
+  // Note [Norm at zero]: d/ds s^(1/p) is infinite at s = 0, and times ds/dx = 0 it would make the
+  // gradient NaN (a WGAN-GP penalty at a point where the critic is flat would poison every
+  // parameter). As in PyTorch, the gradient there is 0: the root reads 1 where s is 0, and its result
+  // is then replaced by 0, so neither branch's gradient is NaN, to any order. A NaN s stays NaN.
+  const Tensor zero = eq(s, zeros_like(s));
+  const Tensor safe = where(zero, ones_like(s), s);
+  return where(zero, zeros_like(s), p == 2.0 ? sqrt(safe) : pow(safe, 1.0 / p));
+}
+
+Tensor sum_to(const Tensor& x, const Shape& shape) {
+  if (x.shape() == shape) return x;
+  const int64_t lead = x.dim() - static_cast<int64_t>(shape.size());
+  EF_CHECK(lead >= 0, "sum_to: cannot sum shape ", shape_str(x.shape()), " to the larger shape ", shape_str(shape));
+  Shape dims;
+  for (int64_t i = 0; i < x.dim(); ++i) {
+    if (i < lead) {
+      dims.push_back(i);
+      continue;
+    }
+    const int64_t target = shape[static_cast<size_t>(i - lead)];
+    const int64_t have = x.shape()[static_cast<size_t>(i)];
+    EF_CHECK(target == have || target == 1, "sum_to: shape ", shape_str(x.shape()), " does not broadcast from ",
+             shape_str(shape));
+    if (target == 1 && have != 1) dims.push_back(i);
+  }
+  if (dims.empty()) return reshape(x, shape);
+  return reshape(sum(x, dims, true), shape);
+}
+
+}  // namespace evenflow
