@@ -249,7 +249,7 @@ if [[ $mode == prepare ]]; then
     { cat "$rehearsal.log"; echo "gpu_check --prepare: configure against build-deps/ alone failed" >&2; exit 1; }
   # One file per dependency: Eigen, nlohmann_json, zlib, CLI11, libpng, doctest.
   objects=$(ninja -C "$rehearsal" -t targets all | sed -n 's/^\([^:]*\.o\): .*/\1/p' |
-    grep -E '/cpu/cpu_conv\.cpp\.o$|ef_io\.dir/safetensors\.cpp\.o$|ef_data\.dir/idx\.cpp\.o$|bench_engine\.dir/bench_engine\.cpp\.o$|common/image\.cpp\.o$|ef_testing\.dir/testing/main\.cpp\.o$')
+    grep -E '/cpu/cpu_gemm\.cpp\.o$|ef_io\.dir/safetensors\.cpp\.o$|ef_data\.dir/idx\.cpp\.o$|bench_engine\.dir/bench_engine\.cpp\.o$|common/image\.cpp\.o$|ef_testing\.dir/testing/main\.cpp\.o$')
   [[ $(wc -w <<<"$objects") -eq 6 ]] || { echo "gpu_check --prepare: expected 6 rehearsal objects, found: $objects" >&2; exit 1; }
   # shellcheck disable=SC2086
   ninja -C "$rehearsal" $objects >/dev/null
