@@ -122,9 +122,10 @@ int run(const Args& a) {
   // --- Training -----------------------------------------------------------------------------------------
   ef::apps::setup_done();
   run.train_epochs(
-      train_loader, train_set->size(), a.epochs, a.steps,
+      train_loader, a.epochs, a.steps,
       [&](ef::data::Batch& b) {
-        const ef::Tensor loss = criterion(model(model.scatter(b.images.to(dtype))), model.scatter(b.labels));
+        const ef::Tensor loss =
+            criterion(model(model.scatter(b.images.to(dtype), b.rows)), model.scatter(b.labels, b.rows));
         opt.zero_grad();
         loss.backward();
         opt.step();

@@ -93,12 +93,12 @@ struct Args : ef::apps::RunOptions {
 };
 
 // The standard deviation (unbiased) of every value of a batch of `batch` images of which this
-// process holds `part`; `job_sum` sums a value over the processes. Two passes, as var's.
-double batch_std(const Tensor& part, int64_t batch, const std::function<double(double)>& job_sum) {
+// process of `job` holds `part`. Two passes, as var's.
+double batch_std(const Tensor& part, int64_t batch, par::ProcessGroup& job) {
   const Tensor x = ef::flatten(part).to(ef::kFloat64);
   const double count = static_cast<double>(batch) * static_cast<double>(x.numel() / part.size(0));
-  const double mean = job_sum(ef::sum(x).item()) / count;
-  const double squares = job_sum(ef::sum(ef::square(ef::add_scalar(x, -mean))).item());
+  const double mean = job.sum(ef::sum(x).item()) / count;
+  const double squares = job.sum(ef::sum(ef::square(ef::add_scalar(x, -mean))).item());
   return std::sqrt(squares / (count - 1));
 }
 
@@ -400,29 +400,15 @@ int run(const Args& a) {
       for (Tensor p : critic.replica(r).parameters()) p.requires_grad_(on);
   };
 
-  // The batches, in the loader's order, from where a resumed run stopped: `critic_steps` a step.
-  int64_t position = progress.step * a.critic_steps;
-  int64_t epoch = position / per_epoch;
-  ef::data::DataLoader::Iterator it = loader.epoch(epoch).begin();
-  for (int64_t skip = position % per_epoch; skip > 0; --skip) ++it;
+  // The batches, in the loader's order, from where a resumed run stopped: `critic_steps` a step,
+  // epoch after epoch (Note [Resuming a loader] in data/loader.h).
+  ef::data::DataLoader::Iterator it = loader.after(progress.step * a.critic_steps).begin();
   const int processes = par::processes()->size();
   // Across processes each reads its part of every batch, and draws for the whole batch (every
-  // process the same numbers) before keeping its part: a sample sees the numbers it would see in
-  // one process (Note [Random numbers per sample] in engine/tensor.h).
-  const auto my_part = [&](const Tensor& whole) {
-    if (processes == 1) return whole;
-    const par::ProcessShare share = par::process_share(whole.size(0), critic.size(), *par::processes());
-    return ef::narrow(whole, 0, share.start, share.count);
-  };
-  // The sum over processes of a host value (itself in one process).
-  const auto job_sum = [&](double v) {
-    if (processes == 1) return v;
-    const Tensor t = ef::full({1}, v, {.dtype = ef::kFloat64});
-    critic.group().processes().all_reduce(t);
-    return t.item();
-  };
+  // process the same numbers) before keeping its part, critic.process_part: a sample sees the
+  // numbers it would see in one process (Note [Random numbers per sample] in engine/tensor.h).
   const auto next_real = [&]() -> Tensor {
-    if (it == loader.end()) it = loader.epoch(++epoch).begin();
+    if (it == loader.end()) it = loader.begin();  // the next epoch
     Tensor images = it->images.to(dtype) * 2.0 - 1.0;
     ++it;
     return images;
@@ -430,7 +416,8 @@ int run(const Args& a) {
 
   // --- The step's inputs (Note [Step buffers] in apps/common/step_buffers.h) ---------------------------------
   const int64_t n = a.batch_size;  // the whole batch, over every process (the loader drops a last partial one)
-  const int64_t part = processes == 1 ? n : par::process_share(n, critic.size(), *par::processes()).count;
+  const ef::BatchRows part_rows = critic.process_rows(n);  // this process's rows of each batch
+  const int64_t part = part_rows.count;
   const bool draws_eps = a.penalty == "wgan-gp", draws_noise = a.penalty == "dragan";
   const ef::Shape image_row = {channels, image_size, image_size};
   // Each critic step's real batch, noise and what its penalty reads (wgan-gp's interpolation weights,
@@ -456,17 +443,17 @@ int run(const Args& a) {
       ef::Shape noise_shape = real.shape();
       noise_shape[0] = n;
       host.push_back(real);
-      host.push_back(my_part(ef::randn({n, a.z_dim}, {.dtype = dtype})));
+      host.push_back(critic.process_part(ef::randn({n, a.z_dim}, {.dtype = dtype})));
       // Only what the penalty reads (an unread uniform batch cost time every critic step:
       // docs/benchmarks.md, "The program's host work").
-      if (draws_eps) host.push_back(my_part(ef::rand({n, 1, 1, 1}, {.dtype = dtype})));
-      if (draws_noise) host.push_back(my_part(ef::rand(noise_shape, {.dtype = dtype})));
+      if (draws_eps) host.push_back(critic.process_part(ef::rand({n, 1, 1, 1}, {.dtype = dtype})));
+      if (draws_noise) host.push_back(critic.process_part(ef::rand(noise_shape, {.dtype = dtype})));
       // In one process, the whole batch's std; across processes, from every process's part.
       real_stds[static_cast<size_t>(k)] = !draws_noise     ? 0.0
                                           : processes == 1 ? std::sqrt(ef::var(ef::flatten(real), {0}).item())
-                                                           : batch_std(real, n, job_sum);
+                                                           : batch_std(real, n, critic.group().processes());
     }
-    host.push_back(my_part(ef::randn({n, a.z_dim}, {.dtype = dtype})));
+    host.push_back(critic.process_part(ef::randn({n, a.z_dim}, {.dtype = dtype})));
     buffers.load(host);
   };
 
@@ -478,7 +465,7 @@ int run(const Args& a) {
     std::vector<Tensor> values;
     std::vector<Tensor> distance(chunk.size());
     for (int64_t k = 0; k < a.critic_steps; ++k) {
-      const auto reals = critic.scatter(buffers[input("real", k)]);
+      const auto reals = critic.scatter(buffers[input("real", k)], part_rows);
       const auto zs = buffers[input("z", k)];
       const auto none = par::PerDevice<Tensor>(chunk.size());
       const auto epss = draws_eps ? buffers[input("eps", k)] : none;
@@ -554,7 +541,7 @@ int run(const Args& a) {
     double wasserstein = 0;
     for (size_t r = 0; r < chunk.size(); ++r)
       wasserstein += v[k + 1 + r] * static_cast<double>(chunk[r]) / static_cast<double>(n);
-    wasserstein = job_sum(wasserstein);
+    wasserstein = critic.group().processes().sum(wasserstein);
     run.check_loss(generator_loss, q.step, "generator loss", "step " + std::to_string(q.step) + " generator");
     const double images_per_s = static_cast<double>(images_seen) / seconds;
     bar.update(q.step, critic_loss, images_per_s);

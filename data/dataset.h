@@ -19,9 +19,15 @@ struct Example {
 };
 
 /// Examples stacked along a new first dim: one row of images and of labels per example.
+/// A DataLoader also says where the batch is in its order; a Dataset leaves those fields as they are.
 struct Batch {
   Tensor images = {};  ///< e.g. [N, C, H, W]
   Tensor labels = {};  ///< e.g. [N] int64
+  int64_t epoch = 0;   ///< The loader's epoch it belongs to.
+  int64_t index = 0;   ///< Its number in that epoch, from 0.
+  /// The rows of the job's whole batch these are (over every process: a loader with
+  /// DataLoaderOptions::batch_part reads one part), for DataParallelModel::scatter.
+  BatchRows rows = {};
 };
 
 /// A source of examples, indexed 0 to size() - 1. The loader's worker threads call its const methods

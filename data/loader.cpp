@@ -25,9 +25,11 @@ int64_t batch_count(int64_t examples, const DataLoaderOptions& o) {
 
 // Note [Loader workers]
 // An epoch's batches are numbered 0..B-1; batch k holds positions [k·batch_size, (k+1)·batch_size)
-// of the sampler's order. Workers claim the lowest unclaimed number under the lock, but only while
-// it is below `consumed + capacity` (capacity = num_workers · prefetch_per_worker), so at most
-// `capacity` batches are being made or waiting at any time. A worker makes its batch without the
+// of the sampler's order. An iteration starts at batch s (0, or where DataLoader::after puts it):
+// claimed = consumed = s, so the batches before s are never made. Workers claim the lowest
+// unclaimed number under the lock, but only while it is below `consumed + capacity` (capacity =
+// num_workers · prefetch_per_worker), so at most `capacity` batches are being made or waiting at
+// any time. A worker makes its batch without the
 // lock (make_batch: get_batch and the transforms with the images' SampleStreams, or a Ray task
 // doing the same on a cluster; then the copy to the device) and
 // stores it, or the message of the exception it threw, in slot k % capacity of a ring: a claimed
@@ -44,7 +46,7 @@ struct DataLoader::Run {
     int worker = -1;                                  // -1: the consumer's thread
   };
 
-  Run(const DataLoader& l, int64_t e);
+  Run(const DataLoader& l, LoaderPosition start);
   ~Run() { stop_workers(); }
   Run(const Run&) = delete;
   Run& operator=(const Run&) = delete;
@@ -63,22 +65,26 @@ struct DataLoader::Run {
 
   std::mutex mu;
   std::condition_variable work_cv, ready_cv;
-  std::vector<Slot> slots;  // batch k in slots[k % capacity]: at most `capacity` are unconsumed
-  int64_t claimed = 0, consumed = 0;
+  std::vector<Slot> slots;    // batch k in slots[k % capacity]: at most `capacity` are unconsumed
+  int64_t claimed, consumed;  // from the position it starts at: the batches before are never made
   bool stop = false;
   std::vector<std::thread> threads;
 
-  Batch current;  // the batch the consumer's iterator points at
+  Batch current;       // the batch the consumer's iterator points at
+  int64_t next_batch;  // the batch after `current` (the consumer's; `consumed` also counts a failed one)
   bool done = false;
 };
 
-DataLoader::Run::Run(const DataLoader& l, int64_t e)
+DataLoader::Run::Run(const DataLoader& l, LoaderPosition start)
     : loader(l),
-      epoch(e),
-      order(l.sampler_->indices(e)),
+      epoch(start.epoch),
+      order(l.sampler_->indices(start.epoch)),
       num_batches(batch_count(static_cast<int64_t>(order.size()), l.options_)),
       capacity(static_cast<int64_t>(l.options_.num_workers) * l.options_.prefetch_per_worker),
-      slots(static_cast<size_t>(capacity)) {
+      slots(static_cast<size_t>(capacity)),
+      claimed(start.batch),
+      consumed(start.batch),
+      next_batch(start.batch) {
   try {
     for (int w = 0; w < l.options_.num_workers; ++w) threads.emplace_back([this, w] { work(w); });
   } catch (...) {
@@ -94,12 +100,15 @@ DataLoader::Run::Slot DataLoader::Run::make(int64_t k, int worker) const {
     const DataLoaderOptions& o = loader.options_;
     size_t begin = static_cast<size_t>(k * o.batch_size);
     size_t end = std::min(order.size(), begin + static_cast<size_t>(o.batch_size));
+    const auto whole = static_cast<int64_t>(end - begin);
+    BatchRows rows{.start = 0, .count = whole, .total = whole};
     if (o.batch_part) {
       const auto [first, count] = o.batch_part(static_cast<int64_t>(end - begin));
       EF_CHECK(first >= 0 && count >= 1 && first + count <= static_cast<int64_t>(end - begin),
                "DataLoader: batch_part ", "gave rows ", first, " to ", first + count, " of a batch of ", end - begin);
       begin += static_cast<size_t>(first);
       end = begin + static_cast<size_t>(count);
+      rows = {.start = first, .count = count, .total = whole};
     }
     const std::vector<int64_t> indices(order.begin() + static_cast<std::ptrdiff_t>(begin),
                                        order.begin() + static_cast<std::ptrdiff_t>(end));
@@ -112,6 +121,9 @@ DataLoader::Run::Slot DataLoader::Run::make(int64_t k, int worker) const {
       b.images = b.images.to(*o.device);
       b.labels = b.labels.to(*o.device);
     }
+    b.epoch = epoch;
+    b.index = k;
+    b.rows = rows;
     s.batch = std::move(b);
   } catch (const std::exception& e) {
     s.error = e.what();
@@ -167,6 +179,7 @@ void DataLoader::Run::advance() {
              s.worker >= 0 ? " on worker " + std::to_string(s.worker) : std::string(), ": ", *s.error);
   }
   current = std::move(s.batch);
+  next_batch = k + 1;
 }
 
 void DataLoader::Run::stop_workers() {
@@ -213,8 +226,25 @@ DataLoader::~DataLoader() = default;
 
 DataLoader& DataLoader::epoch(int64_t e) {
   EF_CHECK(e >= 0, "DataLoader: epoch must be non-negative, got ", e);
-  next_epoch_ = e;
+  run_.reset();
+  next_start_ = {.epoch = e, .batch = 0};
   return *this;
+}
+
+DataLoader& DataLoader::after(int64_t batches) {
+  EF_CHECK(batches >= 0, "DataLoader::after: a negative number of batches, ", batches);
+  const int64_t per_epoch = num_batches();
+  EF_CHECK(per_epoch > 0, "DataLoader::after: the loader has no batches (", sampler_->size(), " examples, batch_size ",
+           options_.batch_size, options_.drop_last ? ", drop_last" : "", ")");
+  run_.reset();
+  next_start_ = {.epoch = batches / per_epoch, .batch = batches % per_epoch};
+  return *this;
+}
+
+LoaderPosition DataLoader::position() const {
+  if (!run_) return next_start_;
+  if (run_->next_batch >= run_->num_batches) return {.epoch = run_->epoch + 1, .batch = 0};
+  return {.epoch = run_->epoch, .batch = run_->next_batch};
 }
 
 int64_t DataLoader::num_batches() const {
@@ -223,7 +253,8 @@ int64_t DataLoader::num_batches() const {
 
 DataLoader::Iterator DataLoader::begin() {
   run_.reset();
-  run_ = std::make_unique<Run>(*this, next_epoch_++);
+  run_ = std::make_unique<Run>(*this, next_start_);
+  next_start_ = {.epoch = next_start_.epoch + 1, .batch = 0};
   run_->advance();
   return Iterator(run_.get());
 }

@@ -8,6 +8,8 @@
 ///                     {.batch_size = 64, .shuffle = true, .seed = 1, .num_workers = 2});
 ///   for (int64_t e = 0; e < epochs; ++e)
 ///     for (Batch& b : loader.epoch(e)) train_step(b.images, b.labels);
+///
+/// A resumed run continues with `loader.after(batches consumed)` (Note [Resuming a loader]).
 #pragma once
 
 #include <cstdint>
@@ -49,8 +51,25 @@ struct DataLoaderOptions {
   std::shared_ptr<const RayBatches> ray = nullptr;
 };
 
+/// Where a DataLoader is in its order: batch `batch` of epoch `epoch`.
+struct LoaderPosition {
+  int64_t epoch = 0;                                       ///< from 0
+  int64_t batch = 0;                                       ///< in [0, num_batches())
+  bool operator==(const LoaderPosition&) const = default;  ///< Same epoch and batch.
+};
+
 /// The batches of a Dataset, one epoch per iteration (see the file's description). One thread
 /// iterates it.
+///
+/// Note [Resuming a loader]
+/// A run that stops after consuming k batches (a training run's k optimizer steps, or k / c for c
+/// batches a step) continues with `loader.after(k)`: the next iteration starts at batch k mod B of
+/// epoch k / B (B = num_batches()), and the batches before it are never made. Batches are a function
+/// of (seed, epoch, index) only (the images' random transforms draw from per-sample streams), so the
+/// resumed run's batches are bitwise those of the run that did not stop:
+///
+///     for (Batch& b : loader.after(progress.step)) { train_step(b); ++progress.step; ... }
+///     state.save(path, {.step = progress.step, .epoch = loader.position().epoch});
 class DataLoader {
  public:
   /// A loader over `dataset`. ef::Error when the dataset is null, batch_size or prefetch_per_worker
@@ -61,10 +80,18 @@ class DataLoader {
   DataLoader(const DataLoader&) = delete;
   DataLoader& operator=(const DataLoader&) = delete;
 
-  /// Sets the epoch the next iteration runs (each iteration then advances it by one; a new loader
-  /// starts at 0). Returns *this, so `for (Batch& b : loader.epoch(e))` reads naturally.
+  /// Sets the next iteration to run epoch `e` from its first batch (each iteration then runs the
+  /// epoch after; a new loader starts at epoch 0), ending an iteration in progress. Returns *this,
+  /// so `for (Batch& b : loader.epoch(e))` reads naturally. ef::Error for a negative `e`.
   DataLoader& epoch(int64_t e);
-  int64_t next_epoch() const { return next_epoch_; }  ///< The epoch the next iteration runs.
+  /// Sets the next iteration to continue after `batches` batches of whole epochs taken in order
+  /// (Note [Resuming a loader]): epoch batches / num_batches(), from batch batches % num_batches(),
+  /// ending an iteration in progress. Returns *this. ef::Error for a negative count or a loader
+  /// with no batches.
+  DataLoader& after(int64_t batches);
+  /// The position of the batch after the last one handed out (the next epoch's first after an
+  /// epoch's last), or, before an iteration starts, where it will start.
+  LoaderPosition position() const;
   /// Batches per epoch: the sampler's size divided by batch_size, rounded up (down with drop_last).
   int64_t num_batches() const;
   const DataLoaderOptions& options() const { return options_; }  ///< The options it was made with.
@@ -82,7 +109,7 @@ class DataLoader {
   Pipeline pipeline_;  ///< the dataset and options_.transforms: what make_batch takes
   DataLoaderOptions options_;
   std::shared_ptr<const Sampler> sampler_;
-  int64_t next_epoch_ = 0;
+  LoaderPosition next_start_ = {};  // where begin() starts
   std::unique_ptr<Run> run_;
 };
 

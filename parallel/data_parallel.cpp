@@ -40,6 +40,31 @@ std::vector<BatchRows> rows_of(DeviceGroup& group, const PerDevice<Tensor>& part
   return rows;
 }
 
+// The rows of each rank's part of a batch that is the rows `rows` of the job's whole batch.
+std::vector<BatchRows> rows_within(const BatchRows& rows, const PerDevice<Tensor>& parts) {
+  std::vector<BatchRows> out;
+  int64_t start = rows.start;
+  for (const Tensor& t : parts) {
+    out.push_back({.start = start, .count = t.size(0), .total = rows.total});
+    start += t.size(0);
+  }
+  return out;
+}
+
+// `current` (the model's current batch) where `parts` have its row counts, else the parts' rows.
+std::vector<BatchRows> rows_or_current(DeviceGroup& group, const std::vector<BatchRows>& current,
+                                       const PerDevice<Tensor>& parts) {
+  bool same = current.size() == parts.size();
+  for (size_t r = 0; same && r < parts.size(); ++r) same = parts[r].dim() >= 1 && parts[r].size(0) == current[r].count;
+  return same ? current : rows_of(group, parts);
+}
+
+void check_rows(const BatchRows& rows, int64_t batch, const char* what) {
+  EF_CHECK(rows.count == batch && rows.start >= 0 && rows.start + rows.count <= rows.total,
+           "DataParallelModel::scatter: ", what, " of ", batch, " rows given as rows ", rows.start, " to ",
+           rows.start + rows.count, " of ", rows.total);
+}
+
 std::vector<Tensor> state_tensors(const nn::Module& m) {
   std::vector<Tensor> out = m.parameters();
   for (const Tensor& b : m.buffers()) out.push_back(b);
@@ -103,7 +128,32 @@ PerDevice<Tensor> DataParallelModel::scatter(const Tensor& batch) {
   return chunks;
 }
 
+PerDevice<Tensor> DataParallelModel::scatter(const Tensor& batch, const BatchRows& rows) {
+  EF_CHECK(batch.defined() && batch.dim() >= 1, "DataParallelModel::scatter: needs a batch with a leading dim");
+  check_rows(rows, batch.size(0), "a batch");
+  const std::vector<int64_t> sizes = split_sizes(batch.size(0), group_->size());
+  PerDevice<Tensor> chunks = parallel::scatter(
+      batch, sizes, std::vector<Device>(devices().begin(), devices().begin() + static_cast<ptrdiff_t>(sizes.size())));
+  batch_rows_ = rows_within(rows, chunks);
+  return chunks;
+}
+
+PerDevice<Tensor> DataParallelModel::scatter(const PerDevice<Tensor>& chunks, const BatchRows& rows) {
+  scatter_checks(chunks);
+  int64_t count = 0;
+  for (const Tensor& x : chunks) count += x.size(0);
+  check_rows(rows, count, "chunks");
+  batch_rows_ = rows_within(rows, chunks);
+  return chunks;
+}
+
 PerDevice<Tensor> DataParallelModel::scatter(const PerDevice<Tensor>& chunks) {
+  scatter_checks(chunks);
+  batch_rows_ = rows_of(*group_, chunks);
+  return chunks;
+}
+
+void DataParallelModel::scatter_checks(const PerDevice<Tensor>& chunks) const {
   const int k = static_cast<int>(chunks.size());
   EF_CHECK(k >= 1 && k <= size(), "DataParallelModel::scatter: ", k, " chunks for ", size(), " devices");
   for (int r = 0; r < k; ++r) {
@@ -123,8 +173,6 @@ PerDevice<Tensor> DataParallelModel::scatter(const PerDevice<Tensor>& chunks) {
              "DataParallelModel::scatter: ", "chunk ", r, " has ", chunks[static_cast<size_t>(r)].size(0),
              " rows, scatter gives it ", sizes[static_cast<size_t>(r)], " of a batch of ", rows);
   }
-  batch_rows_ = rows_of(*group_, chunks);
-  return chunks;
 }
 
 std::function<std::pair<int64_t, int64_t>(int64_t)> DataParallelModel::batch_part() const {
@@ -135,6 +183,19 @@ std::function<std::pair<int64_t, int64_t>(int64_t)> DataParallelModel::batch_par
     const ProcessShare share = process_share(rows, devices_per_process, *job);
     return std::make_pair(share.start, share.count);
   };
+}
+
+BatchRows DataParallelModel::process_rows(int64_t rows) const {
+  if (group_->processes().size() == 1) return {.start = 0, .count = rows, .total = rows};
+  const ProcessShare share = process_share(rows, group_->size(), group_->processes());
+  return {.start = share.start, .count = share.count, .total = rows};
+}
+
+Tensor DataParallelModel::process_part(const Tensor& whole) const {
+  EF_CHECK(whole.defined() && whole.dim() >= 1, "DataParallelModel::process_part: needs a tensor with a leading dim");
+  if (group_->processes().size() == 1) return whole;
+  const BatchRows rows = process_rows(whole.size(0));
+  return narrow(whole, 0, rows.start, rows.count);
 }
 
 PerDevice<Tensor> DataParallelModel::forward(const PerDevice<Tensor>& inputs) {
@@ -155,7 +216,7 @@ PerDevice<Tensor> DataParallelModel::forward(const PerDevice<Tensor>& inputs) {
       for (size_t i = 0; i < sources.size(); ++i) targets[i].copy_(sources[i].to(targets[i].device()));
     }
   }
-  const std::vector<BatchRows> rows = rows_of(*group_, inputs);
+  const std::vector<BatchRows> rows = rows_or_current(*group_, batch_rows_, inputs);
   batch_rows_ = rows;
   return map(k, [&](nn::Module& replica, int rank) {
     std::optional<BatchRowsGuard> guard;  // none for a 0-d or empty input: it holds no rows
@@ -246,7 +307,7 @@ Tensor DataParallelCriterion::operator()(const PerDevice<Tensor>& outputs, const
     EF_CHECK(targets[r].defined() && targets[r].device() == outputs[r].device(), "DataParallelCriterion: target ", r,
              " is not on output ", r, "'s device ", outputs[r].device().str());
   }
-  const std::vector<BatchRows> rows = rows_of(model_.group(), outputs);
+  const std::vector<BatchRows> rows = rows_or_current(model_.group(), model_.batch_rows(), outputs);
   return combine(
       rows, [&](int rank) { return loss_(outputs[static_cast<size_t>(rank)], targets[static_cast<size_t>(rank)]); });
 }

@@ -84,24 +84,42 @@ class DataParallelModel {
   nn::Module& replica(int rank) { return *replicas_.at(static_cast<size_t>(rank)); }
 
   /// A batch split along dim 0 over the devices (split_sizes), differentiably (comm_ops scatter).
-  /// It becomes the model's current batch (batch_rows). Throws ef::Error for an undefined or 0-d
+  /// It becomes the model's current batch (batch_rows): in a job of several processes, each
+  /// process's batch is its part of the job's, in process order, learned with an all-gather of the
+  /// parts' sizes; the form with the rows needs none. Throws ef::Error for an undefined or 0-d
   /// `batch`, or one with no items.
   PerDevice<Tensor> scatter(const Tensor& batch);
+  /// The same for a batch that is the rows `rows` of the job's whole batch: a loader's
+  /// Batch::rows, or process_rows(n) for a batch every process cut from the same n rows. No
+  /// collective. Throws ef::Error also when rows.count is not the batch's dim 0 or the rows are not
+  /// within rows.total.
+  PerDevice<Tensor> scatter(const Tensor& batch, const BatchRows& rows);
   /// A batch already split over the devices (chunk r on devices()[r], split_sizes' chunks: what a
   /// replayed step's input buffers hold, Note [A step that can be replayed] in engine/step_graph.h)
   /// becomes the current batch as it is, and is returned. Throws ef::Error unless there are 1 to
   /// size() chunks, each with a leading dim, on its device.
   PerDevice<Tensor> scatter(const PerDevice<Tensor>& chunks);
+  /// The same for chunks that together are the rows `rows` of the job's whole batch (no collective).
+  PerDevice<Tensor> scatter(const PerDevice<Tensor>& chunks, const BatchRows& rows);
   /// This process's part of every global batch of the job, for DataLoaderOptions::batch_part:
   /// the rows process_share gives it (so that scatter of the part gives each device the chunk one
   /// process with every device would); nullptr in a one-process job (the whole batch).
   std::function<std::pair<int64_t, int64_t>(int64_t rows)> batch_part() const;
+  /// The rows of a job's whole batch of `rows` rows that this process holds (batch_part's; all of
+  /// them in a one-process job). ef::Error as process_share's.
+  BatchRows process_rows(int64_t rows) const;
+  /// This process's rows (process_rows) of a tensor every process holds whole, such as noise every
+  /// process draws for the whole batch from the same generator, so that each sample sees the
+  /// numbers it would in one process. `whole` itself in a one-process job.
+  Tensor process_part(const Tensor& whole) const;
   /// The current batch: which rows of the job's whole batch (over every process) each rank holds,
   /// as the last scatter (or forward) split it; empty before the first. What the per-rank forms of
   /// DataParallelCriterion weigh and draw per sample by.
   const std::vector<BatchRows>& batch_rows() const { return batch_rows_; }
   /// Each active device's replica on its input, concurrently; outputs stay on their devices. In
-  /// training mode it first copies replica 0's buffers to the others (see the file's notes). Throws
+  /// training mode it first copies replica 0's buffers to the others (see the file's notes).
+  /// Inputs with the current batch's row counts hold its rows; others become the current batch as
+  /// scatter's (an all-gather across processes, so every process calls alike). Throws
   /// ef::Error unless there are 1 to size() inputs, input r defined and on devices()[r] (scatter
   /// makes them so), or when a replica throws (naming its device).
   PerDevice<Tensor> forward(const PerDevice<Tensor>& inputs);
@@ -148,6 +166,10 @@ class DataParallelModel {
   void check_replicas() const;
 
  private:
+  // ef::Error unless `chunks` are 1 to size() chunks, each with a leading dim, on its device, and
+  // split_sizes' chunks of their rows.
+  void scatter_checks(const PerDevice<Tensor>& chunks) const;
+
   std::unique_ptr<DeviceGroup> group_;
   std::vector<std::shared_ptr<nn::Module>> replicas_;
   std::shared_ptr<GradientSync> sync_;

@@ -100,6 +100,13 @@ const std::shared_ptr<ProcessGroup>& processes() {
   return job;
 }
 
+double ProcessGroup::sum(double x) {
+  if (size() == 1) return x;
+  const Tensor t = full({1}, x, {.dtype = kFloat64});
+  all_reduce(t);
+  return t.item();
+}
+
 ProcessShare process_share(int64_t batch, int devices_per_process, const ProcessGroup& group) {
   EF_CHECK(devices_per_process >= 1, "process_share: ", devices_per_process, " devices per process");
   const int ranks = devices_per_process * group.size();

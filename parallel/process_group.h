@@ -66,6 +66,9 @@ class ProcessGroup {
   virtual Tensor all_gather(const Tensor& x) = 0;
   /// Process `root`'s `bytes` (the others' are ignored, of any length).
   virtual std::string broadcast_bytes(const std::string& bytes, int root) = 0;
+  /// The sum over processes of a host number (a loss's share, a count), the same on every process:
+  /// all_reduce of it as a float64 tensor.
+  double sum(double x);
   /// @}
 
   /// Tells the other processes that this one failed, with `why`, so that their waiting and later

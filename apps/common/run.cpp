@@ -203,42 +203,38 @@ void Run::check_loss(double loss, int64_t step, const std::string& what, const s
   }
 }
 
-void Run::train_epochs(data::DataLoader& loader, int64_t examples, int64_t epochs, int64_t max_steps,
+void Run::train_epochs(data::DataLoader& loader, int64_t epochs, int64_t max_steps,
                        const std::function<Tensor(data::Batch&)>& step,
                        const std::function<void(const EpochStats&)>& end_of_epoch) {
   using Clock = std::chrono::steady_clock;
   const int64_t per_epoch = loader.num_batches();
-  const int64_t batch_size = loader.options().batch_size;
   ProgressBar bar;
   bool stop = max_steps > 0 && progress_.step >= max_steps;
   while (!stop && progress_.epoch < epochs) {
-    const int64_t skip = progress_.step - progress_.epoch * per_epoch;  // steps of this epoch already done
-    bar.start("epoch " + std::to_string(progress_.epoch + 1) + "/" + std::to_string(epochs), per_epoch, skip + 1);
+    loader.after(progress_.step);  // one batch a step (Note [Resuming a loader] in data/loader.h)
+    const data::LoaderPosition start = loader.position();
+    bar.start("epoch " + std::to_string(start.epoch + 1) + "/" + std::to_string(epochs), per_epoch, start.batch + 1);
     double loss_sum = 0, seconds = 0;
-    int64_t steps = 0, images = 0, i = 0;
+    int64_t steps = 0, images = 0;
     auto t0 = Clock::now();
-    for (data::Batch& b : loader.epoch(progress_.epoch)) {
-      if (i++ < skip) {
-        t0 = Clock::now();
-        continue;
-      }
+    for (data::Batch& b : loader) {
       const double l = step(b).item();
       ++progress_.step;
       check_loss(l, progress_.step, "training loss", "step " + std::to_string(progress_.step));
       ++steps;
       loss_sum += l;
-      images += std::min(batch_size, examples - (i - 1) * batch_size);  // the global batch's
+      images += b.rows.total;  // the job's batch, over every process
       const auto t1 = Clock::now();
       seconds += std::chrono::duration<double>(t1 - t0).count();
       t0 = t1;
-      bar.update(i, l, static_cast<double>(images) / seconds);
+      bar.update(b.index + 1, l, static_cast<double>(images) / seconds);
       if (max_steps > 0 && progress_.step >= max_steps) {
         stop = true;
         break;
       }
     }
     bar.finish();
-    if (progress_.step == (progress_.epoch + 1) * per_epoch) ++progress_.epoch;  // the epoch is complete
+    progress_.epoch = loader.position().epoch;  // the next one once this epoch's last batch is done
     end_of_epoch({.mean_loss = steps > 0 ? loss_sum / static_cast<double>(steps) : 0.0,
                   .steps = steps,
                   .seconds = seconds,

@@ -134,7 +134,6 @@ class Run {
   // `loader`'s epochs up to `epochs`, stopping after `max_steps` in all (0: no limit). `step`
   // trains on a batch and returns its loss (read on the host here, once a step); `end_of_epoch`
   // gets the epoch's statistics (also at a stop mid-epoch) and logs, prints and saves.
-  // `examples`: the dataset's size, for the images of each (global) batch.
   struct EpochStats {
     double mean_loss = 0;  // over the steps run in this call
     int64_t steps = 0;
@@ -142,7 +141,7 @@ class Run {
     double images_per_s = 0;  // training images (every process's) per second
     double epochs_done = 0;   // fractional when stopped mid-epoch
   };
-  void train_epochs(data::DataLoader& loader, int64_t examples, int64_t epochs, int64_t max_steps,
+  void train_epochs(data::DataLoader& loader, int64_t epochs, int64_t max_steps,
                     const std::function<Tensor(data::Batch&)>& step,
                     const std::function<void(const EpochStats&)>& end_of_epoch);
 

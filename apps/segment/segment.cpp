@@ -204,9 +204,10 @@ Outcome train(const Args& a, const Setup& s, const std::string& spec, uint64_t s
 
   apps::setup_done();
   run.train_epochs(
-      train_loader, s.train.dataset->size(), a.epochs, a.steps,
+      train_loader, a.epochs, a.steps,
       [&](ef::data::Batch& b) {
-        const ef::Tensor loss = criterion(model(model.scatter(b.images.to(s.dtype))), model.scatter(b.labels));
+        const ef::Tensor loss =
+            criterion(model(model.scatter(b.images.to(s.dtype), b.rows)), model.scatter(b.labels, b.rows));
         opt.zero_grad();
         loss.backward();
         opt.step();

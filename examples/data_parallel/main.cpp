@@ -36,23 +36,22 @@ int main(int argc, char** argv) try {
       train_set,
       {.batch_size = 64, .shuffle = true, .seed = 0, .batch_part = model.batch_part()});  // this process's rows
 
-  ef::io::TrainingProgress progress;
-  if (std::filesystem::exists(checkpoint)) progress = state.load(checkpoint).progress;
-  while (progress.step < steps) {
-    int64_t skip = progress.step - progress.epoch * loader.num_batches();  // steps of this epoch done
-    for (ef::data::Batch& b : loader.epoch(progress.epoch)) {
-      if (skip-- > 0) continue;
-      const ef::Tensor loss = criterion(model(model.scatter(b.images.to(ef::kFloat64))), model.scatter(b.labels));
+  int64_t step = 0;
+  if (std::filesystem::exists(checkpoint)) step = state.load(checkpoint).progress.step;
+  while (step < steps) {
+    for (ef::data::Batch& b : loader.after(step)) {  // one batch a step: continue after `step` batches
+      // b.rows: which rows of the job's batch this process read, so scatter needs no collective.
+      const ef::Tensor loss =
+          criterion(model(model.scatter(b.images.to(ef::kFloat64), b.rows)), model.scatter(b.labels, b.rows));
       opt.zero_grad();
       loss.backward();  // gradients all-reduced while backward runs
       opt.step();       // every replica steps; replicas stay identical
-      if (++progress.step % 5 == 0)
-        std::printf("step %3lld loss %.17g\n", static_cast<long long>(progress.step), loss.item());
-      if (progress.step == steps) break;
+      if (++step % 5 == 0) std::printf("step %3lld loss %.17g\n", static_cast<long long>(step), loss.item());
+      if (step == steps) break;
     }
-    if (progress.step % loader.num_batches() == 0) ++progress.epoch;
   }
-  state.save(checkpoint, progress);  // process 0 writes it; any device or process count resumes it
+  // Process 0 writes it; any device or process count resumes it.
+  state.save(checkpoint, {.step = step, .epoch = loader.position().epoch});
   model.check_replicas();
   return 0;
 } catch (const std::exception& e) {

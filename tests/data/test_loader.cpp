@@ -107,7 +107,7 @@ TEST_CASE("DataLoader workers: drop_last, epochs and shards") {
   const std::vector<int64_t> order0 = RandomSampler(37, 3).indices(0);
   CHECK(e0 == std::vector<int64_t>(order0.begin(), order0.begin() + 35));
   // Each iteration runs the next epoch; epoch(e) goes back.
-  CHECK(loader.next_epoch() == 1);
+  CHECK(loader.position() == LoaderPosition{.epoch = 1, .batch = 0});
   const std::vector<int64_t> order1 = RandomSampler(37, 3).indices(1);
   CHECK(labels_of(loader) == std::vector<int64_t>(order1.begin(), order1.begin() + 35));
   CHECK(labels_of(loader.epoch(0)) == e0);
@@ -201,6 +201,87 @@ TEST_CASE("DataLoader: random transforms draw per image, so batch sizes and batc
       if (!part[i].empty()) gathered[i] = part[i];
   }
   CHECK(gathered == reference);
+}
+
+// Note [Resuming a loader]: after(k) continues where k batches of whole epochs end, bitwise (random
+// transforms included), never making the batches before; batches say where they are and which rows
+// of the job's batch they hold.
+TEST_CASE("DataLoader workers: after(k) continues an unbroken run, and batches say where they are") {
+  const auto dataset = numbered_images();  // 20 images, batches of 6: 4 a epoch, the last of 2
+  const std::vector<std::shared_ptr<const Transform>> augment = crop_and_flip();
+  for (int workers : {0, 2}) {
+    CAPTURE(workers);
+    DataLoader loader(dataset,
+                      {.batch_size = 6, .shuffle = true, .seed = 7, .num_workers = workers, .transforms = augment});
+    REQUIRE(loader.num_batches() == 4);
+    // Four epochs without a stop: each batch's images and where the loader says it is.
+    std::vector<std::vector<double>> unbroken;
+    for (int64_t e = 0; e < 4; ++e) {
+      int64_t index = 0;
+      for (Batch& b : loader) {
+        CHECK(b.epoch == e);
+        CHECK(b.index == index++);
+        const int64_t rows = b.index < 3 ? 6 : 2;
+        CHECK(b.rows.start == 0);
+        CHECK(b.rows.count == rows);
+        CHECK(b.rows.total == rows);
+        unbroken.push_back(vals(b.images));
+      }
+      CHECK(loader.position() == LoaderPosition{.epoch = e + 1, .batch = 0});
+    }
+    for (int64_t k : {0, 1, 3, 4, 6, 11}) {
+      CAPTURE(k);
+      loader.after(k);
+      CHECK(loader.position() == LoaderPosition{.epoch = k / 4, .batch = k % 4});
+      int64_t i = k;
+      for (Batch& b : loader) {  // the rest of k's epoch
+        CHECK(b.epoch == i / 4);
+        CHECK(b.index == i % 4);
+        CHECK(vals(b.images) == unbroken[static_cast<size_t>(i)]);
+        ++i;
+        CHECK(loader.position() == LoaderPosition{.epoch = i / 4, .batch = i % 4});
+      }
+      CHECK(i == (k / 4 + 1) * 4);
+      for (Batch& b : loader) {  // and the next epoch, whole
+        CHECK(vals(b.images) == unbroken[static_cast<size_t>(i++)]);
+        if (b.index == 1) break;  // a stop mid-epoch: the position is the batch after
+      }
+      CHECK(loader.position() == LoaderPosition{.epoch = k / 4 + 1, .batch = 2});
+    }
+    // epoch(e) ends the iteration in progress and starts e at its first batch.
+    Batch& first = *loader.after(5).begin();
+    CHECK(first.index == 1);
+    CHECK(loader.epoch(2).position() == LoaderPosition{.epoch = 2, .batch = 0});
+  }
+
+  // The batches before the position are never made.
+  const auto counting = std::make_shared<CountingDataset>();
+  DataLoader counted(counting, {.batch_size = 10, .num_workers = 0});
+  int64_t seen = 0;
+  for (Batch& b : counted.after(27)) {
+    CHECK(b.index == 7 + seen++);
+    CHECK(b.epoch == 2);
+  }
+  CHECK(seen == 3);
+  CHECK(counting->made.load() == 3);
+
+  // A batch part: the rows of the job's batch this loader reads.
+  DataLoader part(dataset, {.batch_size = 6, .batch_part = [](int64_t rows) {
+                              return std::pair<int64_t, int64_t>{rows / 2, rows - rows / 2};
+                            }});
+  std::vector<BatchRows> rows;
+  for (Batch& b : part) {
+    CHECK(b.labels.size(0) == b.rows.count);
+    rows.push_back(b.rows);
+  }
+  REQUIRE(rows.size() == 4);
+  CHECK((rows[0].start == 3 && rows[0].count == 3 && rows[0].total == 6));
+  CHECK((rows[3].start == 1 && rows[3].count == 1 && rows[3].total == 2));
+
+  CHECK(error_of([&] { counted.after(-1); }).find("negative number of batches") != std::string::npos);
+  DataLoader empty(std::make_shared<IndexDataset>(3), {.batch_size = 5, .drop_last = true});
+  CHECK(error_of([&] { empty.after(0); }).find("no batches (3 examples, batch_size 5, drop_last)") !=
+        std::string::npos);
 }
 
 TEST_CASE("DataLoader workers: the prefetch window is bounded") {

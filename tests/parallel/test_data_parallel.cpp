@@ -552,6 +552,42 @@ TEST_CASE("data parallel: dropout masks and a penalty's drawn weights are the on
   CHECK(want_losses[0] != want_losses[1]);
 }
 
+// What a loader's Batch::rows give scatter: the part of a job's batch that one process of several
+// reads draws, in every layer, the numbers those rows draw when one device holds the whole batch.
+TEST_CASE("data parallel: a batch given with its rows of the job's batch draws as those rows; bad rows are named") {
+  const Tensor x = full({9, 4}, 1.0, {.dtype = kFloat64});
+  DataParallelModel model(std::make_shared<nn::Sequential>(nn::Dropout(0.5)), devices("cpu:2"));
+  const auto host_rows = [](const PerDevice<Tensor>& ys) { return cat({ys[0].to(cpu()), ys[1].to(cpu())}, 0); };
+  manual_seed(cpu(), 32);
+  const Tensor whole = host_rows(model(model.scatter(x)));
+  CHECK(amax(whole).item() == 2.0);  // some rows kept, some dropped
+  CHECK(sum(whole).item() < 72.0);
+  manual_seed(cpu(), 32);
+  const auto xs = model.scatter(narrow(x, 0, 3, 6), {.start = 3, .count = 6, .total = 9});
+  const std::vector<BatchRows> rows = model.batch_rows();
+  REQUIRE(rows.size() == 2);
+  CHECK((rows[0].start == 3 && rows[0].count == 3 && rows[0].total == 9));
+  CHECK((rows[1].start == 6 && rows[1].count == 3 && rows[1].total == 9));
+  CHECK(host_rows(model(xs)).to_vector() == narrow(whole, 0, 3, 6).to_vector());
+  CHECK(model.batch_rows()[1].start == 6);  // forward on the batch's chunks keeps its rows
+  // Chunks already split, with their rows.
+  manual_seed(cpu(), 32);
+  CHECK(host_rows(model(model.scatter(xs, {.start = 3, .count = 6, .total = 9}))).to_vector() ==
+        narrow(whole, 0, 3, 6).to_vector());
+
+  // One process: its rows are the whole batch, its part the tensor itself.
+  const BatchRows mine = model.process_rows(9);
+  CHECK((mine.start == 0 && mine.count == 9 && mine.total == 9));
+  CHECK(model.process_part(x).data<double>() == x.data<double>());
+
+  CHECK(error_of([&] { model.scatter(x, {.start = 0, .count = 8, .total = 9}); }) ==
+        "DataParallelModel::scatter: a batch of 9 rows given as rows 0 to 8 of 9");
+  CHECK(error_of([&] { model.scatter(x, {.start = 3, .count = 9, .total = 9}); }) ==
+        "DataParallelModel::scatter: a batch of 9 rows given as rows 3 to 12 of 9");
+  CHECK(error_of([&] { model.scatter(xs, {.start = 0, .count = 5, .total = 9}); }) ==
+        "DataParallelModel::scatter: chunks of 6 rows given as rows 0 to 5 of 9");
+}
+
 TEST_CASE("batch draws: a device's rows are those rows of the whole batch's draw; a wrong row count is named") {
   manual_seed(cpu(), 31);
   const Tensor whole = batch_randn({5, 3}, {.dtype = kFloat64});

@@ -152,9 +152,15 @@ std::pair<std::vector<double>, nn::NamedTensors> train_critic(bool across_proces
   for (int step = 0; step < steps; ++step) {
     // Every process draws the whole batch and keeps its share (what a distributed sampler reads).
     const Tensor real = randn({7, 6}, f64), fake = randn({7, 6}, f64);
-    const ProcessShare share = process_share(7, model.size(), job());
-    const auto reals = model.scatter(narrow(real, 0, share.start, share.count));
-    const auto fakes = model.scatter(narrow(fake, 0, share.start, share.count));
+    // The real batch with its rows (no collective), the fake one learning them (an all-gather).
+    const auto reals = model.scatter(model.process_part(real), model.process_rows(7));
+    const std::vector<BatchRows> given = model.batch_rows();
+    const auto fakes = model.scatter(model.process_part(fake));
+    for (size_t r = 0; r < given.size(); ++r) {
+      CHECK(model.batch_rows()[r].start == given[r].start);
+      CHECK(model.batch_rows()[r].count == given[r].count);
+      CHECK(model.batch_rows()[r].total == 7);
+    }
     opt.zero_grad();
     const Tensor loss = criterion([&](int r) { return loss_of(model.replica(r), reals[r], fakes[r]); });
     loss.backward();
@@ -192,6 +198,12 @@ TEST_CASE("processes: a batch too small for every device of the job is refused, 
   CHECK(process_share(7, 2, job()).count == (job().rank() == 0 ? 4 : 3));
 }
 
+TEST_CASE("processes: sum adds a host number over the processes, the same on each") {
+  const double total = job().sum(job().rank() + 0.25);
+  const int p = job().size();
+  CHECK(total == p * (p - 1) / 2 + 0.25 * p);
+}
+
 TEST_CASE("processes: no_sync accumulates micro-batches, and the last backward sums them over every process") {
   // Two micro-batches of 7, the first backward under no_sync: every replica of every process ends
   // with the gradients one device accumulates over the two, 1-byte buckets (one per parameter).
@@ -209,10 +221,7 @@ TEST_CASE("processes: no_sync accumulates micro-batches, and the last backward s
 
   DataParallelModel model(net, devices("cpu:2"), {.bucket_bytes = 1});
   DataParallelCriterion criterion(model);
-  const auto my_chunks = [&](const Tensor& x) {
-    const ProcessShare share = process_share(7, model.size(), job());
-    return model.scatter(narrow(x, 0, share.start, share.count));
-  };
+  const auto my_chunks = [&](const Tensor& x) { return model.scatter(model.process_part(x), model.process_rows(7)); };
   const auto xa = my_chunks(a), xb = my_chunks(b);
   {
     const auto pause = model.no_sync();
