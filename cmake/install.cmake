@@ -8,9 +8,9 @@ set(ef_installed_targets ef_evenflow)
 foreach(component IN LISTS EF_COMPONENTS)
   list(APPEND ef_installed_targets ef_${component})
   # The public headers of each source folder (include/evenflow/<component> links to them in the tree):
-  # every header but EF_INTERNAL_HEADERS and those of EF_INTERNAL_FOLDERS.
+  # every header of the folder (not its subfolders) but the *_internal.h ones.
   file(GLOB ef_component_headers RELATIVE ${PROJECT_SOURCE_DIR} CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/${component}/*.h)
-  list(REMOVE_ITEM ef_component_headers ${EF_INTERNAL_HEADERS})
+  list(FILTER ef_component_headers EXCLUDE REGEX "${EF_INTERNAL_HEADER_REGEX}")
   list(TRANSFORM ef_component_headers PREPEND ${PROJECT_SOURCE_DIR}/)
   install(FILES ${ef_component_headers} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/evenflow/${component})
 endforeach()

@@ -3,7 +3,7 @@
 #include "evenflow/data/random_stream.h"
 
 #include "evenflow/engine/error.h"
-#include "evenflow/engine/random.h"
+#include "evenflow/engine/random_internal.h"
 
 namespace evenflow::data {
 

@@ -1,9 +1,10 @@
 /// @file
 /// Random numbers for the data pipeline that do not depend on thread timing: a RandomStream is a
 /// pure function of a seed and a stream path (e.g. {epoch} for a sampler, {epoch, sample} for the
-/// transforms of one image: SampleStreams), drawn with Philox4x32-10 (engine/random.h) keyed by a hash of both.
-/// Whichever worker thread transforms an image, it draws the same numbers; and, unlike
-/// std::shuffle or std::uniform_int_distribution, the results are the same with every compiler.
+/// transforms of one image: SampleStreams), drawn with Philox4x32-10 (engine/random_internal.h)
+/// keyed by a hash of both. Whichever worker thread transforms an image, it draws the same numbers;
+/// and, unlike std::shuffle or std::uniform_int_distribution, the results are the same with every
+/// compiler.
 #pragma once
 
 #include <cstdint>

@@ -4,8 +4,8 @@
 #include <sstream>
 
 #include "evenflow/engine/backend.h"
-#include "evenflow/engine/capture.h"
-#include "evenflow/engine/context.h"
+#include "evenflow/engine/capture_internal.h"
+#include "evenflow/engine/context_internal.h"
 #include "evenflow/engine/error.h"
 
 namespace evenflow {
@@ -51,7 +51,7 @@ void* CachingAllocator::allocate(size_t nbytes, size_t* block_bytes) {
   std::lock_guard<std::mutex> lock(mu_);
   ++stats_.num_allocs;
   void* ptr = nullptr;
-  // Only the step's own allocations (Note [The step's threads] in capture.h).
+  // Only the step's own allocations (Note [The step's threads] in capture_internal.h).
   Pool* pool = active_pool_ != 0 && detail::step_thread().in_step ? &pools_.at(active_pool_) : nullptr;
   std::multimap<size_t, void*>& cache = pool ? pool->free_blocks : free_blocks_;
   if (auto it = cache.find(size); it != cache.end()) {

@@ -9,7 +9,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include "evenflow/engine/context.h"
+#include "evenflow/engine/context_internal.h"
 #include "evenflow/engine/ops.h"
 
 namespace evenflow {

@@ -4,8 +4,8 @@
 #include <sstream>
 #include <thread>
 
-#include "evenflow/engine/capture.h"
-#include "evenflow/engine/context.h"
+#include "evenflow/engine/capture_internal.h"
+#include "evenflow/engine/context_internal.h"
 #include "evenflow/engine/cpu/threads.h"
 #include "evenflow/engine/error.h"
 

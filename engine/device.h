@@ -101,7 +101,7 @@ void manual_seed(uint64_t seed);
 /// exist.
 void manual_seed(const Device& d, uint64_t seed);
 
-/// A device's generator state: draws are a pure function of (seed, offset), see engine/random.h.
+/// A device's generator state: draws are a pure function of (seed, offset), see engine/random_internal.h.
 struct GeneratorState {
   uint64_t seed = 0;    ///< The key of the draws (manual_seed sets it).
   uint64_t offset = 0;  ///< The counter of the next draw; each random element drawn advances it by one.

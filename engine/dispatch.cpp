@@ -4,8 +4,8 @@
 #include <cstring>
 #include <string>
 
-#include "evenflow/engine/capture.h"
-#include "evenflow/engine/context.h"
+#include "evenflow/engine/capture_internal.h"
+#include "evenflow/engine/context_internal.h"
 #include "evenflow/engine/cpu/cpu_backend.h"
 #include "evenflow/engine/device.h"
 #include "evenflow/engine/error.h"

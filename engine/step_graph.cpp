@@ -1,4 +1,4 @@
-// StepGraph (step_graph.h) and the engine's side of a recording (capture.h): the capture's state,
+// StepGraph (step_graph.h) and the engine's side of a recording (capture_internal.h): the capture's state,
 // the host effects and step scalars replayed with it, the CPU devices' recording of kernel calls,
 // and values read back behind the device's work.
 #include "evenflow/engine/step_graph.h"
@@ -13,8 +13,8 @@
 #include <utility>
 
 #include "evenflow/engine/autograd.h"
-#include "evenflow/engine/capture.h"
-#include "evenflow/engine/context.h"
+#include "evenflow/engine/capture_internal.h"
+#include "evenflow/engine/context_internal.h"
 #include "evenflow/engine/error.h"
 #include "evenflow/engine/ops.h"
 

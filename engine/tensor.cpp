@@ -9,8 +9,8 @@
 #include <sstream>
 
 #include "evenflow/engine/autograd.h"
-#include "evenflow/engine/capture.h"
-#include "evenflow/engine/context.h"
+#include "evenflow/engine/capture_internal.h"
+#include "evenflow/engine/context_internal.h"
 #include "evenflow/engine/ops.h"
 
 namespace evenflow {

@@ -1,6 +1,6 @@
-#include "evenflow/engine/worker.h"
+#include "evenflow/engine/worker_internal.h"
 
-#include "evenflow/engine/capture.h"
+#include "evenflow/engine/capture_internal.h"
 #include "evenflow/engine/error.h"
 
 namespace evenflow {
@@ -33,7 +33,7 @@ Worker* Worker::current() {
 
 namespace {
 // Runs a task with its poster's step state, restoring the thread's own after (Note [The step's
-// threads] in capture.h): a task of a step works for the step, and another task that a step's
+// threads] in capture_internal.h): a task of a step works for the step, and another task that a step's
 // thread runs while it waits (run_until) does not.
 class StepThreadSwap {
  public:

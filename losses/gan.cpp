@@ -5,7 +5,7 @@
 #include <cmath>
 #include <string>
 
-#include "evenflow/losses/common.h"
+#include "evenflow/losses/common_internal.h"
 
 namespace evenflow::losses {
 

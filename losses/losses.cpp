@@ -1,9 +1,9 @@
 // Classification losses (cross-entropy, NLL, focal), regression and binary losses, and the checks
-// and masks every loss shares (losses/common.h). Dice, Lovász-softmax and OHEM are in
+// and masks every loss shares (losses/common_internal.h). Dice, Lovász-softmax and OHEM are in
 // segmentation.cpp, the Wasserstein losses and gradient penalties in gan.cpp.
 #include <string>
 
-#include "evenflow/losses/common.h"
+#include "evenflow/losses/common_internal.h"
 
 namespace evenflow::losses {
 

@@ -7,7 +7,7 @@
 #include <cmath>
 #include <vector>
 
-#include "evenflow/losses/common.h"
+#include "evenflow/losses/common_internal.h"
 
 namespace evenflow::losses {
 

@@ -9,7 +9,7 @@
 #include <map>
 #include <set>
 
-#include "evenflow/engine/capture.h"
+#include "evenflow/engine/capture_internal.h"
 #include "evenflow/engine/step_graph.h"
 
 namespace evenflow::optim {

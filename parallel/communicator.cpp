@@ -4,11 +4,11 @@
 #include <set>
 
 #include "evenflow/engine/autograd.h"
-#include "evenflow/engine/capture.h"
+#include "evenflow/engine/capture_internal.h"
 #include "evenflow/engine/ops.h"
 #include "evenflow/parallel/process_group_internal.h"
 #if EF_NCCL
-#include "evenflow/parallel/nccl_communicator.h"
+#include "evenflow/parallel/nccl_communicator_internal.h"
 #endif
 
 namespace evenflow::parallel {

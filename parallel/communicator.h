@@ -21,7 +21,7 @@
 /// LocalCommunicator serves CPU devices and several logical devices on one GPU: ranks meet in host
 /// memory and the last one to arrive computes every rank's result (across processes, its process's
 /// part, then the processes' collective). NcclCommunicator
-/// (nccl_communicator.h) serves distinct GPUs. make_communicator picks one.
+/// (nccl_communicator_internal.h) serves distinct GPUs. make_communicator picks one.
 #pragma once
 
 #include <chrono>

@@ -4,7 +4,7 @@
 #include <optional>
 #include <utility>
 
-#include "evenflow/parallel/gradient_sync.h"
+#include "evenflow/parallel/gradient_sync_internal.h"
 #include "evenflow/parallel/process_group_internal.h"
 
 namespace evenflow::parallel {

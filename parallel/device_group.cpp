@@ -6,7 +6,7 @@
 #include <thread>
 
 #include "evenflow/engine/autograd.h"
-#include "evenflow/engine/context.h"
+#include "evenflow/engine/context_internal.h"
 #include "evenflow/engine/step_graph.h"
 
 namespace evenflow::parallel {

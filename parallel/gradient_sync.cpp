@@ -1,10 +1,10 @@
-// GradientSync (see gradient_sync.h, Note [Gradient buckets]).
-#include "evenflow/parallel/gradient_sync.h"
+// GradientSync (see gradient_sync_internal.h, Note [Gradient buckets]).
+#include "evenflow/parallel/gradient_sync_internal.h"
 
 #include <algorithm>
 
 #include "evenflow/engine/autograd.h"
-#include "evenflow/engine/capture.h"
+#include "evenflow/engine/capture_internal.h"
 #include "evenflow/parallel/process_group_internal.h"
 
 namespace evenflow::parallel {

@@ -1,6 +1,6 @@
 // The NCCL communicator's internals, shared by its two files: nccl_communicator.cu (handles,
 // collectives, abort and reset) and nccl_watchdog.cu (the thread that watches queued collectives,
-// Note [NCCL watchdog]). Only those include it (nvcc, NCCL); the rest sees nccl_communicator.h.
+// Note [NCCL watchdog]). Only those include it (nvcc, NCCL); the rest sees nccl_communicator_internal.h.
 #pragma once
 
 #include <nccl.h>
@@ -20,9 +20,9 @@
 #include <thread>
 #include <vector>
 
-#include "evenflow/engine/context.h"
+#include "evenflow/engine/context_internal.h"
 #include "evenflow/engine/cuda/cuda_internal.h"
-#include "evenflow/parallel/nccl_communicator.h"
+#include "evenflow/parallel/nccl_communicator_internal.h"
 
 namespace evenflow::cuda_backend::detail {
 // NCCL's status for EF_CUDA_CHECK (engine/cuda/cuda_check.h).

@@ -2,7 +2,7 @@
 
 #include <cstdlib>
 
-#include "evenflow/engine/capture.h"
+#include "evenflow/engine/capture_internal.h"
 #include "evenflow/parallel/comm_ops.h"
 #include "evenflow/parallel/process_group_internal.h"
 

@@ -7,7 +7,7 @@
 #include "evenflow/engine/cpu/threads.h"
 #include "evenflow/engine/cpu/vector_math.h"
 #include "evenflow/engine/error.h"
-#include "evenflow/engine/random.h"
+#include "evenflow/engine/random_internal.h"
 
 namespace evenflow::cpu_backend {
 inline namespace EF_CPU_ISA {

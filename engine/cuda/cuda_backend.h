@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "evenflow/engine/backend.h"
-#include "evenflow/engine/capture.h"
+#include "evenflow/engine/capture_internal.h"
 
 namespace evenflow::cuda_backend {
 

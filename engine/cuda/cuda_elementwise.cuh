@@ -1,13 +1,13 @@
 // The elementwise engine of the CUDA backend: out = f(in...) over views of one shape with any
 // strides (contiguous views with 16-byte vector loads), and generated sequences out[i] = g(i). The
-// functors are the CPU backend's (scalar_ops.h, random.h) compiled for the device, so both backends
+// functors are the CPU backend's (scalar_ops.h, random_internal.h) compiled for the device, so both backends
 // compute the same function. Used by cuda_elementwise.cu and cuda_unary.cu.
 #pragma once
 
 #include <utility>
 
 #include "evenflow/engine/cuda/cuda_launch.cuh"
-#include "evenflow/engine/random.h"
+#include "evenflow/engine/random_internal.h"
 
 namespace evenflow::cuda_backend {
 
@@ -154,7 +154,7 @@ struct Arange {
   __device__ T operator()(int64_t i) const { return static_cast<T>(start + step * static_cast<double>(i)); }
 };
 
-// The same draw as the CPU backend: sample i depends only on (seed, offset + i), see random.h. In a
+// The same draw as the CPU backend: sample i depends only on (seed, offset + i), see random_internal.h. In a
 // recorded step the key is read from device memory when the kernel runs (Note [Step scalars]).
 template <typename T>
 struct RandomDraw {

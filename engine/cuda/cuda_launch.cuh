@@ -12,7 +12,7 @@
 #include <limits>
 #include <type_traits>
 
-#include "evenflow/engine/context.h"
+#include "evenflow/engine/context_internal.h"
 #include "evenflow/engine/cuda/cuda_internal.h"
 #include "evenflow/engine/device.h"
 

@@ -3,7 +3,7 @@
 // once]); conv_transpose2d is conv2d_input_grad.
 #include "evenflow/engine/ops.h"
 
-#include "evenflow/engine/ops_util.h"
+#include "evenflow/engine/ops_internal.h"
 
 namespace evenflow {
 

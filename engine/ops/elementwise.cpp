@@ -1,13 +1,13 @@
 // Elementwise ops (arithmetic, activations, where, maximum/minimum, comparisons) and the in-place
 // ops: argument checks, a backend kernel, and a node whose backward is written in these same ops.
-// Also the argument checks and broadcasting helpers that ops_util.h declares for every op family.
+// Also the argument checks and broadcasting helpers that ops_internal.h declares for every op family.
 #include "evenflow/engine/ops.h"
 
 #include <algorithm>
 #include <cmath>
 #include <numbers>
 
-#include "evenflow/engine/ops_util.h"
+#include "evenflow/engine/ops_internal.h"
 
 namespace evenflow {
 

@@ -2,7 +2,7 @@
 // another of them), and check_index_range for data about to be used as indices.
 #include "evenflow/engine/ops.h"
 
-#include "evenflow/engine/ops_util.h"
+#include "evenflow/engine/ops_internal.h"
 
 namespace evenflow {
 

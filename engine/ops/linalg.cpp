@@ -1,11 +1,11 @@
 // Matrix products: matmul (one batched GEMM, its operands described by their strides, copied only
 // where those do not allow it) and linear. Their backward is again matmul: closed under
-// differentiation. Their bfloat16 compute rounds operands with operand_for (ops_util.h).
+// differentiation. Their bfloat16 compute rounds operands with operand_for (ops_internal.h).
 #include "evenflow/engine/ops.h"
 
 #include <algorithm>
 
-#include "evenflow/engine/ops_util.h"
+#include "evenflow/engine/ops_internal.h"
 
 namespace evenflow {
 

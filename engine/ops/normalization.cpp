@@ -3,7 +3,7 @@
 // (Note [Fused normalization]); batch_norm in eval is composite.
 #include "evenflow/engine/ops.h"
 
-#include "evenflow/engine/ops_util.h"
+#include "evenflow/engine/ops_internal.h"
 
 namespace evenflow {
 

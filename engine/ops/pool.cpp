@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "evenflow/engine/ops_util.h"
+#include "evenflow/engine/ops_internal.h"
 
 namespace evenflow {
 

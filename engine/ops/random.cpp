@@ -2,7 +2,7 @@
 // numbers per sample] in tensor.h). Composite: its gradient is mul's.
 #include "evenflow/engine/ops.h"
 
-#include "evenflow/engine/ops_util.h"
+#include "evenflow/engine/ops_internal.h"
 
 namespace evenflow {
 

@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <numeric>
 
-#include "evenflow/engine/ops_util.h"
+#include "evenflow/engine/ops_internal.h"
 
 namespace evenflow {
 

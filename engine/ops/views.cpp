@@ -6,7 +6,7 @@
 #include <limits>
 #include <numeric>
 
-#include "evenflow/engine/ops_util.h"
+#include "evenflow/engine/ops_internal.h"
 
 namespace evenflow {
 

@@ -5,7 +5,7 @@
 #include <functional>
 #include <future>
 
-#include "evenflow/engine/context.h"
+#include "evenflow/engine/context_internal.h"
 #include "evenflow/engine/ops.h"
 #include "tests/testing/gradcheck.h"
 #include "tests/testing/helpers.h"

@@ -11,7 +11,7 @@
 #include <string>
 
 #include "evenflow/engine/backend.h"
-#include "evenflow/engine/ops_util.h"
+#include "evenflow/engine/ops_internal.h"
 #include "tests/engine/op_table.h"
 #include "tests/testing/helpers.h"
 
@@ -355,7 +355,7 @@ TEST_CASE("cuda: copies between host, device and logical devices") {
   }
   // Same generator state, same numbers on both backends (Philox): bitwise for uniform draws (with
   // bounds, so a product and a sum round as on the CPU) and Bernoulli ones; normal draws to the
-  // last bits of log and cos, which the backends compute differently (engine/random.h).
+  // last bits of log and cos, which the backends compute differently (engine/random_internal.h).
   for (const Device& d : {cpu(), cuda(0)}) manual_seed(d, 9);
   CHECK(uniform({257}, -0.3, 1.7, {.dtype = kFloat64}).to_vector() ==
         uniform({257}, -0.3, 1.7, {.dtype = kFloat64, .device = cuda(0)}).to_vector());

@@ -11,10 +11,10 @@
 #include <string>
 #include <vector>
 
-#include "evenflow/engine/context.h"
+#include "evenflow/engine/context_internal.h"
 #include "evenflow/engine/cpu/vector_math.h"
 #include "evenflow/engine/ops.h"
-#include "evenflow/engine/random.h"
+#include "evenflow/engine/random_internal.h"
 #include "tests/testing/helpers.h"
 
 using namespace evenflow;

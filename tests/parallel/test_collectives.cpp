@@ -6,7 +6,7 @@
 #include "evenflow/parallel/comm_ops.h"
 #include "evenflow/parallel/device_group.h"
 #if EF_NCCL
-#include "evenflow/parallel/nccl_communicator.h"
+#include "evenflow/parallel/nccl_communicator_internal.h"
 #endif
 #include "tests/testing/gradcheck.h"
 #include "tests/testing/helpers.h"

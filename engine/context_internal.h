@@ -9,7 +9,7 @@
 #include "evenflow/engine/allocator.h"
 #include "evenflow/engine/backend.h"
 #include "evenflow/engine/device.h"
-#include "evenflow/engine/worker.h"
+#include "evenflow/engine/worker_internal.h"
 
 namespace evenflow {
 
@@ -50,7 +50,7 @@ class DeviceContext {
   CachingAllocator& allocator() { return *allocator_; }
   Generator& generator() { return generator_; }
   Worker& worker();
-  // The StepGraph capture recording this device's work, or nullptr (engine/capture.h).
+  // The StepGraph capture recording this device's work, or nullptr (engine/capture_internal.h).
   detail::Capture* capture() const { return capture_.load(std::memory_order_acquire); }
   void set_capture(detail::Capture* c) { capture_.store(c, std::memory_order_release); }
 

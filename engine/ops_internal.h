@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "evenflow/engine/context.h"
+#include "evenflow/engine/context_internal.h"
 #include "evenflow/engine/ops.h"
 
 namespace evenflow::detail {
