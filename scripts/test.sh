@@ -29,9 +29,15 @@ bash scripts/gpu_check.sh --prepare
 stage "installs (with CUDA, CPU-only) and the example project built against each with find_package"
 bash scripts/test_install.sh
 
+# The sanitizer builds compile at -O1 with line tables only (-g1): what the sanitizers' reports
+# need (file and line of every frame), at half the compile time of -O2 -g (tests/layers/
+# test_module.cpp under ASan: 65 s against 129 s of CPU, 2-core Zen 2; docs/contributing.md).
+sanitizer_flags=("-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG")
+
 stage "engine, data-loader and parallel tests (devices, workers, collectives) under ThreadSanitizer"
 BUILD_DIR=build-tsan BUILD_TYPE=RelWithDebInfo TARGETS="test_engine test_data test_parallel test_processes" \
-  bash scripts/build.sh -DEF_SANITIZE=thread -DEF_OPENMP=OFF -DEF_CUDA=OFF -DEF_MPI=ON -DEF_RAY=OFF -DEF_WERROR=ON
+  bash scripts/build.sh "${sanitizer_flags[@]}" -DEF_SANITIZE=thread -DEF_OPENMP=OFF -DEF_CUDA=OFF -DEF_MPI=ON \
+  -DEF_RAY=OFF -DEF_WERROR=ON
 # The thread cases first on their own: in a process where no CPU worker has started yet, backward
 # passes run on their calling threads (Note [Backward on the calling thread]).
 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" build-tsan/tests/test_engine --test-case='threads:*'
@@ -47,8 +53,8 @@ TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/tests/sa
 stage "CPU tests under AddressSanitizer + UndefinedBehaviorSanitizer"
 # Without MPI: Open MPI's own allocations, alive at exit by design, would read as leaks. The
 # multi-process tests run in the Release build above.
-BUILD_DIR=build-asan BUILD_TYPE=RelWithDebInfo bash scripts/build.sh -DEF_SANITIZE=address -DEF_CUDA=OFF -DEF_WERROR=ON \
-  -DEF_MPI=OFF -DEF_RAY=OFF
+BUILD_DIR=build-asan BUILD_TYPE=RelWithDebInfo bash scripts/build.sh "${sanitizer_flags[@]}" -DEF_SANITIZE=address \
+  -DEF_CUDA=OFF -DEF_WERROR=ON -DEF_MPI=OFF -DEF_RAY=OFF
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
   ctest --output-on-failure --timeout 900 -j "$(nproc)")
 
