@@ -30,6 +30,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 
@@ -599,21 +600,22 @@ int run(const Args& a) {
     const double floor = fid.floor_of(*train_set, images, dtype, first);
     std::printf("final Frechet distance (%" PRId64 " generated images vs the test set): %.3f (floor %.3f)\n", images,
                 distance, floor);
+    // Written with full precision (a double's 17 digits); JSON has no NaN, and a distance that is not
+    // finite means the generator's images are not numbers either: an error, not a file.
+    nlohmann::ordered_json evaluation = {
+        {"step", progress.step}, {"images", images}, {"frechet", distance}, {"floor", floor}};
     // With an average, the trained generator's distance from the same noise too: what the average bought.
-    std::string trained;
     if (average) {
       const double d = frechet_of(noise, &gen.module());
       std::printf("final Frechet distance of the trained generator, not the average: %.3f\n", d);
-      char field[64];
-      std::snprintf(field, sizeof field, ", \"frechet_trained_generator\": %.17g", d);
-      trained = field;
+      evaluation["frechet_trained_generator"] = d;
     }
-    char json[320];
-    std::snprintf(json, sizeof json,
-                  "{\"step\": %" PRId64 ", \"images\": %" PRId64 ", \"frechet\": %.17g, \"floor\": %.17g%s}\n",
-                  progress.step, images, distance, floor, trained.c_str());
+    for (const auto& [key, value] : evaluation.items())
+      EF_CHECK(!value.is_number_float() || std::isfinite(value.get<double>()), "the final evaluation's ", key, " is ",
+               value.get<double>(), ": evaluation.json is not written (the generator's images hold NaN or inf?)");
+    const std::string json = evaluation.dump() + "\n";
     ef::io::write_file_atomically(run.file("evaluation.json"),
-                                  [&](ef::io::OutputFile& f) { f.write(json, std::strlen(json)); });
+                                  [&](ef::io::OutputFile& f) { f.write(json.data(), json.size()); });
     run.scalar("final_frechet", distance, progress.step);
   }
   std::printf("done: %" PRId64 " generator steps; outputs in %s\n", progress.step, a.out.c_str());

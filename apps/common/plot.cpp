@@ -5,9 +5,10 @@
 #include <array>
 #include <cmath>
 #include <cstdio>
+#include <utility>
+#include <vector>
 
 #include "evenflow/engine/error.h"
-#include "evenflow/io/file.h"
 
 namespace evenflow::apps {
 
@@ -48,15 +49,9 @@ const Glyph* glyph(char c) {
 
 class Canvas {
  public:
-  Canvas(int w, int h) : w_(w), h_(h), px_(static_cast<size_t>(w) * static_cast<size_t>(h) * 3, 255) {}
+  Canvas(int w, int h) : image_(w, h) {}
 
-  void set(int x, int y, Rgb c) {
-    if (x < 0 || y < 0 || x >= w_ || y >= h_) return;
-    const size_t i = (static_cast<size_t>(y) * static_cast<size_t>(w_) + static_cast<size_t>(x)) * 3;
-    px_[i] = c.r;
-    px_[i + 1] = c.g;
-    px_[i + 2] = c.b;
-  }
+  void set(int x, int y, Rgb c) { image_.set(x, y, c); }
   void rect(int x, int y, int w, int h, Rgb c) {
     for (int j = y; j < y + h; ++j)
       for (int i = x; i < x + w; ++i) set(i, j, c);
@@ -92,18 +87,28 @@ class Canvas {
   }
   static int text_width(const std::string& s) { return static_cast<int>(s.size()) * kCharW - kScale; }
 
-  std::vector<uint8_t> png() const;
+  RgbImage& image() { return image_; }
 
  private:
-  int w_, h_;
-  std::vector<uint8_t> px_;
+  RgbImage image_;
 };
 
-// The canvas as PNG bytes (image.h's encoder).
-std::vector<uint8_t> Canvas::png() const {
-  RgbImage image(w_, h_);
-  image.pixels = px_;
-  return encode_png(image);
+// `c` mixed with white: a light tint of it, for the raw points behind a smoothed curve.
+Rgb tint(Rgb c) {
+  const auto mix = [](uint8_t v) { return static_cast<uint8_t>(v + (255 - v) * 3 / 4); };
+  return {mix(c.r), mix(c.g), mix(c.b)};
+}
+
+// The centred moving average of y over `window` points (fewer at the ends), by prefix sums.
+std::vector<double> moving_average(const std::vector<double>& y, size_t window) {
+  std::vector<double> prefix(y.size() + 1, 0.0);
+  for (size_t i = 0; i < y.size(); ++i) prefix[i + 1] = prefix[i] + y[i];
+  std::vector<double> out(y.size());
+  for (size_t i = 0; i < y.size(); ++i) {
+    const size_t lo = i >= window / 2 ? i - window / 2 : 0, hi = std::min(y.size(), i + window / 2 + 1);
+    out[i] = (prefix[hi] - prefix[lo]) / static_cast<double>(hi - lo);
+  }
+  return out;
 }
 
 // About `target` ticks at multiples of 1, 2 or 5 times a power of ten covering [lo, hi].
@@ -130,7 +135,7 @@ std::string tick_label(double v) {
 
 }  // namespace
 
-void write_line_plot_png(const std::string& path, const LinePlot& plot) {
+RgbImage draw_line_plot(const LinePlot& plot) {
   double x_lo = 0, x_hi = -INFINITY, y_lo = 0, y_hi = -INFINITY;  // both axes include 0
   for (const Series& s : plot.series) {
     EF_CHECK(s.x.size() == s.y.size(), "write_line_plot_png: series \"", s.label, "\" has ", s.x.size(),
@@ -173,10 +178,23 @@ void write_line_plot_png(const std::string& path, const LinePlot& plot) {
   c.text((left + right - Canvas::text_width(plot.x_label)) / 2, bottom + 35, plot.x_label, kBlack);
   c.text(10, top - 25, plot.y_label, kBlack);
 
+  // Note [Curves at any number of points]: markers where the points are far apart; a plain line
+  // where they are a few pixels apart; where they are denser than 2 pixels apart (a loss at every
+  // step of a long run), the raw line in a light tint and a moving average over about 1% of the
+  // points on it, so that noise reads as a light band around a curve, not as a solid band.
+  const auto polyline = [&](const std::vector<double>& x, const std::vector<double>& y, Rgb color, int thick) {
+    for (size_t i = 0; i + 1 < x.size(); ++i) c.line(px(x[i]), py(y[i]), px(x[i + 1]), py(y[i + 1]), color, thick);
+  };
   for (const Series& s : plot.series) {
-    for (size_t i = 0; i + 1 < s.x.size(); ++i)
-      c.line(px(s.x[i]), py(s.y[i]), px(s.x[i + 1]), py(s.y[i + 1]), s.color, 2);
-    for (size_t i = 0; i < s.x.size(); ++i) c.rect(px(s.x[i]) - 3, py(s.y[i]) - 3, 7, 7, s.color);
+    const double pixels_apart = s.x.size() > 1 ? (right - left) / static_cast<double>(s.x.size() - 1) : right - left;
+    if (pixels_apart < 2) {
+      polyline(s.x, s.y, tint(s.color), 1);
+      polyline(s.x, moving_average(s.y, std::max<size_t>(5, s.x.size() / 100)), s.color, 2);
+      continue;
+    }
+    polyline(s.x, s.y, s.color, 2);
+    if (pixels_apart >= 12)
+      for (size_t i = 0; i < s.x.size(); ++i) c.rect(px(s.x[i]) - 3, py(s.y[i]) - 3, 7, 7, s.color);
   }
 
   // Legend, top right, on a white box.
@@ -190,8 +208,11 @@ void write_line_plot_png(const std::string& path, const LinePlot& plot) {
     c.text(lx + 32, y, plot.series[i].label, kBlack);
   }
 
-  const std::vector<uint8_t> bytes = c.png();
-  io::write_file_atomically(path, [&](io::OutputFile& f) { f.write(bytes.data(), bytes.size()); });
+  return std::move(c.image());
+}
+
+void write_line_plot_png(const std::string& path, const LinePlot& plot) {
+  write_png(path, draw_line_plot(plot));
 }
 
 }  // namespace evenflow::apps

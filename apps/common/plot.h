@@ -12,7 +12,8 @@
 
 namespace evenflow::apps {
 
-// One curve: points (x[i], y[i]) joined by lines, with a marker at each point.
+// One curve: points (x[i], y[i]) joined by lines, with a marker at each where they are few, and a
+// moving average over them where they are dense (Note [Curves at any number of points], plot.cpp).
 struct Series {
   std::string label = {};
   std::vector<double> x = {}, y = {};
@@ -26,8 +27,10 @@ struct LinePlot {
   int width = 800, height = 500;
 };
 
-// Draws the plot (both axes span every series' points; the y axis includes 0) and writes the
-// PNG. Throws ef::Error when a series' x and y differ in length or the file cannot be written.
+// Draws the plot: both axes span every series' points, and the y axis includes 0. Throws ef::Error
+// when a series' x and y differ in length.
+RgbImage draw_line_plot(const LinePlot& plot);
+// Draws the plot and writes it as a PNG, atomically; also ef::Error when the file cannot be written.
 void write_line_plot_png(const std::string& path, const LinePlot& plot);
 
 }  // namespace evenflow::apps

@@ -8,6 +8,7 @@
 #include <new>
 #include <string>
 
+#include "ef_commit.h"  // EF_COMMIT, written at build time (cmake/commit.cmake)
 #include "evenflow/parallel/process_group.h"
 
 namespace evenflow::apps {
@@ -57,7 +58,41 @@ CLI::Validator finite() {
       "FINITE");
 }
 
+std::string version_text(const std::string& program) {
+  // A native build's kernels were compiled with this file's -march: its macros say how wide.
+#if defined(__AVX512F__)
+  const char* native_width = "AVX-512";
+#elif defined(__AVX2__)
+  const char* native_width = "AVX2";
+#else
+  const char* native_width = "x86-64";
+#endif
+  const std::string isa = cpu_kernels_isa();
+  std::string text = program + " (evenflow " + EF_VERSION + ", commit " + EF_COMMIT + ")\n";
+  text += "CPU kernels: " +
+          (isa == "native" ? std::string("native, ") + native_width + " (built for the building machine's CPU)"
+                           : isa + " (the widest this CPU runs of baseline, avx2 and avx512)") +
+          (EF_ONEDNN_BUILT ? "; oneDNN" : "; without oneDNN") + "\n";
+  const std::string cuda = EF_CUDA_BUILT;
+  if (cuda.empty()) {
+    text += "CUDA: not built\n";
+  } else {
+    const int gpus = cuda_device_count();
+    text +=
+        "CUDA: " + cuda + (EF_NCCL_BUILT ? ", NCCL" : ", without NCCL") + "; " +
+        (gpus > 0 ? std::to_string(gpus) + " GPU(s) visible" : "no GPU visible (" + cuda_unavailable_reason() + ")") +
+        "\n";
+  }
+  text += std::string("processes: ") +
+          (parallel::multi_process_support() ? "MPI (mpirun, srun)" : "one (built without MPI)") + "\n";
+  text += std::string("Ray: ") + (EF_RAY_BUILT ? "built in (--ray)" : "not built");
+  return text;
+}
+
 int run_program(CLI::App& app, int argc, char** argv, const char* program, const std::function<int()>& run) {
+  app.set_version_flag(
+      "--version", [program] { return version_text(program); },
+      "print the version, the commit and what this build runs on, and exit");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

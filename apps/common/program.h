@@ -24,6 +24,11 @@ namespace evenflow::apps {
 // Exceptions before setup_done() count as bad input, after it as failures while running.
 int run_program(CLI::App& app, int argc, char** argv, const char* program, const std::function<int()>& run);
 
+// What --version prints (every program has it, run_program adds it): the program, evenflow's
+// version and commit, the CPU kernels chosen, whether CUDA (its architectures), NCCL, MPI and Ray
+// were built in, and the GPUs visible.
+std::string version_text(const std::string& program);
+
 // Called by a program once its input is checked and loaded, just before it starts working.
 void setup_done();
 

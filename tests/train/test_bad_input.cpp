@@ -239,3 +239,16 @@ TEST_CASE("bench_loader runs, and the batches are the same with 0 and 2 loader t
   CHECK_MESSAGE(r.rc == 0, r.output);
   CHECK_MESSAGE(r.output.find("segment --augment") != std::string::npos, r.output);
 }
+
+TEST_CASE("--version: every program says its version, commit and what the build runs on, and exits 0") {
+  for (const std::string program : {"classify", "segment", "wgan_gp", "bench_engine"}) {
+    CAPTURE(program);
+    const AppResult r = run_app(bin(program), "--version");
+    CHECK_MESSAGE(r.rc == 0, r.output);
+    CHECK_MESSAGE(r.output.find(program + " (evenflow " + EF_VERSION + ", commit ") == 0, r.output);
+    CHECK_MESSAGE(r.output.find("\nCPU kernels: ") != std::string::npos, r.output);
+    CHECK_MESSAGE(r.output.find("\nCUDA: ") != std::string::npos, r.output);
+    CHECK_MESSAGE(r.output.find("\nprocesses: ") != std::string::npos, r.output);
+    CHECK_MESSAGE(r.output.find("\nRay: ") != std::string::npos, r.output);
+  }
+}

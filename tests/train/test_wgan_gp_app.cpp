@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 
@@ -89,8 +90,11 @@ TEST_CASE("wgan_gp: outputs, the Frechet distance, and an exact --resume") {
   // Note [Final evaluation]: its own count of images, its own noise (not the periodic distance's:
   // the last row of metrics.csv holds another figure), written once the last step is done.
   const std::string evaluation = read_bytes(whole.file("evaluation.json"));
-  CHECK(evaluation.rfind("{\"step\": 4, \"images\": 20, \"frechet\": ", 0) == 0);
-  const double final_distance = std::stod(evaluation.substr(evaluation.find("\"frechet\": ") + 12));
+  const nlohmann::json parsed = nlohmann::json::parse(evaluation);
+  CHECK(parsed.at("step") == 4);
+  CHECK(parsed.at("images") == 20);
+  CHECK(parsed.at("floor").get<double>() > 0.0);
+  const double final_distance = parsed.at("frechet").get<double>();
   CHECK(std::isfinite(final_distance));
   CHECK(final_distance >= 0.0);
   CHECK(full.output.find("final Frechet distance (20 generated images vs the test set)") != std::string::npos);
@@ -366,10 +370,9 @@ TEST_CASE("wgan_gp: --ema-decay samples from the average, which a resume continu
   // The final evaluation measures the trained generator too, from the same noise: what the plain
   // run (the same training, bitwise) reports as its distance.
   const auto field = [](const std::string& json, const std::string& key) {
-    const size_t at = json.find("\"" + key + "\": ");
-    REQUIRE_MESSAGE(at != std::string::npos, key, " in ", json);
-    const size_t start = at + key.size() + 4;
-    return json.substr(start, json.find_first_of(",}", start) - start);
+    const nlohmann::json parsed = nlohmann::json::parse(json);
+    REQUIRE_MESSAGE(parsed.contains(key), key, " in ", json);
+    return parsed.at(key).get<double>();
   };
   const std::string with_average = read_bytes(whole.file("evaluation.json"));
   const std::string without = read_bytes(plain.file("evaluation.json"));
