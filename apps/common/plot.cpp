@@ -14,38 +14,7 @@ namespace evenflow::apps {
 
 namespace {
 
-// A 3x5 font: five rows per glyph, top first, three bits per row (4 = left column, 1 = right).
-// Lower-case letters are drawn as upper-case; characters without a glyph as blanks.
-struct Glyph {
-  char c;
-  std::array<uint8_t, 5> rows;
-};
-constexpr std::array<Glyph, 50> kFont{{
-    {'0', {7, 5, 5, 5, 7}}, {'1', {2, 6, 2, 2, 7}}, {'2', {7, 1, 7, 4, 7}}, {'3', {7, 1, 7, 1, 7}},
-    {'4', {5, 5, 7, 1, 1}}, {'5', {7, 4, 7, 1, 7}}, {'6', {7, 4, 7, 5, 7}}, {'7', {7, 1, 1, 2, 2}},
-    {'8', {7, 5, 7, 5, 7}}, {'9', {7, 5, 7, 1, 7}}, {'A', {2, 5, 7, 5, 5}}, {'B', {6, 5, 6, 5, 6}},
-    {'C', {3, 4, 4, 4, 3}}, {'D', {6, 5, 5, 5, 6}}, {'E', {7, 4, 6, 4, 7}}, {'F', {7, 4, 6, 4, 4}},
-    {'G', {3, 4, 5, 5, 3}}, {'H', {5, 5, 7, 5, 5}}, {'I', {7, 2, 2, 2, 7}}, {'J', {1, 1, 1, 5, 2}},
-    {'K', {5, 5, 6, 5, 5}}, {'L', {4, 4, 4, 4, 7}}, {'M', {5, 7, 7, 5, 5}}, {'N', {6, 5, 5, 5, 5}},
-    {'O', {2, 5, 5, 5, 2}}, {'P', {6, 5, 6, 4, 4}}, {'Q', {2, 5, 5, 6, 3}}, {'R', {6, 5, 6, 5, 5}},
-    {'S', {3, 4, 2, 1, 6}}, {'T', {7, 2, 2, 2, 2}}, {'U', {5, 5, 5, 5, 7}}, {'V', {5, 5, 5, 5, 2}},
-    {'W', {5, 5, 7, 7, 5}}, {'X', {5, 5, 2, 5, 5}}, {'Y', {5, 5, 2, 2, 2}}, {'Z', {7, 1, 2, 4, 7}},
-    {'.', {0, 0, 0, 0, 2}}, {'-', {0, 0, 7, 0, 0}}, {':', {0, 2, 0, 2, 0}}, {'%', {5, 1, 2, 4, 5}},
-    {'/', {1, 1, 2, 4, 4}}, {'(', {1, 2, 2, 2, 1}}, {')', {4, 2, 2, 2, 4}}, {'+', {0, 2, 7, 2, 0}},
-    {',', {0, 0, 0, 2, 4}}, {'_', {0, 0, 0, 0, 7}}, {'=', {0, 7, 0, 7, 0}}, {'[', {3, 2, 2, 2, 3}},
-    {']', {6, 2, 2, 2, 6}}, {' ', {0, 0, 0, 0, 0}},
-}};
-constexpr int kScale = 2;           // pixels per font dot
-constexpr int kCharW = 4 * kScale;  // 3 dots and a space
-constexpr int kCharH = 5 * kScale;
 constexpr Rgb kBlack{0, 0, 0}, kGrey{220, 220, 220}, kWhite{255, 255, 255};
-
-const Glyph* glyph(char c) {
-  const char up = c >= 'a' && c <= 'z' ? static_cast<char>(c - 'a' + 'A') : c;
-  for (const Glyph& g : kFont)
-    if (g.c == up) return &g;
-  return nullptr;
-}
 
 class Canvas {
  public:
@@ -75,17 +44,8 @@ class Canvas {
       }
     }
   }
-  void text(int x, int y, const std::string& s, Rgb c) {
-    for (char ch : s) {
-      if (const Glyph* g = glyph(ch))
-        for (int row = 0; row < 5; ++row)
-          for (int col = 0; col < 3; ++col)
-            if (g->rows[static_cast<size_t>(row)] & (4 >> col))
-              rect(x + col * kScale, y + row * kScale, kScale, kScale, c);
-      x += kCharW;
-    }
-  }
-  static int text_width(const std::string& s) { return static_cast<int>(s.size()) * kCharW - kScale; }
+  void text(int x, int y, const std::string& s, Rgb c) { draw_text(image_, x, y, s, c); }
+  static int text_width(const std::string& s) { return apps::text_width(s); }
 
   RgbImage& image() { return image_; }
 
@@ -170,7 +130,7 @@ RgbImage draw_line_plot(const LinePlot& plot) {
     const std::string l = tick_label(t);
     c.line(left, py(t), right, py(t), kGrey);
     c.line(left - 5, py(t), left, py(t), kBlack);
-    c.text(left - 10 - Canvas::text_width(l), py(t) - kCharH / 2, l, kBlack);
+    c.text(left - 10 - Canvas::text_width(l), py(t) - kTextHeight / 2, l, kBlack);
   }
   c.line(left, top, left, bottom, kBlack);
   c.line(left, bottom, right, bottom, kBlack);
@@ -200,11 +160,11 @@ RgbImage draw_line_plot(const LinePlot& plot) {
   // Legend, top right, on a white box.
   int legend_w = 0;
   for (const Series& s : plot.series) legend_w = std::max(legend_w, Canvas::text_width(s.label));
-  const int lx = right - legend_w - 50, ly = top + 10, row_h = kCharH + 8;
+  const int lx = right - legend_w - 50, ly = top + 10, row_h = kTextHeight + 8;
   c.rect(lx - 8, ly - 6, legend_w + 50, static_cast<int>(plot.series.size()) * row_h + 6, kWhite);
   for (size_t i = 0; i < plot.series.size(); ++i) {
     const int y = ly + static_cast<int>(i) * row_h;
-    c.line(lx, y + kCharH / 2, lx + 24, y + kCharH / 2, plot.series[i].color, 3);
+    c.line(lx, y + kTextHeight / 2, lx + 24, y + kTextHeight / 2, plot.series[i].color, 3);
     c.text(lx + 32, y, plot.series[i].label, kBlack);
   }
 

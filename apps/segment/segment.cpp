@@ -87,8 +87,10 @@ void write_plot(const std::string& path, const std::string& spec, const apps::Me
 
 // --- Prediction images ----------------------------------------------------------------------------
 
-// One row per canvas: the input, the ground truth, then each prediction (labels [k, H, W]).
-apps::RgbImage predictions_grid(const ef::data::Batch& shown, const std::vector<ef::Tensor>& predictions) {
+// One row per canvas: the input, the ground truth, then each prediction (labels [k, H, W]) under
+// its loss's name.
+apps::RgbImage predictions_grid(const ef::data::Batch& shown, const std::vector<ef::Tensor>& predictions,
+                                const std::vector<std::string>& losses) {
   const int64_t k = shown.images.size(0), h = shown.images.size(2), w = shown.images.size(3);
   const ef::Tensor truth = seg::colorize(shown.labels);
   std::vector<ef::Tensor> predicted;
@@ -101,7 +103,9 @@ apps::RgbImage predictions_grid(const ef::data::Batch& shown, const std::vector<
   }
   const int columns = 2 + static_cast<int>(predictions.size());
   const int scale = static_cast<int>(std::max<int64_t>(1, 128 / std::max(h, w)));
-  return apps::image_grid(ef::stack(cells, 0), columns, 0.0, 1.0, scale);
+  std::vector<std::string> titles{"input", "truth"};
+  titles.insert(titles.end(), losses.begin(), losses.end());
+  return apps::image_grid(ef::stack(cells, 0), columns, 0.0, 1.0, scale, titles);
 }
 
 // --- One training run -----------------------------------------------------------------------------
@@ -241,7 +245,7 @@ Outcome train(const Args& a, const Setup& s, const std::string& spec, uint64_t s
             .pixel_accuracy = log.at(log.size() - 1, "test_pixel_accuracy"),
             .predicted = predict(model.module(), s.shown, s.dtype)};
   for (size_t i = 0; i < log.size(); ++i) o.seconds += log.at(i, "seconds");
-  run.image("predictions", predictions_grid(s.shown, {o.predicted}), run.progress().step);
+  run.image("predictions", predictions_grid(s.shown, {o.predicted}, {spec}), run.progress().step);
   return o;
 }
 
@@ -343,7 +347,7 @@ int run(const Args& a, const std::string& command) {
 
   if (!a.compare) {
     const Outcome o = train(a, s, a.loss, a.seed, *runs[0], false);
-    if (primary) apps::write_png(runs[0]->file("predictions.png"), predictions_grid(s.shown, {o.predicted}));
+    if (primary) apps::write_png(runs[0]->file("predictions.png"), predictions_grid(s.shown, {o.predicted}, {a.loss}));
     std::printf("done: mIoU %.2f%%, pixel accuracy %.2f%%; outputs in %s\n", 100 * o.miou, 100 * o.pixel_accuracy,
                 a.out.c_str());
     return 0;
@@ -358,7 +362,7 @@ int run(const Args& a, const std::string& command) {
   const std::string md_path = (fs::path(a.out) / "compare.md").string();
   if (primary) {
     write_compare(md_path, command, specs, outcomes);
-    apps::write_png((fs::path(a.out) / "predictions.png").string(), predictions_grid(s.shown, predictions));
+    apps::write_png((fs::path(a.out) / "predictions.png").string(), predictions_grid(s.shown, predictions, specs));
   }
   std::printf("\n");
   for (size_t i = 0; i < specs.size(); ++i) {

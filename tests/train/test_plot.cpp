@@ -6,7 +6,9 @@
 #include <cstdint>
 #include <vector>
 
+#include "apps/common/image.h"
 #include "apps/common/plot.h"
+#include "evenflow/engine/ops.h"
 
 using namespace evenflow::apps;
 
@@ -52,4 +54,30 @@ TEST_CASE("plot: a few points get markers, many a line, 10,000 noisy ones a smoo
   const RgbImage image = plot_of(10000, true);
   const int64_t light = pixels_of(image, Rgb{241, 198, 198});
   CHECK(light > 20 * 690);
+}
+
+TEST_CASE("image grid: column titles in a band above the columns, cut to fit; a title per column or an error") {
+  const evenflow::Tensor images = evenflow::full({4, 1, 8, 8}, 0.5);
+  const RgbImage plain = image_grid(images, 2, 0.0, 1.0, 4);
+  const RgbImage titled = image_grid(images, 2, 0.0, 1.0, 4, {"input", "a title far wider than its column"});
+  CHECK(titled.width == plain.width);
+  CHECK(titled.height == plain.height + kTextHeight + 4);
+  // Black text in the band, over each column and nowhere past the second column's right edge.
+  const auto black_in = [&](int x0, int x1) {
+    int n = 0;
+    for (int y = 0; y < kTextHeight + 4; ++y)
+      for (int x = x0; x < x1; ++x) {
+        const size_t i = (static_cast<size_t>(y) * static_cast<size_t>(titled.width) + static_cast<size_t>(x)) * 3;
+        n += titled.pixels[i] == 0 && titled.pixels[i + 1] == 0 && titled.pixels[i + 2] == 0;
+      }
+    return n;
+  };
+  CHECK(black_in(2, 34) > 0);
+  CHECK(black_in(36, 68) > 0);
+  CHECK(black_in(68, titled.width) == 0);
+  // The grid itself is the untitled one, moved down by the band.
+  const size_t band = static_cast<size_t>(kTextHeight + 4) * static_cast<size_t>(titled.width) * 3;
+  CHECK(std::vector<uint8_t>(titled.pixels.begin() + static_cast<std::ptrdiff_t>(band), titled.pixels.end()) ==
+        plain.pixels);
+  CHECK_THROWS_WITH(image_grid(images, 2, 0.0, 1.0, 4, {"one"}), "image_grid: 1 titles for 2 columns");
 }
