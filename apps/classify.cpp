@@ -72,7 +72,7 @@ void write_plot(const std::string& path, const ef::apps::MetricsLog& log) {
 
 int run(const Args& a) {
   // --- Setup: every failure here is a bad argument or a missing dataset (exit 2) ---------------
-  const std::vector<ef::Device> devices = ef::parallel::devices(a.devices);
+  const std::vector<ef::Device> devices = ef::apps::run_devices(a);
   EF_CHECK(a.dtype == "float32" || a.dtype == "float64", "--dtype must be float32 or float64, got \"", a.dtype, "\"");
   const ef::DType dtype = a.dtype == "float64" ? ef::kFloat64 : ef::kFloat32;
   const ef::DType compute = ef::apps::compute_dtype(a);

@@ -68,7 +68,7 @@ namespace {
 
 struct Args : ef::apps::RunOptions {
   Args() {
-    devices = "auto";
+    cpu_fallback = "cpu:2";  // data-parallel from the first run
     out = "runs/wgan_gp";
   }
   int64_t steps = 10000;  // generator steps
@@ -213,12 +213,7 @@ constexpr uint64_t kSyntheticImagesStream = 0xbb67ae8584caa73bULL;    // Note [M
 int run(const Args& a) {
   // --- Setup: every failure here is a bad argument or a missing file (exit 2) ----------------------
   EF_CHECK(a.final_fid_samples != 1, "--final-fid-samples 1: a distance needs at least 2 images (0: none)");
-  std::vector<ef::Device> devices;
-  if (a.devices == "auto") {
-    devices = par::devices(ef::cuda_device_count() > 0 ? "cuda" : "cpu:2");
-  } else {
-    devices = par::devices(a.devices);
-  }
+  const std::vector<ef::Device> devices = ef::apps::run_devices(a);
   EF_CHECK(a.dtype == "float32" || a.dtype == "float64", "--dtype must be float32 or float64, got \"", a.dtype, "\"");
   EF_CHECK(a.norm == "none" || a.norm == "layernorm" || a.norm == "syncbn",
            "--norm must be none, layernorm or syncbn, got \"", a.norm, "\"");
@@ -628,7 +623,6 @@ int main(int argc, char** argv) {
   CLI::App app{"Train a WGAN-GP on FashionMNIST, data-parallel over the devices found (evenflow)"};
   Args a;
   ef::apps::add_run_options(app, a, "seed of the initialization, noise and data order");
-  app.get_option("--devices")->description("auto (every GPU, else cpu:2), cpu, cpu:N, cuda, cuda:0,1");
   app.add_option("--steps", a.steps, "generator steps in all")->check(CLI::PositiveNumber);
   app.add_option("--batch-size", a.batch_size, "batch size")->check(CLI::PositiveNumber);
   app.add_option("--critic-steps", a.critic_steps, "critic steps per generator step (the paper's: 5)")

@@ -18,8 +18,8 @@ namespace fs = std::filesystem;
 
 void add_run_options(CLI::App& app, RunOptions& o, const std::string& seed_help) {
   app.add_option("--devices", o.devices,
-                 "devices to train on, data-parallel: cpu (one CPU device), cpu:N (N CPU devices), cuda (every "
-                 "GPU), cuda:0,1 (those)");
+                 "devices to train on, data-parallel: auto (every GPU, else " + o.cpu_fallback +
+                     "), cpu (one CPU device), cpu:N (N CPU devices), cuda (every GPU), cuda:0,1 (those)");
   app.add_option("--seed", o.seed, seed_help)->check(CLI::NonNegativeNumber);
   app.add_option("--dtype", o.dtype, "float32 or float64");
   app.add_option("--precision", o.precision,
@@ -56,6 +56,11 @@ void add_epoch_options(CLI::App& app, EpochOptions& o, const std::string& seed_h
   app.add_option("--ray", o.ray,
                  "make the training batches on the Ray cluster at this address (ip:port, as `ray start --head` "
                  "prints it; evenflow built with Ray): --workers batches at a time, the same batches as made here");
+}
+
+std::vector<Device> run_devices(const RunOptions& o) {
+  if (o.devices == "auto") return parallel::devices(cuda_device_count() > 0 ? "cuda" : o.cpu_fallback);
+  return parallel::devices(o.devices);
 }
 
 DType compute_dtype(const RunOptions& o) {

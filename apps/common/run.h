@@ -36,7 +36,8 @@
 namespace evenflow::apps {
 
 struct RunOptions {
-  std::string devices = "cpu";
+  std::string devices = "auto";      // run_devices: every GPU, else cpu_fallback
+  std::string cpu_fallback = "cpu";  // what --devices auto trains on without a GPU (not an option)
   uint64_t seed = 0;
   std::string dtype = "float32";
   std::string precision = "fp32";  // fp32, or bf16: products and convolutions in bfloat16
@@ -54,6 +55,10 @@ struct RunOptions {
 // --devices, --seed (described by seed_help), --dtype, --precision, --data, --out, --workers,
 // --threads, --resume, --overwrite, --print-loss, --cudnn-benchmark, --cudnn-deterministic.
 void add_run_options(CLI::App& app, RunOptions& o, const std::string& seed_help);
+
+// The devices --devices names: "auto" is every GPU (`cuda`) where one is visible, else
+// o.cpu_fallback; anything else as parallel::devices reads it (ef::Error naming what is wrong).
+std::vector<Device> run_devices(const RunOptions& o);
 
 // The dtype the model's products and convolutions compute in for --precision (Note [bfloat16
 // compute] in engine/ops.h), checked against --dtype: ef::Error unless fp32, or bf16 with float32.

@@ -318,7 +318,7 @@ int run(const Args& a, const std::string& command) {
   EF_CHECK(a.canvas >= 28 && a.canvas <= 1024 && a.canvas % 4 == 0,
            "--canvas must be a multiple of 4 (the model halves it twice) from 28 (a garment) to 1024, got ", a.canvas);
   Setup s;
-  s.devices = ef::parallel::devices(a.devices);
+  s.devices = apps::run_devices(a);
   EF_CHECK(a.dtype == "float32" || a.dtype == "float64", "--dtype must be float32 or float64, got \"", a.dtype, "\"");
   s.dtype = a.dtype == "float64" ? ef::kFloat64 : ef::kFloat32;
   apps::compute_dtype(a);  // --precision checked before any work

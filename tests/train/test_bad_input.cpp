@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "evenflow/engine/device.h"
 #include "tests/train/app_runner.h"
 
 using namespace evenflow::testing;
@@ -250,5 +251,20 @@ TEST_CASE("--version: every program says its version, commit and what the build 
     CHECK_MESSAGE(r.output.find("\nCUDA: ") != std::string::npos, r.output);
     CHECK_MESSAGE(r.output.find("\nprocesses: ") != std::string::npos, r.output);
     CHECK_MESSAGE(r.output.find("\nRay: ") != std::string::npos, r.output);
+  }
+}
+
+TEST_CASE("--devices auto, every program's default: every GPU, else the program's CPU devices") {
+  const Data data;
+  const int gpus = evenflow::cuda_device_count();
+  std::string every_gpu;
+  for (int i = 0; i < gpus; ++i) every_gpu += (i ? ",cuda:" : "cuda:") + std::to_string(i);
+  for (const auto& [program, on_cpu] : std::vector<std::pair<std::string, std::string>>{
+           {"classify", cpu_devices(1)}, {"segment", cpu_devices(1)}, {"wgan_gp", cpu_devices(2)}}) {
+    CAPTURE(program);
+    const TempDir out;
+    const AppResult r = run_app(bin(program), data.args(program) + "--steps 1 --out " + out.path().string());
+    REQUIRE_MESSAGE(r.rc == 0, r.output);
+    CHECK(trained_on(r.output) == (gpus > 0 ? every_gpu : on_cpu));
   }
 }
