@@ -138,7 +138,9 @@ int main(int argc, char** argv) {
   app.add_option("--workers", a.workers, "loader thread counts, one row each (0: on the consumer's thread)")
       ->delimiter(',')
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--ray", a.ray, "also through the Ray cluster at this address (ip:port)");
+  app.add_option("--ray", a.ray, "also through the Ray cluster at this address (ip:port, or auto: as classify's)")
+      ->expected(0, 1)
+      ->default_str("auto");
   app.add_option("--ray-in-flight", a.in_flight, "with --ray, batches in flight, one row each")
       ->delimiter(',')
       ->check(CLI::PositiveNumber);

@@ -224,6 +224,41 @@ struct RayBatches::Connection {
   }
 };
 
+std::string resolve_ray_address(const std::string& given, const std::string& current_cluster) {
+  const auto cluster_file_address = [&]() -> std::string {
+    std::ifstream in(current_cluster);
+    std::string line;
+    if (!in || !std::getline(in, line)) return "";
+    while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.pop_back();
+    return line;
+  };
+  std::string address = given;
+  if (address.empty() || address == "auto") {
+    const char* env = std::getenv("RAY_ADDRESS");
+    address = env != nullptr && *env != '\0' && std::string(env) != "auto" ? env : cluster_file_address();
+    EF_CHECK(!address.empty(),
+             "Ray: no cluster address: RAY_ADDRESS is not set and no cluster was started on this "
+             "machine (",
+             current_cluster, " is missing); start one with `ray start --head` or give its ip:port");
+  }
+  EF_CHECK(address.rfind("ray://", 0) != 0, "Ray: ", address,
+           " is a Ray Client address, which Ray's C++ API cannot use; give the cluster's own address (ip:port, as "
+           "`ray start --head` prints it, port 6379 by default)");
+  const size_t colon = address.rfind(':');
+  const std::string host = colon == std::string::npos ? "" : address.substr(0, colon);
+  const std::string port = colon == std::string::npos ? "" : address.substr(colon + 1);
+  EF_CHECK(
+      !host.empty() && !port.empty() && port.size() <= 5 && port.find_first_not_of("0123456789") == std::string::npos,
+      "Ray: '", address, "' is not an address ip:port (as `ray start --head` prints it)");
+  if (host == "localhost" || host == "127.0.0.1") {
+    // Ray registers a node under its network address, and its C++ client must dial that one.
+    const std::string local = cluster_file_address();
+    if (local.size() > port.size() && local.compare(local.size() - port.size() - 1, std::string::npos, ":" + port) == 0)
+      return local;
+  }
+  return address;
+}
+
 RayBatches::RayBatches(RayOptions options) : options_(std::move(options)) {
   if (options_.driver.empty()) options_.driver = built_driver();
   EF_CHECK(!options_.driver.empty(),
@@ -231,8 +266,7 @@ RayBatches::RayBatches(RayOptions options) : options_(std::move(options)) {
            "`bash scripts/setup.sh --ray`)");
   EF_CHECK(::access(options_.driver.c_str(), X_OK) == 0, "RayBatches: the Ray driver ", options_.driver,
            " is missing or not executable");
-  EF_CHECK(!options_.address.empty(),
-           "RayBatches: no cluster address given (ip:port, as `ray start --head` prints it)");
+  options_.address = resolve_ray_address(options_.address);
   EF_CHECK(options_.connect_timeout_s > 0 && options_.batch_timeout_s > 0, "RayBatches: timeouts must be positive");
   connection_ = std::make_unique<Connection>(options_);
   try {

@@ -23,12 +23,22 @@ namespace evenflow::data {
 
 /// Where and how RayBatches reaches a cluster.
 struct RayOptions {
-  std::string address = {};        ///< a running cluster's "ip:port", as `ray start --head` prints it
+  /// A running cluster's "ip:port", as `ray start --head` prints it, or "auto" (resolve_ray_address)
+  std::string address = {};
   std::string pipeline = {};       ///< what the workers build the pipeline from (the task library's make_pipeline)
   std::string driver = {};         ///< the ef_ray_driver executable; empty: the one this build made
   double connect_timeout_s = 120;  ///< for the driver to connect to the cluster
   double batch_timeout_s = 600;    ///< for one batch, retries of a lost worker included
 };
+
+/// The address Ray's C++ client needs, from what a user gives: "auto" (or empty) is RAY_ADDRESS,
+/// else the cluster started last on this machine (what `ray start --head` writes to
+/// `current_cluster`); "localhost:PORT" and "127.0.0.1:PORT" name the local node, whose address
+/// (the one Ray registered, read from `current_cluster` when its port matches) is what the client
+/// must dial. ef::Error, saying what to give instead, for no address to be found, a Ray Client
+/// address ("ray://..."), or text that is not host:port.
+std::string resolve_ray_address(const std::string& given,
+                                const std::string& current_cluster = "/tmp/ray/ray_current_cluster");
 
 /// A connection to a Ray cluster that makes batches (see the file's description). make() may be
 /// called from several threads at once: each call is one task on the cluster, and as many run at

@@ -54,8 +54,12 @@ void add_epoch_options(CLI::App& app, EpochOptions& o, const std::string& seed_h
                "horizontal flip, drawn per image from (seed, epoch, image), so the batches are the same on any "
                "devices, processes and loader workers");
   app.add_option("--ray", o.ray,
-                 "make the training batches on the Ray cluster at this address (ip:port, as `ray start --head` "
-                 "prints it; evenflow built with Ray): --workers batches at a time, the same batches as made here");
+                 "make the training batches on the Ray cluster at this address (evenflow built with Ray): ip:port "
+                 "as `ray start --head` prints it (127.0.0.1 or localhost for this machine's), or, given alone or "
+                 "as auto, RAY_ADDRESS, else the cluster started last on this machine; --workers batches at a "
+                 "time, the same batches as made here")
+      ->expected(0, 1)
+      ->default_str("auto");
 }
 
 std::vector<Device> run_devices(const RunOptions& o) {

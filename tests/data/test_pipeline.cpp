@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <fstream>
 
 #include "evenflow/data/loader.h"
@@ -90,8 +91,9 @@ TEST_CASE("pipeline: RayBatches names a missing driver or address, and a driver 
           RayBatches({.address = "10.0.0.1:6379", .pipeline = "x", .driver = dir.file("nowhere")});
         }).find(dir.file("nowhere") + " is missing") != std::string::npos);
   const std::string quits = executable(dir, "quits", "echo 'cannot load libef_ray_tasks.so' >&2; exit 127");
-  CHECK(error_of([&] { RayBatches({.pipeline = "x", .driver = quits}); }).find("no cluster address") !=
-        std::string::npos);
+  CHECK(error_of([&] {
+          RayBatches({.address = "6379", .pipeline = "x", .driver = quits});
+        }).find("'6379' is not an address ip:port") != std::string::npos);
   const std::string message =
       error_of([&] { RayBatches({.address = "10.0.0.1:6379", .pipeline = "x", .driver = quits}); });
   CHECK(message.find("10.0.0.1:6379") != std::string::npos);
@@ -104,4 +106,37 @@ TEST_CASE("pipeline: RayBatches names a missing driver or address, and a driver 
       [&] { RayBatches({.address = "10.0.0.1:6379", .pipeline = "x", .driver = hangs, .connect_timeout_s = 0.5}); });
   CHECK(timeout.find("no Ray cluster answered at 10.0.0.1:6379 within 0.5 s") != std::string::npos);
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(20));
+}
+
+// --ray auto and --ray 127.0.0.1:PORT (Note: Ray's C++ client must dial the address the node
+// registered under, which `ray start --head` writes to /tmp/ray/ray_current_cluster).
+TEST_CASE("pipeline: a Ray address from RAY_ADDRESS, the cluster file, or the local node's for 127.0.0.1") {
+  TempDir dir;
+  const std::string cluster = dir.file("ray_current_cluster");
+  const char* saved = std::getenv("RAY_ADDRESS");
+  const std::string saved_value = saved ? saved : "";
+  ::unsetenv("RAY_ADDRESS");
+  // Nothing to go on: an error saying what to do.
+  CHECK(error_of([&] { resolve_ray_address("auto", cluster); }).find("ray start --head") != std::string::npos);
+  CHECK(error_of([&] { resolve_ray_address("", cluster); }).find("RAY_ADDRESS is not set") != std::string::npos);
+  std::ofstream(cluster) << "10.1.2.3:6379\n";
+  CHECK(resolve_ray_address("auto", cluster) == "10.1.2.3:6379");
+  // The local node by its loopback name: the registered address when the port is the cluster's.
+  CHECK(resolve_ray_address("127.0.0.1:6379", cluster) == "10.1.2.3:6379");
+  CHECK(resolve_ray_address("localhost:6379", cluster) == "10.1.2.3:6379");
+  CHECK(resolve_ray_address("127.0.0.1:6380", cluster) == "127.0.0.1:6380");
+  CHECK(resolve_ray_address("10.9.9.9:6379", cluster) == "10.9.9.9:6379");
+  ::setenv("RAY_ADDRESS", "10.4.5.6:7000", 1);
+  CHECK(resolve_ray_address("auto", cluster) == "10.4.5.6:7000");
+  ::setenv("RAY_ADDRESS", "ray://10.4.5.6:10001", 1);
+  CHECK(error_of([&] { resolve_ray_address("auto", cluster); }).find("Ray Client address") != std::string::npos);
+  CHECK(error_of([&] { resolve_ray_address("10.1.2.3", cluster); }).find("not an address ip:port") !=
+        std::string::npos);
+  CHECK(error_of([&] { resolve_ray_address("10.1.2.3:63a9", cluster); }).find("not an address ip:port") !=
+        std::string::npos);
+  if (saved) {
+    ::setenv("RAY_ADDRESS", saved_value.c_str(), 1);
+  } else {
+    ::unsetenv("RAY_ADDRESS");
+  }
 }
