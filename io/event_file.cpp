@@ -143,6 +143,24 @@ void EventWriter::image(const std::string& tag, const std::string& png, int64_t 
   write_event(summary_event(v, step));
 }
 
+void EventWriter::text(const std::string& tag, const std::string& markdown, int64_t step) {
+  // Summary.Value: tag (1), the tensor (8) -- a DT_STRING (7) scalar (an empty shape, 2) whose
+  // string_val (8) is the text -- and metadata (9) naming the text plugin (plugin_data.plugin_name).
+  std::string tensor;
+  int_field(tensor, 1, 7);
+  bytes_field(tensor, 2, "");
+  bytes_field(tensor, 8, markdown);
+  std::string plugin;
+  bytes_field(plugin, 1, "text");
+  std::string metadata;
+  bytes_field(metadata, 1, plugin);
+  std::string v;
+  bytes_field(v, 1, tag);
+  bytes_field(v, 8, tensor);
+  bytes_field(v, 9, metadata);
+  write_event(summary_event(v, step));
+}
+
 void EventWriter::restart(int64_t step) {
   std::string log;
   int_field(log, 1, 1);  // START

@@ -34,6 +34,8 @@ class EventWriter {
   /// An image at `step`: `png` holds a PNG file of height x width pixels with `channels` channels
   /// (1 grey, 3 RGB, 4 RGBA). ef::Error for sizes that are not positive or another channel count.
   void image(const std::string& tag, const std::string& png, int64_t height, int64_t width, int channels, int64_t step);
+  /// Text at `step`, shown by TensorBoard's text dashboard as Markdown (a run's settings).
+  void text(const std::string& tag, const std::string& markdown, int64_t step);
   /// Marks a restart at `step` (a resumed run's first step): TensorBoard drops what earlier files of
   /// the folder logged at `step` and after, the steps a killed run logged past its last checkpoint.
   void restart(int64_t step);

@@ -2,8 +2,8 @@
 reader (PyPI `tensorboard`, pinned in scripts/setup.sh --tensorboard): every record's two CRC-32C
 checksums verified, every event a valid `Event` message, every metrics.csv value (but the step) a
 scalar of its column's name at its row's step (float32, as TensorBoard stores scalars), nothing
-logged past the last row that a restart did not purge, the expected extra scalars present, and each
-image a PNG of the size its event states.
+logged past the last row that a restart did not purge, the expected extra scalars present, each
+image a PNG of the size its event states, and the run's settings (config.toml) as a text summary.
 
     python scripts/check_tensorboard.py RUN_DIR [--scalars penalty,learning_rate] [--images samples]
                                         [--steps-only seconds,images_per_s]
@@ -66,7 +66,7 @@ def main():
             event_pb2.Event.FromString(r)  # raises on a malformed message
         events += len(records)
 
-    acc = event_accumulator.EventAccumulator(args.run, size_guidance={"scalars": 0, "images": 0})
+    acc = event_accumulator.EventAccumulator(args.run, size_guidance={"scalars": 0, "images": 0, "tensors": 0})
     acc.Reload()
     tags = acc.Tags()
     with open(os.path.join(args.run, "metrics.csv")) as f:
@@ -113,7 +113,18 @@ def main():
                 fail("image %r at step %d: the PNG is %dx%d, the event says %dx%d"
                      % (tag, e.step, width, height, e.width, e.height))
             images += 1
-    print("check_tensorboard: %s: %d files, %d events, %d metrics.csv values, %d images: ok"
+    # The run's settings as a text summary, each time a run started in the folder: the last one is
+    # config.toml's text.
+    config_path = os.path.join(args.run, "config.toml")
+    if os.path.exists(config_path):
+        if "config" not in tags.get("tensors", []):
+            fail("no text summary 'config' though the run wrote config.toml")
+        with open(config_path) as f:
+            want = "```toml\n" + f.read() + "```"
+        got = acc.Tensors("config")[-1].tensor_proto.string_val[0].decode()
+        if got != want:
+            fail("the 'config' text summary is not config.toml's text: %r" % got[:200])
+    print("check_tensorboard: %s: %d files, %d events, %d metrics.csv values, %d images, settings: ok"
           % (args.run, len(files), events, checked, images))
 
 

@@ -16,6 +16,7 @@ namespace evenflow::apps {
 namespace {
 
 std::atomic<bool> g_setup_done{false};
+std::string g_settings;  // effective_settings(), written once, before run() starts
 
 // One line: a message from the system or a library may hold line breaks.
 std::string one_line(std::string s) {
@@ -25,6 +26,10 @@ std::string one_line(std::string s) {
 }
 
 }  // namespace
+
+const std::string& effective_settings() {
+  return g_settings;
+}
 
 void setup_done() {
   g_setup_done = true;
@@ -93,11 +98,15 @@ int run_program(CLI::App& app, int argc, char** argv, const char* program, const
   app.set_version_flag(
       "--version", [program] { return version_text(program); },
       "print the version, the commit and what this build runs on, and exit");
+  app.set_config("--config", "",
+                 "read options from this TOML file (name = value, the long options' names; the command line "
+                 "wins): e.g. the config.toml a run wrote into its --out");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   }
+  g_settings = app.config_to_str(true, false);
   std::string cause;
   const parallel::ProcessGroup* job = nullptr;
   try {

@@ -29,6 +29,11 @@ int run_program(CLI::App& app, int argc, char** argv, const char* program, const
 // were built in, and the GPUs visible.
 std::string version_text(const std::string& program);
 
+// The program's effective settings, every option with its value (given on the command line, read
+// from --config FILE, or the default) as TOML that --config reads back: what Run writes as
+// <out>/config.toml and into TensorBoard. Set by run_program once the command line is parsed.
+const std::string& effective_settings();
+
 // Called by a program once its input is checked and loaded, just before it starts working.
 void setup_done();
 

@@ -153,6 +153,10 @@ Run::Run(const RunOptions& options, fs::path out, std::vector<std::string> metri
       if (entry.path().filename().string().rfind("events.out.tfevents.", 0) == 0) fs::remove(entry.path());
   }
   events_ = std::make_unique<io::EventWriter>(out_);
+  // The settings this run was started with, to read back with --config (a resume rewrites them).
+  const std::string& settings = effective_settings();
+  io::write_file_atomically(file("config.toml"), [&](io::OutputFile& f) { f.write(settings.data(), settings.size()); });
+  events_->text("config", "```toml\n" + settings + "```", progress_.step);
 }
 
 bool Run::resume(parallel::TrainingState& state, const std::string& unit, bool start_if_missing) {

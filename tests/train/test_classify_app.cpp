@@ -202,3 +202,37 @@ TEST_CASE("classify: bad arguments exit 2 with a one-line message") {
     CHECK_MESSAGE(r.output.find(expected) != std::string::npos, r.output);
   }
 }
+
+// --config: a run's settings, written to <out>/config.toml, read back give the same run; the command
+// line wins over the file.
+TEST_CASE("classify: --config reads back the config.toml a run wrote, and the command line wins") {
+  TempDir data, first, again, other;
+  write_fashion_split(data, "train", 40, 0);
+  write_fashion_split(data, "t10k", 20, 3);
+  const Result a = run_app(EF_CLASSIFY_BIN, "--data " + data.path().string() +
+                                                " --batch-size 4 --epochs 2 --workers 1 --threads 1 --lr 0.002 "
+                                                "--print-loss --steps 4 --out " +
+                                                first.path().string());
+  REQUIRE_MESSAGE(a.rc == 0, a.output);
+  const std::string config = read_bytes(first.file("config.toml"));
+  CHECK_MESSAGE(config.find("lr=0.002") != std::string::npos, config);
+  CHECK_MESSAGE(config.find("batch-size=4") != std::string::npos, config);
+  check_tensorboard(first.path().string(), "learning_rate");  // the settings as a text summary too
+
+  const Result b =
+      run_app(EF_CLASSIFY_BIN, "--config " + first.file("config.toml") + " --out " + again.path().string());
+  REQUIRE_MESSAGE(b.rc == 0, b.output);
+  CHECK(step_losses(b.output) == step_losses(a.output));  // bitwise
+  CHECK(read_bytes(again.file("config.toml")).find("lr=0.002") != std::string::npos);
+
+  const Result c =
+      run_app(EF_CLASSIFY_BIN, "--config " + first.file("config.toml") + " --lr 0.01 --out " + other.path().string());
+  REQUIRE_MESSAGE(c.rc == 0, c.output);
+  CHECK(step_losses(c.output).front() == step_losses(a.output).front());  // the first loss is before any step
+  CHECK(step_losses(c.output).back() != step_losses(a.output).back());
+  CHECK(read_bytes(other.file("config.toml")).find("lr=0.01") != std::string::npos);
+
+  const Result missing = run_app(EF_CLASSIFY_BIN, "--config " + data.file("none.toml"));
+  CHECK(missing.rc == 2);
+  CHECK_MESSAGE(missing.output.find("none.toml") != std::string::npos, missing.output);
+}
