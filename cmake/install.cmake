@@ -20,6 +20,11 @@ install(TARGETS ${ef_installed_targets} EXPORT evenflowTargets
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
         RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(EXPORT evenflowTargets NAMESPACE evenflow:: DESTINATION ${EF_CMAKE_DIR})
+# oneDNN beside the libraries that load it (under its soname; they find it through $ORIGIN).
+if(EF_HAS_ONEDNN AND EF_SHARED)
+  get_filename_component(ef_onednn_file ${EF_ONEDNN_LIB} REALPATH)
+  install(FILES ${ef_onednn_file} DESTINATION ${CMAKE_INSTALL_LIBDIR} RENAME libdnnl.so.${ef_onednn_major})
+endif()
 
 # Static archives carry their private dependencies to the consumer's link: the config finds them.
 # Shared libraries keep them to themselves.
@@ -47,5 +52,6 @@ set(EF_PC_LIBS "")
 foreach(component parallel losses io data optim layers engine)
   string(APPEND EF_PC_LIBS " -levenflow_${component}")
 endforeach()
+file(RELATIVE_PATH EF_PC_TO_PREFIX /prefix/${CMAKE_INSTALL_LIBDIR}/pkgconfig /prefix)  # ../.. for lib/
 configure_file(${PROJECT_SOURCE_DIR}/cmake/evenflow.pc.in ${PROJECT_BINARY_DIR}/evenflow.pc @ONLY)
 install(FILES ${PROJECT_BINARY_DIR}/evenflow.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)

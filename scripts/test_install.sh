@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
-# evenflow as another project uses it, twice: a build with the CUDA backend (where the toolkit is),
-# for this machine (EF_NATIVE=ON: the CPU kernels compiled once, as a developer installs what they
-# built here), and a CPU-only one (EF_CUDA=OFF) configured the way README's install is (portable:
-# EF_NATIVE=OFF, the CPU kernels compiled for three instruction sets and chosen at run time). Both
-# shared libraries, each installed into a fresh prefix. Then examples/wgan_gp_critic is built against it with nothing but
+# evenflow as another project uses it, twice: the libraries with the CUDA backend (where the
+# toolkit is) built for this machine (EF_NATIVE=ON: the CPU kernels compiled once, as a developer
+# installs what they built here), installed into a fresh prefix; and the package a user downloads
+# (scripts/package.sh: portable, EF_NATIVE=OFF, the CPU kernels for three instruction sets chosen at
+# run time, no CUDA, the programs), unpacked into a new folder and used with HOME elsewhere and its
+# build tree moved away. Against each, examples/wgan_gp_critic is built with nothing but
 # -DCMAKE_PREFIX_PATH=<prefix> and run on cpu:2 and cpu:1 in float64 (the losses must agree to
 # 1e-10), and so is examples/data_parallel (the README's example: cpu:2 against cpu:1, and a run
-# saved after 10 steps on cpu:3 resumed on cpu:1 against an unbroken one); the program must need no library but evenflow's (and the CPU-only install none of CUDA's
-# at all); in the portable install the narrower copies of the CPU kernels (forced with
-# EF_CPU_KERNELS) must give the same losses; and a one-file program built with pkg-config's flags
-# must run and report the CPU kernels in use: the widest copy this CPU supports where portable,
-# "native" otherwise. Extra arguments go to both configure steps.
+# saved after 10 steps on cpu:3 resumed on cpu:1 against an unbroken one); the program must need no
+# library but evenflow's (and the package's none of CUDA's at all); in the package the narrower
+# copies of the CPU kernels (forced with EF_CPU_KERNELS) must give the same losses, and wgan_gp
+# --version must name the widest this CPU runs; and a one-file program built with pkg-config's flags
+# must run and report the CPU kernels in use: that widest copy in the package, "native" otherwise.
+# Extra arguments go to both configure steps.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 work=$(mktemp -d /tmp/evenflow-install.XXXXXX)
@@ -35,20 +37,13 @@ same_losses() {
           print "losses " what " (float64, 1e-10)" }'
 }
 
-# check NAME BUILD_DIR portable|native CMAKE_ARGS...
+# check NAME PREFIX portable|native: what a project using the install at PREFIX sees.
 check() {
-  local name=$1 build=$2 kind=$3
-  shift 3
-  local prefix=$work/$name/prefix native=OFF isas=("${narrower_isas[@]}") expect_isa=$want_isa
-  if [[ $kind == native ]]; then native=ON isas=() expect_isa=native; fi
-  echo "== $name: build ($kind CPU kernels), install into $prefix"
-  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF -DEF_NATIVE=$native -DEF_RAY=OFF \
-    -DCMAKE_INSTALL_PREFIX="$prefix" "$@" >/dev/null
-  local libs=()
-  for c in engine io data layers optim losses parallel; do libs+=(--target "ef_$c"); done
-  cmake --build "$build" --parallel "${JOBS:-$(nproc)}" "${libs[@]}" >/dev/null
-  cmake --install "$build" >/dev/null
-  (cd "$prefix" && find . -name '*.so.*.*' -o -name '*.cmake' -o -name '*.pc' | sort | tr '\n' ' ')
+  local name=$1 prefix=$2 kind=$3
+  local isas=("${narrower_isas[@]}") expect_isa=$want_isa
+  if [[ $kind == native ]]; then isas=() expect_isa=native; fi
+  mkdir -p "$work/$name"
+  (cd "$prefix" && find . -name '*.so.*' -o -name '*.cmake' -o -name '*.pc' -o -path './bin/*' | sort | tr '\n' ' ')
   echo
 
   echo "== $name: examples/wgan_gp_critic with find_package(evenflow)"
@@ -118,6 +113,10 @@ CPP
   echo "CPU kernels in use: $isa (expected: $expect_isa)"
   [[ "$isa" == "$expect_isa" ]] || { echo "FAIL: the $kind library runs the $isa kernels" >&2; exit 1; }
   [[ $kind == portable ]] || return 0
+  echo "== $name: the packaged program's --version"
+  "$prefix/bin/wgan_gp" --version | tee "$work/$name/version"
+  grep -q "^CPU kernels: $expect_isa " "$work/$name/version" ||
+    { echo "FAIL: wgan_gp --version does not name the $expect_isa kernels" >&2; exit 1; }
   for isa in "${isas[@]}"; do
     [[ $(EF_CPU_KERNELS=$isa "$work/$name/sum") == "$isa" ]] || { echo "FAIL: EF_CPU_KERNELS=$isa ignored" >&2; exit 1; }
   done
@@ -128,6 +127,26 @@ CPP
     { echo "FAIL: EF_CPU_KERNELS=sse9 gave: $(cat "$work/$name/err")" >&2; exit 1; }
 }
 
-check cuda "${BUILD_DIR:-build-install}" native "$@"
-check cpu-only "${BUILD_DIR:-build-install}-cpu" portable -DEF_CUDA=OFF "$@"
+echo "== cuda: the libraries built for this machine (native CPU kernels, the CUDA backend), installed"
+build=${BUILD_DIR:-build-install}
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF -DEF_NATIVE=ON -DEF_RAY=OFF \
+  -DEF_INSTALL_PROGRAMS=OFF -DCMAKE_INSTALL_PREFIX="$work/cuda/prefix" "$@" >/dev/null
+libs=()
+for c in engine io data layers optim losses parallel; do libs+=(--target "ef_$c"); done
+cmake --build "$build" --parallel "${JOBS:-$(nproc)}" "${libs[@]}" >/dev/null
+cmake --install "$build" >/dev/null
+check cuda "$work/cuda/prefix" native
+
+# The package a user downloads (scripts/package.sh: portable CPU kernels, no CUDA, the programs),
+# unpacked into a new folder, and used with HOME elsewhere and the build tree moved away: nothing
+# may reach back to the machine's folders.
+echo "== cpu-only: the package (scripts/package.sh), unpacked into a new folder"
+package_build=${BUILD_DIR:-build-install}-cpu
+tarball=$(bash scripts/package.sh --out "$work/package" --build "$package_build" "$@" | tail -1)
+echo "$tarball: $(du -h "$tarball" | cut -f1)"
+mkdir -p "$work/unpacked" "$work/home"
+tar -C "$work/unpacked" -xzf "$tarball"
+mv "$package_build" "$work/build-moved"
+trap 'mv "$work/build-moved" "$package_build" 2>/dev/null; rm -rf "$work"' EXIT
+(export HOME=$work/home && unset LD_LIBRARY_PATH && check cpu-only "$work/unpacked/$(basename "$tarball" .tar.gz)" portable)
 echo "install check: ok"
