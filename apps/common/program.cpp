@@ -106,6 +106,15 @@ int run_program(CLI::App& app, int argc, char** argv, const char* program, const
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   }
+  // Every option's effective value as its default, so that the TOML has each option's value,
+  // given or not (config_to_str writes a default only where it was captured). A flag or an
+  // optional-value option (--ray) that was not given is left out: CLI11 would write it as `false`,
+  // which reads back as given (--resume and --overwrite would then exclude each other).
+  for (CLI::Option* opt : app.get_options()) {
+    if (!opt->get_configurable()) continue;
+    opt->capture_default_str();
+    if (opt->get_expected_min() == 0 && opt->count() == 0) opt->configurable(false);
+  }
   g_settings = app.config_to_str(true, false);
   std::string cause;
   const parallel::ProcessGroup* job = nullptr;

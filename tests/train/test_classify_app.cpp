@@ -228,6 +228,7 @@ TEST_CASE("classify: --config reads back the config.toml a run wrote, and the co
   const Result c =
       run_app(EF_CLASSIFY_BIN, "--config " + first.file("config.toml") + " --lr 0.01 --out " + other.path().string());
   REQUIRE_MESSAGE(c.rc == 0, c.output);
+  REQUIRE(step_losses(c.output).size() == 4);
   CHECK(step_losses(c.output).front() == step_losses(a.output).front());  // the first loss is before any step
   CHECK(step_losses(c.output).back() != step_losses(a.output).back());
   CHECK(read_bytes(other.file("config.toml")).find("lr=0.01") != std::string::npos);
