@@ -29,7 +29,7 @@ name=evenflow-$version-linux-x86_64
 if [[ $cuda == ON ]]; then name+=-cuda$(nvcc --version | sed -n 's/.*release \([0-9]*\)\..*/\1/p'); fi
 
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF -DEF_NATIVE=OFF -DEF_SHARED=ON \
-  -DEF_CUDA=$cuda -DEF_RAY=OFF -DCMAKE_INSTALL_PREFIX=/ "$@" >/dev/null
+  -DEF_CUDA=$cuda -DEF_RAY=OFF -DCMAKE_INSTALL_PREFIX="/$name" "$@" >/dev/null
 targets=()
 for t in ef_engine ef_io ef_data ef_layers ef_optim ef_losses ef_parallel wgan_gp classify segment; do
   targets+=(--target "$t")
@@ -37,7 +37,9 @@ done
 cmake --build "$build" --parallel "${JOBS:-$(nproc)}" "${targets[@]}"
 stage=$(mktemp -d /tmp/evenflow-package.XXXXXX)
 trap 'rm -rf "$stage"' EXIT
-DESTDIR="$stage/$name" cmake --install "$build" >/dev/null
+# Prefix /<name> under DESTDIR: lib/, include/, bin/ (a prefix of / would become /usr/... by
+# GNUInstallDirs' rule for it).
+DESTDIR="$stage" cmake --install "$build" >/dev/null
 # A folder of the building machine in a run path, the CMake files or the pkg-config file would
 # break the package elsewhere. (Source paths in assertion messages are only text.)
 bad=0
