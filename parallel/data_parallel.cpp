@@ -22,33 +22,38 @@ std::vector<int64_t> process_batch_sizes(DeviceGroup& group, const PerDevice<Ten
   return std::vector<int64_t>(v, v + all.numel());
 }
 
-// Which rows of the whole batch (over every process) each rank's tensor holds, dim 0 of each in
-// rank order, for the draws per sample (Note [Random numbers per sample] in engine/tensor.h).
-std::vector<BatchRows> rows_of(DeviceGroup& group, const PerDevice<Tensor>& parts) {
-  const std::vector<int64_t> sizes = process_batch_sizes(group, parts);
-  int64_t start = 0, total = 0;
-  for (size_t p = 0; p < sizes.size(); ++p) {
-    if (static_cast<int>(p) < group.processes().rank()) start += sizes[p];
-    total += sizes[p];
-  }
-  std::vector<BatchRows> rows;
-  for (const Tensor& t : parts) {
-    const int64_t count = t.dim() >= 1 ? t.size(0) : 0;
-    rows.push_back({.start = start, .count = count, .total = total});
-    start += count;
-  }
-  return rows;
-}
-
-// The rows of each rank's part of a batch that is the rows `rows` of the job's whole batch.
+// The rows of each rank's part (dim 0; none for a 0-d part) of a batch that is the rows `rows` of
+// the job's whole batch, for the draws per sample (Note [Random numbers per sample] in
+// engine/tensor.h).
 std::vector<BatchRows> rows_within(const BatchRows& rows, const PerDevice<Tensor>& parts) {
   std::vector<BatchRows> out;
   int64_t start = rows.start;
   for (const Tensor& t : parts) {
-    out.push_back({.start = start, .count = t.size(0), .total = rows.total});
-    start += t.size(0);
+    const int64_t count = t.dim() >= 1 ? t.size(0) : 0;
+    out.push_back({.start = start, .count = count, .total = rows.total});
+    start += count;
   }
   return out;
+}
+
+// The same where the rows are not given: this process's batch is its part of the job's, in process
+// order, learned from every process's size (an all-gather).
+std::vector<BatchRows> rows_of(DeviceGroup& group, const PerDevice<Tensor>& parts) {
+  const std::vector<int64_t> sizes = process_batch_sizes(group, parts);
+  BatchRows mine;
+  for (size_t p = 0; p < sizes.size(); ++p) {
+    if (static_cast<int>(p) < group.processes().rank()) mine.start += sizes[p];
+    mine.total += sizes[p];
+  }
+  mine.count = sizes[static_cast<size_t>(group.processes().rank())];
+  return rows_within(mine, parts);
+}
+
+// `batch` split along dim 0 over the first devices of `devices` (split_sizes), differentiably.
+PerDevice<Tensor> split_over(const Tensor& batch, const std::vector<Device>& devices) {
+  const std::vector<int64_t> sizes = split_sizes(batch.size(0), static_cast<int>(devices.size()));
+  return parallel::scatter(
+      batch, sizes, std::vector<Device>(devices.begin(), devices.begin() + static_cast<ptrdiff_t>(sizes.size())));
 }
 
 // `current` (the model's current batch) where `parts` have its row counts, else the parts' rows.
@@ -121,9 +126,7 @@ DataParallelModel::~DataParallelModel() {
 
 PerDevice<Tensor> DataParallelModel::scatter(const Tensor& batch) {
   EF_CHECK(batch.defined() && batch.dim() >= 1, "DataParallelModel::scatter: needs a batch with a leading dim");
-  const std::vector<int64_t> sizes = split_sizes(batch.size(0), group_->size());
-  PerDevice<Tensor> chunks = parallel::scatter(
-      batch, sizes, std::vector<Device>(devices().begin(), devices().begin() + static_cast<ptrdiff_t>(sizes.size())));
+  PerDevice<Tensor> chunks = split_over(batch, devices());
   batch_rows_ = rows_of(*group_, chunks);
   return chunks;
 }
@@ -131,9 +134,7 @@ PerDevice<Tensor> DataParallelModel::scatter(const Tensor& batch) {
 PerDevice<Tensor> DataParallelModel::scatter(const Tensor& batch, const BatchRows& rows) {
   EF_CHECK(batch.defined() && batch.dim() >= 1, "DataParallelModel::scatter: needs a batch with a leading dim");
   check_rows(rows, batch.size(0), "a batch");
-  const std::vector<int64_t> sizes = split_sizes(batch.size(0), group_->size());
-  PerDevice<Tensor> chunks = parallel::scatter(
-      batch, sizes, std::vector<Device>(devices().begin(), devices().begin() + static_cast<ptrdiff_t>(sizes.size())));
+  PerDevice<Tensor> chunks = split_over(batch, devices());
   batch_rows_ = rows_within(rows, chunks);
   return chunks;
 }
