@@ -18,6 +18,11 @@ void* thread_workspace(size_t bytes);
 // Batched row-major GEMM as described at GemmArgs (Eigen; beta == 0 ignores C's old contents).
 void gemm(const GemmArgs& args);
 
+// The same through the packed GEMM alone, whichever gemm would pick (Note [Packed GEMM for matmul]
+// in packed_gemm.h; gemm picks it for some float32 products on AVX2 machines): float32, alpha 1,
+// beta 0 or 1, on `threads` threads. For tests, which run it on every CPU.
+void packed_sgemm(const GemmArgs& args, int threads);
+
 // The three convolution kernels of Backend (every view contiguous, but the activations where
 // args.channels_last: Backend::channels_last_conv; outputs are overwritten).
 void conv2d_forward(const ConvArgs& args, const View& y, const View& x, const View& w, const View& bias);

@@ -162,5 +162,103 @@ void pack_b(int64_t k, int64_t n, const T* s, int64_t rs, int64_t cs, T* dst) {
       for (int64_t q = 0; q < nr; ++q) dst[kk * nr + q] = j0 + q < n ? s[kk * rs + (j0 + q) * cs] : T(0);
 }
 
+// Note [Packed GEMM for matmul]
+// oneDNN's sgemm multiplies a C with few rows (fewer than ~260) by reading B in place, without
+// packing it ("no-copy"). When B's or C's rows lie a multiple of 2 KB apart (512 floats: the
+// classify network's 1024-wide layers), those reads and C's stores fall into the same cache sets,
+// and on an AVX2 machine (Zen 2) the product runs at ~60% of its speed with other row strides:
+// 100x3136x1024 at 70 GFLOP/s against 119-129 for 768 or 1000 columns (docs/benchmarks.md,
+// "Matrix products on AVX2"). packed_matmul computes such products in the BLIS loop order
+// instead: A packed whole into MR-row panels, then per thread, for its share of C's column panels,
+// blocks of B packed (contiguous, 384 KB in float32: cache resident) and every row panel of A run
+// against them with the Tall micro-kernel. Packing costs one pass over A and B, which is why
+// oneDNN skips it for C with few rows; below 64 rows B is reused too little for it to pay
+// (16x3136x1024 ran at half oneDNN's speed), so the caller keeps those for oneDNN.
+
+// Blocks of B: kMatmulKc rows by kMatmulNc columns (a whole number of panels).
+constexpr int64_t kMatmulKc = 384, kMatmulNc = 256;
+
+// Scratch elements packed_matmul needs for an m x k A on `threads` threads.
+template <typename T>
+int64_t packed_matmul_scratch(int64_t m, int64_t k, int threads) {
+  return packed_a_elems<T, TileShape::Tall>(m, k) + threads * packed_b_elems<T, TileShape::Tall>(kMatmulKc, kMatmulNc);
+}
+
+// C [m, n] (row stride ldc) = A·B (+ C when accumulate; otherwise C is overwritten, NaN or not),
+// with A's element (i, kk) at a[i·a_rs + kk·a_cs] and B's (kk, j) at b[kk·b_rs + j·b_cs]: any
+// transposition. Runs on `threads` threads (1 inside a parallel region), in `scratch`
+// (packed_matmul_scratch elements).
+template <typename T>
+void packed_matmul(int64_t m, int64_t n, int64_t k, const T* a, int64_t a_rs, int64_t a_cs, const T* b, int64_t b_rs,
+                   int64_t b_cs, T* c, int64_t ldc, bool accumulate, int threads, T* scratch) {
+  using M = Micro<T, TileShape::Tall>;
+  constexpr int64_t kKc = kMatmulKc, kNcPanels = kMatmulNc / M::NR;
+  const int64_t mp = (m + M::MR - 1) / M::MR, np = (n + M::NR - 1) / M::NR;
+  if (k == 0) {
+    for (int64_t i = 0; i < m && !accumulate; ++i) std::fill(c + i * ldc, c + i * ldc + n, T(0));
+    return;
+  }
+  T* ap = scratch;
+  const auto pack_a_panels = [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i)
+      pack_a<T, TileShape::Tall>(std::min(M::MR, m - i * M::MR), k, a + i * M::MR * a_rs, a_rs, a_cs,
+                                 ap + i * M::MR * k);
+  };
+  const auto columns = [&](int64_t p0, int64_t p1, int64_t t) {
+    T* bp = scratch + packed_a_elems<T, TileShape::Tall>(m, k) + t * packed_b_elems<T, TileShape::Tall>(kKc, kMatmulNc);
+    for (int64_t jc = p0; jc < p1; jc += kNcPanels) {
+      const int64_t panels = std::min(kNcPanels, p1 - jc), j0 = jc * M::NR, cols = std::min(panels * M::NR, n - j0);
+      for (int64_t pc = 0; pc < k; pc += kKc) {
+        const int64_t kb = std::min(kKc, k - pc);
+        // Row by row, so that B is read along its rows when b_cs == 1 (panel by panel, the reads
+        // would step a whole row of B each: twice the time of the whole product's packing).
+        for (int64_t kk = 0; kk < kb; ++kk) {
+          const T* row = b + (pc + kk) * b_rs + j0 * b_cs;
+          for (int64_t q = 0; q < panels; ++q) {
+            T* dst = bp + (q * kb + kk) * M::NR;
+            const int64_t cq = std::min(M::NR, cols - q * M::NR);
+            if (b_cs == 1 && cq == M::NR) {
+              std::memcpy(dst, row + q * M::NR, sizeof(T) * M::NR);
+              continue;
+            }
+            for (int64_t x = 0; x < M::NR; ++x) dst[x] = x < cq ? row[(q * M::NR + x) * b_cs] : T(0);
+          }
+        }
+        const bool acc = accumulate || pc > 0;
+        for (int64_t q = 0; q < panels; ++q) {
+          const int64_t jq = j0 + q * M::NR, cq = std::min(M::NR, n - jq);
+          const T* bq = bp + q * kb * M::NR;
+          for (int64_t i = 0; i < mp; ++i) {
+            const T* ai = ap + (i * k + pc) * M::MR;
+            T* cij = c + i * M::MR * ldc + jq;
+            const int64_t rows = std::min(M::MR, m - i * M::MR);
+            if (rows == M::MR && cq == M::NR) {
+              micro_tile<T, TileShape::Tall, true>(kb, ai, 0, bq, cij, ldc, acc);
+              continue;
+            }
+            T tile[M::MR][M::NR];
+            micro_tile<T, TileShape::Tall, true>(kb, ai, 0, bq, &tile[0][0], M::NR, false);
+            for (int64_t r = 0; r < rows; ++r)
+              for (int64_t x = 0; x < cq; ++x) cij[r * ldc + x] = acc ? cij[r * ldc + x] + tile[r][x] : tile[r][x];
+          }
+        }
+      }
+    }
+  };
+  [[maybe_unused]] const int nt = static_cast<int>(std::min<int64_t>(threads, np));
+  if (nt <= 1) {
+    pack_a_panels(0, mp);
+    columns(0, np, 0);
+    return;
+  }
+#pragma omp parallel num_threads(nt)
+  {
+    const int64_t t = thread_index(), team = team_size();
+    pack_a_panels(mp * t / team, mp * (t + 1) / team);
+#pragma omp barrier
+    columns(np * t / team, np * (t + 1) / team, t);
+  }
+}
+
 }  // namespace EF_CPU_ISA
 }  // namespace evenflow::cpu_backend

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <limits>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -37,8 +38,18 @@ TEST_CASE("matmul float32 equals float64 over transposes, batches and edge shape
   struct Case {
     int64_t m, k, n;
   };
-  for (const Case c : std::vector<Case>{
-           {1, 1, 1}, {1, 7, 1}, {5, 1, 3}, {1, 64, 33}, {33, 64, 1}, {17, 31, 29}, {100, 784, 128}, {64, 256, 512}}) {
+  for (const Case c :
+       std::vector<Case>{{1, 1, 1},
+                         {1, 7, 1},
+                         {5, 1, 3},
+                         {1, 64, 33},
+                         {33, 64, 1},
+                         {17, 31, 29},
+                         {100, 784, 128},
+                         {64, 256, 512},
+                         // Products packed_matmul takes on AVX2 (rows of B 2 KB apart): Note [Packed GEMM for matmul].
+                         {100, 300, 1024},
+                         {70, 64, 512}}) {
     const std::string shape = std::to_string(c.m) + "x" + std::to_string(c.k) + "x" + std::to_string(c.n);
     const Tensor a = randn({c.m, c.k}, f64), b = randn({c.k, c.n}, f64);
     check_against_float64(a, b, shape);
@@ -80,4 +91,54 @@ TEST_CASE("gemm with beta 0 overwrites a C that holds NaN; beta 1 accumulates") 
     cpu_backend::gemm(g);
     for (const float v : c) REQUIRE(v == doctest::Approx(k * 2.0));
   }
+}
+
+// The packed GEMM on its own, on every CPU (matmul reaches it only on AVX2 machines): edge tiles in
+// both directions, more than one block of k and of column panels, A read transposed, B read
+// transposed (strided), beta 0 over NaN and accumulation, one thread and two.
+TEST_CASE("the packed GEMM equals a float64 product over edges, blocks, transposes and accumulation") {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal;
+  struct Case {
+    int64_t m, k, n;
+  };
+  for (const Case s : std::vector<Case>{{1, 1, 1}, {13, 5, 37}, {64, 400, 300}, {100, 777, 1024}})
+    for (const bool trans_a : {false, true})
+      for (const bool trans_b : {false, true})
+        for (const int threads : {1, 2}) {
+          std::vector<float> a(s.m * s.k), b(s.k * s.n);
+          for (float& v : a) v = normal(rng);
+          for (float& v : b) v = normal(rng);
+          const auto at = [&](int64_t i, int64_t kk) { return trans_a ? a[kk * s.m + i] : a[i * s.k + kk]; };
+          const auto bt = [&](int64_t kk, int64_t j) { return trans_b ? b[j * s.k + kk] : b[kk * s.n + j]; };
+          const int64_t ldc = s.n + 3;  // a C with a row stride of its own
+          std::vector<float> c(s.m * ldc, std::numeric_limits<float>::quiet_NaN());
+          GemmArgs g;
+          g.dtype = DType::Float32;
+          g.trans_a = trans_a, g.trans_b = trans_b;
+          g.m = s.m, g.n = s.n, g.k = s.k;
+          g.a = a.data(), g.lda = trans_a ? s.m : s.k;
+          g.b = b.data(), g.ldb = trans_b ? s.k : s.n;
+          g.c = c.data(), g.ldc = ldc;
+          const auto run = [&](bool accumulate) {
+            g.beta = accumulate ? 1.0 : 0.0;
+            cpu_backend::packed_sgemm(g, threads);
+          };
+          run(false);
+          run(true);  // C = 2·A·B
+          double worst = 0;
+          for (int64_t i = 0; i < s.m; ++i)
+            for (int64_t j = 0; j < s.n; ++j) {
+              double want = 0, scale = 0;
+              for (int64_t kk = 0; kk < s.k; ++kk) {
+                want += static_cast<double>(at(i, kk)) * bt(kk, j);
+                scale += std::abs(static_cast<double>(at(i, kk)) * bt(kk, j));
+              }
+              // float32 sums of k products: error within k·2⁻²⁴ of the sum of magnitudes (twice: C = 2·A·B).
+              worst = std::max(worst, std::abs(c[i * ldc + j] - 2 * want) / (2 * scale * s.k * 0x1p-24 + 1e-30));
+            }
+          CHECK_MESSAGE(worst <= 1.0, s.m << "x" << s.k << "x" << s.n << (trans_a ? " Aᵀ" : "")
+                                          << (trans_b ? " Bᵀ" : "") << ", " << threads << " threads: error " << worst
+                                          << " of the bound");
+        }
 }
