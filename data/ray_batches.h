@@ -59,7 +59,8 @@ class RayBatches {
   /// or the cluster failed, or no answer came within batch_timeout_s.
   Batch make(const std::vector<int64_t>& indices, uint64_t seed, uint64_t epoch) const;
 
-  const RayOptions& options() const { return options_; }  ///< The options it was made with.
+  /// The options it was made with, the address resolved (resolve_ray_address): the one it dialed.
+  const RayOptions& options() const { return options_; }
 
   /// The ef_ray_driver this build made, or "" when it was built without -DEF_RAY=ON.
   static std::string built_driver();

@@ -92,7 +92,7 @@ data::Pipeline make_pipeline(const std::string& description) {
 std::shared_ptr<const data::RayBatches> connect_ray(const std::string& address, const std::string& description) {
   if (address.empty()) return nullptr;
   auto ray = std::make_shared<const data::RayBatches>(data::RayOptions{.address = address, .pipeline = description});
-  std::printf("training batches made on the Ray cluster at %s\n", address.c_str());
+  std::printf("training batches made on the Ray cluster at %s\n", ray->options().address.c_str());
   std::fflush(stdout);
   return ray;
 }

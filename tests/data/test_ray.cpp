@@ -191,7 +191,7 @@ TEST_CASE("ray: classify --augment trains the same losses, bitwise, on Ray, with
   CHECK(std::vector(whole.begin() + 8, whole.end()) == resumed);
 }
 
-TEST_CASE("ray: segment --augment trains the same losses, bitwise, with its batches made on Ray") {
+TEST_CASE("ray: segment --augment trains the same losses, bitwise, on Ray; --ray alone reads RAY_ADDRESS") {
   TinyData data;
   TempDir local, ray;
   const std::string common = segment_args(data, 8);
@@ -200,6 +200,15 @@ TEST_CASE("ray: segment --augment trains the same losses, bitwise, with its batc
       run_app(EF_SEGMENT_BIN, common + " --workers 4 --ray " + cluster() + " --out " + ray.path().string());
   check_same_losses(a, b, 8, 0);
   CHECK(b.output.find("training batches made on the Ray cluster at " + cluster()) != std::string::npos);
+  // `--ray` alone takes RAY_ADDRESS, here in the form a user on one machine writes, 127.0.0.1:PORT,
+  // which the program resolves to the address the node registered (data::resolve_ray_address).
+  const std::string port = cluster().substr(cluster().rfind(':') + 1);
+  TempDir by_env;
+  const AppResult c = run_app("RAY_ADDRESS=127.0.0.1:" + port + " " + EF_SEGMENT_BIN,
+                              common + " --workers 4 --out " + by_env.path().string() + " --ray");
+  check_same_losses(a, c, 8, 0);
+  CHECK_MESSAGE(c.output.find("training batches made on the Ray cluster at " + cluster()) != std::string::npos,
+                c.output);
 }
 
 #ifdef EF_MPIEXEC
