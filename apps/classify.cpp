@@ -122,10 +122,10 @@ int run(const Args& a) {
   // --- Training -----------------------------------------------------------------------------------------
   ef::apps::setup_done();
   run.train_epochs(
-      train_loader, a.epochs, a.steps,
-      [&](ef::data::Batch& b) {
-        const ef::Tensor loss =
-            criterion(model(model.scatter(b.images.to(dtype), b.rows)), model.scatter(b.labels, b.rows));
+      train_loader, a, devices, dtype,
+      [&](const ef::parallel::PerDevice<ef::Tensor>& images, const ef::parallel::PerDevice<ef::Tensor>& labels,
+          const ef::BatchRows& rows) {
+        const ef::Tensor loss = criterion(model(model.scatter(images, rows)), model.scatter(labels, rows));
         opt.zero_grad();
         loss.backward();
         opt.step();

@@ -90,7 +90,6 @@ struct Args : ef::apps::RunOptions {
   double ema_decay = 0;               // off: it sampled worse at 2000 steps of 5 critic steps (docs/wgan_gp.md)
   std::string classifier = kDefaultClassifier;
   static constexpr const char* kDefaultClassifier = "runs/classify/model.safetensors";
-  bool cuda_graph = false;  // Note [Step buffers]
 };
 
 // The standard deviation (unbiased) of every value of a batch of `batch` images of which this
@@ -229,9 +228,6 @@ int run(const Args& a) {
   EF_CHECK(!a.cuda_graph || a.penalty != "dragan",
            "--cuda-graph with --penalty dragan: its perturbation scale is the batch's standard deviation, computed on "
            "the host each step, which a recorded step would keep; use wgan-gp or r1");
-  EF_CHECK(!a.cuda_graph || par::processes()->size() == 1,
-           "--cuda-graph across processes: the processes' collectives run on the host, which a recorded step cannot "
-           "hold; run one process");
   const ef::DType dtype = a.dtype == "float64" ? ef::kFloat64 : ef::kFloat32;
   const ef::DType compute = ef::apps::compute_dtype(a);
   ef::set_num_threads(a.threads > 0 ? a.threads : ef::parallel::cpu_threads_per_device(devices));
@@ -667,10 +663,6 @@ int main(int argc, char** argv) {
                  "generated (and real) images of the distance after the last step, in evaluation.json (0: none)")
       ->check(CLI::Range(int64_t{0}, int64_t{100000}));
   app.add_option("--classifier", a.classifier, "apps/classify's model.safetensors (the feature space)");
-  app.add_flag("--cuda-graph", a.cuda_graph,
-               "after two eager steps, record one whole generator step (critic steps, penalties' double backward, "
-               "gradient sums, both Adam steps) and replay it: on a GPU one CUDA graph launch a step; on CPU devices "
-               "the recorded kernel calls (the same results; a check of the step, not a speed-up)");
   return ef::apps::run_program(app, argc, argv, "wgan_gp", [&] {
     // The model's defaults (Note [Models]).
     if (a.width == 0) a.width = a.model == "resnet" ? 128 : 32;

@@ -40,7 +40,7 @@ namespace evenflow {
   /* linear algebra, convolution */ X(matmul) X(linear) X(conv2d) X(conv2d_input_grad)                  \
   X(conv2d_weight_grad) X(conv_transpose2d)                                                             \
   /* pooling, resampling */ X(max_pool2d) X(avg_pool2d) X(adaptive_avg_pool2d) X(upsample_bilinear2d)   \
-  X(upsample_nearest2d)                                                                                 \
+  X(upsample_nearest2d) X(resample2d)                                                                   \
   /* softmax, indexing, dropout, normalization */ X(softmax) X(log_softmax) X(gather) X(scatter_add)    \
   X(index_select) X(index_add) X(dropout) X(batch_norm) X(layer_norm)
 // clang-format on
@@ -404,6 +404,26 @@ Tensor upsample_bilinear2d(const Tensor& x, std::pair<int64_t, int64_t> output_s
 /// Nearest-neighbour resize to output_size (positive): output row i copies input row
 /// floor(i·H/OH), likewise columns (PyTorch's mode "nearest"). Composite (index_select).
 Tensor upsample_nearest2d(const Tensor& x, std::pair<int64_t, int64_t> output_size);
+
+/// The three ops above resize x [N, C, H, W] to (OH, OW) with constant operands that depend only on
+/// the sizes: matrices rows [OH, H] and cols [OW, W] applied as rows·x·colsᵀ (adaptive average,
+/// bilinear), or the source row and column of each output pixel, int64, gathered (nearest). They
+/// are made on the host and copied to the device at every call, which a recorded step may not do
+/// (Note [A step that can be replayed] in step_graph.h); a layer makes them once per input size
+/// with resampling() and applies them with resample2d() (nn::Upsample and nn::AdaptiveAvgPool2d do).
+enum class ResampleMode { AdaptiveAverage, Bilinear, BilinearAlignCorners, Nearest };
+/// The operands of one resize (see ResampleMode).
+struct Resampling {
+  Tensor rows;  ///< [OH, H] of the input's dtype, or [OH] int64 (nearest)
+  Tensor cols;  ///< [OW, W], or [OW] int64
+};
+/// The operands resizing (H, W) = `in` to `out` (both positive, else ef::Error), of `opts.dtype`
+/// (float32 or float64; int64 indices for Nearest) on `opts.device`.
+Resampling resampling(ResampleMode mode, std::pair<int64_t, int64_t> in, std::pair<int64_t, int64_t> out,
+                      const TensorOptions& opts);
+/// x [N, C, H, W] resized with `r` (made for x's H and W, dtype and device, else ef::Error):
+/// the value adaptive_avg_pool2d, upsample_bilinear2d or upsample_nearest2d gives. Composite.
+Tensor resample2d(const Tensor& x, const Resampling& r);
 /// @}
 
 /// @name Softmax, indexing, dropout

@@ -226,37 +226,22 @@ class RecordingBackend final : public Backend {
   void max_pool2d_backward(const PoolArgs& args, const View& gx, const View& gy, const View& indices) override {
     call([=, this] { kernels_->max_pool2d_backward(args, gx, gy, indices); });
   }
+  // Recorded: a replayed kernel meets a bad index when it runs, and replay() throws it; a GPU
+  // reports it at the next synchronization (Note [Index checks in a recorded step]).
   void gather(const View& out, const View& x, int dim, const View& index) override {
-    refuse("gather (an indexing kernel)",
-           "its bad-index check is read on the host, which a replay does not repeat; not supported in a recorded step "
-           "yet (as on CUDA devices)");
     call([=, this] { kernels_->gather(out, x, dim, index); });
   }
   void scatter_add(const View& out, int dim, const View& index, const View& src) override {
-    refuse("scatter_add (an indexing kernel)",
-           "its bad-index check is read on the host, which a replay does not repeat; not supported in a recorded step "
-           "yet (as on CUDA devices)");
     call([=, this] { kernels_->scatter_add(out, dim, index, src); });
   }
   void index_select(const View& out, const View& x, int dim, const View& index) override {
-    refuse("index_select (an indexing kernel)",
-           "its bad-index check is read on the host, which a replay does not repeat; not supported in a recorded step "
-           "yet (as on CUDA devices)");
     call([=, this] { kernels_->index_select(out, x, dim, index); });
   }
   void index_add(const View& out, int dim, const View& index, const View& src) override {
-    refuse("index_add (an indexing kernel)",
-           "its bad-index check is read on the host, which a replay does not repeat; not supported in a recorded step "
-           "yet (as on CUDA devices)");
     call([=, this] { kernels_->index_add(out, dim, index, src); });
   }
-  // Refused while recording, as CUDA devices refuse it (CudaBackend::index_check), so that a step
-  // CI records on CPU devices is one a GPU can record.
   void check_index_range(const View& index, int64_t size, int64_t allowed,
                          std::function<std::string(int64_t)> describe) override {
-    refuse("an index check (a loss's class targets)",
-           "its bad-index check is read on the host, which a replay does not repeat; not supported in a recorded step "
-           "yet (as on CUDA devices)");
     call([=, this] { kernels_->check_index_range(index, size, allowed, describe); });
   }
   void adam(const AdamArgs& args, const std::vector<AdamOperands>& params) override {

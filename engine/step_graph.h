@@ -22,6 +22,9 @@
 ///   - allocate only from the step's pool: every tensor a recorded step makes on its devices comes
 ///     from a pool private to the StepGraph, so its addresses stay the step's; warm_up() fills the
 ///     pool so that recording needs no new memory from the device.
+/// Indexing ops may be recorded (a loss's class targets, gather, index_select): an index out of range
+/// in a replayed step is an ef::Error naming it -- thrown by replay() on CPU devices, at the next
+/// synchronization on a GPU (Note [Index checks in a recorded step] in cuda/deferred_errors.h).
 /// What the host code does to host objects happens once, at capture: the tensors the step leaves
 /// behind (a parameter's gradient, a loss) are the same tensors after every replay, with the new
 /// values. The tensors it uses from outside -- parameters, optimizer states, input buffers -- are

@@ -99,6 +99,20 @@ std::string AvgPool2d::extra_repr() const {
                                    ", padding=", config_.padding.str());
 }
 
+// --- ResamplingOperands -----------------------------------------------------------------------------------
+
+const Resampling& ResamplingOperands::of(ResampleMode mode, const Tensor& x, std::pair<int64_t, int64_t> out) {
+  const std::string key =
+      evenflow::detail::str_cat(static_cast<int>(mode), " ", x.size(2), "x", x.size(3), " ", out.first, "x", out.second,
+                                " ", dtype_name(x.dtype()), " ", x.device().str());
+  auto it = made_.find(key);
+  if (it == made_.end()) {
+    it = made_.emplace(key, resampling(mode, {x.size(2), x.size(3)}, out, {.dtype = x.dtype(), .device = x.device()}))
+             .first;
+  }
+  return it->second;
+}
+
 // --- AdaptiveAvgPool2d ------------------------------------------------------------------------------------
 
 AdaptiveAvgPool2d::AdaptiveAvgPool2d(Size2 output_size) : output_size_(output_size) {
@@ -107,7 +121,9 @@ AdaptiveAvgPool2d::AdaptiveAvgPool2d(Size2 output_size) : output_size_(output_si
 
 Tensor AdaptiveAvgPool2d::forward(const Tensor& x) {
   util::check_input_dims("AdaptiveAvgPool2d", x, 4, 4);
-  return adaptive_avg_pool2d(x, output_size_.pair());
+  EF_CHECK(x.size(2) >= 1 && x.size(3) >= 1, "AdaptiveAvgPool2d: input has an empty spatial dim ",
+           shape_str(x.shape()));
+  return resample2d(x, operands_.of(ResampleMode::AdaptiveAverage, x, output_size_.pair()));
 }
 
 std::string AdaptiveAvgPool2d::extra_repr() const {
@@ -138,8 +154,11 @@ Tensor Upsample::forward(const Tensor& x) {
     EF_CHECK(out.first > 0 && out.second > 0, "Upsample: scale_factor (", sh, ", ", sw, ") turns input shape ",
              shape_str(x.shape()), " into an empty output");
   }
-  if (config_.mode == UpsampleMode::Nearest) return upsample_nearest2d(x, out);
-  return upsample_bilinear2d(x, out, config_.align_corners);
+  EF_CHECK(x.size(2) >= 1 && x.size(3) >= 1, "Upsample: input has an empty spatial dim ", shape_str(x.shape()));
+  const ResampleMode mode = config_.mode == UpsampleMode::Nearest ? ResampleMode::Nearest
+                            : config_.align_corners               ? ResampleMode::BilinearAlignCorners
+                                                                  : ResampleMode::Bilinear;
+  return resample2d(x, operands_.of(mode, x, out));
 }
 
 std::string Upsample::extra_repr() const {

@@ -3,7 +3,9 @@
 /// or bilinear). Inputs are [N, C, H, W].
 #pragma once
 
+#include <map>
 #include <optional>
+#include <string>
 #include <utility>
 
 #include "evenflow/layers/module.h"
@@ -71,6 +73,19 @@ class AvgPool2d : public Cloneable<AvgPool2d> {
   AvgPool2dConfig config_;
 };
 
+/// The resampling operands (Resampling, engine/ops.h) a layer has made: one set per input size,
+/// output size, dtype and device, made at the layer's first input of each and kept for the layer's
+/// life, so that its forward copies nothing from the host after the first and a recorded step can
+/// hold it (a recording uses them at their addresses). Part of AdaptiveAvgPool2d and Upsample.
+class ResamplingOperands {
+ public:
+  /// The operands resizing x's last two dims to `out`.
+  const Resampling& of(ResampleMode mode, const Tensor& x, std::pair<int64_t, int64_t> out);
+
+ private:
+  std::map<std::string, Resampling> made_;
+};
+
 /// Averages x [N, C, H, W] (float32 or float64) into [N, C, oh, ow] = output_size, as
 /// torch.nn.AdaptiveAvgPool2d: output row i averages input rows ⌊i·H/oh⌋ to ⌈(i+1)·H/oh⌉ - 1, and
 /// likewise for columns. Differentiable with respect to x.
@@ -84,6 +99,7 @@ class AdaptiveAvgPool2d : public Cloneable<AdaptiveAvgPool2d> {
 
  private:
   Size2 output_size_;
+  ResamplingOperands operands_;
 };
 
 /// How Upsample computes an output pixel. Nearest: output pixel i copies input pixel ⌊i·in/out⌋
@@ -134,6 +150,7 @@ class Upsample : public Cloneable<Upsample> {
 
  private:
   UpsampleConfig config_;
+  ResamplingOperands operands_;
 };
 
 }  // namespace evenflow::nn

@@ -11,8 +11,9 @@ namespace detail {
 
 namespace {
 
+// A fill, not a copy from the host: a recorded step may hold it (Note [A step that can be replayed]).
 Tensor index_scalar(int64_t v, const Device& d) {
-  return from_int_vector({v}, {}, d);
+  return scalar_tensor(static_cast<double>(v), {.dtype = kInt64, .device = d});
 }
 
 // Targets are data, so a class out of range is the caller's mistake (an ef::Error here, or on a GPU
@@ -259,7 +260,9 @@ Tensor valid_weight(const Tensor& target, int64_t ignore_index, const Tensor& we
   if (!weight.defined()) {
     EF_CHECK(target.dtype() == kInt64, "valid_weight: target must hold int64 class indices, got ",
              dtype_name(target.dtype()));
-    return sum(to_dtype(ne(target, from_int_vector({ignore_index}, {}, target.device())), kFloat64));
+    return sum(to_dtype(
+        ne(target, scalar_tensor(static_cast<double>(ignore_index), {.dtype = kInt64, .device = target.device()})),
+        kFloat64));
   }
   EF_CHECK(weight.dim() == 1 && is_floating(weight.dtype()), "valid_weight: weight must be a 1-D float tensor, got ",
            weight.str());

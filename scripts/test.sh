@@ -25,6 +25,17 @@ BUILD_DIR=build bash scripts/build.sh -DEF_WERROR=ON -DEF_RAY=ON -DCMAKE_CUDA_AR
 stage "tests"
 (cd build && ctest --output-on-failure --timeout 900 -j "$(nproc)")
 
+# The GPU check selects its CUDA tests by name and expects how many (run_tests in gpu_check.sh: a
+# suite that failed to build there cannot drop its tests unseen); counted here in the full build, so
+# a CUDA test added without its count, or in a suite the GPU check does not build, fails now and not
+# in a GPU window.
+stage "the GPU check's test selections, counted in this build"
+sed -nE "s/.*run_tests '([^']+)' ([0-9]+) .*/\2 \1/p" scripts/gpu_check.sh | while read -r expected regex; do
+  found=$(ctest --test-dir build -N -R "$regex" | sed -n 's/^Total Tests: //p')
+  echo "'$regex': $found tests, gpu_check.sh expects $expected"
+  [[ "$found" == "$expected" ]] || { echo "scripts/gpu_check.sh: update the count of '$regex'" >&2; exit 1; }
+done
+
 stage "the GPU check's preparation, rehearsed: the GPU build against build-deps/ alone (docs/gpu.md)"
 bash scripts/gpu_check.sh --prepare
 

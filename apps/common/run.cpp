@@ -6,11 +6,15 @@
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
+#include <deque>
 #include <system_error>
 
 #include "apps/common/progress.h"
+#include "apps/common/step_buffers.h"
+#include "evenflow/engine/step_graph.h"
 #include "evenflow/io/file.h"
 #include "evenflow/io/safetensors.h"
+#include "evenflow/parallel/process_group.h"
 
 namespace evenflow::apps {
 
@@ -41,6 +45,12 @@ void add_run_options(CLI::App& app, RunOptions& o, const std::string& seed_help)
   app.add_flag("--cudnn-deterministic", o.cudnn_deterministic,
                "on CUDA, only cuDNN algorithms that repeat bit for bit (PyTorch's cudnn.deterministic): two runs with "
                "the same settings then give the same losses");
+  app.add_flag("--cuda-graph", o.cuda_graph,
+               "after two eager steps, record one whole training step (forward, loss and backward -- wgan_gp's: a "
+               "generator step with its critic steps and their penalties' double backward --, the gradient sums over "
+               "the devices, Adam) and replay it: on a GPU one CUDA graph "
+               "launch a step; on CPU devices the recorded kernel calls (the same results: a check of the step, not a "
+               "speed-up). A step that cannot be recorded runs eagerly, saying why");
 }
 
 void add_epoch_options(CLI::App& app, EpochOptions& o, const std::string& seed_help) {
@@ -140,6 +150,9 @@ Run::Run(const RunOptions& options, fs::path out, std::vector<std::string> metri
       metadata_(std::move(metadata)),
       metrics_(std::move(metric_columns)),
       primary_(primary_process()) {
+  EF_CHECK(!options_.cuda_graph || parallel::processes()->size() == 1,
+           "--cuda-graph across processes: the processes' collectives run on the host, which a recorded step cannot "
+           "hold; run one process");
   if (options_.cudnn_benchmark || options_.cudnn_deterministic) {
     CudaMath math = cuda_math();
     math.benchmark = math.benchmark || options_.cudnn_benchmark;
@@ -216,40 +229,105 @@ void Run::check_loss(double loss, int64_t step, const std::string& what, const s
   }
 }
 
-void Run::train_epochs(data::DataLoader& loader, int64_t epochs, int64_t max_steps,
-                       const std::function<Tensor(data::Batch&)>& step,
-                       const std::function<void(const EpochStats&)>& end_of_epoch) {
+// Note [Recorded epoch steps]
+// The epoch loop runs every step one way, recorded or not: the batch is copied into buffers on the
+// devices (StepBuffers: the chunks DataParallelModel::scatter would give them, Note [Step buffers])
+// and the step reads it there, through a ReplayedStep that with --cuda-graph records the step after
+// two eager ones and then replays it (Note [A step that can be replayed] in engine/step_graph.h).
+// A batch of another shape -- an epoch's last, partial batch -- has its own buffers and recording,
+// so the full batches' recording is not dropped and made again at every epoch's end. A step's loss
+// is read on the host with read_later: at once on CPU devices, one step behind on a GPU, so that
+// the host queues the next step before it waits for this one; every step is read before the
+// epoch's statistics, so a loss that is not finite still stops the run before a save.
+namespace {
+
+Shape row_shape(const Tensor& batch) {
+  const Shape& s = batch.shape();
+  return Shape(s.begin() + 1, s.end());
+}
+
+// One shape of batch: its buffers on the devices and its (recorded) step.
+class ShapedStep {
+ public:
+  ShapedStep(const std::vector<Device>& devices, const Tensor& images, const Tensor& labels, const Run::BatchStep& step,
+             bool record)
+      : images_(devices, images.size(0), images.dtype(), {{"images", row_shape(images)}}),
+        labels_(devices, labels.size(0), labels.dtype(), {{"labels", row_shape(labels)}}),
+        replayed_(devices, [this, &step] { loss_ = step(images_["images"], labels_["labels"], rows_); },
+                  {.record = record, .warm_up = 2, .log = nullptr}) {}
+
+  // Trains on a batch (images in the step's dtype) and returns its loss: the same tensor after every
+  // replay, with the new value.
+  const Tensor& operator()(const Tensor& images, const Tensor& labels, const BatchRows& rows) {
+    images_.load({images});
+    labels_.load({labels});
+    rows_ = rows;  // the same for every batch of one shape in one process, the only case recorded
+    replayed_();
+    return loss_;
+  }
+
+ private:
+  StepBuffers images_, labels_;
+  BatchRows rows_;
+  Tensor loss_;
+  ReplayedStep replayed_;
+};
+
+}  // namespace
+
+void Run::train_epochs(data::DataLoader& loader, const EpochOptions& o, const std::vector<Device>& devices, DType dtype,
+                       const BatchStep& step, const std::function<void(const EpochStats&)>& end_of_epoch) {
   using Clock = std::chrono::steady_clock;
   const int64_t per_epoch = loader.num_batches();
+  std::map<std::string, std::unique_ptr<ShapedStep>> steps;  // by the batch's shapes
+  // The steps queued and not yet read (Note [Recorded epoch steps]).
+  struct Queued {
+    HostValues loss;
+    int64_t batch;   // the batch's index in its epoch
+    int64_t images;  // the job's batch, over every process
+  };
+  std::deque<Queued> queued;
+  const size_t behind = devices[0].is_cuda() ? 1 : 0;
   ProgressBar bar;
-  bool stop = max_steps > 0 && progress_.step >= max_steps;
-  while (!stop && progress_.epoch < epochs) {
+  bool stop = o.steps > 0 && progress_.step >= o.steps;
+  while (!stop && progress_.epoch < o.epochs) {
     loader.after(progress_.step);  // one batch a step (Note [Resuming a loader] in data/loader.h)
     const data::LoaderPosition start = loader.position();
-    bar.start("epoch " + std::to_string(start.epoch + 1) + "/" + std::to_string(epochs), per_epoch, start.batch + 1);
+    bar.start("epoch " + std::to_string(start.epoch + 1) + "/" + std::to_string(o.epochs), per_epoch, start.batch + 1);
     double loss_sum = 0, seconds = 0;
-    int64_t steps = 0, images = 0;
+    int64_t steps_read = 0, images = 0;
     auto t0 = Clock::now();
-    for (data::Batch& b : loader) {
-      const double l = step(b).item();
+    const auto read_oldest = [&] {
+      Queued q = std::move(queued.front());
+      queued.pop_front();
+      const double l = q.loss.get().at(0);
       ++progress_.step;
       check_loss(l, progress_.step, "training loss", "step " + std::to_string(progress_.step));
-      ++steps;
+      ++steps_read;
       loss_sum += l;
-      images += b.rows.total;  // the job's batch, over every process
+      images += q.images;
       const auto t1 = Clock::now();
       seconds += std::chrono::duration<double>(t1 - t0).count();
       t0 = t1;
-      bar.update(b.index + 1, l, static_cast<double>(images) / seconds);
-      if (max_steps > 0 && progress_.step >= max_steps) {
+      bar.update(q.batch + 1, l, static_cast<double>(images) / seconds);
+    };
+    int64_t queued_steps = progress_.step;
+    for (data::Batch& b : loader) {
+      const Tensor batch = b.images.to(dtype);
+      std::unique_ptr<ShapedStep>& s = steps[shape_str(batch.shape()) + " " + shape_str(b.labels.shape())];
+      if (!s) s = std::make_unique<ShapedStep>(devices, batch, b.labels, step, options_.cuda_graph);
+      queued.push_back({read_later((*s)(batch, b.labels, b.rows)), b.index, b.rows.total});
+      while (queued.size() > behind) read_oldest();
+      if (o.steps > 0 && ++queued_steps >= o.steps) {
         stop = true;
         break;
       }
     }
+    while (!queued.empty()) read_oldest();
     bar.finish();
     progress_.epoch = loader.position().epoch;  // the next one once this epoch's last batch is done
-    end_of_epoch({.mean_loss = steps > 0 ? loss_sum / static_cast<double>(steps) : 0.0,
-                  .steps = steps,
+    end_of_epoch({.mean_loss = steps_read > 0 ? loss_sum / static_cast<double>(steps_read) : 0.0,
+                  .steps = steps_read,
                   .seconds = seconds,
                   .images_per_s = seconds > 0 ? static_cast<double>(images) / seconds : 0.0,
                   .epochs_done = static_cast<double>(progress_.step) / static_cast<double>(per_epoch)});

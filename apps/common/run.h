@@ -31,6 +31,7 @@
 #include "evenflow/data/loader.h"
 #include "evenflow/io/checkpoint.h"
 #include "evenflow/io/event_file.h"
+#include "evenflow/parallel/device_group.h"
 #include "evenflow/parallel/training_state.h"
 
 namespace evenflow::apps {
@@ -50,10 +51,12 @@ struct RunOptions {
   bool print_loss = false;
   bool cudnn_benchmark = false;      // CudaMath::benchmark, set by Run
   bool cudnn_deterministic = false;  // CudaMath::deterministic, set by Run
+  bool cuda_graph = false;           // the training step recorded and replayed (ReplayedStep)
 };
 
 // --devices, --seed (described by seed_help), --dtype, --precision, --data, --out, --workers,
-// --threads, --resume, --overwrite, --print-loss, --cudnn-benchmark, --cudnn-deterministic.
+// --threads, --resume, --overwrite, --print-loss, --cudnn-benchmark, --cudnn-deterministic,
+// --cuda-graph.
 void add_run_options(CLI::App& app, RunOptions& o, const std::string& seed_help);
 
 // The devices --devices names: "auto" is every GPU (`cuda`) where one is visible, else
@@ -135,10 +138,19 @@ class Run {
   // with --print-loss the line "<label> loss <x>" at full precision.
   void check_loss(double loss, int64_t step, const std::string& what, const std::string& label) const;
 
+  // One training step of the epoch loop: trains on a batch given as chunks on the devices -- images
+  // (in the loop's dtype) and labels, chunk r on devices[r], split as DataParallelModel::scatter
+  // splits a batch; `rows` are the batch's rows in the job's (Batch::rows, for scatter(chunks, rows))
+  // -- and returns its loss, on the first device. It may be recorded and replayed (Note [Recorded
+  // epoch steps] in run.cpp): no host reads, no host counters passed by value.
+  using BatchStep = std::function<Tensor(const parallel::PerDevice<Tensor>& images,
+                                         const parallel::PerDevice<Tensor>& labels, const BatchRows& rows)>;
+
   // The epoch loop (classify, segment): from where the run stands (progress()), every batch of
-  // `loader`'s epochs up to `epochs`, stopping after `max_steps` in all (0: no limit). `step`
-  // trains on a batch and returns its loss (read on the host here, once a step); `end_of_epoch`
-  // gets the epoch's statistics (also at a stop mid-epoch) and logs, prints and saves.
+  // `loader`'s epochs up to `o.epochs`, stopping after `o.steps` in all (0: no limit), each copied to
+  // `devices` (images as `dtype`) and trained on by `step`, recorded and replayed with --cuda-graph;
+  // the losses are read on the host (Note [Recorded epoch steps]). `end_of_epoch` gets the epoch's
+  // statistics (also at a stop mid-epoch) and logs, prints and saves.
   struct EpochStats {
     double mean_loss = 0;  // over the steps run in this call
     int64_t steps = 0;
@@ -146,9 +158,8 @@ class Run {
     double images_per_s = 0;  // training images (every process's) per second
     double epochs_done = 0;   // fractional when stopped mid-epoch
   };
-  void train_epochs(data::DataLoader& loader, int64_t epochs, int64_t max_steps,
-                    const std::function<Tensor(data::Batch&)>& step,
-                    const std::function<void(const EpochStats&)>& end_of_epoch);
+  void train_epochs(data::DataLoader& loader, const EpochOptions& o, const std::vector<Device>& devices, DType dtype,
+                    const BatchStep& step, const std::function<void(const EpochStats&)>& end_of_epoch);
 
  private:
   RunOptions options_;

@@ -188,7 +188,7 @@ Outcome train(const Args& a, const Setup& s, const std::string& spec, uint64_t s
   });
   ef::parallel::ReplicatedOptimizer<ef::optim::Adam> opt(model, ef::optim::AdamOptions{.lr = a.lr});
   ef::parallel::TrainingState state({{"", model, opt}});
-  // Batches stay on the host; scatter copies each chunk straight to its device.
+  // Batches stay on the host; the epoch loop copies each chunk straight to its device.
   ef::data::DataLoader train_loader(s.train.dataset,
                                     {.batch_size = a.batch_size,
                                      .shuffle = true,
@@ -208,10 +208,10 @@ Outcome train(const Args& a, const Setup& s, const std::string& spec, uint64_t s
 
   apps::setup_done();
   run.train_epochs(
-      train_loader, a.epochs, a.steps,
-      [&](ef::data::Batch& b) {
-        const ef::Tensor loss =
-            criterion(model(model.scatter(b.images.to(s.dtype), b.rows)), model.scatter(b.labels, b.rows));
+      train_loader, a, s.devices, s.dtype,
+      [&](const ef::parallel::PerDevice<ef::Tensor>& images, const ef::parallel::PerDevice<ef::Tensor>& labels,
+          const ef::BatchRows& rows) {
+        const ef::Tensor loss = criterion(model(model.scatter(images, rows)), model.scatter(labels, rows));
         opt.zero_grad();
         loss.backward();
         opt.step();

@@ -19,7 +19,7 @@ namespace evenflow::cuda_backend {
 // made on the first indexing kernel (with the device current).
 static std::pair<int64_t*, int64_t*> allocate_index_flags() {
   void* flags = nullptr;
-  constexpr size_t kBytes = DeferredErrors::kSlots * 2 * sizeof(int64_t);
+  constexpr size_t kBytes = (DeferredErrors::kSlots + DeferredErrors::kRecordedSlots) * 2 * sizeof(int64_t);
   EF_CUDA_CHECK(cudaHostAlloc(&flags, kBytes, cudaHostAllocMapped | cudaHostAllocPortable));
   std::memset(flags, 0, kBytes);
   void* device_flags = nullptr;
@@ -229,11 +229,14 @@ bool CudaBackend::recording() const {
 }
 
 DeferredErrors::Slot CudaBackend::index_check(std::function<std::string(int64_t)> describe) const {
-  // A replayed kernel would write the flag of its recording, which no synchronization reads again.
-  EF_CHECK(!recording(), name(),
-           ": an indexing kernel with a bad-index check (a loss's class targets, gather, scatter_add, "
-           "index_select, index_add, max pooling's gradient) inside a recorded step: its check is read on the "
-           "host at the next synchronization, which a replay does not repeat; not supported in a recorded step yet");
+  if (recording()) {
+    // A replayed kernel writes the flag it was recorded with (Note [Index checks in a recorded step]).
+    const uint64_t owner = recorded_checks_owner_.load(std::memory_order_acquire);
+    EF_CHECK(owner != 0, name(),
+             ": an indexing kernel with a bad-index check (a loss's class targets, gather, scatter_add, "
+             "index_select, index_add) in a stream capture that is not a StepGraph's: its flag would never be read");
+    return deferred_errors_.reserve_recorded(owner, std::move(describe));
+  }
   return deferred_errors_.reserve(std::move(describe), [this] { synchronize_and_check(); });
 }
 

@@ -1,5 +1,7 @@
 // The recording of a step's work on CUDA logical devices as one CUDA graph (StepGraph,
 // engine/step_graph.h; Note [Recording CUDA devices]).
+#include <atomic>
+#include <cstdint>
 #include <vector>
 
 #include "evenflow/engine/cuda/cuda_backend.h"
@@ -20,13 +22,15 @@ namespace evenflow::cuda_backend {
 // The capture is in relaxed mode: the step's threads are the caller's and the devices' workers, and
 // a block the step's pool obtains from the device while recording (cudaMalloc) must not fail the
 // capture. What cannot be recorded fails it: a synchronization (a host read, which the engine
-// refuses before the runtime does), a workspace that has to grow (CudaBackend::scratch), an indexing
-// kernel whose bad-index flag would never be read (Note [Index checks]). Logical devices of one GPU
-// only: on GPUs of their own each would need its own graph, and NCCL's collectives inside it.
+// refuses before the runtime does), a workspace that has to grow (CudaBackend::scratch). An indexing
+// kernel's bad-index flag is one the recording holds (Note [Index checks in a recorded step]), freed
+// with it. Logical devices of one GPU only: on GPUs of their own each would need its own graph, and
+// NCCL's collectives inside it.
 class CudaRecording final : public ::evenflow::detail::DeviceRecording {
  public:
   explicit CudaRecording(std::vector<CudaBackend*> backends) : backends_(std::move(backends)) {
     CudaBackend& origin = *backends_[0];
+    for (CudaBackend* b : backends_) b->set_recorded_checks_owner(id_);
     try {
       origin.activate();
       for (size_t i = 0; i < backends_.size(); ++i) {
@@ -44,13 +48,16 @@ class CudaRecording final : public ::evenflow::detail::DeviceRecording {
       }
     } catch (...) {
       abandon();
+      release_checks();
       for (cudaEvent_t e : events_) EF_CUDA_CHECK_PRINT(cudaEventDestroy(e));
       throw;
     }
   }
 
+  // After the devices ran the replays (StepGraph waits for them first).
   ~CudaRecording() override {
     abandon();
+    release_checks();
     if (exec_ != nullptr) EF_CUDA_CHECK_PRINT(cudaGraphExecDestroy(exec_));
     if (graph_ != nullptr) EF_CUDA_CHECK_PRINT(cudaGraphDestroy(graph_));
     for (cudaEvent_t e : events_) EF_CUDA_CHECK_PRINT(cudaEventDestroy(e));
@@ -58,6 +65,7 @@ class CudaRecording final : public ::evenflow::detail::DeviceRecording {
 
   void end() override {
     CudaBackend& origin = *backends_[0];
+    for (CudaBackend* b : backends_) b->set_recorded_checks_owner(0);
     join_into_origin();
     origin.activate();
     capturing_ = false;
@@ -73,6 +81,7 @@ class CudaRecording final : public ::evenflow::detail::DeviceRecording {
   }
 
   void abandon() noexcept override {
+    for (CudaBackend* b : backends_) b->set_recorded_checks_owner(0);
     if (!capturing_) return;
     capturing_ = false;
     CudaBackend& origin = *backends_[0];
@@ -115,6 +124,17 @@ class CudaRecording final : public ::evenflow::detail::DeviceRecording {
     }
   }
 
+  void release_checks() noexcept {
+    for (CudaBackend* b : backends_) b->release_recorded_checks(id_);
+  }
+
+  // Which recording holds a flag of Note [Index checks in a recorded step].
+  static uint64_t next_id() {
+    static std::atomic<uint64_t> last{0};
+    return ++last;
+  }
+
+  const uint64_t id_ = next_id();
   std::vector<CudaBackend*> backends_;
   std::vector<cudaEvent_t> events_;  // one per stream, for the joins
   bool capturing_ = false;

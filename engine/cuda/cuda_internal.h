@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <limits>
@@ -162,6 +163,13 @@ class CudaBackend final : public Backend {
   // which makes the message of the error the next synchronization throws from the bad index. Queue
   // the kernel while the slot is alive.
   DeferredErrors::Slot index_check(std::function<std::string(int64_t)> describe) const;
+  // Note [Index checks in a recorded step]: while recording `owner` (a non-zero id) records this
+  // device, index_check hands out flags held for it; 0 when no recording is in progress.
+  void set_recorded_checks_owner(uint64_t owner) const {
+    recorded_checks_owner_.store(owner, std::memory_order_release);
+  }
+  // Frees the flags held for recording `owner`, once the device ran its replays.
+  void release_recorded_checks(uint64_t owner) const { deferred_errors_.release_recorded(owner); }
   // An error about work queued on this device found by another thread (an NCCL collective that
   // failed or timed out: Note [NCCL watchdog]); the next synchronization throws it, once.
   void report_error(const std::string& message) const { deferred_errors_.report(message); }
@@ -196,6 +204,7 @@ class CudaBackend final : public Backend {
 
   // Mutable: bookkeeping of queued work, kept by const kernel launchers.
   mutable DeferredErrors deferred_errors_;
+  mutable std::atomic<uint64_t> recorded_checks_owner_{0};  // set_recorded_checks_owner
 };
 
 // --- Convolutions: what cuda_conv.cu (the legacy API, the entry points) and cuda_conv_plans.cu -------

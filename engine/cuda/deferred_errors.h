@@ -5,6 +5,8 @@
 // (tests/engine/test_deferred_errors.cpp); CudaBackend owns one per logical device.
 #pragma once
 
+#include <array>
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -35,12 +37,25 @@ namespace evenflow::cuda_backend {
 // wait began. (With the flag handed out before the launch, a synchronization on another thread could
 // read a flag whose kernel was not queued yet, find it clear, drop it, and miss the bad index, which
 // would then be blamed on whichever launch reused the flag 1024 launches later.)
+//
+// Note [Index checks in a recorded step]
+// A recorded kernel is replayed with the arguments it was recorded with (Note [A step that can be
+// replayed] in engine/step_graph.h): it writes the same flag at every replay, and a replay reserves
+// nothing. So the checks of a recorded step get flags of their own, outside the ring, held for the
+// recording's life (reserve_recorded, release_recorded). Every take_errors reads them too, after the
+// device ran past what it waited for, and clears the one it reports with an atomic exchange: a
+// replay queued meanwhile may be writing it, and its error is then found by this synchronization or
+// the next, never cleared unseen. So a bad index in a replayed step is thrown at the next
+// synchronization, as an eager kernel's is -- the loss read after the step, typically -- naming the
+// op, the index and the dim; only which replay met it is not known.
 class DeferredErrors {
  public:
-  static constexpr uint64_t kSlots = 1024;
+  static constexpr uint64_t kSlots = 1024;         // the ring's flags
+  static constexpr uint64_t kRecordedSlots = 256;  // recorded steps' flags, over every recording of the device
 
-  // Makes the flag memory on first use: kSlots x {flag, index} int64, as the host reads it and as
-  // kernels address it (the same memory, mapped). Its owner frees it (flags()).
+  // Makes the flag memory on first use: (kSlots + kRecordedSlots) x {flag, index} int64, the ring's
+  // then the recordings', as the host reads it and as kernels address it (the same memory, mapped).
+  // Its owner frees it (flags()).
   using AllocateFlags = std::function<std::pair<int64_t*, int64_t*>()>;
   explicit DeferredErrors(AllocateFlags allocate) : allocate_(std::move(allocate)) {}
 
@@ -94,7 +109,47 @@ class DeferredErrors {
       if (flag[0] != 0 && error.empty()) error = ::evenflow::detail::str_cat(p.describe(flag[1]), where);
       pending_.pop_front();
     }
+    // The recorded steps' checks (Note [Index checks in a recorded step]).
+    for (uint64_t i = 0; i < kRecordedSlots && error.empty(); ++i) {
+      if (recorded_[i].owner == 0) continue;
+      int64_t* flag = host_flags_ + 2 * (kSlots + i);
+      if (std::atomic_ref<int64_t>(flag[0]).exchange(0) != 0) {
+        error = ::evenflow::detail::str_cat(recorded_[i].describe(flag[1]), " in a replayed step", where);
+      }
+    }
     return error;
+  }
+
+  // A flag for a check of a step being recorded by `owner` (a non-zero id), clear, held until
+  // release_recorded(owner) (Note [Index checks in a recorded step]); no lock is held while the
+  // kernel is queued. ef::Error when the recordings of this device hold every recorded flag.
+  Slot reserve_recorded(uint64_t owner, std::function<std::string(int64_t)> describe) {
+    EF_ASSERT(owner != 0, "a recorded check needs its recording's id");
+    std::lock_guard<std::mutex> lock(mu_);
+    if (host_flags_ == nullptr) std::tie(host_flags_, device_flags_) = allocate_();
+    for (uint64_t i = 0; i < kRecordedSlots; ++i) {
+      if (recorded_[i].owner != 0) continue;
+      recorded_[i] = {owner, std::move(describe)};
+      int64_t* flag = host_flags_ + 2 * (kSlots + i);
+      flag[0] = flag[1] = 0;
+      return Slot(std::unique_lock<std::mutex>(), device_flags_ + 2 * (kSlots + i));
+    }
+    EF_ERROR("the recorded steps on this device hold all ", kRecordedSlots,
+             " flags of their index checks (a loss's targets, gather, scatter_add, index_select, index_add); "
+             "record fewer indexing ops in a step, or drop a recording");
+  }
+  // Frees `owner`'s recorded flags, once the device ran its replays (an error they hold is lost).
+  void release_recorded(uint64_t owner) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (Recorded& r : recorded_)
+      if (r.owner == owner) r = {};
+  }
+  // The recorded flags held (for tests).
+  size_t recorded_in_use() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    size_t n = 0;
+    for (const Recorded& r : recorded_) n += r.owner != 0 ? 1 : 0;
+    return n;
   }
 
   // An error about queued work found by another thread; the next take_errors returns it (the first
@@ -117,6 +172,10 @@ class DeferredErrors {
     uint64_t sequence;  // its flag is slot sequence % kSlots
     std::function<std::string(int64_t)> describe;
   };
+  struct Recorded {
+    uint64_t owner = 0;  // the recording holding the flag; 0: free
+    std::function<std::string(int64_t)> describe;
+  };
   AllocateFlags allocate_;
   mutable std::mutex mu_;
   int64_t* host_flags_ = nullptr;
@@ -124,6 +183,7 @@ class DeferredErrors {
   std::deque<Pending> pending_;  // reserved, not yet checked, in queue order
   uint64_t next_ = 0;
   std::string reported_;
+  std::array<Recorded, kRecordedSlots> recorded_{};  // flag kSlots + i of the memory
 };
 
 }  // namespace evenflow::cuda_backend

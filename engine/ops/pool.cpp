@@ -100,22 +100,22 @@ Tensor avg_pool2d(const Tensor& x, const Pool2dOptions& o) {
 
 namespace {
 
-Tensor matrix_from(const std::vector<double>& values, int64_t rows, int64_t cols, const Tensor& like) {
-  return from_vector(values, {rows, cols}, detail::options_of(like));
+Tensor matrix_from(const std::vector<double>& values, int64_t rows, int64_t cols, const TensorOptions& opts) {
+  return from_vector(values, {rows, cols}, opts);
 }
 
-Tensor adaptive_matrix(int64_t out, int64_t in, const Tensor& like) {
+Tensor adaptive_matrix(int64_t out, int64_t in, const TensorOptions& opts) {
   std::vector<double> m(static_cast<size_t>(out * in), 0.0);
   for (int64_t i = 0; i < out; ++i) {
     const int64_t start = (i * in) / out, end = ((i + 1) * in + out - 1) / out;
     for (int64_t j = start; j < end; ++j) m[static_cast<size_t>(i * in + j)] = 1.0 / static_cast<double>(end - start);
   }
-  return matrix_from(m, out, in, like);
+  return matrix_from(m, out, in, opts);
 }
 
 // PyTorch's source coordinates: align_corners maps the corner pixels' centres onto each other;
 // otherwise pixel centres are scaled by in/out and clamped at 0.
-Tensor bilinear_matrix(int64_t out, int64_t in, bool align_corners, const Tensor& like) {
+Tensor bilinear_matrix(int64_t out, int64_t in, bool align_corners, const TensorOptions& opts) {
   std::vector<double> m(static_cast<size_t>(out * in), 0.0);
   for (int64_t i = 0; i < out; ++i) {
     double src;
@@ -129,7 +129,17 @@ Tensor bilinear_matrix(int64_t out, int64_t in, bool align_corners, const Tensor
     m[static_cast<size_t>(i * in + i0)] += 1.0 - l;
     m[static_cast<size_t>(i * in + i1)] += l;
   }
-  return matrix_from(m, out, in, like);
+  return matrix_from(m, out, in, opts);
+}
+
+// The source of each output pixel along one dim.
+Tensor nearest_index(int64_t out, int64_t in, const Device& device) {
+  std::vector<int64_t> idx(static_cast<size_t>(out));
+  for (int64_t i = 0; i < out; ++i)
+    idx[static_cast<size_t>(i)] = std::min<int64_t>(
+        static_cast<int64_t>(std::floor(static_cast<double>(i) * static_cast<double>(in) / static_cast<double>(out))),
+        in - 1);
+  return from_int_vector(idx, {out}, device);
 }
 
 void check_resample(const char* op, const Tensor& x, std::pair<int64_t, int64_t> size) {
@@ -140,35 +150,65 @@ void check_resample(const char* op, const Tensor& x, std::pair<int64_t, int64_t>
   EF_CHECK(x.size(2) >= 1 && x.size(3) >= 1, op, ": input has an empty spatial dim ", shape_str(x.shape()));
 }
 
-// rows·x·colsᵀ over the last two dims: [OH,H] x [N,C,H,W] x [W,OW].
-Tensor separable(const Tensor& rows, const Tensor& x, const Tensor& cols) {
-  return matmul(matmul(rows, x), transpose(cols, 0, 1));
+std::pair<int64_t, int64_t> spatial(const Tensor& x) {
+  return {x.size(2), x.size(3)};
 }
 
 }  // namespace
 
+Resampling resampling(ResampleMode mode, std::pair<int64_t, int64_t> in, std::pair<int64_t, int64_t> out,
+                      const TensorOptions& opts) {
+  EF_CHECK(in.first >= 1 && in.second >= 1 && out.first >= 1 && out.second >= 1,
+           "resampling: sizes must be positive, got ", in.first, "x", in.second, " to ", out.first, "x", out.second);
+  switch (mode) {
+    case ResampleMode::Nearest:
+      return {nearest_index(out.first, in.first, opts.device), nearest_index(out.second, in.second, opts.device)};
+    case ResampleMode::AdaptiveAverage:
+      return {adaptive_matrix(out.first, in.first, opts), adaptive_matrix(out.second, in.second, opts)};
+    case ResampleMode::Bilinear:
+    case ResampleMode::BilinearAlignCorners: {
+      const bool align = mode == ResampleMode::BilinearAlignCorners;
+      return {bilinear_matrix(out.first, in.first, align, opts), bilinear_matrix(out.second, in.second, align, opts)};
+    }
+  }
+  EF_ERROR("resampling: unknown mode ", static_cast<int>(mode));
+}
+
+Tensor resample2d(const Tensor& x, const Resampling& r) {
+  detail::check_float("resample2d", x);
+  EF_CHECK(x.dim() == 4, "resample2d: input must be 4-D [N, C, H, W], got ", shape_str(x.shape()));
+  EF_CHECK(r.rows.defined() && r.cols.defined() && r.rows.dtype() == r.cols.dtype(),
+           "resample2d: the operands are undefined or of two dtypes (make them with resampling())");
+  EF_CHECK(r.rows.device() == x.device() && r.cols.device() == x.device(), "resample2d: operands on ",
+           r.rows.device().str(), ", input on ", x.device().str());
+  if (r.rows.dtype() == kInt64) {  // nearest: the source rows, then columns
+    EF_CHECK(r.rows.dim() == 1 && r.cols.dim() == 1, "resample2d: nearest operands must be 1-D, got ",
+             shape_str(r.rows.shape()), " and ", shape_str(r.cols.shape()));
+    return index_select(index_select(x, 2, r.rows), 3, r.cols);
+  }
+  EF_CHECK(r.rows.dtype() == x.dtype(), "resample2d: operands of ", dtype_name(r.rows.dtype()), " for an input of ",
+           dtype_name(x.dtype()));
+  EF_CHECK(r.rows.dim() == 2 && r.cols.dim() == 2 && r.rows.size(1) == x.size(2) && r.cols.size(1) == x.size(3),
+           "resample2d: operands ", shape_str(r.rows.shape()), " and ", shape_str(r.cols.shape()),
+           " do not resize input ", shape_str(x.shape()));
+  // rows·x·colsᵀ over the last two dims: [OH,H] x [N,C,H,W] x [W,OW].
+  return matmul(matmul(r.rows, x), transpose(r.cols, 0, 1));
+}
+
 Tensor adaptive_avg_pool2d(const Tensor& x, std::pair<int64_t, int64_t> size) {
   check_resample("adaptive_avg_pool2d", x, size);
-  return separable(adaptive_matrix(size.first, x.size(2), x), x, adaptive_matrix(size.second, x.size(3), x));
+  return resample2d(x, resampling(ResampleMode::AdaptiveAverage, spatial(x), size, detail::options_of(x)));
 }
 
 Tensor upsample_bilinear2d(const Tensor& x, std::pair<int64_t, int64_t> size, bool align_corners) {
   check_resample("upsample_bilinear2d", x, size);
-  return separable(bilinear_matrix(size.first, x.size(2), align_corners, x), x,
-                   bilinear_matrix(size.second, x.size(3), align_corners, x));
+  const ResampleMode mode = align_corners ? ResampleMode::BilinearAlignCorners : ResampleMode::Bilinear;
+  return resample2d(x, resampling(mode, spatial(x), size, detail::options_of(x)));
 }
 
 Tensor upsample_nearest2d(const Tensor& x, std::pair<int64_t, int64_t> size) {
   check_resample("upsample_nearest2d", x, size);
-  auto nearest = [&](int64_t out, int64_t in) {
-    std::vector<int64_t> idx(static_cast<size_t>(out));
-    for (int64_t i = 0; i < out; ++i)
-      idx[static_cast<size_t>(i)] = std::min<int64_t>(
-          static_cast<int64_t>(std::floor(static_cast<double>(i) * static_cast<double>(in) / static_cast<double>(out))),
-          in - 1);
-    return from_int_vector(idx, {out}, x.device());
-  };
-  return index_select(index_select(x, 2, nearest(size.first, x.size(2))), 3, nearest(size.second, x.size(3)));
+  return resample2d(x, resampling(ResampleMode::Nearest, spatial(x), size, detail::options_of(x)));
 }
 
 }  // namespace evenflow

@@ -159,6 +159,14 @@ std::vector<OpCase> build() {
   });
   add_case("upsample_bilinear2d", {{{1, 2, 3, 4}}}, [](const V& x) { return upsample_bilinear2d(x[0], {5, 7}, true); });
   add_case("upsample_nearest2d", {{{1, 2, 3, 4}}}, [](const V& x) { return upsample_nearest2d(x[0], {5, 7}); });
+  add_case("resample2d", {{{1, 2, 3, 4}}}, [](const V& x) {
+    const TensorOptions o{.dtype = x[0].dtype(), .device = x[0].device()};
+    return resample2d(x[0], resampling(ResampleMode::Bilinear, {3, 4}, {5, 2}, o));
+  });
+  add_case("resample2d", {{{1, 2, 5, 7}}}, [](const V& x) {
+    const TensorOptions o{.dtype = x[0].dtype(), .device = x[0].device()};
+    return resample2d(x[0], resampling(ResampleMode::Nearest, {5, 7}, {3, 9}, o));
+  });
   // Softmax, indexing, dropout
   add_case("softmax", {{{3, 4}}}, [](const V& x) { return softmax(x[0], 1); });
   add_case("softmax", {{{3, 4, 2}}}, [](const V& x) { return softmax(x[0], 1); });

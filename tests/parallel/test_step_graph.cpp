@@ -122,6 +122,97 @@ void check_equal(const Trace& a, const Trace& b) {
   CHECK(a.adam_steps == b.adam_steps);
 }
 
+// A linear classifier trained with cross-entropy on class targets (the loss's target check and its
+// gather: indexing ops) and Adam, on `devices`, through ReplayedStep (recorded after two eager steps
+// when `record`). Each call copies a batch of 6 rows into the step's buffers, runs the step and reads
+// its loss; what the step throws -- on CPU devices at the replay, on a GPU at the read after it --
+// reaches the caller.
+class ClassifierSteps {
+ public:
+  ClassifierSteps(const std::vector<Device>& devices, bool record)
+      : model_(initial_model(), devices),
+        opt_(model_, optim::AdamOptions{.lr = 1e-2}),
+        criterion_(model_),
+        sizes_(par::split_sizes(kBatch, static_cast<int>(devices.size()))) {
+    for (size_t r = 0; r < devices.size(); ++r) {
+      x_.push_back(zeros({sizes_[r], 8}, {.dtype = kFloat64, .device = devices[r]}));
+      target_.push_back(zeros({sizes_[r]}, {.dtype = kInt64, .device = devices[r]}));
+    }
+    step_ = std::make_unique<ReplayedStep>(
+        devices,
+        [this] {
+          const auto xs = model_.scatter(x_);
+          loss_ = criterion_([&](int r) {
+            const auto i = static_cast<size_t>(r);
+            return losses::cross_entropy(model_.replica(r)(xs[i]), target_[i]);
+          });
+          opt_.zero_grad();
+          loss_.backward();
+          opt_.step();
+        },
+        ReplayedStep::Options{
+            .record = record, .warm_up = 2, .log = [this](const std::string& line) { log += line + "\n"; }});
+  }
+
+  // Step `s`'s batch (the same numbers whatever the devices), with row 0's target `first_target`.
+  double operator()(int s, int64_t first_target = 1) {
+    manual_seed(cpu(), 500 + static_cast<uint64_t>(s));
+    const Tensor x = randn({kBatch, 8}, {.dtype = kFloat64});
+    std::vector<int64_t> t = {first_target};
+    for (int64_t i = 1; i < kBatch; ++i) t.push_back((i * 3 + s) % 5);
+    const Tensor target = from_int_vector(t, {kBatch});
+    int64_t start = 0;
+    for (size_t r = 0; r < sizes_.size(); ++r) {
+      x_[r].copy_(narrow(x, 0, start, sizes_[r]));
+      target_[r].copy_(narrow(target, 0, start, sizes_[r]));
+      start += sizes_[r];
+    }
+    (*step_)();
+    return read_later(loss_).get()[0];
+  }
+  bool replayed() const { return step_->replayed(); }
+  std::vector<double> params() {
+    std::vector<double> out;
+    for (const Tensor& p : model_.module().parameters())
+      for (double v : p.to_vector()) out.push_back(v);
+    return out;
+  }
+  std::string log;
+
+ private:
+  static constexpr int64_t kBatch = 6;
+  static std::shared_ptr<nn::Module> initial_model() {
+    manual_seed(3);
+    return std::make_shared<nn::Linear>(8, 5, true, nn::ModuleOptions{.dtype = kFloat64});
+  }
+  par::DataParallelModel model_;
+  par::ReplicatedOptimizer<optim::Adam> opt_;
+  par::DataParallelCriterion criterion_;
+  std::vector<int64_t> sizes_;
+  par::PerDevice<Tensor> x_, target_;
+  Tensor loss_;
+  std::unique_ptr<ReplayedStep> step_;
+};
+
+// Replayed steps of ClassifierSteps equal eager ones bitwise; a bad target in a replayed step is
+// an error naming the loss and the class, and the steps after it run (the flag was cleared).
+void check_classifier_steps(const std::vector<Device>& devices) {
+  ClassifierSteps eager(devices, false), replayed(devices, true);
+  for (int s = 0; s < 5; ++s) {
+    CAPTURE(s);
+    CHECK(eager(s) == replayed(s));
+    CHECK(replayed.replayed() == (s >= 2));
+  }
+  CHECK(eager.params() == replayed.params());
+  CHECK_MESSAGE(replayed.log.find("recorded the step on " + devices[0].str()) != std::string::npos, replayed.log);
+  const std::string e = error_of([&] { (void)replayed(5, 7); });
+  CHECK_MESSAGE(e.find("cross_entropy: target holds class 7, outside [0, 5)") != std::string::npos, e);
+  if (devices[0].is_cuda()) CHECK(e.find("in a replayed step") != std::string::npos);
+  const double after = replayed(6);
+  CHECK(std::isfinite(after));
+  CHECK(replayed.replayed());
+}
+
 }  // namespace
 
 TEST_CASE("step graph: replayed critic steps with a gradient penalty equal eager ones bitwise (float32, one device)") {
@@ -152,6 +243,13 @@ TEST_CASE("step graph: two CPU devices replay what they run eagerly, and what on
   for (size_t i = 0; i < one.params.size(); ++i)
     for (size_t j = 0; j < one.params[i].size(); ++j)
       CHECK(replayed.params[i][j] == doctest::Approx(one.params[i][j]).epsilon(1e-10));
+}
+
+// Indexing ops are recorded (Note [Index checks in a recorded step]): a CPU replay runs their checks
+// and throws a bad index at once.
+TEST_CASE("step graph: a loss's class targets and gather replay as eager steps; a bad target is an error") {
+  check_classifier_steps({cpu(0)});
+  check_classifier_steps({cpu(0), cpu(1)});
 }
 
 TEST_CASE("step graph: what a recorded step may not do is refused, naming it") {
@@ -349,6 +447,14 @@ TEST_CASE("cuda step graph: what a recorded step may not do is refused, and the 
   for (int i = 0; i < 3; ++i) g.replay();
   CHECK(x.to_vector() == std::vector<double>{3, 3, 3});
   CHECK(g.stats().calls >= 2);
+}
+
+// On a GPU the recorded checks write flags the recording holds, read at the next synchronization: the
+// bad target is thrown at the loss read after its replay, and the next replay's read is clean.
+TEST_CASE("cuda step graph: a loss's class targets and gather replay as eager steps; a bad target is an error") {
+  if (!evenflow::testing::cuda_devices_available(2)) return;
+  check_classifier_steps({cuda(0)});
+  check_classifier_steps({cuda(0), cuda(1)});
 }
 
 TEST_CASE("cuda step graph: a changed signature or math setting records the step again, saying so") {

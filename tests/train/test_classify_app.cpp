@@ -237,3 +237,52 @@ TEST_CASE("classify: --config reads back the config.toml a run wrote, and the co
   CHECK(missing.rc == 2);
   CHECK_MESSAGE(missing.output.find("none.toml") != std::string::npos, missing.output);
 }
+
+// --cuda-graph (Note [Recorded epoch steps] in apps/common/run.cpp): the full batches' step is
+// recorded after two eager steps, the epochs' last, partial batch (40 images in batches of 6: six of
+// 6 and one of 4) gets its own recording at its third call, in epoch 3; the replays give the eager
+// run's losses bitwise, dropout and Adam included, on two devices, and a --resume of a recorded
+// run continues it exactly.
+namespace {
+void check_cuda_graph(const std::string& devices, const std::string& extra_args) {
+  CAPTURE(devices);
+  TempDir data, eager, recorded, split;
+  write_fashion_split(data, "train", 40, 0);
+  write_fashion_split(data, "t10k", 20, 3);
+  const std::string common = "--data " + data.path().string() + " --devices " + devices +
+                             " --batch-size 6 --epochs 3 --workers 1 --threads 1 --print-loss " + extra_args;
+  const Result a = run_app(EF_CLASSIFY_BIN, common + " --out " + eager.path().string());
+  const Result b = run_app(EF_CLASSIFY_BIN, common + " --cuda-graph --out " + recorded.path().string());
+  REQUIRE_MESSAGE(a.rc == 0, a.output);
+  REQUIRE_MESSAGE(b.rc == 0, b.output);
+  const auto reference = step_losses(a.output);
+  REQUIRE(reference.size() == 21);
+  CHECK(step_losses(b.output) == reference);  // bitwise
+  size_t recordings = 0;
+  for (size_t at = b.output.find("step graph: recorded the step"); at != std::string::npos;
+       at = b.output.find("step graph: recorded the step", at + 1))
+    ++recordings;
+  CHECK_MESSAGE(recordings == 2, b.output);
+  CHECK(b.output.find("running the step eagerly") == std::string::npos);
+
+  const Result first = run_app(EF_CLASSIFY_BIN, common + " --cuda-graph --steps 10 --out " + split.path().string());
+  const Result resumed = run_app(EF_CLASSIFY_BIN, common + " --cuda-graph --resume --out " + split.path().string());
+  REQUIRE_MESSAGE(first.rc == 0, first.output);
+  REQUIRE_MESSAGE(resumed.rc == 0, resumed.output);
+  auto both = step_losses(first.output);
+  for (const auto& l : step_losses(resumed.output)) both.push_back(l);
+  CHECK(both == reference);
+}
+}  // namespace
+
+TEST_CASE("classify: --cuda-graph on CPU devices replays the eager run's losses bitwise, and resumes exactly") {
+  check_cuda_graph("cpu:2", "");
+}
+
+// On a GPU (scripts/gpu_check.sh): one CUDA graph a step, cuDNN's deterministic algorithms so that
+// the eager run repeats bit for bit; float32 and float64.
+TEST_CASE("classify: --cuda-graph on a GPU replays the eager run's losses bitwise, and resumes exactly") {
+  if (!evenflow::testing::cuda_devices_available(1)) return;
+  check_cuda_graph("cuda:0", "--cudnn-deterministic");
+  check_cuda_graph("cuda:0", "--cudnn-deterministic --dtype float64");
+}

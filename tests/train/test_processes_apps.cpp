@@ -136,6 +136,14 @@ TEST_CASE("processes: a process that fails makes the other name it and the job e
   CHECK_MESSAGE(r.output.find("classify: error: process 0 of 2: ") != std::string::npos, r.output);
   CHECK_MESSAGE(r.output.find("process 1 of 2 failed: FashionMNIST: /nonexistent/") != std::string::npos, r.output);
   CHECK(seconds < 60);  // not the collective timeout (5 minutes)
+  // --cuda-graph records a step on one process's devices: across processes it is a bad argument.
+  const AppResult graph =
+      run_app(kMpirun + EF_CLASSIFY_BIN, data.arg() +
+                                             "--devices cpu:2 --cuda-graph --steps 1 --workers 1 --threads 1 "
+                                             "--out " +
+                                             out.path().string() + "/graph");
+  CHECK(graph.rc != 0);  // each process exits 2; mpirun reports a failed job
+  CHECK_MESSAGE(graph.output.find("--cuda-graph across processes") != std::string::npos, graph.output);
 }
 
 TEST_CASE("processes: a process killed mid-step ends the job with a message") {

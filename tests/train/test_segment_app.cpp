@@ -281,3 +281,29 @@ TEST_CASE("segment: three CPU devices train what one does (ce+dice, float64), wi
   }
   CHECK(runs[0] != runs[1]);
 }
+
+// --cuda-graph (Note [Recorded epoch steps] in apps/common/run.cpp) on two CPU devices, SyncBatchNorm
+// and the Upsample layers' operands made once (ResamplingOperands) included: ce+dice is recorded and
+// its replays give the eager losses bitwise; Lovász-softmax sorts on the host, so its step runs
+// eagerly, saying why, with the same losses.
+TEST_CASE("segment: --cuda-graph records ce+dice on two CPU devices, bitwise; lovasz runs eagerly, saying why") {
+  TempDir data;
+  write_dataset(data);
+  for (const char* loss : {"ce+dice", "lovasz"}) {
+    CAPTURE(loss);
+    TempDir eager, recorded;
+    const std::string common = tiny_args(data) + "--devices cpu:2 --steps 5 --print-loss --loss " + loss;
+    const AppResult a = run_segment(common + " --out " + eager.path().string());
+    const AppResult b = run_segment(common + " --cuda-graph --out " + recorded.path().string());
+    REQUIRE_MESSAGE(a.rc == 0, a.output);
+    REQUIRE_MESSAGE(b.rc == 0, b.output);
+    const auto reference = step_losses(a.output);
+    REQUIRE(reference.size() == 5);
+    CHECK(step_losses(b.output) == reference);  // bitwise
+    const bool recordable = std::string(loss) == "ce+dice";
+    CHECK_MESSAGE(
+        (b.output.find("step graph: recorded the step on cpu:0 and 1 more") != std::string::npos) == recordable,
+        b.output);
+    CHECK((b.output.find("step graph: running the step eagerly") != std::string::npos) == !recordable);
+  }
+}
