@@ -84,11 +84,27 @@ void micro_tile(int64_t kc, const T* a, int64_t lda, const T* b, T* c, int64_t l
   }
 }
 
+// One MR x NR tile of C, of which `rows` x `cols` lie inside C: a whole tile is computed straight
+// into C; an edge tile into a local tile and copied, so that the padding lanes of the panels never
+// reach C. `accumulate` adds to C instead of overwriting it. Both packed GEMMs below use it.
+template <typename T, TileShape S, bool PackedA>
+inline void tile_of_c(int64_t kb, const T* a, int64_t lda, const T* b, T* c, int64_t ldc, int64_t rows, int64_t cols,
+                      bool accumulate) {
+  using M = Micro<T, S>;
+  if (rows == M::MR && cols == M::NR) {
+    micro_tile<T, S, PackedA>(kb, a, lda, b, c, ldc, accumulate);
+    return;
+  }
+  T tile[M::MR][M::NR];
+  micro_tile<T, S, PackedA>(kb, a, lda, b, &tile[0][0], M::NR, false);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t q = 0; q < cols; ++q) c[r * ldc + q] = accumulate ? c[r * ldc + q] + tile[r][q] : tile[r][q];
+}
+
 // C [m, n] (row stride ldc) = A·B (+ C when accumulate); A packed into MR-row panels or, when
 // !PackedA, row-major with row stride lda and readable up to a whole number of MR-row panels; B
 // packed into NR-column panels. Blocks of k keep a B panel in cache while the rows of A stream
-// past it. Edge tiles are computed into a local tile and copied, so the padding lanes of the
-// panels never reach C. With threads > 1 the column panels are split between threads (for
+// past it (edge tiles: tile_of_c). With threads > 1 the column panels are split between threads (for
 // convolutions with fewer samples than threads).
 template <typename T, TileShape S, bool PackedA>
 void packed_gemm(int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* bp, T* c, int64_t ldc,
@@ -105,16 +121,8 @@ void packed_gemm(int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const
           for (int64_t i = i0; i < std::min(mp, i0 + kMcPanels); ++i) {
             const T* ai = PackedA ? a + (i * k + pc) * M::MR : a + i * M::MR * lda + pc;
             const T* bj = bp + (j * k + pc) * M::NR;
-            T* cij = c + i * M::MR * ldc + j * M::NR;
-            const int64_t rows = std::min(M::MR, m - i * M::MR), cols = std::min(M::NR, n - j * M::NR);
-            if (rows == M::MR && cols == M::NR) {
-              micro_tile<T, S, PackedA>(kb, ai, lda, bj, cij, ldc, acc);
-              continue;
-            }
-            T tile[M::MR][M::NR];
-            micro_tile<T, S, PackedA>(kb, ai, lda, bj, &tile[0][0], M::NR, false);
-            for (int64_t r = 0; r < rows; ++r)
-              for (int64_t q = 0; q < cols; ++q) cij[r * ldc + q] = acc ? cij[r * ldc + q] + tile[r][q] : tile[r][q];
+            tile_of_c<T, S, PackedA>(kb, ai, lda, bj, c + i * M::MR * ldc + j * M::NR, ldc,
+                                     std::min(M::MR, m - i * M::MR), std::min(M::NR, n - j * M::NR), acc);
           }
         }
       }
@@ -246,16 +254,8 @@ void packed_matmul(int64_t m, int64_t n, int64_t k, const T* a, int64_t a_rs, in
                   __builtin_prefetch(next + kk * b_rs + x);
             }
             const T* ai = ap + (i * k + pc) * M::MR;
-            T* cij = c + i * M::MR * ldc + jq;
-            const int64_t rows = std::min(M::MR, m - i * M::MR);
-            if (rows == M::MR && cq == M::NR) {
-              micro_tile<T, TileShape::Tall, true>(kb, ai, 0, bq, cij, ldc, acc);
-              continue;
-            }
-            T tile[M::MR][M::NR];
-            micro_tile<T, TileShape::Tall, true>(kb, ai, 0, bq, &tile[0][0], M::NR, false);
-            for (int64_t r = 0; r < rows; ++r)
-              for (int64_t x = 0; x < cq; ++x) cij[r * ldc + x] = acc ? cij[r * ldc + x] + tile[r][x] : tile[r][x];
+            tile_of_c<T, TileShape::Tall, true>(kb, ai, 0, bq, c + i * M::MR * ldc + jq, ldc,
+                                                std::min(M::MR, m - i * M::MR), cq, acc);
           }
         }
       }
