@@ -398,7 +398,7 @@ configure_and_build() {
   cmake -S . -B "$build" -G Ninja -DCMAKE_PREFIX_PATH="$prefix" "${cmake_args[@]}" || return 1
   grep -E '^EF_(CUDNN_LIB|NCCL_LIB|NCCL_INCLUDE):' "$build/CMakeCache.txt"
   grep -q '^EF_NCCL_LIB:FILEPATH=.*nccl' "$build/CMakeCache.txt" || { echo "NCCL was not found: the NCCL test would not run"; return 1; }
-  ninja -C "$build" -k 0 test_engine test_losses test_parallel test_classify_app test_wgan_gp_app \
+  ninja -C "$build" -k 0 test_engine test_losses test_parallel test_classify_app test_segment_app test_wgan_gp_app \
     bench_engine bench_parallel classify wgan_gp
 }
 stage build build.log 60 400 configure_and_build || note "(build failed: later stages run what was built)"
@@ -424,7 +424,7 @@ fi
 
 # 3b. The step recorded as one CUDA graph (engine/step_graph.h; the unit cases "cuda step graph: ..."
 # ran in parity): wgan_gp --cuda-graph against its eager run bitwise (float32, float64), on two
-# logical devices against one, and a --resume; then the step's speed, eager and recorded, against
+# logical devices against one, and a --resume; classify's and segment's likewise; then the step's speed, eager and recorded, against
 # PyTorch's eager step and its whole-step torch.cuda.graph capture (scripts/wgan_gp_torch.py
 # --cuda-graph: its error where it cannot capture), for the DCGAN-style networks on FashionMNIST and
 # the paper's CIFAR-10 ResNet (synthetic images), float32 (TF32 convolutions on both sides) and bf16.
@@ -433,7 +433,7 @@ fi
 # ten minutes.
 graph() {
   local rc=0 data=$deps/data/fashion-mnist rounds=${GRAPH_ROUNDS:-3} resnet_steps=${GRAPH_RESNET_STEPS:-200}
-  run_tests 'cuda-graph on a GPU' 2 1 || rc=1
+  run_tests 'cuda-graph on a GPU' 3 1 || rc=1
   local bench=(bash scripts/bench_wgan_gp.sh --build "$build" --devices cuda:0)
   for graph_flag in "" --cuda-graph; do
     PYTHON=$python "${bench[@]}" --data "$data" --steps 200 --rounds "$rounds" $graph_flag || rc=1

@@ -16,6 +16,7 @@
 #include "evenflow/io/safetensors.h"
 #include "evenflow/parallel/data_parallel.h"
 #include "tests/io/test_files.h"
+#include "tests/testing/helpers.h"
 #include "tests/train/app_runner.h"
 
 namespace ef = evenflow;
@@ -306,4 +307,23 @@ TEST_CASE("segment: --cuda-graph records ce+dice on two CPU devices, bitwise; lo
         b.output);
     CHECK((b.output.find("step graph: running the step eagerly") != std::string::npos) == !recordable);
   }
+}
+
+// On a GPU (scripts/gpu_check.sh): the recorded step is one CUDA graph -- bilinear upsampling,
+// BatchNorm, the class targets' check -- and with cuDNN's deterministic algorithms its replays give
+// the eager losses bitwise.
+TEST_CASE("segment: --cuda-graph on a GPU replays the eager run's losses bitwise") {
+  if (!evenflow::testing::cuda_devices_available(1)) return;
+  TempDir data, eager, recorded;
+  write_dataset(data);
+  const std::string common =
+      tiny_args(data) + "--devices cuda:0 --cudnn-deterministic --steps 5 --print-loss --loss ce+dice";
+  const AppResult a = run_segment(common + " --out " + eager.path().string());
+  const AppResult b = run_segment(common + " --cuda-graph --out " + recorded.path().string());
+  REQUIRE_MESSAGE(a.rc == 0, a.output);
+  REQUIRE_MESSAGE(b.rc == 0, b.output);
+  const auto reference = step_losses(a.output);
+  REQUIRE(reference.size() == 5);
+  CHECK(step_losses(b.output) == reference);
+  CHECK_MESSAGE(b.output.find("step graph: recorded the step on cuda:0") != std::string::npos, b.output);
 }
