@@ -414,8 +414,9 @@ Tensor upsample_nearest2d(const Tensor& x, std::pair<int64_t, int64_t> output_si
 enum class ResampleMode { AdaptiveAverage, Bilinear, BilinearAlignCorners, Nearest };
 /// The operands of one resize (see ResampleMode).
 struct Resampling {
-  Tensor rows;  ///< [OH, H] of the input's dtype, or [OH] int64 (nearest)
-  Tensor cols;  ///< [OW, W], or [OW] int64
+  Tensor rows;                     ///< [OH, H] of the input's dtype, or [OH] int64 (nearest)
+  Tensor cols;                     ///< [OW, W], or [OW] int64
+  std::pair<int64_t, int64_t> in;  ///< (H, W): the input size they resize
 };
 /// The operands resizing (H, W) = `in` to `out` (both positive, else ef::Error), of `opts.dtype`
 /// (float32 or float64; int64 indices for Nearest) on `opts.device`.

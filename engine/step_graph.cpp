@@ -389,12 +389,14 @@ struct StepGraph::Impl {
     return n;
   }
 
-  // Waits for the devices (what they run may use the recording), then drops it.
+  // Waits for the devices (what they run may use the recording), then drops it. An error of the
+  // replays that nobody read is lost here (the destructor cannot throw it): reset() and capture()
+  // synchronize first, throwing it.
   void drop() {
     for (const Device& d : devices) {
       try {
         synchronize(d);
-      } catch (const std::exception&) {  // an error of the step's: reported by whoever reads its results
+      } catch (const std::exception&) {
       }
     }
     recording.reset();
@@ -481,6 +483,10 @@ void StepGraph::capture(const std::vector<Device>& devices, const std::function<
   Impl::check_devices("StepGraph::capture", devices);
   for (const Device& d : devices)
     EF_CHECK(context(d).capture() == nullptr, "StepGraph::capture: ", d.str(), " is being recorded already");
+  // The devices' deferred errors -- the last replays', earlier eager work's -- are thrown here as
+  // they are, before anything is dropped or recorded.
+  for (const Device& d : impl_->devices) synchronize(d);
+  for (const Device& d : devices) synchronize(d);
   impl_->drop();
   auto capture = std::make_unique<detail::Capture>();
   capture->devices = devices;
@@ -489,7 +495,6 @@ void StepGraph::capture(const std::vector<Device>& devices, const std::function<
   Tensor scalars =
       evenflow::empty({static_cast<int64_t>(detail::kScalarCapacity / 8)}, {.dtype = kInt64, .device = devices[0]});
   capture->scalars_device = scalars.data_ptr();
-  for (const Device& d : devices) synchronize(d);  // nothing queued before may run inside the recording
   const uint64_t allocs_before = impl_->pool_device_allocs();
   std::unique_ptr<detail::DeviceRecording> recording;
   bool failed = false;
@@ -541,6 +546,7 @@ void StepGraph::replay() {
 }
 
 void StepGraph::reset() {
+  for (const Device& d : impl_->devices) synchronize(d);  // the replays' deferred errors, thrown
   impl_->drop();
 }
 
@@ -603,6 +609,8 @@ void ReplayedStep::operator()(const std::string& signature) {
     return;
   }
   if (graph_.empty()) {
+    // A deferred error of earlier steps is the caller's, not a reason the step cannot be recorded.
+    for (const Device& d : devices_) synchronize(d);
     try {
       graph_.capture(devices_, step_);
     } catch (const Error& e) {

@@ -66,7 +66,9 @@ class StepGraph {
   /// dropped first). Its host code runs once, now. Throws ef::Error, leaving the graph empty, when
   /// `devices` mixes CPU and CUDA devices, spans several GPUs or is empty, when the step breaks the
   /// contract (the message names what it did), or when `step` throws; its device work then never
-  /// ran and its host effects (counters) were not applied.
+  /// ran and its host effects (counters) were not applied. First it waits for the devices (the
+  /// earlier recording's and these), throwing a deferred error of their earlier work as
+  /// synchronize() does -- a bad index of the last replay -- before anything changes.
   void capture(const std::vector<Device>& devices, const std::function<void()>& step);
 
   /// Runs the recorded step once more: its host effects, then its device work (queued on CUDA
@@ -74,7 +76,8 @@ class StepGraph {
   /// devices, what a kernel throws (a bad index).
   void replay();
 
-  /// Drops the recording (after the devices finished it); the pool is kept for the next capture.
+  /// Drops the recording after the devices finished it, first throwing a deferred error of its
+  /// replays as synchronize() does; the pool is kept for the next capture.
   void reset();
   /// Whether nothing is recorded.
   bool empty() const;
@@ -116,7 +119,9 @@ class ReplayedStep {
   /// Runs the step once: eagerly, or by replaying its recording (queued on CUDA devices). `signature`
   /// names what the step's work depends on besides its buffers' values -- their shapes, the settings;
   /// when it differs from the last call's, the recording is dropped and the step warms up again
-  /// before it is recorded anew, saying so (the CUDA math settings are part of it already).
+  /// before it is recorded anew, saying so (the CUDA math settings are part of it already). Throws
+  /// what the step throws, and a deferred error of earlier steps (a bad index) found where it waits
+  /// for the devices before recording; only what keeps the step from being recorded makes it eager.
   void operator()(const std::string& signature = "");
   /// Whether the last call replayed a recording.
   bool replayed() const { return replayed_; }

@@ -27,8 +27,8 @@ stage "tests"
 
 # The GPU check selects its CUDA tests by name and expects how many (run_tests in gpu_check.sh: a
 # suite that failed to build there cannot drop its tests unseen); counted here in the full build, so
-# a CUDA test added without its count, or in a suite the GPU check does not build, fails now and not
-# in a GPU window.
+# a CUDA test added without its count fails now and not in a GPU window. (A test in a suite the GPU
+# check does not build counts here, not there: that window's stage then fails, naming the count.)
 stage "the GPU check's test selections, counted in this build"
 sed -nE "s/.*run_tests '([^']+)' ([0-9]+) .*/\2 \1/p" scripts/gpu_check.sh | while read -r expected regex; do
   found=$(ctest --test-dir build -N -R "$regex" | sed -n 's/^Total Tests: //p')

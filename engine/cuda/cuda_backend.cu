@@ -235,7 +235,7 @@ DeferredErrors::Slot CudaBackend::index_check(std::function<std::string(int64_t)
     EF_CHECK(owner != 0, name(),
              ": an indexing kernel with a bad-index check (a loss's class targets, gather, scatter_add, "
              "index_select, index_add) in a stream capture that is not a StepGraph's: its flag would never be read");
-    return deferred_errors_.reserve_recorded(owner, std::move(describe));
+    return recorded_checks_origin_->deferred_errors_.reserve_recorded(owner, std::move(describe));
   }
   return deferred_errors_.reserve(std::move(describe), [this] { synchronize_and_check(); });
 }

@@ -30,7 +30,7 @@ class CudaRecording final : public ::evenflow::detail::DeviceRecording {
  public:
   explicit CudaRecording(std::vector<CudaBackend*> backends) : backends_(std::move(backends)) {
     CudaBackend& origin = *backends_[0];
-    for (CudaBackend* b : backends_) b->set_recorded_checks_owner(id_);
+    for (CudaBackend* b : backends_) b->begin_recorded_checks(&origin, id_);
     try {
       origin.activate();
       for (size_t i = 0; i < backends_.size(); ++i) {
@@ -65,7 +65,7 @@ class CudaRecording final : public ::evenflow::detail::DeviceRecording {
 
   void end() override {
     CudaBackend& origin = *backends_[0];
-    for (CudaBackend* b : backends_) b->set_recorded_checks_owner(0);
+    for (CudaBackend* b : backends_) b->end_recorded_checks(id_);
     join_into_origin();
     origin.activate();
     capturing_ = false;
@@ -81,7 +81,7 @@ class CudaRecording final : public ::evenflow::detail::DeviceRecording {
   }
 
   void abandon() noexcept override {
-    for (CudaBackend* b : backends_) b->set_recorded_checks_owner(0);
+    for (CudaBackend* b : backends_) b->end_recorded_checks(id_);
     if (!capturing_) return;
     capturing_ = false;
     CudaBackend& origin = *backends_[0];
@@ -124,9 +124,7 @@ class CudaRecording final : public ::evenflow::detail::DeviceRecording {
     }
   }
 
-  void release_checks() noexcept {
-    for (CudaBackend* b : backends_) b->release_recorded_checks(id_);
-  }
+  void release_checks() noexcept { backends_[0]->release_recorded_checks(id_); }
 
   // Which recording holds a flag of Note [Index checks in a recorded step].
   static uint64_t next_id() {

@@ -28,6 +28,7 @@ __global__ void gather_kernel(I n, Indexer<3> ix, T* out, const int64_t* index, 
     const int64_t j = index[off[1]];
     if (j < 0 || j >= dim_size) {
       error[1] = j;
+      __threadfence_system();  // the index before the flag, for a host reading them mid-replay
       error[0] = 1;
       continue;
     }
@@ -44,6 +45,7 @@ __global__ void scatter_add_kernel(I n, Indexer<3> ix, const T* src, const int64
     const int64_t j = index[off[1]];
     if (j < 0 || j >= dim_size) {
       error[1] = j;
+      __threadfence_system();  // the index before the flag, for a host reading them mid-replay
       error[0] = 1;
       continue;
     }
@@ -68,6 +70,7 @@ __global__ void check_index_range_kernel(int64_t n, const int64_t* index, int64_
     const int64_t j = index[i];
     if ((j < 0 || j >= size) && j != allowed) {
       error[1] = j;
+      __threadfence_system();  // the index before the flag, for a host reading them mid-replay
       error[0] = 1;
     }
   }

@@ -164,11 +164,18 @@ class CudaBackend final : public Backend {
   // the kernel while the slot is alive.
   DeferredErrors::Slot index_check(std::function<std::string(int64_t)> describe) const;
   // Note [Index checks in a recorded step]: while recording `owner` (a non-zero id) records this
-  // device, index_check hands out flags held for it; 0 when no recording is in progress.
-  void set_recorded_checks_owner(uint64_t owner) const {
+  // device, index_check hands out flags held for it by `origin`, the recording's first device (whose
+  // stream runs the whole graph). Set before the recording starts, by the recording.
+  void begin_recorded_checks(const CudaBackend* origin, uint64_t owner) const {
+    recorded_checks_origin_ = origin;
     recorded_checks_owner_.store(owner, std::memory_order_release);
   }
-  // Frees the flags held for recording `owner`, once the device ran its replays.
+  // Stops handing out `owner`'s flags (no effect when another recording's are handed out).
+  void end_recorded_checks(uint64_t owner) const {
+    recorded_checks_owner_.compare_exchange_strong(owner, 0, std::memory_order_acq_rel);
+  }
+  // On a recording's first device: frees the flags held for recording `owner`, once the device ran
+  // its replays.
   void release_recorded_checks(uint64_t owner) const { deferred_errors_.release_recorded(owner); }
   // An error about work queued on this device found by another thread (an NCCL collective that
   // failed or timed out: Note [NCCL watchdog]); the next synchronization throws it, once.
@@ -204,7 +211,9 @@ class CudaBackend final : public Backend {
 
   // Mutable: bookkeeping of queued work, kept by const kernel launchers.
   mutable DeferredErrors deferred_errors_;
-  mutable std::atomic<uint64_t> recorded_checks_owner_{0};  // set_recorded_checks_owner
+  // begin_recorded_checks: the origin is written before the owner is published, and read after it.
+  mutable const CudaBackend* recorded_checks_origin_ = nullptr;
+  mutable std::atomic<uint64_t> recorded_checks_owner_{0};
 };
 
 // --- Convolutions: what cuda_conv.cu (the legacy API, the entry points) and cuda_conv_plans.cu -------

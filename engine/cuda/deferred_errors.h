@@ -45,9 +45,12 @@ namespace evenflow::cuda_backend {
 // recording's life (reserve_recorded, release_recorded). Every take_errors reads them too, after the
 // device ran past what it waited for, and clears the one it reports with an atomic exchange: a
 // replay queued meanwhile may be writing it, and its error is then found by this synchronization or
-// the next, never cleared unseen. So a bad index in a replayed step is thrown at the next
-// synchronization, as an eager kernel's is -- the loss read after the step, typically -- naming the
-// op, the index and the dim; only which replay met it is not known.
+// the next, never cleared unseen (a kernel writes the index, fences, then sets the flag). So a bad
+// index in a replayed step is thrown at the next synchronization, as an eager kernel's is -- the
+// loss read after the step, typically -- naming the op, the index and the dim; only which replay
+// met it is not known. A recording of several logical devices of one GPU keeps every device's flags
+// in the first device's DeferredErrors: its stream runs the whole graph at each replay, so waiting
+// for it waits for every kernel of the step, and the host reads the step's results there.
 class DeferredErrors {
  public:
   static constexpr uint64_t kSlots = 1024;         // the ring's flags
@@ -109,13 +112,15 @@ class DeferredErrors {
       if (flag[0] != 0 && error.empty()) error = ::evenflow::detail::str_cat(p.describe(flag[1]), where);
       pending_.pop_front();
     }
-    // The recorded steps' checks (Note [Index checks in a recorded step]).
-    for (uint64_t i = 0; i < kRecordedSlots && error.empty(); ++i) {
+    // The recorded steps' checks (Note [Index checks in a recorded step]): every set flag cleared,
+    // as the ring's are, the first reported. (One bad target sets several: its check, then the
+    // gather and the scatter_add that use it.)
+    for (uint64_t i = 0; i < kRecordedSlots; ++i) {
       if (recorded_[i].owner == 0) continue;
       int64_t* flag = host_flags_ + 2 * (kSlots + i);
-      if (std::atomic_ref<int64_t>(flag[0]).exchange(0) != 0) {
-        error = ::evenflow::detail::str_cat(recorded_[i].describe(flag[1]), " in a replayed step", where);
-      }
+      if (std::atomic_ref<int64_t>(flag[0]).exchange(0, std::memory_order_acq_rel) == 0 || !error.empty()) continue;
+      const int64_t index = std::atomic_ref<int64_t>(flag[1]).load(std::memory_order_acquire);
+      error = ::evenflow::detail::str_cat(recorded_[i].describe(index), " in a replayed step", where);
     }
     return error;
   }

@@ -162,13 +162,14 @@ Resampling resampling(ResampleMode mode, std::pair<int64_t, int64_t> in, std::pa
            "resampling: sizes must be positive, got ", in.first, "x", in.second, " to ", out.first, "x", out.second);
   switch (mode) {
     case ResampleMode::Nearest:
-      return {nearest_index(out.first, in.first, opts.device), nearest_index(out.second, in.second, opts.device)};
+      return {nearest_index(out.first, in.first, opts.device), nearest_index(out.second, in.second, opts.device), in};
     case ResampleMode::AdaptiveAverage:
-      return {adaptive_matrix(out.first, in.first, opts), adaptive_matrix(out.second, in.second, opts)};
+      return {adaptive_matrix(out.first, in.first, opts), adaptive_matrix(out.second, in.second, opts), in};
     case ResampleMode::Bilinear:
     case ResampleMode::BilinearAlignCorners: {
       const bool align = mode == ResampleMode::BilinearAlignCorners;
-      return {bilinear_matrix(out.first, in.first, align, opts), bilinear_matrix(out.second, in.second, align, opts)};
+      return {bilinear_matrix(out.first, in.first, align, opts), bilinear_matrix(out.second, in.second, align, opts),
+              in};
     }
   }
   EF_ERROR("resampling: unknown mode ", static_cast<int>(mode));
@@ -181,6 +182,8 @@ Tensor resample2d(const Tensor& x, const Resampling& r) {
            "resample2d: the operands are undefined or of two dtypes (make them with resampling())");
   EF_CHECK(r.rows.device() == x.device() && r.cols.device() == x.device(), "resample2d: operands on ",
            r.rows.device().str(), ", input on ", x.device().str());
+  EF_CHECK(r.in == spatial(x), "resample2d: operands made for ", r.in.first, "x", r.in.second, ", input ",
+           shape_str(x.shape()));
   if (r.rows.dtype() == kInt64) {  // nearest: the source rows, then columns
     EF_CHECK(r.rows.dim() == 1 && r.cols.dim() == 1, "resample2d: nearest operands must be 1-D, got ",
              shape_str(r.rows.shape()), " and ", shape_str(r.cols.shape()));
@@ -190,7 +193,7 @@ Tensor resample2d(const Tensor& x, const Resampling& r) {
            dtype_name(x.dtype()));
   EF_CHECK(r.rows.dim() == 2 && r.cols.dim() == 2 && r.rows.size(1) == x.size(2) && r.cols.size(1) == x.size(3),
            "resample2d: operands ", shape_str(r.rows.shape()), " and ", shape_str(r.cols.shape()),
-           " do not resize input ", shape_str(x.shape()));
+           " are not matrices for input ", shape_str(x.shape()));
   // rows·x·colsᵀ over the last two dims: [OH,H] x [N,C,H,W] x [W,OW].
   return matmul(matmul(r.rows, x), transpose(r.cols, 0, 1));
 }

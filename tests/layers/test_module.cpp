@@ -508,3 +508,24 @@ TEST_CASE("bfloat16 compute: a module's layers take their setting, and a clone k
   CHECK(error_of([&] { net->set_compute_dtype(kFloat64); }).find("float32 or bfloat16, got float64") !=
         std::string::npos);
 }
+
+// Upsample and AdaptiveAvgPool2d make their operands once per input size (ResamplingOperands, so
+// that a recorded step copies nothing from the host): one layer resizing two sizes in turn gives
+// what the functional ops give, and operands made for another size are refused.
+TEST_CASE("resampling layers keep their operands per input size; operands of another size are refused") {
+  Upsample up({.scale_factor = 2.0, .mode = UpsampleMode::Bilinear});
+  AdaptiveAvgPool2d pool(3);
+  manual_seed(4);
+  for (int round = 0; round < 2; ++round) {
+    for (const int64_t h : {4, 6}) {
+      CAPTURE(h);
+      const Tensor x = randn({1, 2, h, h + 1});
+      CHECK(up(x).to_vector() == upsample_bilinear2d(x, {2 * h, 2 * (h + 1)}, false).to_vector());
+      CHECK(pool(x).to_vector() == adaptive_avg_pool2d(x, {3, 3}).to_vector());
+    }
+  }
+  const Resampling nearest = resampling(ResampleMode::Nearest, {4, 4}, {8, 8}, {});
+  CHECK(error_of([&] {
+          (void)resample2d(zeros({1, 1, 3, 3}), nearest);
+        }) == "resample2d: operands made for 4x4, input [1, 1, 3, 3]");
+}

@@ -154,12 +154,14 @@ class ClassifierSteps {
             .record = record, .warm_up = 2, .log = [this](const std::string& line) { log += line + "\n"; }});
   }
 
-  // Step `s`'s batch (the same numbers whatever the devices), with row 0's target `first_target`.
-  double operator()(int s, int64_t first_target = 1) {
+  // Step `s`'s batch (the same numbers whatever the devices), with the first row's target `first`
+  // and the last row's (on the last device) `last`.
+  double operator()(int s, int64_t first = 1, int64_t last = 2) {
     manual_seed(cpu(), 500 + static_cast<uint64_t>(s));
     const Tensor x = randn({kBatch, 8}, {.dtype = kFloat64});
-    std::vector<int64_t> t = {first_target};
-    for (int64_t i = 1; i < kBatch; ++i) t.push_back((i * 3 + s) % 5);
+    std::vector<int64_t> t = {first};
+    for (int64_t i = 1; i < kBatch - 1; ++i) t.push_back((i * 3 + s) % 5);
+    t.push_back(last);
     const Tensor target = from_int_vector(t, {kBatch});
     int64_t start = 0;
     for (size_t r = 0; r < sizes_.size(); ++r) {
@@ -194,8 +196,9 @@ class ClassifierSteps {
   std::unique_ptr<ReplayedStep> step_;
 };
 
-// Replayed steps of ClassifierSteps equal eager ones bitwise; a bad target in a replayed step is
-// an error naming the loss and the class, and the steps after it run (the flag was cleared).
+// Replayed steps of ClassifierSteps equal eager ones bitwise; a bad target in a replayed step, on
+// the first device or the last, is an error naming the loss and the class, once: the steps after it
+// run (every flag it set was cleared).
 void check_classifier_steps(const std::vector<Device>& devices) {
   ClassifierSteps eager(devices, false), replayed(devices, true);
   for (int s = 0; s < 5; ++s) {
@@ -208,9 +211,12 @@ void check_classifier_steps(const std::vector<Device>& devices) {
   const std::string e = error_of([&] { (void)replayed(5, 7); });
   CHECK_MESSAGE(e.find("cross_entropy: target holds class 7, outside [0, 5)") != std::string::npos, e);
   if (devices[0].is_cuda()) CHECK(e.find("in a replayed step") != std::string::npos);
-  const double after = replayed(6);
-  CHECK(std::isfinite(after));
+  CHECK(std::isfinite(replayed(6)));
   CHECK(replayed.replayed());
+  const std::string last = error_of([&] { (void)replayed(7, 1, -4); });
+  CHECK_MESSAGE(last.find("cross_entropy: target holds class -4") != std::string::npos, last);
+  CHECK(std::isfinite(replayed(8)));
+  CHECK(std::isfinite(replayed(9)));
 }
 
 }  // namespace
