@@ -315,7 +315,7 @@ void Run::train_epochs(data::DataLoader& loader, const EpochOptions& o, const st
     for (data::Batch& b : loader) {
       const Tensor batch = b.images.to(dtype);
       std::unique_ptr<ShapedStep>& s = steps[shape_str(batch.shape()) + " " + shape_str(b.labels.shape())];
-      if (!s) s = std::make_unique<ShapedStep>(devices, batch, b.labels, step, options_.cuda_graph);
+      if (!s) s = std::make_unique<ShapedStep>(devices, batch, b.labels, step, o.cuda_graph);
       queued.push_back({read_later((*s)(batch, b.labels, b.rows)), b.index, b.rows.total});
       while (queued.size() > behind) read_oldest();
       if (o.steps > 0 && ++queued_steps >= o.steps) {

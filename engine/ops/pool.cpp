@@ -100,17 +100,13 @@ Tensor avg_pool2d(const Tensor& x, const Pool2dOptions& o) {
 
 namespace {
 
-Tensor matrix_from(const std::vector<double>& values, int64_t rows, int64_t cols, const TensorOptions& opts) {
-  return from_vector(values, {rows, cols}, opts);
-}
-
 Tensor adaptive_matrix(int64_t out, int64_t in, const TensorOptions& opts) {
   std::vector<double> m(static_cast<size_t>(out * in), 0.0);
   for (int64_t i = 0; i < out; ++i) {
     const int64_t start = (i * in) / out, end = ((i + 1) * in + out - 1) / out;
     for (int64_t j = start; j < end; ++j) m[static_cast<size_t>(i * in + j)] = 1.0 / static_cast<double>(end - start);
   }
-  return matrix_from(m, out, in, opts);
+  return from_vector(m, {out, in}, opts);
 }
 
 // PyTorch's source coordinates: align_corners maps the corner pixels' centres onto each other;
@@ -129,7 +125,7 @@ Tensor bilinear_matrix(int64_t out, int64_t in, bool align_corners, const Tensor
     m[static_cast<size_t>(i * in + i0)] += 1.0 - l;
     m[static_cast<size_t>(i * in + i1)] += l;
   }
-  return matrix_from(m, out, in, opts);
+  return from_vector(m, {out, in}, opts);
 }
 
 // The source of each output pixel along one dim.

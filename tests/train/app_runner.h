@@ -32,6 +32,13 @@ inline AppResult run_app(const std::string& binary, const std::string& args) {
   return r;
 }
 
+// The output of a run that had to succeed: a run that exited with another code fails the test, its
+// output the message.
+inline const std::string& output_of(const AppResult& r) {
+  REQUIRE_MESSAGE(r.rc == 0, r.output);
+  return r.output;
+}
+
 // n images of 28x28 bytes (a fixed pseudo-random pattern) and labels 0..9, as the split `prefix`
 // ("train" or "t10k") of a FashionMNIST folder.
 inline void write_fashion_split(const TempDir& dir, const std::string& prefix, uint32_t n, uint32_t salt) {

@@ -18,6 +18,7 @@
 using evenflow::testing::check_tensorboard;
 using evenflow::testing::cpu_devices;
 using evenflow::testing::first_line;
+using evenflow::testing::output_of;
 using evenflow::testing::read_bytes;
 using evenflow::testing::run_app;
 using evenflow::testing::step_losses;
@@ -251,26 +252,23 @@ void check_cuda_graph(const std::string& devices, const std::string& extra_args)
   write_fashion_split(data, "t10k", 20, 3);
   const std::string common = "--data " + data.path().string() + " --devices " + devices +
                              " --batch-size 6 --epochs 3 --workers 1 --threads 1 --print-loss " + extra_args;
-  const Result a = run_app(EF_CLASSIFY_BIN, common + " --out " + eager.path().string());
-  const Result b = run_app(EF_CLASSIFY_BIN, common + " --cuda-graph --out " + recorded.path().string());
-  REQUIRE_MESSAGE(a.rc == 0, a.output);
-  REQUIRE_MESSAGE(b.rc == 0, b.output);
-  const auto reference = step_losses(a.output);
+  const auto reference = step_losses(output_of(run_app(EF_CLASSIFY_BIN, common + " --out " + eager.path().string())));
+  const std::string replayed =
+      output_of(run_app(EF_CLASSIFY_BIN, common + " --cuda-graph --out " + recorded.path().string()));
   REQUIRE(reference.size() == 21);
-  CHECK(step_losses(b.output) == reference);  // bitwise
+  CHECK(step_losses(replayed) == reference);  // bitwise
   size_t recordings = 0;
-  for (size_t at = b.output.find("step graph: recorded the step"); at != std::string::npos;
-       at = b.output.find("step graph: recorded the step", at + 1))
+  for (size_t at = replayed.find("step graph: recorded the step"); at != std::string::npos;
+       at = replayed.find("step graph: recorded the step", at + 1))
     ++recordings;
-  CHECK_MESSAGE(recordings == 2, b.output);
-  CHECK(b.output.find("running the step eagerly") == std::string::npos);
+  CHECK_MESSAGE(recordings == 2, replayed);
+  CHECK(replayed.find("running the step eagerly") == std::string::npos);
 
-  const Result first = run_app(EF_CLASSIFY_BIN, common + " --cuda-graph --steps 10 --out " + split.path().string());
-  const Result resumed = run_app(EF_CLASSIFY_BIN, common + " --cuda-graph --resume --out " + split.path().string());
-  REQUIRE_MESSAGE(first.rc == 0, first.output);
-  REQUIRE_MESSAGE(resumed.rc == 0, resumed.output);
-  auto both = step_losses(first.output);
-  for (const auto& l : step_losses(resumed.output)) both.push_back(l);
+  auto both = step_losses(
+      output_of(run_app(EF_CLASSIFY_BIN, common + " --cuda-graph --steps 10 --out " + split.path().string())));
+  for (const auto& l : step_losses(
+           output_of(run_app(EF_CLASSIFY_BIN, common + " --cuda-graph --resume --out " + split.path().string()))))
+    both.push_back(l);
   CHECK(both == reference);
 }
 }  // namespace

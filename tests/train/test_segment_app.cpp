@@ -25,6 +25,7 @@ using evenflow::testing::AppResult;
 using evenflow::testing::check_tensorboard;
 using evenflow::testing::cpu_devices;
 using evenflow::testing::first_line;
+using evenflow::testing::output_of;
 using evenflow::testing::read_bytes;
 using evenflow::testing::step_losses;
 using evenflow::testing::TempDir;
@@ -294,18 +295,15 @@ TEST_CASE("segment: --cuda-graph records ce+dice on two CPU devices, bitwise; lo
     CAPTURE(loss);
     TempDir eager, recorded;
     const std::string common = tiny_args(data) + "--devices cpu:2 --steps 5 --print-loss --loss " + loss;
-    const AppResult a = run_segment(common + " --out " + eager.path().string());
-    const AppResult b = run_segment(common + " --cuda-graph --out " + recorded.path().string());
-    REQUIRE_MESSAGE(a.rc == 0, a.output);
-    REQUIRE_MESSAGE(b.rc == 0, b.output);
-    const auto reference = step_losses(a.output);
+    const auto reference = step_losses(output_of(run_segment(common + " --out " + eager.path().string())));
+    const std::string replayed = output_of(run_segment(common + " --cuda-graph --out " + recorded.path().string()));
     REQUIRE(reference.size() == 5);
-    CHECK(step_losses(b.output) == reference);  // bitwise
+    CHECK(step_losses(replayed) == reference);  // bitwise
     const bool recordable = std::string(loss) == "ce+dice";
     CHECK_MESSAGE(
-        (b.output.find("step graph: recorded the step on cpu:0 and 1 more") != std::string::npos) == recordable,
-        b.output);
-    CHECK((b.output.find("step graph: running the step eagerly") != std::string::npos) == !recordable);
+        (replayed.find("step graph: recorded the step on cpu:0 and 1 more") != std::string::npos) == recordable,
+        replayed);
+    CHECK((replayed.find("step graph: running the step eagerly") != std::string::npos) == !recordable);
   }
 }
 
@@ -318,12 +316,9 @@ TEST_CASE("segment: --cuda-graph on a GPU replays the eager run's losses bitwise
   write_dataset(data);
   const std::string common =
       tiny_args(data) + "--devices cuda:0 --cudnn-deterministic --steps 5 --print-loss --loss ce+dice";
-  const AppResult a = run_segment(common + " --out " + eager.path().string());
-  const AppResult b = run_segment(common + " --cuda-graph --out " + recorded.path().string());
-  REQUIRE_MESSAGE(a.rc == 0, a.output);
-  REQUIRE_MESSAGE(b.rc == 0, b.output);
-  const auto reference = step_losses(a.output);
+  const auto reference = step_losses(output_of(run_segment(common + " --out " + eager.path().string())));
+  const std::string replayed = output_of(run_segment(common + " --cuda-graph --out " + recorded.path().string()));
   REQUIRE(reference.size() == 5);
-  CHECK(step_losses(b.output) == reference);
-  CHECK_MESSAGE(b.output.find("step graph: recorded the step on cuda:0") != std::string::npos, b.output);
+  CHECK(step_losses(replayed) == reference);
+  CHECK_MESSAGE(replayed.find("step graph: recorded the step on cuda:0") != std::string::npos, replayed);
 }
