@@ -344,11 +344,14 @@ void conv_forward_typed(const ConvArgs& a, T* y, const T* x, const T* w, const T
 // calls a training step of five critic steps) is, per output pixel, its output gradient's channels
 // times the weight's [c_out, kh·kw] matrix: kh·kw numbers a pixel, added to the kernel's footprint
 // in gx. The packed-GEMM path spent most of its time packing the output gradient and in col2im's
-// scalar adds (perf, 4x4 stride 2, 32 channels, 28x28). Here the taps of eight pixels at a
+// scalar adds (perf, 4x4 stride 2, 32 channels, 28x28). Here the taps of a block of pixels at a
 // time are accumulated in registers straight from the output gradient (read in either layout
-// through its strides), then added to gx. For 4x4 kernels, whose 16 taps are whole vectors (one
-// with AVX-512); other kernels take the packed-GEMM path.
-// Timings: docs/benchmarks.md, "The issue's targets at its close".
+// through its strides), then added to gx. A pixel's taps are whole vectors: 16 (4x4 kernels, read
+// in place; 3x3 and smaller, from a copy of the weight padded with zero taps) or 32 (5x5 and up to
+// 32 taps, padded likewise): a 5x5 kernel wastes 7 of 32 lanes, and still runs 3.5x as fast as the
+// packed GEMM or oneDNN. Larger kernels take the packed-GEMM path.
+// Timings: docs/benchmarks.md, "The issue's targets at its close" (4x4) and "First layers'
+// convolutions on AVX2" (the others).
 
 // The taps of kPixels output pixels (`out`: kTaps a pixel), from their output gradient `g`
 // (element (pixel q, channel c) at g[q·pixel_stride + c·channel_stride]) and the weight w [c_out, kTaps].
@@ -360,11 +363,16 @@ void one_channel_taps(const T* g, int64_t pixel_stride, int64_t channel_stride, 
   V acc[kPixels][kVecs];  // as micro_tile's: no other use, so GCC keeps them in registers
   for (int q = 0; q < kPixels; ++q)
     for (int64_t v = 0; v < kVecs; ++v) acc[q][v] = V{};
+  // Unrolled whole: otherwise GCC kept a 5x5 kernel's accumulators on the stack (classify's first
+  // layer's input gradient took 7.6 ms on a Zen 2, against 3.9 with kBlock's registers).
   for (int64_t c = 0; c < c_out; ++c) {
     V wv[kVecs];
+#pragma GCC unroll 8
     for (int64_t v = 0; v < kVecs; ++v) std::memcpy(&wv[v], w + c * kTaps + v * kLanes, sizeof(V));
+#pragma GCC unroll 8
     for (int q = 0; q < kPixels; ++q) {
       const V gv = -V{} + g[q * pixel_stride + c * channel_stride];  // a broadcast (see micro_tile)
+#pragma GCC unroll 8
       for (int64_t v = 0; v < kVecs; ++v) acc[q][v] += gv * wv[v];
     }
   }
@@ -372,16 +380,24 @@ void one_channel_taps(const T* g, int64_t pixel_stride, int64_t channel_stride, 
     for (int64_t v = 0; v < kVecs; ++v) std::memcpy(out + q * kTaps + v * kLanes, &acc[q][v], sizeof(V));
 }
 
+// One sample's gx. `w`: [c_out, kTaps], a pixel's kh·kw taps first; `row`: an output row's taps.
 template <typename T, int kTaps>
 void one_channel_input_grad(const ConvArgs& a, T* gx, const T* gy, const T* w, int64_t s, T* row) {
+  // Pixels a block: their kTaps/kLanes accumulators each, a broadcast and the weight's vectors in
+  // the vector registers (16 with AVX2, 32 with AVX-512), or GCC spills accumulators to the stack:
+  // with AVX2, 7 pixels of 2 vectors, 3 of 4 (the weight then read from memory).
+  constexpr int64_t kVecs = kTaps / Micro<T, TileShape::Wide>::kLanes;
+  constexpr int64_t kRegisters = kVecBytes == 64 ? 32 : 16;
+  constexpr int kBlock = static_cast<int>(std::clamp<int64_t>((kRegisters - 2) / kVecs, 1, 8));
   const int64_t p = a.oh * a.ow, ow = a.ow;
   const int64_t pixel_stride = a.channels_last ? a.c_out : 1, channel_stride = a.channels_last ? 1 : p;
   const T* gys = gy + s * a.c_out * p;
   T* gxs = gx + s * a.h * a.w;
   std::fill(gxs, gxs + a.h * a.w, T(0));
   for (int64_t oh = 0; oh < a.oh; ++oh) {
-    // row: the taps of the output row's pixels, in blocks of 8, 4, 2 and 1 pixels (several
-    // pixels' sums are independent chains of multiply-adds, one pixel's a single latency-bound one).
+    // row: the taps of the output row's pixels, in blocks of kBlock pixels, then of 4, 2 and 1
+    // (several pixels' sums are independent chains of multiply-adds, one pixel's a single
+    // latency-bound one).
     const T* g = gys + oh * ow * pixel_stride;
     const auto taps = [&]<int kPixels>(int64_t& ox) {
       one_channel_taps<T, kTaps, kPixels>(g + ox * pixel_stride, pixel_stride, channel_stride, a.c_out, w,
@@ -389,29 +405,41 @@ void one_channel_input_grad(const ConvArgs& a, T* gx, const T* gy, const T* w, i
       ox += kPixels;
     };
     int64_t ox = 0;
-    while (ox + 8 <= ow) taps.template operator()<8>(ox);
-    if (ox + 4 <= ow) taps.template operator()<4>(ox);
-    if (ox + 2 <= ow) taps.template operator()<2>(ox);
+    while (ox + kBlock <= ow) taps.template operator()<kBlock>(ox);
+    if constexpr (kBlock > 4)
+      if (ox + 4 <= ow) taps.template operator()<4>(ox);
+    if constexpr (kBlock > 2)
+      if (ox + 2 <= ow) taps.template operator()<2>(ox);
     if (ox < ow) taps.template operator()<1>(ox);
     // Each tap of the row's pixels to its input pixel, as col2im_add does from a col matrix (one
-    // input channel: the tap is the col row).
+    // input channel: the tap is the col row; padding taps are never read).
     walk_im2col(a, oh, oh + 1, [&](int64_t tap, int64_t, int64_t x_offset, int64_t lo, int64_t hi) {
       for (int64_t x = lo; x < hi; ++x) gxs[x_offset + x * a.stride_w] += row[x * kTaps + tap];
     });
   }
 }
 
+// Every sample's gx, the weight padded to kTaps taps a channel where it has fewer.
+template <typename T, int kTaps>
+void one_channel_input_grad(const ConvArgs& a, T* gx, const T* gy, const T* w) {
+  const int64_t taps = a.kh * a.kw;
+  const ConvWork<T> work(a.n, taps == kTaps ? 0 : a.c_out * kTaps, a.ow * kTaps);
+  if (taps != kTaps) {
+    for (int64_t c = 0; c < a.c_out; ++c) {
+      std::copy(w + c * taps, w + (c + 1) * taps, work.shared + c * kTaps);
+      std::fill(work.shared + c * kTaps + taps, work.shared + (c + 1) * kTaps, T(0));
+    }
+    w = work.shared;
+  }
+  work.for_each_sample(a.n, [&](int64_t s, int t) { one_channel_input_grad<T, kTaps>(a, gx, gy, w, s, work.slot(t)); });
+}
+
 // gy channels-last where a.channels_last (own_conv_takes_channels_last: one input channel, so gx's
 // memory is NCHW's either way).
 template <typename T>
 void conv_input_grad_typed(const ConvArgs& a, T* gx, const T* gy, const T* w) {
-  constexpr int kOneChannelTaps = 16;  // Note [One-channel input gradient]: 4x4 kernels
-  if (a.c_in == 1 && a.kh * a.kw == kOneChannelTaps) {
-    const ConvWork<T> work(a.n, 0, a.ow * kOneChannelTaps);
-    work.for_each_sample(
-        a.n, [&](int64_t s, int t) { one_channel_input_grad<T, kOneChannelTaps>(a, gx, gy, w, s, work.slot(t)); });
-    return;
-  }
+  if (a.c_in == 1 && a.kh * a.kw <= 16) return one_channel_input_grad<T, 16>(a, gx, gy, w);
+  if (a.c_in == 1 && a.kh * a.kw <= 32) return one_channel_input_grad<T, 32>(a, gx, gy, w);
   constexpr TileShape S = TileShape::Wide;
   const ConvGeometry geo(a, Micro<T, S>::NR);
   const int64_t pt_max = geo.tile_pixels(a);

@@ -255,32 +255,49 @@ void weight_grad_split_by_images(const ConvArgs& a, int threads, float* gw, cons
   }
 }
 
+// Whether oneDNN runs its AVX-512 kernels here (at most what ONEDNN_MAX_CPU_ISA allows).
+bool onednn_runs_avx512() {
+  static const bool avx512 = dnnl::get_effective_cpu_isa() >= dnnl::cpu_isa::avx512_core;
+  return avx512;
+}
+
 }  // namespace
 
 // Note [oneDNN convolution dispatch]
 // Measured per pass against the im2col kernels on the convolutions of bench_engine, classify and
 // wgan_gp (forward, and both gradients: wgan_gp's transposed convolutions are input gradients), at
 // 2 threads on the whole batch and at 1 thread on half of it (cpu:2), and on inputs of 1..16
-// channels: oneDNN runs faster (depthwise and grouped too) except where its AVX-512 kernels
-// compute an ungrouped convolution's input channels in blocks of 16, padding the rest:
+// channels: oneDNN runs faster (depthwise and grouped too) except where its kernels compute an
+// ungrouped convolution's input channels in blocks of the vector width (16 floats with AVX-512, 8
+// with AVX2), padding the rest. With AVX-512:
 // - the input gradient of 1-4 input channels;
 // - the weight gradient of 4-15 input channels (1-3 take its first-layer kernel, faster than ours).
-// Those stay on our kernels (oneDNN 2.6; on 3.2 the 1-channel input gradient is slower still).
-// Figures: docs/benchmarks.md, "oneDNN convolution dispatch".
+// With AVX2 only (no AVX-512), where oneDNN runs other kernels:
+// - the input gradient of 1 input channel (its 2-4 channel kernels are 1.3-2.5x faster than ours);
+// - the weight gradient of 1-2 and 4-15 input channels, 1-2 on contiguous (NCHW) activations only:
+//   there its first-layer kernel takes 1.2-4x our time, while on channels-last ones it is 3x faster.
+// Those stay on our kernels (measured on oneDNN 2.6 with AVX-512, on 3.2 with AVX2; on 3.2 the
+// 1-channel input gradient is slower still). Figures: docs/benchmarks.md, "oneDNN convolution
+// dispatch" and "First layers' convolutions on AVX2".
+
 bool onednn_takes(const ConvArgs& a, ConvPass pass) {
   if (a.n == 0 || a.c_in == 0 || a.c_out == 0) return false;
-  if (a.groups == 1 && pass == ConvPass::InputGrad && a.c_in <= 4) return false;
-  if (a.groups == 1 && pass == ConvPass::WeightGrad && a.c_in >= 4 && a.c_in < 16) return false;
+  if (a.groups != 1) return true;
+  const bool avx512 = onednn_runs_avx512();
+  if (pass == ConvPass::InputGrad) return a.c_in > (avx512 ? 4 : 1);
+  if (pass == ConvPass::WeightGrad) {
+    if (a.c_in >= 4 && a.c_in < 16) return false;
+    if (!avx512 && a.c_in <= 2 && !a.channels_last) return false;
+  }
   return true;
 }
 
 bool onednn_takes_bf16(const ConvArgs& a, ConvPass pass) {
   // oneDNN's bfloat16 convolutions need AVX-512 (AVX512-BF16 and AMX run them natively); below
   // that the op rounds the operands for the float32 kernels. Same exclusions as float32's.
-  static const bool avx512 = dnnl::get_effective_cpu_isa() >= dnnl::cpu_isa::avx512_core;
   // A first layer (fewer than 16 input channels a group) runs slower in bfloat16 than in float32
   // (docs/benchmarks.md, "oneDNN convolution dispatch"): rounded operands on the float32 kernels instead.
-  return avx512 && a.c_in / a.groups >= 16 && onednn_takes(a, pass);
+  return onednn_runs_avx512() && a.c_in / a.groups >= 16 && onednn_takes(a, pass);
 }
 
 void onednn_conv2d_forward(const ConvArgs& args, float* y, const void* x, const void* w, const float* bias) {

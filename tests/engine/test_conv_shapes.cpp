@@ -187,51 +187,59 @@ TEST_CASE(
   CHECK(checked > 100);
 }
 
-// The input gradient of a one-input-channel convolution with a 4x4 kernel has its own CPU kernel
-// (Note [One-channel input gradient] in engine/cpu/cpu_conv.cpp): blocks of 8, 4, 2 and 1 output
-// pixels, taps that overhang the image on either side, the output gradient contiguous or
-// channels-last, float32 and float64, and the transposed convolution to one channel that runs it.
-TEST_CASE("conv shapes: the one-input-channel input gradient with a 4x4 kernel matches direct loops") {
+// The input gradient of a one-input-channel convolution of up to 32 taps has its own CPU kernel
+// (Note [One-channel input gradient] in engine/cpu/cpu_conv.cpp): taps padded to 16 or 32 (4x4 and
+// 4x8 exactly, 1x1 to 5x5 padded), blocks of 8, 4, 2 and 1 output pixels, taps that overhang the
+// image on either side, the output gradient contiguous or channels-last, float32 and float64, and
+// the transposed convolution to one channel that runs it; 6x6 (36 taps) takes the packed GEMM.
+TEST_CASE("conv shapes: the one-input-channel input gradient matches direct loops, kernels of 1 to 36 taps") {
   const std::vector<std::pair<std::string, Conv2dOptions>> geometries{
       {"stride 2 pad 1 (wgan_gp's)", {.stride = {2, 2}, .padding = {1, 1}}},
       {"stride 1", {}},
       {"stride 1,3 pad 3,2 dil 1,2", {.stride = {1, 3}, .padding = {3, 2}, .dilation = {1, 2}}},
       {"stride 3 pad 2 dil 2", {.stride = {3, 3}, .padding = {2, 2}, .dilation = {2, 2}}},
   };
+  const std::vector<std::pair<int64_t, int64_t>> kernels{{4, 4}, {1, 1}, {3, 3}, {2, 3},
+                                                         {5, 5}, {3, 7}, {4, 8}, {6, 6}};
   const std::vector<std::pair<int64_t, int64_t>> images{{1, 1}, {4, 4}, {5, 1}, {3, 5}, {9, 13}, {28, 28}, {6, 37}};
   manual_seed(cpu(), 12);
   int checked = 0;
-  for (const auto& [name, o] : geometries) {
-    for (const auto& [h, w] : images) {
-      for (const int64_t c_out : {1, 6, 33}) {
-        const int64_t oh = out_size(h, 4, o.stride.first, o.padding.first, o.dilation.first);
-        const int64_t ow = out_size(w, 4, o.stride.second, o.padding.second, o.dilation.second);
-        if (oh < 1 || ow < 1 || h + 2 * o.padding.first < 3 * o.dilation.first + 1 ||
-            w + 2 * o.padding.second < 3 * o.dilation.second + 1)
-          continue;
-        CAPTURE(name);
-        CAPTURE(h);
-        CAPTURE(w);
-        CAPTURE(c_out);
-        const Shape xs{3, 1, h, w};
-        const Tensor gy = randn({3, c_out, oh, ow}, {.dtype = kFloat64});
-        const Tensor wt = randn({c_out, 1, 4, 4}, {.dtype = kFloat64});
-        const Tensor want = ref_input_grad(gy, wt, xs, o);
-        for (const MemoryFormat format : {MemoryFormat::Contiguous, MemoryFormat::ChannelsLast}) {
-          CAPTURE(static_cast<int>(format));
-          check_close(conv2d_input_grad(contiguous(gy, format), wt, xs, o), want, "conv2d_input_grad float64");
-          const Tensor got32 =
-              conv2d_input_grad(contiguous(to_dtype(gy, kFloat32), format), to_dtype(wt, kFloat32), xs, o);
-          // float32: operands and sums rounded, sums of at most 33 * 16 products of standard normals
-          // (errors near 1e-6); a tap missed or misplaced moves an element by about 1.
-          const std::string failure = compare(to_dtype(got32, kFloat64), want, 1e-4, 1e-4);
-          CHECK_MESSAGE(failure.empty(), "conv2d_input_grad float32: " << failure);
+  for (const auto& [kh, kw] : kernels) {
+    for (const auto& [name, o] : geometries) {
+      for (const auto& [h, w] : images) {
+        for (const int64_t c_out : {1, 6, 33}) {
+          if (h + 2 * o.padding.first < (kh - 1) * o.dilation.first + 1 ||
+              w + 2 * o.padding.second < (kw - 1) * o.dilation.second + 1)
+            continue;
+          const int64_t oh = out_size(h, kh, o.stride.first, o.padding.first, o.dilation.first);
+          const int64_t ow = out_size(w, kw, o.stride.second, o.padding.second, o.dilation.second);
+          if (oh < 1 || ow < 1) continue;
+          CAPTURE(kh);
+          CAPTURE(kw);
+          CAPTURE(name);
+          CAPTURE(h);
+          CAPTURE(w);
+          CAPTURE(c_out);
+          const Shape xs{3, 1, h, w};
+          const Tensor gy = randn({3, c_out, oh, ow}, {.dtype = kFloat64});
+          const Tensor wt = randn({c_out, 1, kh, kw}, {.dtype = kFloat64});
+          const Tensor want = ref_input_grad(gy, wt, xs, o);
+          for (const MemoryFormat format : {MemoryFormat::Contiguous, MemoryFormat::ChannelsLast}) {
+            CAPTURE(static_cast<int>(format));
+            check_close(conv2d_input_grad(contiguous(gy, format), wt, xs, o), want, "conv2d_input_grad float64");
+            const Tensor got32 =
+                conv2d_input_grad(contiguous(to_dtype(gy, kFloat32), format), to_dtype(wt, kFloat32), xs, o);
+            // float32: operands and sums rounded, sums of at most 33 * 36 products of standard
+            // normals (errors near 1e-6); a tap missed or misplaced moves an element by about 1.
+            const std::string failure = compare(to_dtype(got32, kFloat64), want, 1e-4, 1e-4);
+            CHECK_MESSAGE(failure.empty(), "conv2d_input_grad float32: " << failure);
+          }
+          ++checked;
         }
-        ++checked;
       }
     }
   }
-  CHECK(checked > 50);
+  CHECK(checked > 400);
   // The generator's last layer: a transposed convolution from 32 channels to one image, 14x14 to 28x28.
   const Tensor z = randn({2, 32, 14, 14}, {.dtype = kFloat64});
   const Tensor wt = randn({32, 1, 4, 4}, {.dtype = kFloat64});
