@@ -19,9 +19,11 @@ stage "API reference (Doxygen; any warning fails)"
 bash scripts/docs.sh
 
 # CI compiles the CUDA kernels for one architecture, Hopper's (what the GPU check runs), not the
-# seven of a default build (CMakeLists.txt): nothing here runs them, and each costs nvcc time.
-stage "build (Release, warnings as errors; with Ray: the Ray tests start a local cluster)"
-BUILD_DIR=build bash scripts/build.sh -DEF_WERROR=ON -DEF_RAY=ON -DCMAKE_CUDA_ARCHITECTURES=90
+# seven of a default build (CMakeLists.txt): nothing here runs them, and each costs nvcc time. Its
+# libraries are shared, as an install's are: the installs stage below installs this build rather
+# than compiling the libraries and their CUDA kernels again.
+stage "build (Release, shared libraries, warnings as errors; with Ray: the Ray tests start a local cluster)"
+BUILD_DIR=build bash scripts/build.sh -DEF_WERROR=ON -DEF_RAY=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DEF_SHARED=ON
 stage "tests"
 (cd build && ctest --output-on-failure --timeout 900 -j "$(nproc)")
 
@@ -47,8 +49,8 @@ stage "the default configuration (every CUDA architecture): configured, and --ve
 cmake -S . -B build-default -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 ninja -C build-default apps/CMakeFiles/ef_apps_program.dir/common/program.cpp.o >/dev/null
 
-stage "installs (with CUDA; the portable package, unpacked elsewhere) and the example projects built against each"
-bash scripts/test_install.sh -DCMAKE_CUDA_ARCHITECTURES=90
+stage "installs (the build above, with CUDA; the portable package, unpacked elsewhere) and the example projects built against each"
+bash scripts/test_install.sh --from build
 
 # The sanitizer builds compile at -O1 with line tables only (-g1): what the sanitizers' reports
 # need (file and line of every frame), at half the compile time of -O2 -g (tests/layers/

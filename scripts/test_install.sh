@@ -12,9 +12,15 @@
 # copies of the CPU kernels (forced with EF_CPU_KERNELS) must give the same losses, and wgan_gp
 # --version must name the widest this CPU runs; and a one-file program built with pkg-config's flags
 # must run and report the CPU kernels in use: that widest copy in the package, "native" otherwise.
-# Extra arguments go to both configure steps.
+# With --from BUILD_DIR the first install is that build's (configured shared, EF_SHARED=ON, and
+# native, as CI's Release build is) rather than a build of its own: CI saves compiling the libraries
+# and CUDA kernels again. Other arguments go to the configure steps.
+#
+#   bash scripts/test_install.sh [--from BUILD_DIR] [CMAKE_ARGS...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+from=""
+if [[ ${1:-} == --from ]]; then from=$2; shift 2; fi
 work=$(mktemp -d /tmp/evenflow-install.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 
@@ -128,13 +134,21 @@ CPP
 }
 
 echo "== cuda: the libraries built for this machine (native CPU kernels, the CUDA backend), installed"
-build=${BUILD_DIR:-build-install}
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF -DEF_NATIVE=ON -DEF_RAY=OFF \
-  -DEF_INSTALL_PROGRAMS=OFF -DCMAKE_INSTALL_PREFIX="$work/cuda/prefix" "$@" >/dev/null
-libs=()
-for c in engine io data layers optim losses parallel; do libs+=(--target "ef_$c"); done
-cmake --build "$build" --parallel "${JOBS:-$(nproc)}" "${libs[@]}" >/dev/null
-cmake --install "$build" >/dev/null
+if [[ -n $from ]]; then
+  build=$from
+  cache() { sed -n "s/^$1:[A-Z]*=//p" "$build/CMakeCache.txt"; }
+  [[ $(cache EF_SHARED) == ON && $(cache EF_NATIVE) == ON ]] ||
+    { echo "test_install.sh: --from $build needs a build configured with EF_SHARED=ON and EF_NATIVE=ON" >&2; exit 2; }
+  echo "(the build in $build)"
+else
+  build=${BUILD_DIR:-build-install}
+  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF -DEF_NATIVE=ON -DEF_SHARED=ON \
+    -DEF_RAY=OFF -DEF_INSTALL_PROGRAMS=OFF "$@" >/dev/null
+  libs=()
+  for c in engine io data layers optim losses parallel; do libs+=(--target "ef_$c"); done
+  cmake --build "$build" --parallel "${JOBS:-$(nproc)}" "${libs[@]}" >/dev/null
+fi
+cmake --install "$build" --prefix "$work/cuda/prefix" >/dev/null
 check cuda "$work/cuda/prefix" native
 
 # The package a user downloads (scripts/package.sh: portable CPU kernels, no CUDA, the programs),

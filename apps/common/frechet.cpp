@@ -9,7 +9,9 @@
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
-#include <Eigen/Dense>
+#include <Eigen/Cholesky>
+#include <Eigen/Eigenvalues>
+#include <Eigen/Householder>
 
 #include "apps/common/fashion_cnn.h"
 #include "evenflow/engine/error.h"
@@ -36,18 +38,51 @@ Matrix covariance_factor(const Matrix& cov) {
   return upper * ldlt.transpositionsP().transpose();
 }
 
+// Σ of the singular values of `p` (its nuclear norm): a Householder bidiagonalization p = U·B·Vᵀ,
+// then the eigenvalues of B's Golub-Kahan form -- the symmetric tridiagonal matrix with a zero
+// diagonal and B's diagonal and superdiagonal interleaved off it, a permutation of [[0, B], [Bᵀ, 0]]
+// -- which are ±σ. Each σ to O(ε·|p|), as an SVD gives it, without the singular vectors an SVD
+// library is built to compute: Eigen's BDCSVD made this file 5x longer to compile (CI compiles it
+// three times), for the same time and sums at 1024 x 1024, wgan_gp's final distance
+// (docs/benchmarks.md, "The Fréchet distance's singular values").
+double nuclear_norm(Matrix p) {
+  if (p.rows() < p.cols()) p.transposeInPlace();  // rows >= columns: B is square, n x n
+  const Eigen::Index m = p.rows(), n = p.cols();
+  Eigen::VectorXd diagonal(n), superdiagonal(n), essential, workspace(m);
+  double tau = 0, beta = 0;
+  for (Eigen::Index k = 0; k < n; ++k) {
+    essential.resize(m - k - 1);  // column k below the diagonal to 0
+    p.col(k).tail(m - k).makeHouseholder(essential, tau, beta);
+    p.block(k, k + 1, m - k, n - k - 1).applyHouseholderOnTheLeft(essential, tau, workspace.data());
+    diagonal(k) = beta;
+    if (k + 1 < n) {  // row k right of the superdiagonal to 0
+      essential.resize(n - k - 2);
+      p.row(k).tail(n - k - 1).makeHouseholder(essential, tau, beta);
+      p.block(k + 1, k + 1, m - k - 1, n - k - 1).applyHouseholderOnTheRight(essential, tau, workspace.data());
+      superdiagonal(k) = beta;
+    }
+  }
+  Eigen::VectorXd golub_kahan_off(2 * n - 1);
+  for (Eigen::Index k = 0; k < n; ++k) {
+    golub_kahan_off(2 * k) = diagonal(k);
+    if (k + 1 < n) golub_kahan_off(2 * k + 1) = superdiagonal(k);
+  }
+  Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd> solver;
+  solver.computeFromTridiagonal(Eigen::VectorXd::Zero(2 * n), golub_kahan_off, Eigen::EigenvaluesOnly);
+  return solver.eigenvalues().cwiseAbs().sum() / 2;
+}
+
 // Note [Fréchet cross term]
 // tr((Σa^½ Σb Σa^½)^½) is Σ √λ over the eigenvalues λ of Σa·Σb (similar matrices). With Σ = FᵀF,
 // the nonzero eigenvalues of FaᵀFa·FbᵀFb are those of Fa·FbᵀFb·Faᵀ = (Fa·Fbᵀ)(Fa·Fbᵀ)ᵀ, the squares
-// of the singular values of Fa·Fbᵀ [rows a, rows b]. So the cross term is their sum: one SVD, no
-// matrix square root, no square root of an eigenvalue that rounding moved off 0 (which costs ~1e-8
-// of the distance where covariances are singular, as they are with fewer vectors than dimensions).
-// And a periodic distance over fewer images than the features' 1024 dimensions needs an SVD of
-// their count, not two 1024 x 1024 eigendecompositions (most of a short run's time, and of the
+// of the singular values of Fa·Fbᵀ [rows a, rows b]. So the cross term is their sum: no matrix square
+// root, no square root of an eigenvalue that rounding moved off 0 (which costs ~1e-8 of the distance
+// where covariances are singular, as they are with fewer vectors than dimensions). And a periodic
+// distance over fewer images than the features' 1024 dimensions needs the singular values of a matrix
+// of their count, not two 1024 x 1024 eigendecompositions (most of a short run's time, and of the
 // programs' tests).
 double cross_term(const FeatureStats& a, const FeatureStats& b) {
-  const Matrix product = factor_of(a) * factor_of(b).transpose();
-  return Eigen::BDCSVD<Matrix>(product).singularValues().sum();
+  return nuclear_norm(factor_of(a) * factor_of(b).transpose());
 }
 
 void check_stats(const FeatureStats& s) {
