@@ -42,8 +42,8 @@ Matrix covariance_factor(const Matrix& cov) {
 // then the eigenvalues of B's Golub-Kahan form -- the symmetric tridiagonal matrix with a zero
 // diagonal and B's diagonal and superdiagonal interleaved off it, a permutation of [[0, B], [Bᵀ, 0]]
 // -- which are ±σ. Each σ to O(ε·|p|), as an SVD gives it, without the singular vectors an SVD
-// library is built to compute: Eigen's BDCSVD made this file 5x longer to compile (CI compiles it
-// three times), for the same time and sums at 1024 x 1024, wgan_gp's final distance
+// library is built to compute: Eigen's BDCSVD made this file 5x longer to compile in Release (CI
+// compiles it three times), for the same time and sums at 1024 x 1024, wgan_gp's final distance
 // (docs/benchmarks.md, "The Fréchet distance's singular values").
 double nuclear_norm(Matrix p) {
   if (p.rows() < p.cols()) p.transposeInPlace();  // rows >= columns: B is square, n x n
