@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# evenflow as another project uses it, twice: the libraries with the CUDA backend (where the
-# toolkit is) built for this machine (EF_NATIVE=ON: the CPU kernels compiled once, as a developer
-# installs what they built here), installed into a fresh prefix; and the package a user downloads
-# (scripts/package.sh: portable, EF_NATIVE=OFF, the CPU kernels for three instruction sets chosen at
-# run time, no CUDA, the programs), unpacked into a new folder and used with HOME elsewhere and its
-# build tree moved away. Against each, examples/wgan_gp_critic is built with nothing but
+# evenflow as another project uses it, twice: BUILD_DIR's libraries (a build configured shared,
+# EF_SHARED=ON, and for this machine, EF_NATIVE=ON, with the CUDA backend where the toolkit is, as
+# CI's Release build is: the CPU kernels compiled once, as a developer installs what they built
+# here), installed into a fresh prefix; and the package a user downloads (scripts/package.sh:
+# portable, EF_NATIVE=OFF, the CPU kernels for three instruction sets chosen at run time, no CUDA,
+# the programs), unpacked into a new folder and used with HOME elsewhere and its build tree moved
+# away. Against each, examples/wgan_gp_critic is built with nothing but
 # -DCMAKE_PREFIX_PATH=<prefix> and run on cpu:2 and cpu:1 in float64 (the losses must agree to
 # 1e-10), and so is examples/data_parallel (the README's example: cpu:2 against cpu:1, and a run
 # saved after 10 steps on cpu:3 resumed on cpu:1 against an unbroken one); the program must need no
@@ -12,15 +13,18 @@
 # copies of the CPU kernels (forced with EF_CPU_KERNELS) must give the same losses, and wgan_gp
 # --version must name the widest this CPU runs; and a one-file program built with pkg-config's flags
 # must run and report the CPU kernels in use: that widest copy in the package, "native" otherwise.
-# With --from BUILD_DIR the first install is that build's (configured shared, EF_SHARED=ON, and
-# native, as CI's Release build is) rather than a build of its own: CI saves compiling the libraries
-# and CUDA kernels again. Other arguments go to the configure steps.
+# CMAKE_ARGS go to the package's configure step.
 #
-#   bash scripts/test_install.sh [--from BUILD_DIR] [CMAKE_ARGS...]
+#   bash scripts/test_install.sh --from BUILD_DIR [CMAKE_ARGS...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-from=""
-if [[ ${1:-} == --from ]]; then from=$2; shift 2; fi
+[[ ${1:-} == --from && -n ${2:-} ]] ||
+  { echo "usage: scripts/test_install.sh --from BUILD_DIR [CMAKE_ARGS...] (a shared, native build: scripts/test.sh makes one)" >&2; exit 2; }
+build=$2
+shift 2
+cache() { sed -n "s/^$1:[A-Z]*=//p" "$build/CMakeCache.txt"; }
+[[ -f $build/CMakeCache.txt && $(cache EF_SHARED) == ON && $(cache EF_NATIVE) == ON ]] ||
+  { echo "test_install.sh: --from $build needs a build configured with EF_SHARED=ON and EF_NATIVE=ON" >&2; exit 2; }
 work=$(mktemp -d /tmp/evenflow-install.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 
@@ -133,21 +137,7 @@ CPP
     { echo "FAIL: EF_CPU_KERNELS=sse9 gave: $(cat "$work/$name/err")" >&2; exit 1; }
 }
 
-echo "== cuda: the libraries built for this machine (native CPU kernels, the CUDA backend), installed"
-if [[ -n $from ]]; then
-  build=$from
-  cache() { sed -n "s/^$1:[A-Z]*=//p" "$build/CMakeCache.txt"; }
-  [[ $(cache EF_SHARED) == ON && $(cache EF_NATIVE) == ON ]] ||
-    { echo "test_install.sh: --from $build needs a build configured with EF_SHARED=ON and EF_NATIVE=ON" >&2; exit 2; }
-  echo "(the build in $build)"
-else
-  build=${BUILD_DIR:-build-install}
-  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF -DEF_NATIVE=ON -DEF_SHARED=ON \
-    -DEF_RAY=OFF -DEF_INSTALL_PROGRAMS=OFF "$@" >/dev/null
-  libs=()
-  for c in engine io data layers optim losses parallel; do libs+=(--target "ef_$c"); done
-  cmake --build "$build" --parallel "${JOBS:-$(nproc)}" "${libs[@]}" >/dev/null
-fi
+echo "== cuda: the libraries built for this machine (native CPU kernels, the CUDA backend) in $build, installed"
 cmake --install "$build" --prefix "$work/cuda/prefix" >/dev/null
 check cuda "$work/cuda/prefix" native
 
@@ -155,7 +145,7 @@ check cuda "$work/cuda/prefix" native
 # unpacked into a new folder, and used with HOME elsewhere and the build tree moved away: nothing
 # may reach back to the machine's folders.
 echo "== cpu-only: the package (scripts/package.sh), unpacked into a new folder"
-package_build=${BUILD_DIR:-build-install}-cpu
+package_build=build-install-cpu
 tarball=$(bash scripts/package.sh --out "$work/package" --build "$package_build" "$@" | tail -1)
 echo "$tarball: $(du -h "$tarball" | cut -f1)"
 mkdir -p "$work/unpacked" "$work/home"
