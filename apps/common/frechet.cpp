@@ -48,24 +48,18 @@ Matrix covariance_factor(const Matrix& cov) {
 double nuclear_norm(Matrix p) {
   if (p.rows() < p.cols()) p.transposeInPlace();  // rows >= columns: B is square, n x n
   const Eigen::Index m = p.rows(), n = p.cols();
-  Eigen::VectorXd diagonal(n), superdiagonal(n), essential, workspace(m);
-  double tau = 0, beta = 0;
+  // B's diagonal at the even places, its superdiagonal at the odd ones.
+  Eigen::VectorXd golub_kahan_off(2 * n - 1), essential, workspace(m);
+  double tau = 0;
   for (Eigen::Index k = 0; k < n; ++k) {
     essential.resize(m - k - 1);  // column k below the diagonal to 0
-    p.col(k).tail(m - k).makeHouseholder(essential, tau, beta);
+    p.col(k).tail(m - k).makeHouseholder(essential, tau, golub_kahan_off(2 * k));
     p.block(k, k + 1, m - k, n - k - 1).applyHouseholderOnTheLeft(essential, tau, workspace.data());
-    diagonal(k) = beta;
     if (k + 1 < n) {  // row k right of the superdiagonal to 0
       essential.resize(n - k - 2);
-      p.row(k).tail(n - k - 1).makeHouseholder(essential, tau, beta);
+      p.row(k).tail(n - k - 1).makeHouseholder(essential, tau, golub_kahan_off(2 * k + 1));
       p.block(k + 1, k + 1, m - k - 1, n - k - 1).applyHouseholderOnTheRight(essential, tau, workspace.data());
-      superdiagonal(k) = beta;
     }
-  }
-  Eigen::VectorXd golub_kahan_off(2 * n - 1);
-  for (Eigen::Index k = 0; k < n; ++k) {
-    golub_kahan_off(2 * k) = diagonal(k);
-    if (k + 1 < n) golub_kahan_off(2 * k + 1) = superdiagonal(k);
   }
   Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd> solver;
   solver.computeFromTridiagonal(Eigen::VectorXd::Zero(2 * n), golub_kahan_off, Eigen::EigenvaluesOnly);
