@@ -264,30 +264,31 @@ bool onednn_runs_avx512() {
 }  // namespace
 
 // Note [oneDNN convolution dispatch]
-// Measured per pass against the im2col kernels on the convolutions of bench_engine, classify and
-// wgan_gp (forward, and both gradients: wgan_gp's transposed convolutions are input gradients), at
-// 2 threads on the whole batch and at 1 thread on half of it (cpu:2), and on inputs of 1..16
-// channels: oneDNN runs faster (depthwise and grouped too) except where its kernels compute an
-// ungrouped convolution's input channels in blocks of the vector width (16 floats with AVX-512, 8
-// with AVX2), padding the rest. With AVX-512:
-// - the input gradient of 1-4 input channels;
-// - the weight gradient of 4-15 input channels (1-3 take its first-layer kernel, faster than ours).
-// With AVX2 only (no AVX-512), where oneDNN runs other kernels:
+// Measured per pass against the im2col kernels on the convolutions of bench_engine, classify,
+// segment and wgan_gp (forward, and both gradients: wgan_gp's transposed convolutions are input
+// gradients) and the ResNet's, on inputs of 1..16 channels: oneDNN runs faster (depthwise and
+// grouped too) except where its kernels compute an ungrouped convolution's input channels in blocks
+// of the vector width (16 floats with AVX-512, 8 with AVX2), padding the rest. With AVX-512 (oneDNN
+// 3.2, Zen 4), the input gradient of 1-8 input channels: oneDNN's takes the same time for 1 and 16,
+// ours 0.1-0.25 of it for 1 channel (the register kernel, Note [One-channel input gradient]), 0.6-0.9
+// for 4-6, 0.8-1.0 for 8, 1.1-1.6 for 12-15 (measured on contiguous activations; on channels-last
+// ones, which ours would copy, 5-8 stay oneDNN's as before). Every weight gradient is oneDNN's
+// there: 1.2-7x as fast as ours from 1 to 15 channels, but for classify's 5x5 layer at batch 100
+// (ours 0.67-0.97 of its time at 4-6 and 12 channels, 1.2-1.25 at 8 and 15: no rule by shape).
+// With AVX2 only (no AVX-512; oneDNN 3.2, Zen 2), where oneDNN runs other kernels:
 // - the input gradient of 1 input channel (its 2-4 channel kernels are 1.3-2.5x faster than ours);
 // - the weight gradient of 1-2 and 4-15 input channels, 1-2 on contiguous (NCHW) activations only:
 //   there its first-layer kernel takes 1.2-4x our time, while on channels-last ones it is 3x faster.
-// Those stay on our kernels (measured on oneDNN 2.6 with AVX-512, on 3.2 with AVX2; on 3.2 the
-// 1-channel input gradient is slower still). Figures: docs/benchmarks.md, "oneDNN convolution
-// dispatch" and "First layers' convolutions on AVX2".
+// Figures: docs/benchmarks.md, "First layers' convolutions on AVX2" and "The engine on AVX-512".
 
 bool onednn_takes(const ConvArgs& a, ConvPass pass) {
   if (a.n == 0 || a.c_in == 0 || a.c_out == 0) return false;
   if (a.groups != 1) return true;
-  const bool avx512 = onednn_runs_avx512();
-  if (pass == ConvPass::InputGrad) return a.c_in > (avx512 ? 4 : 1);
+  if (onednn_runs_avx512()) return pass != ConvPass::InputGrad || a.c_in > (a.channels_last ? 4 : 8);
+  if (pass == ConvPass::InputGrad) return a.c_in > 1;
   if (pass == ConvPass::WeightGrad) {
     if (a.c_in >= 4 && a.c_in < 16) return false;
-    if (!avx512 && a.c_in <= 2 && !a.channels_last) return false;
+    if (a.c_in <= 2 && !a.channels_last) return false;
   }
   return true;
 }
