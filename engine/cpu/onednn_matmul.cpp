@@ -25,15 +25,19 @@ OnednnPlan make_plan(const GemmArgs& g) {
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   using Tag = dnnl::memory::format_tag;
-  // Both operands in bfloat16 (the reorders round them), C written in place in float32. A in the
-  // layout the primitive picks; B too, unless B is transposed (a backward's gy·Bᵀ): then B stays
-  // transposed, dense, and the reorder only converts. Rounding B into the primitive's blocked layout
-  // transposes it in that reorder, which took longer than the product: 2.1 ms against 1.5 for
-  // classify's [100, 1024] x [1024, 3136] on a Zen 4, 2 threads; kept transposed, the product's
-  // forward and backward ran 1.2x as fast (docs/benchmarks.md, "The engine on AVX-512").
+  // Both operands in bfloat16 (the reorders round them), C written in place in float32, each operand
+  // in the layout the primitive picks -- but a transposed B of a product with few rows and a long
+  // inner dimension, which stays transposed and dense (the reorder then only converts): rounding it
+  // into the primitive's blocked layout transposes it, and that reorder, whose cost against the
+  // product's grows as C's rows shrink, took longer than the product for classify's fully connected
+  // layer (2.1 ms against 1.5, [100, 1024] x [1024, 3136]ᵀ on a Zen 4, 2 threads). Kept transposed:
+  // 0.84x the time of its forward ([100, 3136] x [3136, 1024]ᵀ); with 128 rows of depth (wgan_gp's
+  // generator's Linear, [64, 128] x [128, 3136]ᵀ) 1.37x, and on 1024 x 1024 x 1024 1.03x, so the
+  // blocked layout stays there (docs/benchmarks.md, "The engine on AVX-512").
+  const bool b_stays_transposed = g.trans_b && g.m <= 256 && g.k >= 1024;
   const dnnl::memory::desc c = dnnl::memory::desc({g.m, g.n}, dt::f32, Dims{g.ldc, 1});
-  const dnnl::memory::desc b = g.trans_b ? dnnl::memory::desc({g.k, g.n}, dt::bf16, Dims{1, g.k})
-                                         : dnnl::memory::desc({g.k, g.n}, dt::bf16, Tag::any);
+  const dnnl::memory::desc b = b_stays_transposed ? dnnl::memory::desc({g.k, g.n}, dt::bf16, Dims{1, g.k})
+                                                  : dnnl::memory::desc({g.k, g.n}, dt::bf16, Tag::any);
   const dnnl::matmul::primitive_desc pd(onednn_engine(), dnnl::memory::desc({g.m, g.k}, dt::bf16, Tag::any), b, c,
                                         attr);
   OnednnPlan plan;
