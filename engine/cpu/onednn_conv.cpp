@@ -274,7 +274,7 @@ bool onednn_runs_avx512() {
 // for 4-6, 0.8-1.0 for 8, 1.1-1.6 for 12-15 (measured on contiguous activations; on channels-last
 // ones, which ours would copy, 5-8 stay oneDNN's as before). Every weight gradient is oneDNN's
 // there: 1.2-7x as fast as ours from 1 to 15 channels, but for classify's 5x5 layer at batch 100
-// (ours 0.67-0.97 of its time at 4-6 and 12 channels, 1.2-1.25 at 8 and 15: no rule by shape).
+// (ours 0.67-0.97 of its time at 4-6 and 12 channels, 1.19-1.25 at 8 and 15: no rule by shape).
 // With AVX2 only (no AVX-512; oneDNN 3.2, Zen 2), where oneDNN runs other kernels:
 // - the input gradient of 1 input channel (its 2-4 channel kernels are 1.3-2.5x faster than ours);
 // - the weight gradient of 1-2 and 4-15 input channels, 1-2 on contiguous (NCHW) activations only:

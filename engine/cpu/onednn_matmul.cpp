@@ -31,9 +31,9 @@ OnednnPlan make_plan(const GemmArgs& g) {
   // into the primitive's blocked layout transposes it, and that reorder, whose cost against the
   // product's grows as C's rows shrink, took longer than the product for classify's fully connected
   // layer (2.1 ms against 1.5, [100, 1024] x [1024, 3136]ᵀ on a Zen 4, 2 threads). Kept transposed:
-  // 0.84x the time of its forward ([100, 3136] x [3136, 1024]ᵀ); with 128 rows of depth (wgan_gp's
-  // generator's Linear, [64, 128] x [128, 3136]ᵀ) 1.37x, and on 1024 x 1024 x 1024 1.03x, so the
-  // blocked layout stays there (docs/benchmarks.md, "The engine on AVX-512").
+  // 0.84x the time of its forward ([100, 3136] x [3136, 1024]ᵀ); with an inner dimension of 128
+  // (wgan_gp's generator's Linear, [64, 128] x [128, 3136]ᵀ) 1.37x, and on 1024 x 1024 x 1024 1.03x,
+  // so the blocked layout stays there (docs/benchmarks.md, "The engine on AVX-512").
   const bool b_stays_transposed = g.trans_b && g.m <= 256 && g.k >= 1024;
   const dnnl::memory::desc c = dnnl::memory::desc({g.m, g.n}, dt::f32, Dims{g.ldc, 1});
   const dnnl::memory::desc b = b_stays_transposed ? dnnl::memory::desc({g.k, g.n}, dt::bf16, Dims{1, g.k})
