@@ -16,9 +16,9 @@ namespace {
 using Dims = dnnl::memory::dims;
 using dt = dnnl::memory::data_type;
 
-// A [rows, cols] float32 matrix as stored: row-major with leading dimension ld, or its transpose.
-dnnl::memory::desc f32_matrix(int64_t rows, int64_t cols, bool trans, int64_t ld) {
-  return dnnl::memory::desc({rows, cols}, dt::f32, trans ? Dims{1, ld} : Dims{ld, 1});
+// A [rows, cols] matrix of `type` as stored: row-major with leading dimension ld, or its transpose.
+dnnl::memory::desc matrix(int64_t rows, int64_t cols, bool trans, int64_t ld, dt type) {
+  return dnnl::memory::desc({rows, cols}, type, trans ? Dims{1, ld} : Dims{ld, 1});
 }
 
 OnednnPlan make_plan(const GemmArgs& g) {
@@ -35,15 +35,15 @@ OnednnPlan make_plan(const GemmArgs& g) {
   // (wgan_gp's generator's Linear, [64, 128] x [128, 3136]ᵀ) 1.37x, and on 1024 x 1024 x 1024 1.03x,
   // so the blocked layout stays there (docs/benchmarks.md, "The engine on AVX-512").
   const bool b_stays_transposed = g.trans_b && g.m <= 256 && g.k >= 1024;
-  const dnnl::memory::desc c = dnnl::memory::desc({g.m, g.n}, dt::f32, Dims{g.ldc, 1});
-  const dnnl::memory::desc b = b_stays_transposed ? dnnl::memory::desc({g.k, g.n}, dt::bf16, Dims{1, g.k})
-                                                  : dnnl::memory::desc({g.k, g.n}, dt::bf16, Tag::any);
+  const dnnl::memory::desc c = matrix(g.m, g.n, false, g.ldc, dt::f32);
+  const dnnl::memory::desc b =
+      b_stays_transposed ? matrix(g.k, g.n, true, g.k, dt::bf16) : dnnl::memory::desc({g.k, g.n}, dt::bf16, Tag::any);
   const dnnl::matmul::primitive_desc pd(onednn_engine(), dnnl::memory::desc({g.m, g.k}, dt::bf16, Tag::any), b, c,
                                         attr);
   OnednnPlan plan;
   plan.primitive = dnnl::matmul(pd);
-  plan.in0 = {DNNL_ARG_SRC, f32_matrix(g.m, g.k, g.trans_a, g.lda), pd.src_desc(), {}, 0};
-  plan.in1 = {DNNL_ARG_WEIGHTS, f32_matrix(g.k, g.n, g.trans_b, g.ldb), pd.weights_desc(), {}, 0};
+  plan.in0 = {DNNL_ARG_SRC, matrix(g.m, g.k, g.trans_a, g.lda, dt::f32), pd.src_desc(), {}, 0};
+  plan.in1 = {DNNL_ARG_WEIGHTS, matrix(g.k, g.n, g.trans_b, g.ldb, dt::f32), pd.weights_desc(), {}, 0};
   plan.out = {DNNL_ARG_DST, c, pd.dst_desc(), {}, 0};
   finish_plan(plan, pd.scratchpad_desc(), attr);
   return plan;
