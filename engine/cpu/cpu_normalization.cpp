@@ -104,54 +104,60 @@ void normalize_typed(const NormArgs& a, T* y, T* mean_out, T* var_out, const T* 
     return normalize_columns(a, y, mean_out, var_out, x, w, b);
   using A = acc_t<T>;
   const int64_t n = a.outer * a.inner, stride = a.groups * a.inner;
+  const bool streaming = streams(a.groups * n * static_cast<int64_t>(sizeof(T)));
   [[maybe_unused]] const int nt = threads_for(a.groups * n);
-#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
-  for (int64_t g = 0; g < a.groups; ++g) {
-    const T* xg = x + g * a.inner;
-    T* yg = y + g * a.inner;
-    A sums[kLanes] = {};
-    for (int64_t o = 0; o < a.outer; ++o) {
-      const T* xr = xg + o * stride;
-      for_lanes(a.inner, [&](int64_t i, int l) { sums[l] += static_cast<A>(xr[i]); });
-    }
-    const auto mean = static_cast<T>(lanes_total(sums) / static_cast<A>(n));
-    A squares[kLanes] = {};
-    for (int64_t o = 0; o < a.outer; ++o) {
-      const T* xr = xg + o * stride;
-      for_lanes(a.inner, [&](int64_t i, int l) {
-        const T d = xr[i] - mean;
-        squares[l] += static_cast<A>(d * d);
-      });
-    }
-    const auto var = static_cast<T>(lanes_total(squares) / static_cast<A>(n));
-    const T rstd = T(1) / std::sqrt(static_cast<T>(var + static_cast<T>(a.eps)));
-    mean_out[g] = mean;
-    var_out[g] = var;
-    // y = x̂·w + b with w and b per feature (varying along i) or one number for the group; a
-    // missing weight is 1 and a missing bias -0, which leave x̂ as it is (x + -0 is x for every x,
-    // -0 included). The loop is written once per kind, so that each compiles to plain vector code.
-    const auto write = [&](auto weight_at, auto bias_at) {
+#pragma omp parallel num_threads(nt) if (nt > 1)
+  {
+#pragma omp for schedule(static)
+    for (int64_t g = 0; g < a.groups; ++g) {
+      const T* xg = x + g * a.inner;
+      T* yg = y + g * a.inner;
+      A sums[kLanes] = {};
       for (int64_t o = 0; o < a.outer; ++o) {
         const T* xr = xg + o * stride;
-        T* yr = yg + o * stride;
-        for (int64_t i = 0; i < a.inner; ++i) yr[i] = static_cast<T>(xr[i] - mean) * rstd * weight_at(i) + bias_at(i);
+        for_lanes(a.inner, [&](int64_t i, int l) { sums[l] += static_cast<A>(xr[i]); });
       }
-    };
-    const T gw = w != nullptr && a.affine_per_group ? w[g] : T(1),
-            gb = b != nullptr && a.affine_per_group ? b[g] : T(-0.0);
-    const auto group_w = [gw](int64_t) { return gw; };
-    const auto group_b = [gb](int64_t) { return gb; };
-    const auto feature_w = [w](int64_t i) { return w[i]; };
-    const auto feature_b = [b](int64_t i) { return b[i]; };
-    const bool per_feature_w = w != nullptr && !a.affine_per_group, per_feature_b = b != nullptr && !a.affine_per_group;
-    if (per_feature_w && per_feature_b)
-      write(feature_w, feature_b);
-    else if (per_feature_w)
-      write(feature_w, group_b);
-    else if (per_feature_b)
-      write(group_w, feature_b);
-    else
-      write(group_w, group_b);
+      const auto mean = static_cast<T>(lanes_total(sums) / static_cast<A>(n));
+      A squares[kLanes] = {};
+      for (int64_t o = 0; o < a.outer; ++o) {
+        const T* xr = xg + o * stride;
+        for_lanes(a.inner, [&](int64_t i, int l) {
+          const T d = xr[i] - mean;
+          squares[l] += static_cast<A>(d * d);
+        });
+      }
+      const auto var = static_cast<T>(lanes_total(squares) / static_cast<A>(n));
+      const T rstd = T(1) / std::sqrt(static_cast<T>(var + static_cast<T>(a.eps)));
+      mean_out[g] = mean;
+      var_out[g] = var;
+      // y = x̂·w + b with w and b per feature (varying along i) or one number for the group; a
+      // missing weight is 1 and a missing bias -0, which leave x̂ as it is (x + -0 is x for every x,
+      // -0 included). The loop is written once per kind, so that each compiles to plain vector code.
+      const auto write = [&](auto weight_at, auto bias_at) {
+        for (int64_t o = 0; o < a.outer; ++o) {
+          const T* xr = xg + o * stride;
+          write_row(yg + o * stride, a.inner, streaming,
+                    [&](int64_t i) { return static_cast<T>(xr[i] - mean) * rstd * weight_at(i) + bias_at(i); });
+        }
+      };
+      const T gw = w != nullptr && a.affine_per_group ? w[g] : T(1),
+              gb = b != nullptr && a.affine_per_group ? b[g] : T(-0.0);
+      const auto group_w = [gw](int64_t) { return gw; };
+      const auto group_b = [gb](int64_t) { return gb; };
+      const auto feature_w = [w](int64_t i) { return w[i]; };
+      const auto feature_b = [b](int64_t i) { return b[i]; };
+      const bool per_feature_w = w != nullptr && !a.affine_per_group,
+                 per_feature_b = b != nullptr && !a.affine_per_group;
+      if (per_feature_w && per_feature_b)
+        write(feature_w, feature_b);
+      else if (per_feature_w)
+        write(feature_w, group_b);
+      else if (per_feature_b)
+        write(group_w, feature_b);
+      else
+        write(group_w, group_b);
+    }
+    if (streaming) stream_fence();
   }
 }
 
@@ -208,6 +214,9 @@ void normalize_backward_typed(const NormArgs& a, T* gx, T* gw, T* gb, const T* g
     return normalize_backward_columns(a, gx, gw, gb, gy, x, mean, rstd, w);
   const int64_t n = a.outer * a.inner, stride = a.groups * a.inner;
   const bool feature_sums = !a.affine_per_group && (gw != nullptr || gb != nullptr);
+  typedef T RowLanes __attribute__((vector_size(kLanes * sizeof(T))));
+  typedef acc_t<T> AccLanes __attribute__((vector_size(kLanes * sizeof(acc_t<T>))));
+  const bool streaming = gx != nullptr && streams(a.groups * n * static_cast<int64_t>(sizeof(T)));
   const int nt = threads_for(a.groups * n * 2);
   std::vector<acc_t<T>> partial(feature_sums ? static_cast<size_t>(nt) * 2 * static_cast<size_t>(a.inner) : 0, 0);
 #pragma omp parallel num_threads(nt) if (nt > 1)
@@ -221,31 +230,47 @@ void normalize_backward_typed(const NormArgs& a, T* gx, T* gw, T* gb, const T* g
       const T m = mean[g], r = rstd[g];
       // A per-group weight factors out of the sums: they are taken without it (gw and gb), then scaled.
       const T* fw = w != nullptr && !a.affine_per_group ? w : nullptr;
-      // Σĝ, Σĝ·x̂ (per group: Σgy, Σgy·x̂), in lanes as the forward's sums.
-      acc_t<T> lanes_g[kLanes] = {}, lanes_g_x_hat[kLanes] = {};
+      // Σĝ, Σĝ·x̂ (per group: Σgy, Σgy·x̂) in lanes as the forward's sums (lane l takes each row's
+      // elements i ≡ l mod kLanes, lane 0 also the row's last inner % kLanes), and in the same pass
+      // the per-feature sums. The lanes are vectors: written lane by lane (for_lanes), GCC left this
+      // loop scalar, and it was most of layer norm's backward (docs/benchmarks.md, "Normalizations'
+      // outputs streamed").
+      AccLanes lanes_g = {}, lanes_g_x_hat = {};
+      const auto sums_pass = [&](const T* xr, const T* gyr, auto weights, auto with_features) {
+        int64_t k = 0;
+        for (; k + kLanes <= a.inner; k += kLanes) {
+          const RowLanes dy = load_lanes<RowLanes>(gyr + k);
+          const RowLanes x_hat = (load_lanes<RowLanes>(xr + k) - m) * r, g_hat = dy * weights(k);
+          lanes_g += __builtin_convertvector(g_hat, AccLanes);
+          lanes_g_x_hat += __builtin_convertvector(g_hat * x_hat, AccLanes);
+          if constexpr (with_features) {
+            store_lanes(part_w + k, load_lanes<AccLanes>(part_w + k) + __builtin_convertvector(dy * x_hat, AccLanes));
+            store_lanes(part_b + k, load_lanes<AccLanes>(part_b + k) + __builtin_convertvector(dy, AccLanes));
+          }
+        }
+        for (; k < a.inner; ++k) {
+          const T dy = gyr[k], x_hat = (xr[k] - m) * r, g_hat = dy * weights(k)[0];
+          lanes_g[0] += g_hat;
+          lanes_g_x_hat[0] += g_hat * x_hat;
+          if constexpr (with_features) {
+            part_w[k] += dy * x_hat;
+            part_b[k] += dy;
+          }
+        }
+      };
+      const auto row_weights = [fw](int64_t k) { return load_lanes<RowLanes>(fw + k); };
+      const auto no_weights = [](int64_t) { return RowLanes{} + T(1); };
       for (int64_t o = 0; o < a.outer; ++o) {
         const T* xr = xg + o * stride;
         const T* gyr = gyg + o * stride;
-        const auto add = [&](auto weight_at) {
-          for_lanes(a.inner, [&](int64_t i, int l) {
-            const T x_hat = (xr[i] - m) * r, g_hat = gyr[i] * weight_at(i);
-            lanes_g[l] += g_hat;
-            lanes_g_x_hat[l] += g_hat * x_hat;
-          });
-        };
-        if (fw != nullptr)
-          add([fw](int64_t i) { return fw[i]; });
+        if (fw != nullptr && feature_sums)
+          sums_pass(xr, gyr, row_weights, std::true_type{});
+        else if (fw != nullptr)
+          sums_pass(xr, gyr, row_weights, std::false_type{});
+        else if (feature_sums)
+          sums_pass(xr, gyr, no_weights, std::true_type{});
         else
-          add([](int64_t) { return T(1); });
-        // A loop of their own, which reads the row again: inside the lanes' loop they made layer
-        // norm's forward+backward slower (docs/benchmarks.md, "oneDNN 3.2 instead of Debian's 2.6").
-        if (feature_sums) {
-          for (int64_t i = 0; i < a.inner; ++i) {
-            const T x_hat = (xr[i] - m) * r;
-            part_w[i] += gyr[i] * x_hat;
-            part_b[i] += gyr[i];
-          }
-        }
+          sums_pass(xr, gyr, no_weights, std::false_type{});
       }
       const acc_t<T> sum_g = lanes_total(lanes_g), sum_g_x_hat = lanes_total(lanes_g_x_hat);
       T group_w = 1;
@@ -259,13 +284,15 @@ void normalize_backward_typed(const NormArgs& a, T* gx, T* gw, T* gb, const T* g
       const T mean_g_x_hat = static_cast<T>(sum_g_x_hat / static_cast<acc_t<T>>(n)) * group_w;
       T* gxg = gx + g * a.inner;
       for (int64_t o = 0; o < a.outer; ++o) {
-        for (int64_t i = 0; i < a.inner; ++i) {
-          const T x_hat = (xg[o * stride + i] - m) * r, dy = gyg[o * stride + i];
-          const T g_hat = dy * (fw != nullptr ? fw[i] : group_w);
-          gxg[o * stride + i] = r * (g_hat - mean_g - x_hat * mean_g_x_hat);
-        }
+        const T* xr = xg + o * stride;
+        const T* gyr = gyg + o * stride;
+        write_row(gxg + o * stride, a.inner, streaming, [&](int64_t i) {
+          const T x_hat = (xr[i] - m) * r, g_hat = gyr[i] * (fw != nullptr ? fw[i] : group_w);
+          return r * (g_hat - mean_g - x_hat * mean_g_x_hat);
+        });
       }
     }
+    if (streaming) stream_fence();
   }
   if (!feature_sums) return;
   for (int64_t i = 0; i < a.inner; ++i) {

@@ -159,6 +159,32 @@ TEST_CASE("layer_norm and batch_norm: the fused kernel equals the unfused formul
   }
 }
 
+// Note [Streaming stores]: a normalization whose output is past 16 MiB writes it around the caches.
+// Rows of a layer norm are independent, so the first and last rows of a large one (streamed, rows of
+// 1027 elements: not 16-byte aligned) must equal, bit for bit, the same rows normalized alone (plain
+// stores): forward and input gradient.
+TEST_CASE("layer_norm: outputs past the streaming threshold equal the same rows computed small, bit for bit") {
+  manual_seed(cpu(), 17);
+  for (const DType dtype : {kFloat32, kFloat64}) {
+    CAPTURE(dtype_name(dtype));
+    const TensorOptions o{.dtype = dtype};
+    const int64_t features = 1027,
+                  rows = (int64_t{17} << 20) / (features * static_cast<int64_t>(dtype_size(dtype))) + 1;
+    const Tensor x = add_scalar(randn({rows, features}, o), 2.0).requires_grad_();
+    const Tensor w = randn({features}, o), b = randn({features}, o), gy = randn({rows, features}, o);
+    const Tensor y = layer_norm(x, {features}, w, b);
+    const Tensor gx = grad({y}, {x}, {gy})[0];
+    for (const int64_t start : {int64_t{0}, rows - 5}) {
+      CAPTURE(start);
+      const Tensor x_rows = x.detach().narrow(0, start, 5).contiguous().requires_grad_();
+      const Tensor y_rows = layer_norm(x_rows, {features}, w, b);
+      CHECK(compare(y.detach().narrow(0, start, 5), y_rows, 0, 0).empty());
+      const Tensor gx_rows = grad({y_rows}, {x_rows}, {gy.narrow(0, start, 5).contiguous()})[0];
+      CHECK(compare(gx.narrow(0, start, 5), gx_rows, 0, 0).empty());
+    }
+  }
+}
+
 // Note [Fused normalization]: the second-order gradients, from the kernel (a double backward without
 // create_graph) and from its differentiable form (with it), against those of the unfused formula:
 // reaching the input, the output gradient and the weight through all three first-order gradients,
