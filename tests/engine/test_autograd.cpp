@@ -157,6 +157,26 @@ TEST_CASE("a closure learns which of its inputs' gradients the pass needs") {
   CHECK(pruned != std::vector<double>(4, 0.0));
 }
 
+// Note [Gradient layout]: a later gradient is added into .grad() in place only when nothing but the
+// leaf sees it; a .grad() the caller holds keeps its values, and the leaf gets a new tensor.
+TEST_CASE("a later backward adds into .grad() in place only when nobody else holds it") {
+  Tensor x = from_vector({1, 2, 3}, {3}, f64).requires_grad_();
+  sum(x * x).backward();
+  const void* first = x.grad().data_ptr();
+  sum(x * 3.0).backward();
+  CHECK(x.grad().data_ptr() == first);  // in place
+  CHECK(vals(x.grad()) == std::vector<double>{5, 7, 9});
+  const Tensor held = x.grad();
+  sum(x).backward();
+  CHECK(vals(held) == std::vector<double>{5, 7, 9});
+  CHECK(held.data_ptr() != x.grad().data_ptr());
+  CHECK(vals(x.grad()) == std::vector<double>{6, 8, 10});
+  const Tensor view = x.grad().narrow(0, 0, 2);  // a view shares the storage: out of place too
+  sum(x).backward();
+  CHECK(vals(view) == std::vector<double>{6, 8});
+  CHECK(vals(x.grad()) == std::vector<double>{7, 9, 11});
+}
+
 TEST_CASE("accumulated gradients are differentiable under create_graph") {
   Tensor x = from_vector({3}, {1}, f64).requires_grad_();
   sum(x * x * x).backward(Tensor(), false, /*create_graph=*/true);
