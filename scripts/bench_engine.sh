@@ -8,6 +8,13 @@
 # both sides) and PRECISION (fp32, or bf16: the matmul and conv cases in bfloat16, PyTorch's under
 # torch.autocast) from the environment.
 #
+# On CPU, PyTorch runs with glibc's mmap and trim thresholds fixed at 4 GiB (MALLOC_MMAP_THRESHOLD_,
+# MALLOC_TRIM_THRESHOLD_), so that its outputs of 32 MiB come from memory it freed before, as ours
+# come from our allocator's cache. With glibc's defaults they were mapped from the OS at every call
+# in some processes and not in others (the dynamic threshold tops out at 32 MiB): PyTorch's
+# layer_norm_8192x1024 forward ran at 0.5-0.8 or at 3.3-4.2 Gelem/s from one run to the next, and
+# the table compared against its slow runs (docs/benchmarks.md, "Normalizations' outputs streamed").
+#
 # The table: the cases both sides have, by name; then the cases only evenflow has (no PyTorch twin),
 # with "—" for PyTorch. A case that failed on one side (an exception, an unsupported op: each side
 # prints "case<TAB>failed<TAB>reason" and goes on) is a row saying so, with the reason; a side that
@@ -20,9 +27,11 @@ threads=${2:-$(nproc)}
 if [[ "$kind" == cpu ]]; then
   python=${PYTHON:-$(bash scripts/bench_python.sh)}
   ef_device=cpu:0; torch_device=cpu
+  torch_env=(MALLOC_MMAP_THRESHOLD_=4294967296 MALLOC_TRIM_THRESHOLD_=4294967296)
 else
   python=${PYTHON:-python3}
   ef_device=cuda:0; torch_device=cuda
+  torch_env=()
 fi
 build=${BUILD_DIR:-build}
 [[ -x "$build/apps/bench_engine" ]] || BUILD_DIR=$build TARGETS=bench_engine bash scripts/build.sh
@@ -34,7 +43,7 @@ ef_rc=0 torch_rc=0 failed_rows=0
 OMP_NUM_THREADS=$threads "$build/apps/bench_engine" --device "$ef_device" "${common[@]}" \
   >"$scratch/ours" 2>"$scratch/ours.err" || ef_rc=$?
 cat "$scratch/ours.err" >&2
-OMP_NUM_THREADS=$threads "$python" scripts/bench_torch.py --device "$torch_device" "${common[@]}" \
+env "${torch_env[@]}" OMP_NUM_THREADS=$threads "$python" scripts/bench_torch.py --device "$torch_device" "${common[@]}" \
   >"$scratch/theirs" 2>"$scratch/theirs.err" || torch_rc=$?
 cat "$scratch/theirs.err" >&2
 torch_version=$("$python" -c 'import torch; print(torch.__version__)' 2>/dev/null || echo '? (no torch)')
