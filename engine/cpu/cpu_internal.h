@@ -191,49 +191,6 @@ void for_each_row(const StridedIter<N>& it, Body body, bool whole_rows = false) 
   }
 }
 
-// The element-wise loop every elementwise kernel uses: out[i] = f(in_0[i], in_1[i], ...).
-template <typename Out, typename... In, typename F>
-void map_elements(const View& out, const std::array<View, sizeof...(In)>& ins, F f) {
-  constexpr int N = 1 + static_cast<int>(sizeof...(In));
-  [&]<size_t... I>(std::index_sequence<I...>) {
-    const StridedIter<N> it = make_iter(std::array<View, N>{out, ins[I]...}, 0);
-    for_each_row(it, [&f](char* const* p, const int64_t* s, int64_t n) {
-      // A local copy: a functor's scalar (LeakyReluGrad's slope) read through the reference would
-      // be reloaded for every element, and the loops would not vectorize.
-      const F fn = f;
-      constexpr size_t kOperands = 1 + sizeof...(In);
-      Out* o = reinterpret_cast<Out*>(p[0]);
-      const std::tuple<const In*...> in{reinterpret_cast<const In*>(p[I + 1])...};
-      const int64_t es[kOperands] = {s[0] / static_cast<int64_t>(sizeof(Out)),
-                                     (s[I + 1] / static_cast<int64_t>(sizeof(In)))...};
-      // Written once; stride(i) is the constant 1 in the unit-stride instantiation.
-      const auto loop = [&](auto stride) {
-        for (int64_t k = 0; k < n; ++k) o[k * stride(0)] = fn(std::get<I>(in)[k * stride(I + 1)]...);
-      };
-      if (std::all_of(es, es + kOperands, [](int64_t e) { return e == 1; })) {
-        loop([](size_t) { return int64_t{1}; });
-      } else if (es[0] == 1 && std::all_of(es + 1, es + kOperands, [](int64_t e) { return e == 0 || e == 1; })) {
-        // Inputs broadcast along the row (a bias over an image plane, a scalar): their value is
-        // constant here, so a chunk-sized copy of it lets the unit-stride loop, which vectorizes,
-        // run chunk by chunk (the general-stride loop is several times slower).
-        constexpr int64_t kChunk = 256;
-        std::tuple<std::array<In, kChunk>...> copies;
-        [[maybe_unused]] const int64_t filled = std::min(kChunk, n);
-        ((es[I + 1] == 0 ? void(std::fill_n(std::get<I>(copies).data(), filled, std::get<I>(in)[0])) : void()), ...);
-        for (int64_t c = 0; c < n; c += kChunk) {
-          const int64_t m = std::min(kChunk, n - c);
-          const std::tuple<const In*...> src{(es[I + 1] == 0 ? std::get<I>(copies).data() : std::get<I>(in) + c)...};
-          Out* oc = o + c;
-          for (int64_t k = 0; k < m; ++k) oc[k] = fn(std::get<I>(src)[k]...);
-        }
-      } else {
-        loop([&es](size_t i) { return es[i]; });
-      }
-    });
-  }
-  (std::index_sequence_for<In...>{});
-}
-
 // ------------------------------------------------------------------------------------------------
 // Note [Streaming stores]
 // A plain store first reads the line it writes into the cache (a read for ownership), so writing an
@@ -241,9 +198,10 @@ void map_elements(const View& out, const std::array<View, sizeof...(In)>& ins, F
 // nothing from passing through them. A kernel whose output is past kStreamingBytes writes it with
 // non-temporal stores instead: each row computed into a small buffer in the L1, then streamed out.
 // Measured (docs/benchmarks.md, "Normalizations' outputs streamed"): layer_norm's forward of
-// [8192, 1024] float32 (a 32 MiB output) 1.25-1.4x as fast on a Zen 4, 2 threads; at 8 MiB and below
-// plain stores were faster (the output stays in the L3 for the next op to read), at 16 MiB streaming
-// was.
+// [8192, 1024] float32 (a 32 MiB output) 1.25-1.4x as fast on a Zen 4, 2 threads, an add of 256 MiB
+// operands 1.1-1.3x; at 8 MiB and below plain stores were faster (the output stays in the L3 for
+// the next op to read), at 16 MiB streaming was. An output written in place is not streamed: its
+// lines are in the cache already, and a plain store costs no read.
 // Streamed stores are weakly ordered: a thread that made them calls stream_fence before others may
 // read them.
 constexpr int64_t kStreamingBytes = int64_t{16} << 20;
@@ -288,6 +246,57 @@ void write_row(T* out, int64_t n, bool streaming, F value) {
   }
 }
 
+// The element-wise loop every elementwise kernel uses: out[i] = f(in_0[i], in_1[i], ...). A large
+// contiguous output not written in place is streamed (Note [Streaming stores]).
+template <typename Out, typename... In, typename F>
+void map_elements(const View& out, const std::array<View, sizeof...(In)>& ins, F f) {
+  constexpr int N = 1 + static_cast<int>(sizeof...(In));
+  [&]<size_t... I>(std::index_sequence<I...>) {
+    const StridedIter<N> it = make_iter(std::array<View, N>{out, ins[I]...}, 0);
+    const bool streaming =
+        streams(it.numel() * static_cast<int64_t>(sizeof(Out))) && ((ins[I].data != out.data) && ...);
+    for_each_row(it, [&f, streaming](char* const* p, const int64_t* s, int64_t n) {
+      // A local copy: a functor's scalar (LeakyReluGrad's slope) read through the reference would
+      // be reloaded for every element, and the loops would not vectorize.
+      const F fn = f;
+      constexpr size_t kOperands = 1 + sizeof...(In);
+      Out* o = reinterpret_cast<Out*>(p[0]);
+      const std::tuple<const In*...> in{reinterpret_cast<const In*>(p[I + 1])...};
+      const int64_t es[kOperands] = {s[0] / static_cast<int64_t>(sizeof(Out)),
+                                     (s[I + 1] / static_cast<int64_t>(sizeof(In)))...};
+      // Written once; stride(i) is the constant 1 in the unit-stride instantiation.
+      const auto loop = [&](auto stride) {
+        for (int64_t k = 0; k < n; ++k) o[k * stride(0)] = fn(std::get<I>(in)[k * stride(I + 1)]...);
+      };
+      if (std::all_of(es, es + kOperands, [](int64_t e) { return e == 1; })) {
+        if (streaming) {
+          write_row(o, n, true, [&]([[maybe_unused]] int64_t k) { return fn(std::get<I>(in)[k]...); });
+          stream_fence();
+        } else {
+          loop([](size_t) { return int64_t{1}; });
+        }
+      } else if (es[0] == 1 && std::all_of(es + 1, es + kOperands, [](int64_t e) { return e == 0 || e == 1; })) {
+        // Inputs broadcast along the row (a bias over an image plane, a scalar): their value is
+        // constant here, so a chunk-sized copy of it lets the unit-stride loop, which vectorizes,
+        // run chunk by chunk (the general-stride loop is several times slower).
+        constexpr int64_t kChunk = 256;
+        std::tuple<std::array<In, kChunk>...> copies;
+        [[maybe_unused]] const int64_t filled = std::min(kChunk, n);
+        ((es[I + 1] == 0 ? void(std::fill_n(std::get<I>(copies).data(), filled, std::get<I>(in)[0])) : void()), ...);
+        for (int64_t c = 0; c < n; c += kChunk) {
+          const int64_t m = std::min(kChunk, n - c);
+          const std::tuple<const In*...> src{(es[I + 1] == 0 ? std::get<I>(copies).data() : std::get<I>(in) + c)...};
+          Out* oc = o + c;
+          for (int64_t k = 0; k < m; ++k) oc[k] = fn(std::get<I>(src)[k]...);
+        }
+      } else {
+        loop([&es](size_t i) { return es[i]; });
+      }
+    });
+  }
+  (std::index_sequence_for<In...>{});
+}
+
 // Reductions along a row keep eight independent accumulators, lanes: one accumulator makes each
 // element wait for the previous step, and lanes let the compiler vectorize a unit-stride row (and
 // are a step towards pairwise summation's accuracy).
@@ -312,12 +321,12 @@ auto lanes_total(const Lanes& lanes) {
   return total;
 }
 
-// A vector of lanes loaded from / stored to memory without alignment.
+// A vector of lanes loaded from / stored to memory without alignment. By reference, not returned:
+// a vector wider than the instruction set's registers passed by value draws GCC's -Wpsabi (the
+// baseline and AVX2 copies of a portable build).
 template <typename Vec, typename E>
-Vec load_lanes(const E* p) {
-  Vec v;
+void load_lanes(Vec& v, const E* p) {
   std::memcpy(&v, p, sizeof(Vec));
-  return v;
 }
 template <typename Vec, typename E>
 void store_lanes(E* p, const Vec& v) {

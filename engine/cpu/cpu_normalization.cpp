@@ -205,6 +205,62 @@ void normalize_backward_columns(const NormArgs& a, T* gx, T* gw, T* gb, const T*
   }
 }
 
+// kLanes elements of a row, and their lanes (acc_t), as vectors (GCC's vector extension). Spelled
+// out per type: GCC 12 lost the vector_size of a typedef depending on a template parameter in some
+// uses (it refused a __builtin_convertvector to it).
+template <typename T>
+struct LaneVectors;
+template <>
+struct LaneVectors<float> {
+  typedef float Row __attribute__((vector_size(kLanes * sizeof(float))));
+  typedef double Acc __attribute__((vector_size(kLanes * sizeof(double))));
+};
+template <>
+struct LaneVectors<double> {
+  typedef double Row __attribute__((vector_size(kLanes * sizeof(double))));
+  typedef double Acc __attribute__((vector_size(kLanes * sizeof(double))));
+};
+
+// One row of normalize_backward_typed's sums: Σĝ and Σĝ·x̂ into lanes as the forward's sums (lane l
+// takes the row's elements i ≡ l mod kLanes, lane 0 also its last inner % kLanes), with ĝ = gy·w
+// (kWeights: w per feature, else 1); with kFeatureSums also the per-feature Σgy·x̂ and Σgy of the
+// affine parameters' gradients, in the same pass. The lanes are vectors: written lane by lane
+// (for_lanes), GCC left this loop scalar, and it was most of layer norm's backward
+// (docs/benchmarks.md, "Normalizations' outputs streamed").
+template <bool kWeights, bool kFeatureSums, typename T>
+void backward_sums_row(int64_t inner, const T* xr, const T* gyr, const T* fw, T m, T r,
+                       typename LaneVectors<T>::Acc& lanes_g, typename LaneVectors<T>::Acc& lanes_g_x_hat,
+                       acc_t<T>* part_w, acc_t<T>* part_b) {
+  using Row = typename LaneVectors<T>::Row;
+  using Acc = typename LaneVectors<T>::Acc;
+  Row dy, xv, weight = Row{} + T(1);
+  Acc pw, pb;
+  int64_t k = 0;
+  for (; k + kLanes <= inner; k += kLanes) {
+    load_lanes(dy, gyr + k);
+    load_lanes(xv, xr + k);
+    if constexpr (kWeights) load_lanes(weight, fw + k);
+    const Row x_hat = (xv - m) * r, g_hat = dy * weight;
+    lanes_g += __builtin_convertvector(g_hat, Acc);
+    lanes_g_x_hat += __builtin_convertvector(g_hat * x_hat, Acc);
+    if constexpr (kFeatureSums) {
+      load_lanes(pw, part_w + k);
+      load_lanes(pb, part_b + k);
+      store_lanes(part_w + k, pw + __builtin_convertvector(dy * x_hat, Acc));
+      store_lanes(part_b + k, pb + __builtin_convertvector(dy, Acc));
+    }
+  }
+  for (; k < inner; ++k) {
+    const T d = gyr[k], x_hat = (xr[k] - m) * r, g_hat = kWeights ? d * fw[k] : d * T(1);
+    lanes_g[0] += g_hat;
+    lanes_g_x_hat[0] += g_hat * x_hat;
+    if constexpr (kFeatureSums) {
+      part_w[k] += d * x_hat;
+      part_b[k] += d;
+    }
+  }
+}
+
 // Backend::normalize_backward. Two passes over a group: the sums, then gx. Per-feature gw and gb
 // (layer norm) add up over groups, so each thread keeps its own row of them, summed at the end.
 template <typename T>
@@ -214,8 +270,6 @@ void normalize_backward_typed(const NormArgs& a, T* gx, T* gw, T* gb, const T* g
     return normalize_backward_columns(a, gx, gw, gb, gy, x, mean, rstd, w);
   const int64_t n = a.outer * a.inner, stride = a.groups * a.inner;
   const bool feature_sums = !a.affine_per_group && (gw != nullptr || gb != nullptr);
-  typedef T RowLanes __attribute__((vector_size(kLanes * sizeof(T))));
-  typedef acc_t<T> AccLanes __attribute__((vector_size(kLanes * sizeof(acc_t<T>))));
   const bool streaming = gx != nullptr && streams(a.groups * n * static_cast<int64_t>(sizeof(T)));
   const int nt = threads_for(a.groups * n * 2);
   std::vector<acc_t<T>> partial(feature_sums ? static_cast<size_t>(nt) * 2 * static_cast<size_t>(a.inner) : 0, 0);
@@ -230,47 +284,19 @@ void normalize_backward_typed(const NormArgs& a, T* gx, T* gw, T* gb, const T* g
       const T m = mean[g], r = rstd[g];
       // A per-group weight factors out of the sums: they are taken without it (gw and gb), then scaled.
       const T* fw = w != nullptr && !a.affine_per_group ? w : nullptr;
-      // Σĝ, Σĝ·x̂ (per group: Σgy, Σgy·x̂) in lanes as the forward's sums (lane l takes each row's
-      // elements i ≡ l mod kLanes, lane 0 also the row's last inner % kLanes), and in the same pass
-      // the per-feature sums. The lanes are vectors: written lane by lane (for_lanes), GCC left this
-      // loop scalar, and it was most of layer norm's backward (docs/benchmarks.md, "Normalizations'
-      // outputs streamed").
-      AccLanes lanes_g = {}, lanes_g_x_hat = {};
-      const auto sums_pass = [&](const T* xr, const T* gyr, auto weights, auto with_features) {
-        int64_t k = 0;
-        for (; k + kLanes <= a.inner; k += kLanes) {
-          const RowLanes dy = load_lanes<RowLanes>(gyr + k);
-          const RowLanes x_hat = (load_lanes<RowLanes>(xr + k) - m) * r, g_hat = dy * weights(k);
-          lanes_g += __builtin_convertvector(g_hat, AccLanes);
-          lanes_g_x_hat += __builtin_convertvector(g_hat * x_hat, AccLanes);
-          if constexpr (with_features) {
-            store_lanes(part_w + k, load_lanes<AccLanes>(part_w + k) + __builtin_convertvector(dy * x_hat, AccLanes));
-            store_lanes(part_b + k, load_lanes<AccLanes>(part_b + k) + __builtin_convertvector(dy, AccLanes));
-          }
-        }
-        for (; k < a.inner; ++k) {
-          const T dy = gyr[k], x_hat = (xr[k] - m) * r, g_hat = dy * weights(k)[0];
-          lanes_g[0] += g_hat;
-          lanes_g_x_hat[0] += g_hat * x_hat;
-          if constexpr (with_features) {
-            part_w[k] += dy * x_hat;
-            part_b[k] += dy;
-          }
-        }
-      };
-      const auto row_weights = [fw](int64_t k) { return load_lanes<RowLanes>(fw + k); };
-      const auto no_weights = [](int64_t) { return RowLanes{} + T(1); };
+      // Σĝ, Σĝ·x̂ (per group: Σgy, Σgy·x̂), and the per-feature sums, in one pass a row.
+      typename LaneVectors<T>::Acc lanes_g = {}, lanes_g_x_hat = {};
       for (int64_t o = 0; o < a.outer; ++o) {
         const T* xr = xg + o * stride;
         const T* gyr = gyg + o * stride;
         if (fw != nullptr && feature_sums)
-          sums_pass(xr, gyr, row_weights, std::true_type{});
+          backward_sums_row<true, true>(a.inner, xr, gyr, fw, m, r, lanes_g, lanes_g_x_hat, part_w, part_b);
         else if (fw != nullptr)
-          sums_pass(xr, gyr, row_weights, std::false_type{});
+          backward_sums_row<true, false>(a.inner, xr, gyr, fw, m, r, lanes_g, lanes_g_x_hat, part_w, part_b);
         else if (feature_sums)
-          sums_pass(xr, gyr, no_weights, std::true_type{});
+          backward_sums_row<false, true>(a.inner, xr, gyr, fw, m, r, lanes_g, lanes_g_x_hat, part_w, part_b);
         else
-          sums_pass(xr, gyr, no_weights, std::false_type{});
+          backward_sums_row<false, false>(a.inner, xr, gyr, fw, m, r, lanes_g, lanes_g_x_hat, part_w, part_b);
       }
       const acc_t<T> sum_g = lanes_total(lanes_g), sum_g_x_hat = lanes_total(lanes_g_x_hat);
       T group_w = 1;
