@@ -185,6 +185,24 @@ TEST_CASE("layer_norm: outputs past the streaming threshold equal the same rows 
   }
 }
 
+// Note [Streaming stores] for elementwise kernels (map_elements): a unary and a binary op past 16 MiB
+// (streamed, each thread's part starting anywhere in a 16-byte block) against the same ops on a few
+// of their elements (plain stores), bit for bit; and an in-place add past 16 MiB (not streamed).
+TEST_CASE("elementwise ops past the streaming threshold equal the same ops computed small, bit for bit") {
+  manual_seed(cpu(), 19);
+  const int64_t n = (int64_t{17} << 20) / 4 + 3;
+  const Tensor x = randn({n}), z = randn({n});
+  const Tensor y = add(mul_scalar(x, 3.0), z);
+  Tensor acc = clone(x);
+  acc.add_(z);
+  for (const int64_t start : {int64_t{0}, n / 2 - 5, n - 11}) {
+    CAPTURE(start);
+    const Tensor xs = x.narrow(0, start, 11).contiguous(), zs = z.narrow(0, start, 11).contiguous();
+    CHECK(compare(y.narrow(0, start, 11), add(mul_scalar(xs, 3.0), zs), 0, 0).empty());
+    CHECK(compare(acc.narrow(0, start, 11), add(xs, zs), 0, 0).empty());
+  }
+}
+
 // Note [Fused normalization]: the second-order gradients, from the kernel (a double backward without
 // create_graph) and from its differentiable form (with it), against those of the unfused formula:
 // reaching the input, the output gradient and the weight through all three first-order gradients,
