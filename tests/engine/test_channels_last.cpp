@@ -6,6 +6,8 @@
 // float64 are checked for every op in test_gradcheck's table, channels-last cases included.
 #include <doctest/doctest.h>
 
+#include <cstring>
+
 #include "evenflow/engine/cpu/cpu_conv.h"
 #include "evenflow/engine/ops.h"
 #include "tests/testing/gradcheck.h"
@@ -45,6 +47,40 @@ TEST_CASE("channels-last: a layout change keeps every value, and a one-channel t
   CHECK(error_of([] {
           (void)contiguous(randn({2, 3}), kCL);
         }).find("contiguous: channels-last needs a 4-D [N, C, H, W] tensor, got Tensor[2, 3]") == 0);
+}
+
+// Note [Transposing copies] (engine/cpu/cpu_elementwise.cpp): layout changes of one dtype go by
+// 8 x 8 tiles. The memory of both layouts, read raw, against the place each element must have, for
+// every storage dtype: tiles cut by the edges (13 channels, 35 pixels), whole tiles, planes split
+// into several threads' blocks of rows, with and without a cut tile (203 channels back, 70 pixels
+// forth), and planes under a tile (the elementwise walk).
+TEST_CASE("channels-last: layout changes by tiles put every element where the layout says, every dtype") {
+  manual_seed(cpu(), 3);
+  for (const DType dtype : {kFloat32, kFloat64, kInt64, kBFloat16}) {
+    for (const Shape& s : {Shape{3, 13, 5, 7}, Shape{2, 64, 7, 7}, Shape{1, 8, 8, 8}, Shape{1, 203, 9, 1},
+                           Shape{1, 9, 70, 1}, Shape{2, 3, 4, 4}}) {
+      CAPTURE(dtype_name(dtype));
+      CAPTURE(shape_str(s));
+      const Tensor x = mul_scalar(randn(s, {.dtype = kFloat64}), 1000.0).to(dtype);
+      const Tensor cl = x.contiguous(kCL);
+      const Tensor back = cl.contiguous();
+      const auto size = static_cast<int64_t>(dtype_size(dtype));
+      const auto* xb = static_cast<const unsigned char*>(x.data_ptr());
+      const auto* cb = static_cast<const unsigned char*>(cl.data_ptr());
+      const auto* bb = static_cast<const unsigned char*>(back.data_ptr());
+      int64_t misplaced = 0, misplaced_back = 0;
+      for (int64_t n = 0; n < s[0]; ++n)
+        for (int64_t c = 0; c < s[1]; ++c)
+          for (int64_t h = 0; h < s[2]; ++h)
+            for (int64_t w = 0; w < s[3]; ++w) {
+              const int64_t at = ((n * s[1] + c) * s[2] + h) * s[3] + w, at_cl = ((n * s[2] + h) * s[3] + w) * s[1] + c;
+              misplaced += std::memcmp(xb + at * size, cb + at_cl * size, static_cast<size_t>(size)) != 0;
+              misplaced_back += std::memcmp(xb + at * size, bb + at * size, static_cast<size_t>(size)) != 0;
+            }
+      CHECK(misplaced == 0);
+      CHECK(misplaced_back == 0);
+    }
+  }
 }
 
 TEST_CASE("channels-last: elementwise ops keep the layout of their first operand of the result's shape") {
