@@ -26,18 +26,22 @@ OnednnPlan make_plan(const GemmArgs& g) {
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   using Tag = dnnl::memory::format_tag;
   // Both operands in bfloat16 (the reorders round them), C written in place in float32, each operand
-  // in the layout the primitive picks -- but a transposed B of a product with few rows and a long
-  // inner dimension, which stays transposed and dense (the reorder then only converts): rounding it
-  // into the primitive's blocked layout transposes it, and that reorder, whose cost against the
-  // product's grows as C's rows shrink, took longer than the product for classify's fully connected
-  // layer (2.1 ms against 1.5, [100, 1024] x [1024, 3136]ᵀ on a Zen 4, 2 threads). Kept transposed:
-  // 0.84x the time of its forward ([100, 3136] x [3136, 1024]ᵀ); with an inner dimension of 128
-  // (wgan_gp's generator's Linear, [64, 128] x [128, 3136]ᵀ) 1.37x, and on 1024 x 1024 x 1024 1.03x,
-  // so the blocked layout stays there (docs/benchmarks.md, "The engine on AVX-512").
-  const bool b_stays_transposed = g.trans_b && g.m <= 256 && g.k >= 1024;
+  // in the layout the primitive picks -- but the B of a product with few rows and a long inner
+  // dimension, which stays dense in its own layout, transposed or not (the reorder then only
+  // converts). Rounding it into the primitive's blocked layout moves every element of B, a cost
+  // against the product's that grows as C's rows shrink, and the blocked layout bought nothing on
+  // those shapes: the backward's transposed B of classify's fully connected layer ([100, 1024] x
+  // [1024, 3136]ᵀ, Zen 4, 2 threads) took 2.1 ms to reorder for a 1.5 ms product; the forward of
+  // matmul_100x3136x1024 1.0 ms to reorder for a 1.69 ms product, 0.37 ms to convert dense for a
+  // 1.68 ms one. Dense B, against blocked, on m <= 256, k >= 1024: forwards 1.05-2.0x the rate,
+  // forward+backward the same to 1.3x (six shapes, docs/benchmarks.md, "Small products' B left dense").
+  // With an inner dimension of 128 (wgan_gp's generator's Linear, [64, 128] x [128, 3136]ᵀ) dense
+  // took 1.37x the time, and on 1024 x 1024 x 1024 1.03x, so the blocked layout stays there
+  // (docs/benchmarks.md, "The engine on AVX-512").
+  const bool b_stays_dense = g.m <= 256 && g.k >= 1024;
   const dnnl::memory::desc c = matrix(g.m, g.n, false, g.ldc, dt::f32);
-  const dnnl::memory::desc b =
-      b_stays_transposed ? matrix(g.k, g.n, true, g.k, dt::bf16) : dnnl::memory::desc({g.k, g.n}, dt::bf16, Tag::any);
+  const dnnl::memory::desc b = b_stays_dense ? matrix(g.k, g.n, g.trans_b, g.trans_b ? g.k : g.n, dt::bf16)
+                                             : dnnl::memory::desc({g.k, g.n}, dt::bf16, Tag::any);
   const dnnl::matmul::primitive_desc pd(onednn_engine(), dnnl::memory::desc({g.m, g.k}, dt::bf16, Tag::any), b, c,
                                         attr);
   OnednnPlan plan;

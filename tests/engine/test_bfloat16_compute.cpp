@@ -120,9 +120,9 @@ TEST_CASE("bfloat16 compute: a convolution's gradients and second-order gradient
 TEST_CASE("bfloat16 compute: products of every operand layout") {
   manual_seed(cpu(), 5);
   const Tensor a = randn({3, 40, 50}), b = randn({3, 50, 30}), wide = randn({40, 64}), square = randn({40, 40});
-  // A long inner dimension: oneDNN's B kept transposed and dense rather than blocked (make_plan in
-  // engine/cpu/onednn_matmul.cpp), with a leading dimension past the row too.
-  const Tensor deep_a = randn({20, 1100}), deep_b = randn({24, 1130});
+  // A long inner dimension: oneDNN's B kept dense in its own layout, transposed or not, rather than
+  // blocked (make_plan in engine/cpu/onednn_matmul.cpp), with a leading dimension past the row too.
+  const Tensor deep_a = randn({20, 1100}), deep_b = randn({24, 1130}), deep_wide = randn({1100, 40});
   struct Case {
     std::string name;
     Tensor x, y;
@@ -147,6 +147,7 @@ TEST_CASE("bfloat16 compute: products of every operand layout") {
       {"deep, B transposed", deep_a, deep_b.slice(1, 0, 1100).t()},
       {"deep, B transposed contiguous", deep_a, deep_b.slice(1, 0, 1100).contiguous().t()},
       {"deep, B plain", deep_a, deep_b.slice(1, 0, 1100).t().contiguous()},
+      {"deep, B plain, leading dimension past the row", deep_a, slice(deep_wide, 1, 0, 24)},
   };
   for (const Case& c : cases) {
     CAPTURE(c.name);
