@@ -49,16 +49,16 @@ void arange_impl(const View& out, double start, double step) {
 template <typename T>
 using bits_of = std::conditional_t<sizeof(T) == 2, uint16_t, std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>>;
 
-// dst[i * ld_dst + j] = src[j * ld_src + i] for i < rows, j < cols.
-template <typename T>
-void transpose_plane(T* dst, const T* src, int64_t rows, int64_t cols, int64_t ld_dst, int64_t ld_src) {
-  typedef bits_of<T> V __attribute__((vector_size(8 * sizeof(T))));
+// dst[i * ld_dst + j] = src[j * ld_src + i] for i < rows, j < cols; B is bits_of an element.
+template <typename B>
+void transpose_plane(B* dst, const B* src, int64_t rows, int64_t cols, int64_t ld_dst, int64_t ld_src) {
+  typedef B V __attribute__((vector_size(8 * sizeof(B))));
   int64_t i = 0;
   for (; i + 8 <= rows; i += 8) {
     int64_t j = 0;
     for (; j + 8 <= cols; j += 8) {
       V r[8], t[8], u[8];
-      for (int k = 0; k < 8; ++k) std::memcpy(&r[k], src + (j + k) * ld_src + i, sizeof(V));
+      for (int k = 0; k < 8; ++k) load_lanes(r[k], src + (j + k) * ld_src + i);
       for (int k = 0; k < 8; k += 2) {
         t[k] = __builtin_shufflevector(r[k], r[k + 1], 0, 8, 1, 9, 4, 12, 5, 13);
         t[k + 1] = __builtin_shufflevector(r[k], r[k + 1], 2, 10, 3, 11, 6, 14, 7, 15);
@@ -72,8 +72,8 @@ void transpose_plane(T* dst, const T* src, int64_t rows, int64_t cols, int64_t l
       for (int k = 0; k < 4; ++k) {
         const V low = __builtin_shufflevector(u[k], u[k + 4], 0, 1, 2, 3, 8, 9, 10, 11);
         const V high = __builtin_shufflevector(u[k], u[k + 4], 4, 5, 6, 7, 12, 13, 14, 15);
-        std::memcpy(static_cast<void*>(dst + (i + k) * ld_dst + j), &low, sizeof(V));
-        std::memcpy(static_cast<void*>(dst + (i + k + 4) * ld_dst + j), &high, sizeof(V));
+        store_lanes(dst + (i + k) * ld_dst + j, low);
+        store_lanes(dst + (i + k + 4) * ld_dst + j, high);
       }
     }
     for (; j < cols; ++j)
@@ -83,13 +83,13 @@ void transpose_plane(T* dst, const T* src, int64_t rows, int64_t cols, int64_t l
     for (int64_t j = 0; j < cols; ++j) dst[i * ld_dst + j] = src[j * ld_src + i];
 }
 
-// The copy of Note [Transposing copies], if `out` = `x` (one dtype) is one; false otherwise.
-template <typename T>
-bool copy_transposing(const View& out, const View& x) {
-  const StridedIter<2> it = make_iter(std::array<View, 2>{out, x}, 0);
+// The copy of Note [Transposing copies], if the walk `it` of a copy between two views of one dtype
+// (moved as B, bits_of that dtype) is one; false otherwise.
+template <typename B>
+bool copy_transposing(const StridedIter<2>& it) {
   if (it.ndim < 2) return false;
   const int p = it.ndim - 2, q = it.ndim - 1;
-  const int64_t unit = sizeof(T);
+  const int64_t unit = sizeof(B);
   // The plane as dst[i][j] = src[j][i]: dst of unit stride along j, src along i.
   int64_t rows, cols, ld_dst, ld_src;
   if (it.strides[0][q] == unit && it.strides[1][p] == unit) {  // out along Q, x along P: i = P, j = Q
@@ -100,25 +100,24 @@ bool copy_transposing(const View& out, const View& x) {
     return false;
   }
   if (rows < 8 || cols < 8 || ld_dst % unit != 0 || ld_src % unit != 0) return false;
-  // Threads take blocks of 64 rows of the planes (of the outer dims).
+  // The outer dims alone (one plane, of no dims, when there are none): run_range over one of their
+  // elements finds a plane's origin.
+  StridedIter<2> planes = it;
+  planes.ndim = std::max(p, 1);
+  if (p == 0) planes.shape[0] = 1;
+  // Threads take blocks of 64 rows of the planes.
   constexpr int64_t kBlock = 64;
-  int64_t planes = 1;
-  for (int d = 0; d < p; ++d) planes *= it.shape[d];
   const int64_t blocks = (rows + kBlock - 1) / kBlock;
-  [[maybe_unused]] const int nt = threads_for(planes * rows * cols);
+  [[maybe_unused]] const int nt = threads_for(planes.numel() * rows * cols);
 #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
-  for (int64_t task = 0; task < planes * blocks; ++task) {
-    const int64_t i0 = task % blocks * kBlock;
-    char* o = it.data[0];
-    const char* in = it.data[1];
-    for (int64_t d = p - 1, rest = task / blocks; d >= 0; --d) {
-      const int64_t index = rest % it.shape[d];
-      rest /= it.shape[d];
-      o += index * it.strides[0][d];
-      in += index * it.strides[1][d];
-    }
-    transpose_plane(reinterpret_cast<T*>(o) + i0 * (ld_dst / unit), reinterpret_cast<const T*>(in) + i0,
-                    std::min(kBlock, rows - i0), cols, ld_dst / unit, ld_src / unit);
+  for (int64_t task = 0; task < planes.numel() * blocks; ++task) {
+    const int64_t plane = task / blocks, i0 = task % blocks * kBlock;
+    auto block = [&](char* const* origin, const int64_t*, int64_t) {
+      transpose_plane(reinterpret_cast<B*>(origin[0]) + i0 * (ld_dst / unit),
+                      reinterpret_cast<const B*>(origin[1]) + i0, std::min(kBlock, rows - i0), cols, ld_dst / unit,
+                      ld_src / unit);
+    };
+    run_range(planes, planes.data, plane, plane + 1, block);
   }
   return true;
 }
@@ -126,10 +125,11 @@ bool copy_transposing(const View& out, const View& x) {
 // Between any two dtypes (dtype_cast).
 template <typename Out>
 void copy_to(const View& out, const View& x) {
+  const StridedIter<2> it = make_iter(std::array<View, 2>{out, x}, 0);
   EF_DISPATCH_STORAGE(x.dtype, "copy", [&] {
     if constexpr (std::is_same_v<Out, scalar_t>)
-      if (copy_transposing<Out>(out, x)) return;
-    map_elements<Out, scalar_t>(out, {x}, [](scalar_t v) { return dtype_cast<Out>(v); });
+      if (copy_transposing<bits_of<Out>>(it)) return;
+    map_iter<Out, scalar_t>(it, [](scalar_t v) { return dtype_cast<Out>(v); });
   });
 }
 

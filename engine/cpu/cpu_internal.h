@@ -246,15 +246,15 @@ void write_row(T* out, int64_t n, bool streaming, F value) {
   }
 }
 
-// The element-wise loop every elementwise kernel uses: out[i] = f(in_0[i], in_1[i], ...). A large
-// contiguous output not written in place is streamed (Note [Streaming stores]).
+// The element-wise loop every elementwise kernel uses: out[i] = f(in_0[i], in_1[i], ...) over
+// make_iter({out, in_0, in_1, ...}, 0) (map_elements builds it; a kernel that looked at the walk
+// first hands it over). A large contiguous output not written in place is streamed (Note [Streaming
+// stores]).
 template <typename Out, typename... In, typename F>
-void map_elements(const View& out, const std::array<View, sizeof...(In)>& ins, F f) {
-  constexpr int N = 1 + static_cast<int>(sizeof...(In));
+void map_iter(const StridedIter<1 + static_cast<int>(sizeof...(In))>& it, F f) {
   [&]<size_t... I>(std::index_sequence<I...>) {
-    const StridedIter<N> it = make_iter(std::array<View, N>{out, ins[I]...}, 0);
     const bool streaming =
-        streams(it.numel() * static_cast<int64_t>(sizeof(Out))) && ((ins[I].data != out.data) && ...);
+        streams(it.numel() * static_cast<int64_t>(sizeof(Out))) && ((it.data[I + 1] != it.data[0]) && ...);
     for_each_row(it, [&f, streaming](char* const* p, const int64_t* s, int64_t n) {
       // A local copy: a functor's scalar (LeakyReluGrad's slope) read through the reference would
       // be reloaded for every element, and the loops would not vectorize.
@@ -295,6 +295,13 @@ void map_elements(const View& out, const std::array<View, sizeof...(In)>& ins, F
     });
   }
   (std::index_sequence_for<In...>{});
+}
+
+template <typename Out, typename... In, typename F>
+void map_elements(const View& out, const std::array<View, sizeof...(In)>& ins, F f) {
+  std::array<View, 1 + sizeof...(In)> views{out};
+  std::copy(ins.begin(), ins.end(), views.begin() + 1);
+  map_iter<Out, In...>(make_iter(views, 0), f);
 }
 
 // Reductions along a row keep eight independent accumulators, lanes: one accumulator makes each
