@@ -141,6 +141,10 @@ void gemm_typed(const GemmArgs& g) {
                c + i * g.stride_c, g.ldc, 1);
     return;
   }
+#if EF_ONEDNN
+  if constexpr (std::is_same_v<T, float>)
+    if (onednn_takes_f32_gemm(g)) return onednn_gemm(g);
+#endif
   // Eigen sizes its team with omp_get_max_threads() of this thread; Eigen::setNbThreads would be a
   // process-wide setting, racing between the devices' threads.
   set_team_size(nt);
@@ -166,7 +170,7 @@ void packed_sgemm(const GemmArgs& g, int threads) {
 void gemm(const GemmArgs& args) {
   if (args.m <= 0 || args.n <= 0 || args.batch <= 0) return;
 #if EF_ONEDNN
-  if (args.compute == DType::BFloat16) return onednn_gemm_bf16(args);
+  if (args.compute == DType::BFloat16) return onednn_gemm(args);
 #endif
   EF_ASSERT(args.compute != DType::BFloat16, "matmul: bfloat16 compute asked of a build without oneDNN");
   EF_DISPATCH_FLOAT(args.dtype, "matmul", [&] { gemm_typed<scalar_t>(args); });

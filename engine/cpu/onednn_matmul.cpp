@@ -1,5 +1,6 @@
-// bfloat16 matrix products through oneDNN (onednn_matmul.h): one matmul primitive per shape,
-// layout and team size, created once and kept (onednn_plan.h), like the convolutions'.
+// Matrix products through oneDNN's matmul primitive (onednn_matmul.h): one primitive per shape,
+// layout, compute type and team size, created once and kept (onednn_plan.h), like the
+// convolutions'.
 #include "evenflow/engine/cpu/onednn_matmul.h"
 
 #include <algorithm>
@@ -24,6 +25,20 @@ dnnl::memory::desc matrix(int64_t rows, int64_t cols, bool trans, int64_t ld, dt
 OnednnPlan make_plan(const GemmArgs& g) {
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  const dnnl::memory::desc c = matrix(g.m, g.n, false, g.ldc, dt::f32);
+  if (g.compute == DType::Float32) {
+    // Every operand as it is stored: no reorders.
+    const dnnl::memory::desc a = matrix(g.m, g.k, g.trans_a, g.lda, dt::f32),
+                             b = matrix(g.k, g.n, g.trans_b, g.ldb, dt::f32);
+    const dnnl::matmul::primitive_desc pd(onednn_engine(), a, b, c, attr);
+    OnednnPlan plan;
+    plan.primitive = dnnl::matmul(pd);
+    plan.in0 = {DNNL_ARG_SRC, a, pd.src_desc(), {}, 0};
+    plan.in1 = {DNNL_ARG_WEIGHTS, b, pd.weights_desc(), {}, 0};
+    plan.out = {DNNL_ARG_DST, c, pd.dst_desc(), {}, 0};
+    finish_plan(plan, pd.scratchpad_desc(), attr);
+    return plan;
+  }
   using Tag = dnnl::memory::format_tag;
   // Both operands in bfloat16 (the reorders round them), C written in place in float32, each operand
   // in the layout the primitive picks -- but the B of a product with few rows and a long inner
@@ -39,7 +54,6 @@ OnednnPlan make_plan(const GemmArgs& g) {
   // took 1.37x the time, and on 1024 x 1024 x 1024 1.03x, so the blocked layout stays there
   // (docs/benchmarks.md, "The engine on AVX-512").
   const bool b_stays_dense = g.m <= 256 && g.k >= 1024;
-  const dnnl::memory::desc c = matrix(g.m, g.n, false, g.ldc, dt::f32);
   const dnnl::memory::desc b = b_stays_dense ? matrix(g.k, g.n, g.trans_b, g.trans_b ? g.k : g.n, dt::bf16)
                                              : dnnl::memory::desc({g.k, g.n}, dt::bf16, Tag::any);
   const dnnl::matmul::primitive_desc pd(onednn_engine(), dnnl::memory::desc({g.m, g.k}, dt::bf16, Tag::any), b, c,
@@ -53,10 +67,11 @@ OnednnPlan make_plan(const GemmArgs& g) {
   return plan;
 }
 
-// Keyed by m, n, k, the transposes, the leading dimensions and the team size.
+// Keyed by m, n, k, the transposes, the leading dimensions, the compute type and the team size.
 const OnednnPlan& plan_for(const GemmArgs& g, int threads) {
-  static OnednnPlanCache<9> plans;
-  return plans.get({g.m, g.n, g.k, g.trans_a, g.trans_b, g.lda, g.ldb, g.ldc, threads}, [&] { return make_plan(g); });
+  static OnednnPlanCache<10> plans;
+  return plans.get({g.m, g.n, g.k, g.trans_a, g.trans_b, g.lda, g.ldb, g.ldc, static_cast<int64_t>(g.compute), threads},
+                   [&] { return make_plan(g); });
 }
 
 }  // namespace
@@ -75,8 +90,29 @@ bool onednn_takes_bf16_gemm(const GemmArgs& g) {
          g.n >= kMinSide && g.k >= kMinSide && g.ldc >= g.n;
 }
 
-void onednn_gemm_bf16(const GemmArgs& g) {
-  EF_ASSERT(onednn_takes_bf16_gemm(g), "onednn_gemm_bf16: a case it does not take");
+// Note [float32 products with B transposed]
+// oneDNN's sgemm (3.2, AVX-512) multiplies by a transposed B far slower than by a plain one when C
+// has few rows: the backward's g·Bᵀ of matmul_100x3136x1024 ([100, 1024] x [3136, 1024]ᵀ) ran at
+// 86-91 GFLOP/s against 215-222 for the same product with B plain, and PyTorch's MKL at 128-153.
+// The matmul primitive (brgemm), given the operands as they are stored, ran the transposed
+// products in 0.17-0.89 of sgemm's time with 16 to 768 rows of C and an inner dimension of 512 and
+// more (0.49 on that one), and the same to 1.08x its time elsewhere: 1024 and 4096 rows, fewer than
+// 16 rows, an inner dimension of 128 (1.4x), or a plain B (docs/benchmarks.md, "float32 products
+// with B transposed"). A linear layer's forward, x·Wᵀ, is such a product too. Measured on AVX-512
+// only; AVX2 builds keep sgemm (and packed_matmul, cpu_gemm.cpp).
+bool onednn_takes_f32_gemm(const GemmArgs& g) {
+#if defined(__AVX512F__)
+  return g.dtype == DType::Float32 && g.compute == DType::Float32 && g.alpha == 1.0 && g.beta == 0.0 && g.trans_b &&
+         g.m >= 16 && g.m <= 768 && g.n >= 16 && g.k >= 512 && g.ldc >= g.n;
+#else
+  (void)g;
+  return false;
+#endif
+}
+
+void onednn_gemm(const GemmArgs& g) {
+  EF_ASSERT(g.compute == DType::BFloat16 ? onednn_takes_bf16_gemm(g) : onednn_takes_f32_gemm(g),
+            "onednn_gemm: a case it does not take");
   try {
     const int threads = std::max(1, kernel_threads());
     const OnednnPlan& plan = plan_for(g, threads);
@@ -86,8 +122,8 @@ void onednn_gemm_bf16(const GemmArgs& g) {
     for (int64_t i = 0; i < g.batch; ++i)
       execute_plan(plan, threads, a + i * g.stride_a, b + i * g.stride_b, c + i * g.stride_c);
   } catch (const dnnl::error& e) {
-    EF_ERROR("matmul: oneDNN's bfloat16 matmul failed (", e.what(), ", status ", static_cast<int>(e.status), ") on [",
-             g.m, ", ", g.k, "] x [", g.k, ", ", g.n, "]");
+    EF_ERROR("matmul: oneDNN's ", g.compute == DType::BFloat16 ? "bfloat16" : "float32", " matmul failed (", e.what(),
+             ", status ", static_cast<int>(e.status), ") on [", g.m, ", ", g.k, "] x [", g.k, ", ", g.n, "]");
   }
 }
 

@@ -1,5 +1,6 @@
-// The CPU GEMM: float32 products (oneDNN's sgemm where the build has it, Eigen otherwise) against the
-// float64 products (always Eigen) over the layouts matmul hands the backend: transposed operands,
+// The CPU GEMM: float32 products (oneDNN's sgemm where the build has it, its matmul primitive for a
+// transposed B on AVX-512, Eigen otherwise) against the float64 products (always Eigen) over the
+// layouts matmul hands the backend: transposed operands,
 // batches with broadcast strides, one row or column, empty inner dimension; and BLAS's beta == 0
 // rule, which must overwrite a C holding NaN.
 #include <doctest/doctest.h>
@@ -20,11 +21,13 @@ using evenflow::testing::compare;
 
 namespace {
 
-// float32 result against the float64 one, at a tolerance for float32 sums of k terms.
-void check_against_float64(const Tensor& a64, const Tensor& b64, const std::string& what) {
-  const Tensor want = matmul(a64, b64);
-  const Tensor got = matmul(a64.to(kFloat32), b64.to(kFloat32)).to(kFloat64);
-  const int64_t k = a64.size(-1);
+// The float32 product of two float32 views (as they are: a transposed view reaches the backend as
+// trans_a / trans_b with its leading dimension) against the float64 product of the same values, at
+// a tolerance for float32 sums of k terms.
+void check_against_float64(const Tensor& a32, const Tensor& b32, const std::string& what) {
+  const Tensor want = matmul(a32.to(kFloat64), b32.to(kFloat64));
+  const Tensor got = matmul(a32, b32).to(kFloat64);
+  const int64_t k = a32.size(-1);
   const double tol = 1e-6 * std::sqrt(static_cast<double>(k) + 1.0) * 4.0;
   const std::string bad = compare(got, want, tol, 1e-5);
   CHECK_MESSAGE(bad.empty(), what << ": " << bad);
@@ -34,7 +37,7 @@ void check_against_float64(const Tensor& a64, const Tensor& b64, const std::stri
 
 TEST_CASE("matmul float32 equals float64 over transposes, batches and edge shapes") {
   manual_seed(11);
-  const TensorOptions f64{.dtype = kFloat64};
+  const TensorOptions f32{.dtype = kFloat32};
   struct Case {
     int64_t m, k, n;
   };
@@ -49,19 +52,29 @@ TEST_CASE("matmul float32 equals float64 over transposes, batches and edge shape
                          {64, 256, 512},
                          // Products packed_matmul takes on AVX2 (rows of B 2 KB apart): Note [Packed GEMM for matmul].
                          {100, 300, 1024},
-                         {70, 64, 512}}) {
+                         {70, 64, 512},
+                         // Bᵀ of these through oneDNN's matmul primitive on AVX-512, at the rule's edges and past
+                         // them (Note [float32 products with B transposed] in engine/cpu/onednn_matmul.cpp).
+                         {16, 512, 16},
+                         {15, 512, 40},
+                         {768, 520, 17},
+                         {769, 512, 16}}) {
     const std::string shape = std::to_string(c.m) + "x" + std::to_string(c.k) + "x" + std::to_string(c.n);
-    const Tensor a = randn({c.m, c.k}, f64), b = randn({c.k, c.n}, f64);
+    const Tensor a = randn({c.m, c.k}, f32), b = randn({c.k, c.n}, f32);
     check_against_float64(a, b, shape);
     // Transposed views reach the backend as trans_a / trans_b with the original leading dimension.
-    const Tensor at = randn({c.k, c.m}, f64), bt = randn({c.n, c.k}, f64);
+    const Tensor at = randn({c.k, c.m}, f32), bt = randn({c.n, c.k}, f32);
     check_against_float64(transpose(at, 0, 1), b, shape + " Aᵀ");
     check_against_float64(a, transpose(bt, 0, 1), shape + " Bᵀ");
     check_against_float64(transpose(at, 0, 1), transpose(bt, 0, 1), shape + " AᵀBᵀ");
     // Batched, and batched against one broadcast matrix (stride 0 between B's matrices).
-    const Tensor ab = randn({3, c.m, c.k}, f64), bb = randn({3, c.k, c.n}, f64);
+    const Tensor ab = randn({3, c.m, c.k}, f32), bb = randn({3, c.k, c.n}, f32);
     check_against_float64(ab, bb, shape + " batch 3");
     check_against_float64(ab, b, shape + " batch 3, B broadcast");
+    // Leading dimensions past the row: slices of wider matrices.
+    const Tensor wide_a = randn({c.m, c.k + 3}, f32), wide_bt = randn({c.n, c.k + 5}, f32);
+    check_against_float64(slice(wide_a, 1, 0, c.k), transpose(slice(wide_bt, 1, 0, c.k), 0, 1),
+                          shape + " Bᵀ, leading dimensions past the row");
   }
 }
 
