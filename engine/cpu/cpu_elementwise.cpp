@@ -49,10 +49,10 @@ void arange_impl(const View& out, double start, double step) {
 template <typename T>
 using bits_of = std::conditional_t<sizeof(T) == 2, uint16_t, std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>>;
 
-// dst[i * ld_dst + j] = src[j * ld_src + i] for i < rows, j < cols; B is bits_of an element.
-template <typename B>
-void transpose_plane(B* dst, const B* src, int64_t rows, int64_t cols, int64_t ld_dst, int64_t ld_src) {
-  typedef B V __attribute__((vector_size(8 * sizeof(B))));
+// dst[i * ld_dst + j] = src[j * ld_src + i] for i < rows, j < cols.
+template <typename T>
+void transpose_plane(T* dst, const T* src, int64_t rows, int64_t cols, int64_t ld_dst, int64_t ld_src) {
+  typedef bits_of<T> V __attribute__((vector_size(8 * sizeof(T))));
   int64_t i = 0;
   for (; i + 8 <= rows; i += 8) {
     int64_t j = 0;
@@ -83,13 +83,13 @@ void transpose_plane(B* dst, const B* src, int64_t rows, int64_t cols, int64_t l
     for (int64_t j = 0; j < cols; ++j) dst[i * ld_dst + j] = src[j * ld_src + i];
 }
 
-// The copy of Note [Transposing copies], if the walk `it` of a copy between two views of one dtype
-// (moved as B, bits_of that dtype) is one; false otherwise.
-template <typename B>
+// The copy of Note [Transposing copies], if the walk `it` of a copy between two views of dtype T is
+// one; false otherwise.
+template <typename T>
 bool copy_transposing(const StridedIter<2>& it) {
   if (it.ndim < 2) return false;
   const int p = it.ndim - 2, q = it.ndim - 1;
-  const int64_t unit = sizeof(B);
+  const int64_t unit = sizeof(T);
   // The plane as dst[i][j] = src[j][i]: dst of unit stride along j, src along i.
   int64_t rows, cols, ld_dst, ld_src;
   if (it.strides[0][q] == unit && it.strides[1][p] == unit) {  // out along Q, x along P: i = P, j = Q
@@ -113,8 +113,8 @@ bool copy_transposing(const StridedIter<2>& it) {
   for (int64_t task = 0; task < planes.numel() * blocks; ++task) {
     const int64_t plane = task / blocks, i0 = task % blocks * kBlock;
     auto block = [&](char* const* origin, const int64_t*, int64_t) {
-      transpose_plane(reinterpret_cast<B*>(origin[0]) + i0 * (ld_dst / unit),
-                      reinterpret_cast<const B*>(origin[1]) + i0, std::min(kBlock, rows - i0), cols, ld_dst / unit,
+      transpose_plane(reinterpret_cast<T*>(origin[0]) + i0 * (ld_dst / unit),
+                      reinterpret_cast<const T*>(origin[1]) + i0, std::min(kBlock, rows - i0), cols, ld_dst / unit,
                       ld_src / unit);
     };
     run_range(planes, planes.data, plane, plane + 1, block);
@@ -128,7 +128,7 @@ void copy_to(const View& out, const View& x) {
   const StridedIter<2> it = make_iter(std::array<View, 2>{out, x}, 0);
   EF_DISPATCH_STORAGE(x.dtype, "copy", [&] {
     if constexpr (std::is_same_v<Out, scalar_t>)
-      if (copy_transposing<bits_of<Out>>(it)) return;
+      if (copy_transposing<Out>(it)) return;
     map_iter<Out, scalar_t>(it, [](scalar_t v) { return dtype_cast<Out>(v); });
   });
 }

@@ -1,5 +1,6 @@
-// The CPU backend's Backend::gemm: Eigen's GEMM, or oneDNN's sgemm for float32 and its bfloat16
-// products where the build has oneDNN. This is the one file of the CPU backend that includes Eigen,
+// The CPU backend's Backend::gemm: Eigen's GEMM, or where the build has oneDNN its sgemm for
+// float32, its matmul primitive for float32 products with B transposed on AVX-512 and for bfloat16
+// products (onednn_matmul.h). This is the one file of the CPU backend that includes Eigen,
 // whose GEMM templates dominate build time.
 #include "evenflow/engine/cpu/cpu_conv.h"
 
@@ -98,7 +99,8 @@ void packed_one(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, con
 }
 
 // The same for one matrix, through oneDNN's sgemm for float32 where the build has it: faster than
-// Eigen's and close to MKL's (docs/benchmarks.md, "Engine"), or packed_matmul where sgemm is slow.
+// Eigen's and close to MKL's (docs/benchmarks.md, "Engine"), or packed_matmul where sgemm is slow
+// (gemm_typed sends some products to oneDNN's matmul primitive before they get here).
 // Like Eigen they run on `threads` threads, 1 inside a parallel region. beta == 0 overwrites C (NaN
 // included), as BLAS specifies; tests/engine check it.
 template <typename T>

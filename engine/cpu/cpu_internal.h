@@ -337,7 +337,7 @@ void load_lanes(Vec& v, const E* p) {
 }
 template <typename Vec, typename E>
 void store_lanes(E* p, const Vec& v) {
-  std::memcpy(p, &v, sizeof(Vec));
+  std::memcpy(static_cast<void*>(p), &v, sizeof(Vec));  // bytes, into any element type (bfloat16's too)
 }
 
 // out = value, for every storage dtype (cpu_elementwise.cpp; reduce_impl fills argmax over a dim

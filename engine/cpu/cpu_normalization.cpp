@@ -234,7 +234,8 @@ struct LaneVectors<double> {
 template <typename Acc, typename Row>
 inline void add_widened(Acc& acc, const Row& v) {
 #if defined(__AVX512F__)
-  if constexpr (sizeof(Row) == sizeof(__m256) && sizeof(Acc) == sizeof(__m512d)) {
+  if constexpr (std::is_same_v<Row, LaneVectors<float>::Row> && sizeof(Row) == sizeof(__m256) &&
+                sizeof(Acc) == sizeof(__m512d)) {
     acc += std::bit_cast<Acc>(_mm512_maskz_cvtps_pd(0xFF, std::bit_cast<__m256>(v)));
     return;
   }

@@ -188,6 +188,7 @@ const char* pass_name(ConvPass pass) {
 void run(const ConvArgs& a, ConvPass pass, const void* in0, const void* in1, void* out, const float* bias = nullptr) {
   try {
     const int threads = std::max(1, kernel_threads());
+    set_team_size(threads);  // before the plan is made: onednn_plan.h
     execute_plan(plan_for(a, pass, threads, bias != nullptr), threads, in0, in1, out, bias);
   } catch (const dnnl::error& e) {
     EF_ERROR(pass_name(pass), ": oneDNN failed (", e.what(), ", status ", static_cast<int>(e.status), ") on input [",
@@ -231,8 +232,7 @@ void weight_grad_split_by_images(const ConvArgs& a, int threads, float* gw, cons
     slice.n = end - begin;
     float* out = t == 0 ? gw : partials.data() + static_cast<size_t>(t - 1) * static_cast<size_t>(weight);
     try {
-      // Before the plan is made: oneDNN sizes a primitive's threading for the team it is made in.
-      set_team_size(1);
+      set_team_size(1);  // before the plan is made: onednn_plan.h
       execute_plan(plan_for(slice, ConvPass::WeightGrad, 1, false), 1,
                    static_cast<const std::byte*>(x) + begin * x_image,
                    static_cast<const std::byte*>(gy) + begin * gy_image, out);

@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "evenflow/engine/cpu/onednn_plan.h"
+#include "evenflow/engine/cpu/threads.h"
 #include "evenflow/engine/device.h"
 #include "evenflow/engine/error.h"
 
@@ -115,6 +116,7 @@ void onednn_gemm(const GemmArgs& g) {
             "onednn_gemm: a case it does not take");
   try {
     const int threads = std::max(1, kernel_threads());
+    set_team_size(threads);  // before the plan is made: onednn_plan.h
     const OnednnPlan& plan = plan_for(g, threads);
     const float* a = static_cast<const float*>(g.a);
     const float* b = static_cast<const float*>(g.b);

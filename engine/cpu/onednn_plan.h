@@ -41,7 +41,11 @@ struct OnednnPlan {
   size_t workspace_bytes = 0;  // the scratchpad at offset 0, then the reordered operands
 };
 
-// The plans made so far, by a key of N integers that tell one problem from another. A plan is never
+// The plans made so far, by a key of N integers that tell one problem from another (the team size
+// among them). A caller sets the team size (set_team_size) before asking for a plan: oneDNN sizes a
+// primitive's threading for the team of the thread that makes it (brgemm's matmul keeps that count
+// for every run), which is not always the team the plan is for (kernel_threads() is 1 off the
+// devices' workers, whatever OpenMP's setting). A plan is never
 // removed, so references to it stay valid, and it is only read after it is made, so threads may run
 // one at once.
 template <size_t N>

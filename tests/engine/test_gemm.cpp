@@ -58,7 +58,9 @@ TEST_CASE("matmul float32 equals float64 over transposes, batches and edge shape
                          {16, 512, 16},
                          {15, 512, 40},
                          {768, 520, 17},
-                         {769, 512, 16}}) {
+                         {769, 512, 16},
+                         {16, 511, 16},
+                         {16, 512, 15}}) {
     const std::string shape = std::to_string(c.m) + "x" + std::to_string(c.k) + "x" + std::to_string(c.n);
     const Tensor a = randn({c.m, c.k}, f32), b = randn({c.k, c.n}, f32);
     check_against_float64(a, b, shape);
@@ -67,10 +69,15 @@ TEST_CASE("matmul float32 equals float64 over transposes, batches and edge shape
     check_against_float64(transpose(at, 0, 1), b, shape + " Aᵀ");
     check_against_float64(a, transpose(bt, 0, 1), shape + " Bᵀ");
     check_against_float64(transpose(at, 0, 1), transpose(bt, 0, 1), shape + " AᵀBᵀ");
-    // Batched, and batched against one broadcast matrix (stride 0 between B's matrices).
+    // Batched; against one 2-D matrix (folded into M: one product); B transposed, of three matrices or of
+    // one broadcast (stride 0 between B's matrices). With two threads or more, a batch of small products
+    // is split over the threads (gemm_typed), each on sgemm; the larger ones, a batch of three, reach the
+    // matmul primitive's loop over the batch.
     const Tensor ab = randn({3, c.m, c.k}, f32), bb = randn({3, c.k, c.n}, f32);
     check_against_float64(ab, bb, shape + " batch 3");
-    check_against_float64(ab, b, shape + " batch 3, B broadcast");
+    check_against_float64(ab, b, shape + " batch 3 against one matrix");
+    check_against_float64(ab, transpose(randn({3, c.n, c.k}, f32), 1, 2), shape + " batch 3, Bᵀ");
+    check_against_float64(ab, transpose(randn({1, c.n, c.k}, f32), 1, 2), shape + " batch 3, one Bᵀ broadcast");
     // Leading dimensions past the row: slices of wider matrices.
     const Tensor wide_a = randn({c.m, c.k + 3}, f32), wide_bt = randn({c.n, c.k + 5}, f32);
     check_against_float64(slice(wide_a, 1, 0, c.k), transpose(slice(wide_bt, 1, 0, c.k), 0, 1),
