@@ -26,43 +26,36 @@ dnnl::memory::desc matrix(int64_t rows, int64_t cols, bool trans, int64_t ld, dt
 OnednnPlan make_plan(const GemmArgs& g) {
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-  const dnnl::memory::desc c = matrix(g.m, g.n, false, g.ldc, dt::f32);
-  if (g.compute == DType::Float32) {
-    // Every operand as it is stored: no reorders.
-    const dnnl::memory::desc a = matrix(g.m, g.k, g.trans_a, g.lda, dt::f32),
-                             b = matrix(g.k, g.n, g.trans_b, g.ldb, dt::f32);
-    const dnnl::matmul::primitive_desc pd(onednn_engine(), a, b, c, attr);
-    OnednnPlan plan;
-    plan.primitive = dnnl::matmul(pd);
-    plan.in0 = {DNNL_ARG_SRC, a, pd.src_desc(), {}, 0};
-    plan.in1 = {DNNL_ARG_WEIGHTS, b, pd.weights_desc(), {}, 0};
-    plan.out = {DNNL_ARG_DST, c, pd.dst_desc(), {}, 0};
-    finish_plan(plan, pd.scratchpad_desc(), attr);
-    return plan;
+  // Our operands as they are stored, and those the primitive runs on: with float32 compute the same
+  // (no reorders).
+  const dnnl::memory::desc a = matrix(g.m, g.k, g.trans_a, g.lda, dt::f32),
+                           b = matrix(g.k, g.n, g.trans_b, g.ldb, dt::f32), c = matrix(g.m, g.n, false, g.ldc, dt::f32);
+  dnnl::memory::desc a_used = a, b_used = b;
+  if (g.compute == DType::BFloat16) {
+    using Tag = dnnl::memory::format_tag;
+    // Both operands in bfloat16 (the reorders round them), C written in place in float32, each
+    // operand in the layout the primitive picks -- but the B of a product with few rows and a long
+    // inner dimension, which stays dense in its own layout, transposed or not (the reorder then only
+    // converts). Rounding it into the primitive's blocked layout moves every element of B, a cost
+    // against the product's that grows as C's rows shrink, and the blocked layout bought nothing on
+    // those shapes: the backward's transposed B of classify's fully connected layer ([100, 1024] x
+    // [1024, 3136]ᵀ, Zen 4, 2 threads) took 2.1 ms to reorder for a 1.5 ms product; the forward of
+    // matmul_100x3136x1024 1.0 ms to reorder for a 1.69 ms product, 0.37 ms to convert dense for a
+    // 1.68 ms one. Dense B, against blocked, on m <= 256, k >= 1024: forwards 1.05-2.0x the rate,
+    // forward+backward the same to 1.3x (six shapes, docs/benchmarks.md, "Small products' B left
+    // dense"). With an inner dimension of 128 (wgan_gp's generator's Linear, [64, 128] x [128,
+    // 3136]ᵀ) dense took 1.37x the time, and on 1024 x 1024 x 1024 1.03x, so the blocked layout stays
+    // there (docs/benchmarks.md, "The engine on AVX-512").
+    const bool b_stays_dense = g.m <= 256 && g.k >= 1024;
+    a_used = dnnl::memory::desc({g.m, g.k}, dt::bf16, Tag::any);
+    b_used = b_stays_dense ? matrix(g.k, g.n, g.trans_b, g.trans_b ? g.k : g.n, dt::bf16)
+                           : dnnl::memory::desc({g.k, g.n}, dt::bf16, Tag::any);
   }
-  using Tag = dnnl::memory::format_tag;
-  // Both operands in bfloat16 (the reorders round them), C written in place in float32, each operand
-  // in the layout the primitive picks -- but the B of a product with few rows and a long inner
-  // dimension, which stays dense in its own layout, transposed or not (the reorder then only
-  // converts). Rounding it into the primitive's blocked layout moves every element of B, a cost
-  // against the product's that grows as C's rows shrink, and the blocked layout bought nothing on
-  // those shapes: the backward's transposed B of classify's fully connected layer ([100, 1024] x
-  // [1024, 3136]ᵀ, Zen 4, 2 threads) took 2.1 ms to reorder for a 1.5 ms product; the forward of
-  // matmul_100x3136x1024 1.0 ms to reorder for a 1.69 ms product, 0.37 ms to convert dense for a
-  // 1.68 ms one. Dense B, against blocked, on m <= 256, k >= 1024: forwards 1.05-2.0x the rate,
-  // forward+backward the same to 1.3x (six shapes, docs/benchmarks.md, "Small products' B left dense").
-  // With an inner dimension of 128 (wgan_gp's generator's Linear, [64, 128] x [128, 3136]ᵀ) dense
-  // took 1.37x the time, and on 1024 x 1024 x 1024 1.03x, so the blocked layout stays there
-  // (docs/benchmarks.md, "The engine on AVX-512").
-  const bool b_stays_dense = g.m <= 256 && g.k >= 1024;
-  const dnnl::memory::desc b = b_stays_dense ? matrix(g.k, g.n, g.trans_b, g.trans_b ? g.k : g.n, dt::bf16)
-                                             : dnnl::memory::desc({g.k, g.n}, dt::bf16, Tag::any);
-  const dnnl::matmul::primitive_desc pd(onednn_engine(), dnnl::memory::desc({g.m, g.k}, dt::bf16, Tag::any), b, c,
-                                        attr);
+  const dnnl::matmul::primitive_desc pd(onednn_engine(), a_used, b_used, c, attr);
   OnednnPlan plan;
   plan.primitive = dnnl::matmul(pd);
-  plan.in0 = {DNNL_ARG_SRC, matrix(g.m, g.k, g.trans_a, g.lda, dt::f32), pd.src_desc(), {}, 0};
-  plan.in1 = {DNNL_ARG_WEIGHTS, matrix(g.k, g.n, g.trans_b, g.ldb, dt::f32), pd.weights_desc(), {}, 0};
+  plan.in0 = {DNNL_ARG_SRC, a, pd.src_desc(), {}, 0};
+  plan.in1 = {DNNL_ARG_WEIGHTS, b, pd.weights_desc(), {}, 0};
   plan.out = {DNNL_ARG_DST, c, pd.dst_desc(), {}, 0};
   finish_plan(plan, pd.scratchpad_desc(), attr);
   return plan;
