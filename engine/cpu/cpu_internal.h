@@ -309,6 +309,17 @@ void map_elements(const View& out, const std::array<View, sizeof...(In)>& ins, F
 // are a step towards pairwise summation's accuracy).
 constexpr int kLanes = 8;
 
+// The bytes of the widest vector register this copy's instruction set has. A vector of GCC's
+// extension wider than that is split by the compiler, and one kept across a loop's iterations may
+// be kept in memory, moved 8 bytes at a time (cpu_normalization.cpp's LaneVectors).
+#if defined(__AVX512F__)
+constexpr int kRegisterBytes = 64;
+#elif defined(__AVX__)
+constexpr int kRegisterBytes = 32;
+#else
+constexpr int kRegisterBytes = 16;
+#endif
+
 // Calls body(i, lane) for i in [0, n), lane = i % kLanes for all but the last n % kLanes elements,
 // which go to lane 0.
 template <typename F>

@@ -1,6 +1,7 @@
 // The CPU backend's row and group normalizations: softmax and log-softmax, and the fused layer norm /
 // batch norm forward, backward and double backward (NormArgs in backend.h).
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -208,38 +209,57 @@ void normalize_backward_columns(const NormArgs& a, T* gx, T* gw, T* gb, const T*
   }
 }
 
-// kLanes elements of a row, and their lanes (acc_t), as vectors (GCC's vector extension). Spelled
-// out per type: GCC 12 lost the vector_size of a typedef depending on a template parameter in some
+// A row's elements and their lanes (acc_t) as vectors (GCC's vector extension): the kLanes lanes in
+// kParts parts of kPartLanes, a part of lanes filling one vector register of doubles. Eight doubles
+// are one register with AVX-512 only; as one vector elsewhere, GCC kept the lanes in memory
+// through the loop, moved 8 bytes at a time, and layer norm's backward took 1.5x the AVX-512
+// copy's time on the same CPU (docs/benchmarks.md, "Layer norm's backward on AVX2"). Spelled out
+// per type: GCC 12 lost the vector_size of a typedef depending on a template parameter in some
 // uses (it refused a __builtin_convertvector to it).
+constexpr int kPartLanes = kRegisterBytes / static_cast<int>(sizeof(double));
+constexpr int kParts = kLanes / kPartLanes;
 template <typename T>
 struct LaneVectors;
 template <>
 struct LaneVectors<float> {
-  typedef float Row __attribute__((vector_size(kLanes * sizeof(float))));
-  typedef double Acc __attribute__((vector_size(kLanes * sizeof(double))));
+  typedef float Row __attribute__((vector_size(kPartLanes * sizeof(float))));
+  typedef double Acc __attribute__((vector_size(kPartLanes * sizeof(double))));
 };
 template <>
 struct LaneVectors<double> {
-  typedef double Row __attribute__((vector_size(kLanes * sizeof(double))));
-  typedef double Acc __attribute__((vector_size(kLanes * sizeof(double))));
+  typedef double Row __attribute__((vector_size(kPartLanes * sizeof(double))));
+  typedef double Acc __attribute__((vector_size(kPartLanes * sizeof(double))));
 };
+// A row's kLanes lanes: lane l is part l / kPartLanes, element l % kPartLanes.
+template <typename T>
+using LaneParts = std::array<typename LaneVectors<T>::Acc, kParts>;
+
+// The sum of the lanes, in lane order (lanes_total's).
+template <typename T>
+acc_t<T> parts_total(const LaneParts<T>& parts) {
+  return lanes_total(std::bit_cast<std::array<acc_t<T>, kLanes>>(parts));
+}
 
 // acc += v, each lane widened (float to double; double as it is). GCC lowers
-// __builtin_convertvector from 8 floats to 8 doubles as two 4-lane conversions and an insert even
-// where AVX-512 converts them in one instruction, which it is given here: layer norm's backward
-// 4-8% faster (docs/benchmarks.md, "Layer norm's backward sums widened in one instruction"). The
-// same values: widening is exact. By reference, as load_lanes: a vector passed or returned by value
-// changes the ABI between ISAs (-Wpsabi). The masked conversion: GCC 12's unmasked
-// `_mm512_cvtps_pd` trips -Wmaybe-uninitialized.
+// __builtin_convertvector from 8 floats to 8 doubles (4 to 4) as two 4-lane (2-lane) conversions
+// and an insert even where AVX-512 (AVX) converts them in one instruction, which it is given here:
+// layer norm's backward 4-8% faster (docs/benchmarks.md, "Layer norm's backward sums widened in
+// one instruction"). The same values: widening is exact. By reference, as load_lanes: a vector
+// passed or returned by value changes the ABI between ISAs (-Wpsabi). The masked conversion: GCC
+// 12's unmasked `_mm512_cvtps_pd` trips -Wmaybe-uninitialized.
 template <typename Acc, typename Row>
 inline void add_widened(Acc& acc, const Row& v) {
+  if constexpr (std::is_same_v<Row, LaneVectors<float>::Row>) {
 #if defined(__AVX512F__)
-  if constexpr (std::is_same_v<Row, LaneVectors<float>::Row> && sizeof(Row) == sizeof(__m256) &&
-                sizeof(Acc) == sizeof(__m512d)) {
+    static_assert(sizeof(Row) == sizeof(__m256) && sizeof(Acc) == sizeof(__m512d));
     acc += std::bit_cast<Acc>(_mm512_maskz_cvtps_pd(0xFF, std::bit_cast<__m256>(v)));
     return;
-  }
+#elif defined(__AVX__)
+    static_assert(sizeof(Row) == sizeof(__m128) && sizeof(Acc) == sizeof(__m256d));
+    acc += std::bit_cast<Acc>(_mm256_cvtps_pd(std::bit_cast<__m128>(v)));
+    return;
 #endif
+  }
   acc += __builtin_convertvector(v, Acc);
 }
 
@@ -250,34 +270,36 @@ inline void add_widened(Acc& acc, const Row& v) {
 // (for_lanes), GCC left this loop scalar, and it was most of layer norm's backward
 // (docs/benchmarks.md, "Normalizations' outputs streamed").
 template <bool kWeights, bool kFeatureSums, typename T>
-void backward_sums_row(int64_t inner, const T* xr, const T* gyr, const T* fw, T m, T r,
-                       typename LaneVectors<T>::Acc& lanes_g, typename LaneVectors<T>::Acc& lanes_g_x_hat,
-                       acc_t<T>* part_w, acc_t<T>* part_b) {
+void backward_sums_row(int64_t inner, const T* xr, const T* gyr, const T* fw, T m, T r, LaneParts<T>& lanes_g,
+                       LaneParts<T>& lanes_g_x_hat, acc_t<T>* part_w, acc_t<T>* part_b) {
   using Row = typename LaneVectors<T>::Row;
   using Acc = typename LaneVectors<T>::Acc;
   Row dy, xv, weight = Row{} + T(1);
   Acc pw, pb;
   int64_t k = 0;
   for (; k + kLanes <= inner; k += kLanes) {
-    load_lanes(dy, gyr + k);
-    load_lanes(xv, xr + k);
-    if constexpr (kWeights) load_lanes(weight, fw + k);
-    const Row x_hat = (xv - m) * r, g_hat = dy * weight;
-    add_widened(lanes_g, g_hat);
-    add_widened(lanes_g_x_hat, Row(g_hat * x_hat));
-    if constexpr (kFeatureSums) {
-      load_lanes(pw, part_w + k);
-      load_lanes(pb, part_b + k);
-      add_widened(pw, Row(dy * x_hat));
-      add_widened(pb, dy);
-      store_lanes(part_w + k, pw);
-      store_lanes(part_b + k, pb);
+    for (int p = 0; p < kParts; ++p) {
+      const int64_t i = k + p * kPartLanes;
+      load_lanes(dy, gyr + i);
+      load_lanes(xv, xr + i);
+      if constexpr (kWeights) load_lanes(weight, fw + i);
+      const Row x_hat = (xv - m) * r, g_hat = dy * weight;
+      add_widened(lanes_g[p], g_hat);
+      add_widened(lanes_g_x_hat[p], Row(g_hat * x_hat));
+      if constexpr (kFeatureSums) {
+        load_lanes(pw, part_w + i);
+        load_lanes(pb, part_b + i);
+        add_widened(pw, Row(dy * x_hat));
+        add_widened(pb, dy);
+        store_lanes(part_w + i, pw);
+        store_lanes(part_b + i, pb);
+      }
     }
   }
   for (; k < inner; ++k) {
     const T d = gyr[k], x_hat = (xr[k] - m) * r, g_hat = kWeights ? d * fw[k] : d * T(1);
-    lanes_g[0] += g_hat;
-    lanes_g_x_hat[0] += g_hat * x_hat;
+    lanes_g[0][0] += g_hat;
+    lanes_g_x_hat[0][0] += g_hat * x_hat;
     if constexpr (kFeatureSums) {
       part_w[k] += d * x_hat;
       part_b[k] += d;
@@ -309,7 +331,7 @@ void normalize_backward_typed(const NormArgs& a, T* gx, T* gw, T* gb, const T* g
       // A per-group weight factors out of the sums: they are taken without it (gw and gb), then scaled.
       const T* fw = w != nullptr && !a.affine_per_group ? w : nullptr;
       // Σĝ, Σĝ·x̂ (per group: Σgy, Σgy·x̂), and the per-feature sums, in one pass a row.
-      typename LaneVectors<T>::Acc lanes_g = {}, lanes_g_x_hat = {};
+      LaneParts<T> lanes_g = {}, lanes_g_x_hat = {};
       for (int64_t o = 0; o < a.outer; ++o) {
         const T* xr = xg + o * stride;
         const T* gyr = gyg + o * stride;
@@ -322,7 +344,7 @@ void normalize_backward_typed(const NormArgs& a, T* gx, T* gw, T* gb, const T* g
         else
           backward_sums_row<false, false>(a.inner, xr, gyr, fw, m, r, lanes_g, lanes_g_x_hat, part_w, part_b);
       }
-      const acc_t<T> sum_g = lanes_total(lanes_g), sum_g_x_hat = lanes_total(lanes_g_x_hat);
+      const acc_t<T> sum_g = parts_total<T>(lanes_g), sum_g_x_hat = parts_total<T>(lanes_g_x_hat);
       T group_w = 1;
       if (a.affine_per_group) {
         if (gw != nullptr) gw[g] = static_cast<T>(sum_g_x_hat);
