@@ -12,6 +12,7 @@
 
 #include "evenflow/engine/cpu/cpu_internal.h"
 #include "evenflow/engine/cpu/threads.h"
+#include "evenflow/engine/cpu/vector_math.h"
 #include "evenflow/engine/error.h"
 
 namespace evenflow::cpu_backend {
@@ -19,6 +20,49 @@ inline namespace EF_CPU_ISA {
 
 namespace {
 
+// A row's elements and their lanes (acc_t) as vectors (GCC's vector extension): the kLanes lanes in
+// kParts parts of kPartLanes, a part of lanes filling one vector register of doubles. Eight doubles
+// are one register with AVX-512 only; as one vector elsewhere, GCC kept the lanes in memory
+// through the loop, moved 8 bytes at a time, and layer norm's backward took 1.5x the AVX-512
+// copy's time on the same CPU (docs/benchmarks.md, "Layer norm's backward on AVX2"). Spelled out
+// per type: GCC 12 lost the vector_size of a typedef depending on a template parameter in some
+// uses (it refused a __builtin_convertvector to it).
+constexpr int kPartLanes = kRegisterBytes / static_cast<int>(sizeof(double));
+constexpr int kParts = kLanes / kPartLanes;
+template <typename T>
+struct LaneVectors;
+template <>
+struct LaneVectors<float> {
+  typedef float Row __attribute__((vector_size(kPartLanes * sizeof(float))));
+  typedef double Acc __attribute__((vector_size(kPartLanes * sizeof(double))));
+};
+template <>
+struct LaneVectors<double> {
+  typedef double Row __attribute__((vector_size(kPartLanes * sizeof(double))));
+  typedef double Acc __attribute__((vector_size(kPartLanes * sizeof(double))));
+};
+// A row's kLanes lanes: lane l is part l / kPartLanes, element l % kPartLanes.
+template <typename T>
+using LaneParts = std::array<typename LaneVectors<T>::Acc, kParts>;
+
+// The sum of the lanes, in lane order (lanes_total's).
+template <typename T>
+acc_t<T> parts_total(const LaneParts<T>& parts) {
+  return lanes_total(std::bit_cast<std::array<acc_t<T>, kLanes>>(parts));
+}
+
+// e^x for softmax's rows: float32's by our own function (Note [Vectorized float32 exp, log,
+// sigmoid, softplus and elu]: glibc's expf kept the row loops scalar), float64's by glibc's.
+inline float row_exp(float x) {
+  return exp_vectorizable(x);
+}
+inline double row_exp(double x) {
+  return std::exp(x);
+}
+
+// Softmax of each row: its maximum m, e^(x - m) written to the output, their sum s (in lanes, as
+// the normalizations' sums), then the output scaled by 1/s; log-softmax writes x - m - log s over
+// the same e^(x - m). Each pass is a loop that vectorizes.
 template <typename T>
 void softmax_typed(T* out, const T* x, int64_t rows, int64_t cols, bool log) {
   [[maybe_unused]] const int nt = threads_for(rows * cols);
@@ -26,18 +70,25 @@ void softmax_typed(T* out, const T* x, int64_t rows, int64_t cols, bool log) {
   for (int64_t r = 0; r < rows; ++r) {
     const T* xr = x + r * cols;
     T* yr = out + r * cols;
+    // The maximum, in vectors (std::max's: a NaN is passed over, and the row's outputs are NaN).
+    using Row = typename LaneVectors<T>::Row;
+    Row maxima = Row{} - std::numeric_limits<T>::infinity(), v;
+    int64_t k = 0;
+    for (; k + kPartLanes <= cols; k += kPartLanes) {
+      load_lanes(v, xr + k);
+      maxima = maxima < v ? v : maxima;
+    }
     T mx = -std::numeric_limits<T>::infinity();
-    for (int64_t c = 0; c < cols; ++c) mx = std::max(mx, xr[c]);
-    acc_t<T> sum = 0;
+    for (int l = 0; l < kPartLanes; ++l) mx = std::max(mx, maxima[l]);
+    for (; k < cols; ++k) mx = std::max(mx, xr[k]);
+    for (int64_t c = 0; c < cols; ++c) yr[c] = row_exp(xr[c] - mx);
+    acc_t<T> sums[kLanes] = {};
+    for_lanes(cols, [&](int64_t c, int l) { sums[l] += static_cast<acc_t<T>>(yr[c]); });
+    const acc_t<T> sum = lanes_total(sums);
     if (log) {
-      for (int64_t c = 0; c < cols; ++c) sum += std::exp(xr[c] - mx);
       const T lse = mx + static_cast<T>(std::log(sum));
       for (int64_t c = 0; c < cols; ++c) yr[c] = xr[c] - lse;
     } else {
-      for (int64_t c = 0; c < cols; ++c) {
-        yr[c] = std::exp(xr[c] - mx);
-        sum += yr[c];
-      }
       const T inv = static_cast<T>(1.0 / sum);
       for (int64_t c = 0; c < cols; ++c) yr[c] *= inv;
     }
@@ -207,37 +258,6 @@ void normalize_backward_columns(const NormArgs& a, T* gx, T* gw, T* gb, const T*
       }
     }
   }
-}
-
-// A row's elements and their lanes (acc_t) as vectors (GCC's vector extension): the kLanes lanes in
-// kParts parts of kPartLanes, a part of lanes filling one vector register of doubles. Eight doubles
-// are one register with AVX-512 only; as one vector elsewhere, GCC kept the lanes in memory
-// through the loop, moved 8 bytes at a time, and layer norm's backward took 1.5x the AVX-512
-// copy's time on the same CPU (docs/benchmarks.md, "Layer norm's backward on AVX2"). Spelled out
-// per type: GCC 12 lost the vector_size of a typedef depending on a template parameter in some
-// uses (it refused a __builtin_convertvector to it).
-constexpr int kPartLanes = kRegisterBytes / static_cast<int>(sizeof(double));
-constexpr int kParts = kLanes / kPartLanes;
-template <typename T>
-struct LaneVectors;
-template <>
-struct LaneVectors<float> {
-  typedef float Row __attribute__((vector_size(kPartLanes * sizeof(float))));
-  typedef double Acc __attribute__((vector_size(kPartLanes * sizeof(double))));
-};
-template <>
-struct LaneVectors<double> {
-  typedef double Row __attribute__((vector_size(kPartLanes * sizeof(double))));
-  typedef double Acc __attribute__((vector_size(kPartLanes * sizeof(double))));
-};
-// A row's kLanes lanes: lane l is part l / kPartLanes, element l % kPartLanes.
-template <typename T>
-using LaneParts = std::array<typename LaneVectors<T>::Acc, kParts>;
-
-// The sum of the lanes, in lane order (lanes_total's).
-template <typename T>
-acc_t<T> parts_total(const LaneParts<T>& parts) {
-  return lanes_total(std::bit_cast<std::array<acc_t<T>, kLanes>>(parts));
 }
 
 // acc += v, each lane widened (float to double; double as it is). GCC lowers

@@ -12,9 +12,27 @@ namespace {
 
 void unary_impl(UnaryOp op, const View& out, const View& x, double a, double b) {
   EF_ASSERT(out.dtype == x.dtype, "unary: output and input dtypes differ");
-  if (op == UnaryOp::Tanh && out.dtype == DType::Float32) {  // Note [Vectorized tanh]
-    map_elements<float, float>(out, {x}, [](float v) { return tanh_vectorizable(v); });
-    return;
+  if (out.dtype == DType::Float32) {
+    // Our own functions where glibc's are calls that keep a loop scalar: Note [Vectorized tanh],
+    // Note [Vectorized float32 exp, log, sigmoid, softplus and elu].
+    const auto map = [&](auto fn) { map_elements<float, float>(out, {x}, fn); };
+    const auto fa = static_cast<float>(a), fb = static_cast<float>(b);
+    switch (op) {
+      case UnaryOp::Tanh:
+        return map([](float v) { return tanh_vectorizable(v); });
+      case UnaryOp::Exp:
+        return map([](float v) { return exp_vectorizable(v); });
+      case UnaryOp::Log:
+        return map([](float v) { return log_vectorizable(v); });
+      case UnaryOp::Sigmoid:
+        return map([](float v) { return sigmoid_vectorizable(v); });
+      case UnaryOp::Softplus:
+        return map([fa, fb](float v) { return softplus_vectorizable(v, fa, fb); });
+      case UnaryOp::Elu:
+        return map([fa](float v) { return elu_vectorizable(v, fa); });
+      default:
+        break;
+    }
   }
   EF_DISPATCH_FLOAT(out.dtype, "unary", [&] {
     visit_unary(op, [&](auto fn) {

@@ -65,7 +65,9 @@ inline double log_vectorizable(double x) {
   // m in [√½, √2): the mantissa with exponent 0, or -1 where it is past √2.
   const double m = std::bit_cast<double>((bits & 0x000FFFFFFFFFFFFFull) |
                                          (above_sqrt2 ? 0x3FE0000000000000ull : 0x3FF0000000000000ull));
-  const double e = static_cast<double>(static_cast<int64_t>(bits >> 52) - 1023 + (above_sqrt2 ? 1 : 0));
+  // The biased exponent as a float64, from the bits of 2^52 + it (AVX2 has no integer conversion).
+  const double e =
+      std::bit_cast<double>(0x4330000000000000ull | (bits >> 52)) - 0x1p52 - 1023.0 + (above_sqrt2 ? 1.0 : 0.0);
   const double s = (m - 1.0) / (m + 1.0), s2 = s * s;
   const double series =
       0.3333333333333333 +
@@ -104,6 +106,88 @@ inline double cos_two_pi_vectorizable(double u) {
                                              x2 * (-7.6471637318198164e-13 + x2 * 2.8114572543455206e-15)))))));
   const int64_t quadrant = static_cast<int64_t>(q) & 3;  // cos(x + q·π/2)
   return quadrant == 0 ? c : quadrant == 1 ? -s : quadrant == 2 ? -c : s;
+}
+
+// Note [Vectorized float32 exp, log, sigmoid, softplus and elu]
+// float32's exp, log, sigmoid, softplus and elu on the CPU, without calls or branches, so that an
+// elementwise loop over them vectorizes: glibc's expf and logf are scalar calls, and sigmoid ran at
+// 17x PyTorch's time (docs/benchmarks.md, "Elementwise exponentials vectorized"). Each is computed
+// in float64 from the float32 operand and rounded once, so it is within a hair of half an ulp of
+// the exact value (test_engine's "float32 exp, log, sigmoid, softplus and elu": at most 1 ulp).
+// - e^x (exp_of_float): x = n ln 2 + r with n = rint(x / ln 2), |r| ≤ ln2/2 (float64's own rounding
+//   of n ln 2 is 2^-45 relative at worst, n ≤ 150), e^r by its Taylor polynomial of degree 9 (next
+//   term below 2^-37 relative), 2^n from its bits. x is held to [-110, 100], past float32's range
+//   both ways (e^-104 rounds to 0, e^89 to inf), so that 2^n stays a normal float64.
+// - log: log_vectorizable (Note [Vectorized log and cos]) of the widened value; float32's
+//   subnormals are normal float64s.
+// - softplus: log1p(e^(a·x)) / a, log1p(y) as log(u)·y / (u - 1) with u = 1 + y (y where u is 1):
+//   the quotient cancels u's rounding (Goldberg), so a tiny y keeps its digits.
+// - elu: a·(e^x - 1), e^x - 1 by expm1_of_float, so that a tiny x keeps its digits.
+// NaN gives NaN; infinities and zeros what the functions give them.
+inline double exp_of_float(double x) {
+  const double held = x < -110.0 ? -110.0 : (x > 100.0 ? 100.0 : x);
+  // n = rint(x / ln 2) as the shifter's low bits: AVX2 has no float64-integer conversions, and one
+  // keeps the loop scalar there. Exact: |x / ln 2| < 2^51.
+  const double shifted = held * 1.4426950408889634 + 0x1.8p52;
+  const double n = shifted - 0x1.8p52;
+  const double r = held - n * 0.6931471805599453;
+  const double e_r =
+      1.0 +
+      r * (1.0 + r * (0.5 + r * (1.6666666666666666e-01 +
+                                 r * (4.1666666666666664e-02 +
+                                      r * (8.3333333333333332e-03 +
+                                           r * (1.3888888888888889e-03 +
+                                                r * (1.9841269841269841e-04 +
+                                                     r * (2.4801587301587302e-05 + r * 2.7557319223985893e-06))))))));
+  return e_r * std::bit_cast<double>((std::bit_cast<uint64_t>(shifted) + 1023) << 52);  // e^r·2^n
+}
+
+inline float exp_vectorizable(float x) {
+  const double e = exp_of_float(x != x ? 0.0 : static_cast<double>(x));
+  return x != x ? x : static_cast<float>(e);
+}
+
+inline float log_vectorizable(float x) {
+  const bool finite_positive = x > 0.0f && x < __builtin_inff();
+  const double l = log_vectorizable(finite_positive ? static_cast<double>(x) : 1.0);
+  // log 0 = -inf, log inf = inf, log of a negative number or NaN NaN.
+  return finite_positive ? static_cast<float>(l)
+                         : (x == 0.0f ? -__builtin_inff() : (x > 0.0f ? x : __builtin_nanf("")));
+}
+
+inline float sigmoid_vectorizable(float x) {
+  const double e = exp_of_float(x != x ? 0.0 : -static_cast<double>(x < 0.0f ? -x : x));  // e^-|x|, in (0, 1]
+  const double s = (x < 0.0f ? e : 1.0) / (1.0 + e);
+  return x != x ? x : static_cast<float>(s);
+}
+
+// softplus with beta a and threshold b (PyTorch's): x where a·x > b, else log1p(e^(a·x)) / a.
+inline float softplus_vectorizable(float x, float a, float b) {
+  const float ax = a * x;
+  const double y = exp_of_float(ax != ax ? 0.0 : static_cast<double>(ax)), u = 1.0 + y;
+  const double log1p_y = u == 1.0 ? y : log_vectorizable(u) * y / (u - 1.0);
+  return ax > b || x != x ? x : static_cast<float>(log1p_y / static_cast<double>(a));
+}
+
+// e^x - 1 for x of float32's range: near 0 by its Taylor series to x^10 (e^x - 1 would lose x's
+// digits to the 1; the next term is below 2^-44 of the sum for |x| < 1/4), else from e^x.
+inline double expm1_of_float(double x) {
+  const double near_zero =
+      x *
+      (1.0 + x * (0.5 + x * (1.6666666666666666e-01 +
+                             x * (4.1666666666666664e-02 +
+                                  x * (8.3333333333333332e-03 +
+                                       x * (1.3888888888888889e-03 +
+                                            x * (1.9841269841269841e-04 +
+                                                 x * (2.4801587301587302e-05 +
+                                                      x * (2.7557319223985893e-06 + x * 2.7557319223985888e-07)))))))));
+  return x > -0.25 && x < 0.25 ? near_zero : exp_of_float(x) - 1.0;
+}
+
+// elu with alpha a: x where x > 0, else a·(e^x - 1).
+inline float elu_vectorizable(float x, float a) {
+  const double e_minus_1 = expm1_of_float(x > 0.0f || x != x ? 0.0 : static_cast<double>(x));
+  return x > 0.0f || x != x ? x : static_cast<float>(static_cast<double>(a) * e_minus_1);
 }
 
 }  // namespace EF_CPU_ISA
