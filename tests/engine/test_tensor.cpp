@@ -473,8 +473,9 @@ TEST_CASE("float32 exp, log, sigmoid, softplus and elu on the CPU: within 1 ulp,
         CHECK(got == static_cast<double>(rounded));
         continue;
       }
-      const double ulp = std::max(static_cast<double>(std::nextafter(std::fabs(rounded), INFINITY) - std::fabs(rounded)),
-                                  std::ldexp(1.0, -149));
+      const double ulp =
+          std::max(static_cast<double>(std::nextafter(std::fabs(rounded), INFINITY) - std::fabs(rounded)),
+                   std::ldexp(1.0, -149));
       worst = std::max(worst, static_cast<double>(std::fabs(static_cast<long double>(got) - want)) / ulp);
     }
     CAPTURE(worst);
@@ -483,8 +484,9 @@ TEST_CASE("float32 exp, log, sigmoid, softplus and elu on the CPU: within 1 ulp,
   }
   const double inf = std::numeric_limits<double>::infinity();
   const Tensor special = from_vector({std::nan(""), inf, -inf, 0.0, -0.0}, {5}, {.dtype = kFloat32});
-  const std::vector<double> e = exp(special).to_vector(), l = log(special).to_vector(), s = sigmoid(special).to_vector(),
-                            p = softplus(special, 1.0, 20.0).to_vector(), u = elu(special, 1.0).to_vector();
+  const std::vector<double> e = exp(special).to_vector(), l = log(special).to_vector(),
+                            s = sigmoid(special).to_vector(), p = softplus(special, 1.0, 20.0).to_vector(),
+                            u = elu(special, 1.0).to_vector();
   CHECK(std::isnan(e[0]));
   CHECK((e[1] == inf && e[2] == 0.0 && e[3] == 1.0 && e[4] == 1.0));
   CHECK(std::isnan(l[0]));
