@@ -203,6 +203,23 @@ int main(int argc, char** argv) {
       });
     }
 
+    // Exponentials, elementwise and along rows (Note [Vectorized float32 exp, log, sigmoid,
+    // softplus and elu]): activations and the losses' softmax, a segmentation's over the classes of
+    // each pixel (dim 1 of [N, C, H, W]) too, forward only, in input elements per second.
+    if (only.empty() || std::string("pointwise_exp softmax").find(only) != std::string::npos) {
+      attempt("pointwise", [&] {
+        ef::NoGradGuard no_grad;
+        const ef::Tensor x = ef::randn({4096, 1024}, o), pixels = ef::randn({8, 21, 128, 128}, o);
+        const auto elements = static_cast<double>(x.numel());
+        timed("pointwise_exp_4096x1024", elements, "Gelem/s", [&] { ef::exp(x); });
+        timed("pointwise_sigmoid_4096x1024", elements, "Gelem/s", [&] { ef::sigmoid(x); });
+        timed("pointwise_softplus_4096x1024", elements, "Gelem/s", [&] { ef::softplus(x, 1.0, 20.0); });
+        timed("softmax_4096x1024", elements, "Gelem/s", [&] { ef::softmax(x, 1); });
+        timed("log_softmax_8x21x128x128_dim1", static_cast<double>(pixels.numel()), "Gelem/s",
+              [&] { ef::log_softmax(pixels, 1); });
+      });
+    }
+
     // A gradient penalty's pass through the wgan_gp critic's LayerNorm ([64, 64, 7, 7] channels-last,
     // over [64, 7, 7]): the forward, the input gradient with create_graph, and the gradient of that
     // gradient's sum of squares (the double backward) -- by the kernel (Backend::normalize_double_backward),

@@ -139,6 +139,18 @@ def main():
         if wanted(name):
             attempt(name, lambda: norm_case(name, shape, features))
 
+    def pointwise():
+        x, pixels = torch.randn(4096, 1024, **kw), torch.randn(8, 21, 128, 128, **kw)
+        with torch.no_grad():
+            timed("pointwise_exp_4096x1024", lambda: x.exp(), x.numel(), "Gelem/s")
+            timed("pointwise_sigmoid_4096x1024", lambda: x.sigmoid(), x.numel(), "Gelem/s")
+            timed("pointwise_softplus_4096x1024", lambda: F.softplus(x, 1.0, 20.0), x.numel(), "Gelem/s")
+            timed("softmax_4096x1024", lambda: torch.softmax(x, 1), x.numel(), "Gelem/s")
+            timed("log_softmax_8x21x128x128_dim1", lambda: torch.log_softmax(pixels, 1), pixels.numel(), "Gelem/s")
+
+    if not a.only or a.only in "pointwise_exp softmax":
+        attempt("pointwise", pointwise)
+
     def bandwidth():
         n = 1 << 26
         x, y = torch.randn(n, **kw), torch.randn(n, **kw)
