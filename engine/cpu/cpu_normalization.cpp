@@ -95,6 +95,55 @@ void softmax_typed(T* out, const T* x, int64_t rows, int64_t cols, bool log) {
   }
 }
 
+// log of a softmax's sum (at least 1, or NaN), for float32 outputs through our own (a call per
+// pixel kept softmax_dim1_typed's log-softmax loop scalar), for float64 ones glibc's.
+inline double sum_log(double s, float) {
+  return s != s ? s : log_vectorizable(s);
+}
+inline double sum_log(double s, double) {
+  return std::log(s);
+}
+
+// Softmax over dim 1 of a contiguous [outer, cols, inner]: a block of kPixels positions along
+// inner side by side, a pass over the cols for each of the maximum, e^(x - m) and its sum, and the
+// output -- each a loop along inner, which vectorizes where softmax_typed's rows would be a few
+// elements long (a segmentation's classes). A position's sum adds its cols in order, from 0.
+template <typename T>
+void softmax_dim1_typed(T* out, const T* x, int64_t outer, int64_t cols, int64_t inner, bool log) {
+  using A = acc_t<T>;
+  constexpr int64_t kPixels = 256;
+  const int64_t blocks = (inner + kPixels - 1) / kPixels, tasks = outer * blocks;
+  [[maybe_unused]] const int nt = threads_for(outer * cols * inner);
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
+  for (int64_t task = 0; task < tasks; ++task) {
+    const int64_t o = task / blocks, i0 = (task % blocks) * kPixels, m = std::min(kPixels, inner - i0);
+    const T* xb = x + o * cols * inner + i0;
+    T* yb = out + o * cols * inner + i0;
+    T mx[kPixels];
+    A sums[kPixels] = {};
+    std::fill(mx, mx + m, -std::numeric_limits<T>::infinity());
+    for (int64_t c = 0; c < cols; ++c)
+      for (int64_t i = 0; i < m; ++i) mx[i] = std::max(mx[i], xb[c * inner + i]);
+    for (int64_t c = 0; c < cols; ++c)
+      for (int64_t i = 0; i < m; ++i) {
+        const T e = row_exp(xb[c * inner + i] - mx[i]);
+        yb[c * inner + i] = e;
+        sums[i] += static_cast<A>(e);
+      }
+    if (log) {
+      T lse[kPixels];
+      for (int64_t i = 0; i < m; ++i) lse[i] = mx[i] + static_cast<T>(sum_log(sums[i], T{}));
+      for (int64_t c = 0; c < cols; ++c)
+        for (int64_t i = 0; i < m; ++i) yb[c * inner + i] = xb[c * inner + i] - lse[i];
+    } else {
+      T inv[kPixels];
+      for (int64_t i = 0; i < m; ++i) inv[i] = static_cast<T>(1.0 / sums[i]);
+      for (int64_t c = 0; c < cols; ++c)
+        for (int64_t i = 0; i < m; ++i) yb[c * inner + i] *= inv[i];
+    }
+  }
+}
+
 // Normalization (NormArgs in backend.h). Groups are independent, so threads take whole groups; a
 // group's outer x inner elements are read three times (mean, variance, output), each pass over
 // rows of `inner` contiguous elements.
@@ -514,6 +563,16 @@ void CpuBackend::softmax(const View& out, const View& x, bool log) {
     softmax_typed(static_cast<scalar_t*>(out.data), static_cast<const scalar_t*>(x.data), out.shape[0], out.shape[1],
                   log);
   });
+}
+
+bool CpuBackend::softmax_dim1(const View& out, const View& x, bool log) {
+  EF_ASSERT(out.ndim == 3 && x.ndim == 3 && out.is_contiguous() && x.is_contiguous() && out.dtype == x.dtype,
+            "softmax_dim1: expects contiguous [outer, cols, inner] views");
+  EF_DISPATCH_FLOAT(x.dtype, "softmax", [&] {
+    softmax_dim1_typed(static_cast<scalar_t*>(out.data), static_cast<const scalar_t*>(x.data), x.shape[0], x.shape[1],
+                       x.shape[2], log);
+  });
+  return true;
 }
 
 void CpuBackend::normalize(const NormArgs& args, const View& y, const View& mean, const View& var, const View& x,

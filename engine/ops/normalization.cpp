@@ -17,6 +17,26 @@ static Tensor softmax_kernel(const char* op, const Tensor& x, int64_t dim, bool 
   const int64_t d = normalize_dim(dim, x.dim(), op);
   if (x.dim() == 0) return log ? zeros_like(x) : ones_like(x);
   const int64_t last = x.dim() - 1;
+  if (d < last && x.numel() > 0) {
+    // Over dim 1 of [outer, cols, inner] where the backend can (a segmentation's classes of each
+    // pixel: rows of a few elements once moved last, and two copies).
+    int64_t outer = 1, inner = 1;
+    for (int64_t i = 0; i < d; ++i) outer *= x.size(i);
+    for (int64_t i = d + 1; i <= last; ++i) inner *= x.size(i);
+    const Tensor in = x.detach().contiguous();
+    Tensor out = detail::empty_like_shape(x, x.shape());
+    View in_v = in.view(), out_v = out.view();
+    for (View* v : {&in_v, &out_v}) {
+      v->ndim = 3;
+      v->shape[0] = outer;
+      v->shape[1] = x.size(d);
+      v->shape[2] = inner;
+      v->strides[0] = x.size(d) * inner;
+      v->strides[1] = inner;
+      v->strides[2] = 1;
+    }
+    if (backend_of(x).softmax_dim1(out_v, in_v, log)) return out;
+  }
   const Tensor moved = transpose(x.detach(), d, last).contiguous();
   Tensor out = detail::empty_like_shape(x, moved.shape());
   if (out.numel() > 0) {

@@ -499,6 +499,60 @@ TEST_CASE("float32 exp, log, sigmoid, softplus and elu on the CPU: within 1 ulp,
   CHECK((u[1] == inf && u[2] == -1.0 && u[3] == 0.0));
 }
 
+// Softmax over a dim that is not the last (Backend::softmax_dim1 on the CPU: the dim's elements of
+// each inner position side by side) against the same dim moved last (softmax's rows): equal to
+// float64 rounding in float64, within 2e-7 relative in float32 (the same e^x, summed in another
+// order; log-softmax's values relative to 1 where they are smaller), over every dim of a 4-d tensor, several blocks of
+// positions with a partial last one, a channels-last input, and a NaN that poisons its own position only.
+TEST_CASE("softmax and log_softmax over a dim before the last: the same as with it moved last") {
+  manual_seed(5);
+  for (const DType dtype : {kFloat64, kFloat32}) {
+    const std::string type = dtype_name(dtype);
+    CAPTURE(type);
+    const double tol = dtype == kFloat64 ? 1e-14 : 2e-7;
+    const auto moved_last = [](const Tensor& t, int64_t d, bool log) {
+      const int64_t last = t.dim() - 1;
+      const Tensor moved = transpose(t, d, last).contiguous();
+      return transpose(log ? log_softmax(moved, last) : softmax(moved, last), d, last);
+    };
+    for (const Shape& shape : {Shape{2, 5, 3, 7}, Shape{3, 21, 300}, Shape{1, 2, 1}}) {
+      const Tensor x = mul_scalar(randn(shape, {.dtype = dtype}), 4.0);
+      for (int64_t d = 0; d + 1 < x.dim(); ++d)
+        for (const bool log : {false, true}) {
+          CAPTURE(d);
+          CAPTURE(log);
+          const std::vector<double> got = (log ? log_softmax(x, d) : softmax(x, d)).to_vector();
+          const std::vector<double> want = moved_last(x, d, log).contiguous().to_vector();
+          REQUIRE(got.size() == want.size());
+          double worst = 0;
+          for (size_t i = 0; i < got.size(); ++i)
+            // log-softmax's values near 0 are differences of larger numbers: against 1 there.
+            worst = std::max(worst, std::fabs(got[i] - want[i]) /
+                                        std::max(std::fabs(want[i]), log ? 1.0 : std::numeric_limits<double>::min()));
+          CAPTURE(worst);
+          CHECK(worst <= tol);
+        }
+    }
+    // Channels-last [2, 3, 4, 5] over the channels: read through its logical layout.
+    const Tensor x = randn({2, 3, 4, 5}, {.dtype = dtype});
+    const std::vector<double> plain = softmax(x, 1).to_vector();
+    const std::vector<double> from_channels_last = softmax(x.contiguous(MemoryFormat::ChannelsLast), 1).to_vector();
+    CHECK(plain == from_channels_last);
+    // A NaN at [0, 1, 2]: its position's outputs over dim 1 are NaN, every other one is not.
+    std::vector<double> v(2 * 3 * 4);
+    for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<double>(i % 7) - 3.0;
+    v[1 * 4 + 2] = std::nan("");
+    for (const bool log : {false, true}) {
+      const Tensor t = from_vector(v, {2, 3, 4}, {.dtype = dtype});
+      const std::vector<double> y = (log ? log_softmax(t, 1) : softmax(t, 1)).to_vector();
+      for (size_t i = 0; i < y.size(); ++i) {
+        const bool poisoned = i / 12 == 0 && i % 4 == 2;
+        CHECK(std::isnan(y[i]) == poisoned);
+      }
+    }
+  }
+}
+
 // --- bfloat16 (engine/bfloat16.h) ----------------------------------------------------------------------
 
 TEST_CASE("bfloat16: float32 rounds to nearest, ties to even; NaN, infinities and overflow") {
