@@ -263,12 +263,10 @@ class Backend {
   // Softmax or log-softmax over the last dim of a contiguous [rows, cols] view.
   virtual void softmax(const View& out, const View& x, bool log) = 0;
   // The same over dim 1 of a contiguous [outer, cols, inner] view (a segmentation's classes of each
-  // pixel), without moving that dim last. Returns false, writing nothing, where the backend has no
-  // such kernel: the op then moves the dim last and calls softmax.
-  virtual bool softmax_dim1(const View& out, const View& x, bool log) {
-    (void)out, (void)x, (void)log;
-    return false;
-  }
+  // pixel), without moving that dim last; only where has_softmax_dim1() (else the op moves the dim
+  // last and calls softmax, and this is never called).
+  virtual bool has_softmax_dim1() const { return false; }
+  virtual void softmax_dim1(const View& out, const View& x, bool log) { (void)out, (void)x, (void)log; }
 
   // Max pooling over contiguous NCHW; indices (int64) are flat positions within each H*W plane.
   // Padding never wins (it acts as -infinity).

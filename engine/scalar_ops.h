@@ -24,6 +24,12 @@ EF_HD inline float log_(float x) {
 EF_HD inline double log_(double x) {
   return ::log(x);
 }
+EF_HD inline float expm1_(float x) {
+  return ::expm1f(x);
+}
+EF_HD inline double expm1_(double x) {
+  return ::expm1(x);
+}
 EF_HD inline float log1p_(float x) {
   return ::log1pf(x);
 }
@@ -60,6 +66,12 @@ EF_HD inline float pow_(float x, float y) {
 EF_HD inline double pow_(double x, double y) {
   return ::pow(x, y);
 }
+// log(1 + e^t) as max(t, 0) + log1p(e^-|t|): finite where e^t overflows (softplus below a large
+// threshold).
+template <typename T>
+EF_HD inline T log1p_exp_(T t) {
+  return (t > T(0) ? t : T(0)) + log1p_(exp_(-abs_(t)));
+}
 // Whether x is NaN; always false for integer types.
 template <typename T>
 EF_HD inline bool isnan_(T x) {
@@ -93,12 +105,12 @@ EF_HD inline bool isnan_(T x) {
   X(Square, x* x)                                                                      \
   X(Relu, x <= T(0) ? T(0) : x)                                                        \
   X(LeakyRelu, x > T(0) ? x : T(a) * x)                                                \
-  X(Elu, x > T(0) ? x : T(a) * (exp_(x) - T(1)))                                       \
+  X(Elu, x > T(0) ? x : T(a) * expm1_(x))                                              \
   X(Sigmoid, x >= T(0) ? T(1) / (T(1) + exp_(-x)) : exp_(x) / (T(1) + exp_(x)))        \
   X(Tanh, tanh_(x))                                                                    \
   X(Erf, erf_(x))                                                                      \
   /* softplus with beta=a, threshold=b (PyTorch's): linear where beta*x > threshold */ \
-  X(Softplus, T(a) * x > T(b) ? x : log1p_(exp_(T(a) * x)) / T(a))                     \
+  X(Softplus, T(a) * x > T(b) ? x : log1p_exp_(T(a) * x) / T(a))                       \
   X(Clamp, x < T(a) ? T(a) : (x > T(b) ? T(b) : x))                                    \
   X(PowScalar, pow_(x, T(a)))                                                          \
   X(AddScalar, x + T(a))                                                               \

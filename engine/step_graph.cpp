@@ -220,16 +220,9 @@ class RecordingBackend final : public Backend {
   void softmax(const View& out, const View& x, bool log) override {
     call([=, this] { kernels_->softmax(out, x, log); });
   }
-  // The CPU kernels have softmax over dim 1 for every view (they return true), as the double
-  // backward above.
-  bool softmax_dim1(const View& out, const View& x, bool log) override {
-    Capture* c = capture_.load(std::memory_order_acquire);
-    if (c == nullptr || step_thread().capture != c) return kernels_->softmax_dim1(out, x, log);
-    call([=, this] {
-      const bool ran = kernels_->softmax_dim1(out, x, log);
-      EF_ASSERT(ran, "the CPU kernels declined a softmax over dim 1 they were recorded for");
-    });
-    return true;
+  bool has_softmax_dim1() const override { return kernels_->has_softmax_dim1(); }
+  void softmax_dim1(const View& out, const View& x, bool log) override {
+    call([=, this] { kernels_->softmax_dim1(out, x, log); });
   }
   void max_pool2d(const PoolArgs& args, const View& out, const View& indices, const View& x) override {
     call([=, this] { kernels_->max_pool2d(args, out, indices, x); });

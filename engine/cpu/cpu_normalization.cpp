@@ -565,14 +565,13 @@ void CpuBackend::softmax(const View& out, const View& x, bool log) {
   });
 }
 
-bool CpuBackend::softmax_dim1(const View& out, const View& x, bool log) {
+void CpuBackend::softmax_dim1(const View& out, const View& x, bool log) {
   EF_ASSERT(out.ndim == 3 && x.ndim == 3 && out.is_contiguous() && x.is_contiguous() && out.dtype == x.dtype,
             "softmax_dim1: expects contiguous [outer, cols, inner] views");
   EF_DISPATCH_FLOAT(x.dtype, "softmax", [&] {
     softmax_dim1_typed(static_cast<scalar_t*>(out.data), static_cast<const scalar_t*>(x.data), x.shape[0], x.shape[1],
                        x.shape[2], log);
   });
-  return true;
 }
 
 void CpuBackend::normalize(const NormArgs& args, const View& y, const View& mean, const View& var, const View& x,

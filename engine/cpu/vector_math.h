@@ -116,16 +116,19 @@ inline double cos_two_pi_vectorizable(double u) {
 // the exact value (test_engine's "float32 exp, log, sigmoid, softplus and elu": at most 1 ulp).
 // - e^x (exp_of_float): x = n ln 2 + r with n = rint(x / ln 2), |r| ≤ ln2/2 (float64's own rounding
 //   of n ln 2 is 2^-45 relative at worst, n ≤ 150), e^r by its Taylor polynomial of degree 9 (next
-//   term below 2^-37 relative), 2^n from its bits. x is held to [-110, 100], past float32's range
-//   both ways (e^-104 rounds to 0, e^89 to inf), so that 2^n stays a normal float64.
+//   term below 2^-37 relative), 2^n from its bits. x is held to [-708, 709], where 2^n is a normal
+//   float64: far past float32's range (e^-104 rounds to 0, e^89 to inf), as softplus with a small
+//   beta needs (e^(a·x) / a).
 // - log: log_vectorizable (Note [Vectorized log and cos]) of the widened value; float32's
 //   subnormals are normal float64s.
-// - softplus: log1p(e^(a·x)) / a, log1p(y) as log(u)·y / (u - 1) with u = 1 + y (y where u is 1):
-//   the quotient cancels u's rounding (Goldberg), so a tiny y keeps its digits.
+// - softplus: (max(a·x, 0) + log1p(e^-|a·x|)) / a, equal to log1p(e^(a·x)) / a, whose exponential
+//   would overflow for a·x past 709 below a large threshold; log1p(y) as log(u)·y / (u - 1) with
+//   u = 1 + y (y where u is 1): the quotient cancels u's rounding (Goldberg), so a tiny y keeps its
+//   digits.
 // - elu: a·(e^x - 1), e^x - 1 by expm1_of_float, so that a tiny x keeps its digits.
 // NaN gives NaN; infinities and zeros what the functions give them.
 inline double exp_of_float(double x) {
-  const double held = x < -110.0 ? -110.0 : (x > 100.0 ? 100.0 : x);
+  const double held = x < -708.0 ? -708.0 : (x > 709.0 ? 709.0 : x);
   // n = rint(x / ln 2) as the shifter's low bits: AVX2 has no float64-integer conversions, and one
   // keeps the loop scalar there. Exact: |x / ln 2| < 2^51.
   const double shifted = held * 1.4426950408889634 + 0x1.8p52;
@@ -150,9 +153,9 @@ inline float exp_vectorizable(float x) {
 inline float log_vectorizable(float x) {
   const bool finite_positive = x > 0.0f && x < __builtin_inff();
   const double l = log_vectorizable(finite_positive ? static_cast<double>(x) : 1.0);
-  // log 0 = -inf, log inf = inf, log of a negative number or NaN NaN.
+  // log 0 = -inf, log inf = inf, log of a negative number NaN, NaN itself.
   return finite_positive ? static_cast<float>(l)
-                         : (x == 0.0f ? -__builtin_inff() : (x > 0.0f ? x : __builtin_nanf("")));
+                         : (x == 0.0f ? -__builtin_inff() : (x > 0.0f || x != x ? x : __builtin_nanf("")));
 }
 
 inline float sigmoid_vectorizable(float x) {
@@ -163,10 +166,12 @@ inline float sigmoid_vectorizable(float x) {
 
 // softplus with beta a and threshold b (PyTorch's): x where a·x > b, else log1p(e^(a·x)) / a.
 inline float softplus_vectorizable(float x, float a, float b) {
-  const float ax = a * x;
-  const double y = exp_of_float(ax != ax ? 0.0 : static_cast<double>(ax)), u = 1.0 + y;
+  const float ax = a * x;  // in float32, as the threshold test has always been
+  const double t = ax != ax ? 0.0 : static_cast<double>(ax);
+  const double y = exp_of_float(t < 0.0 ? t : -t), u = 1.0 + y;  // e^-|a·x|, in (0, 1]
   const double log1p_y = u == 1.0 ? y : log_vectorizable(u) * y / (u - 1.0);
-  return ax > b || x != x ? x : static_cast<float>(log1p_y / static_cast<double>(a));
+  const double softplus = ((t > 0.0 ? t : 0.0) + log1p_y) / static_cast<double>(a);
+  return ax > b ? x : (ax != ax ? ax : static_cast<float>(softplus));
 }
 
 // e^x - 1 for x of float32's range: near 0 by its Taylor series to x^10 (e^x - 1 would lose x's

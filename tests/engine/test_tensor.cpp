@@ -427,6 +427,11 @@ TEST_CASE("tanh of float32 on the CPU: within 1.5 ulp of the exact value, specia
 // double where float64's own would cancel): over a spread of float32 values (every 4099th bit
 // pattern of each sign, so every binade, subnormals included) within 1 ulp (measured: 0.5 and a
 // hair), the contiguous and the strided loop alike, and the special values.
+// log(1 + e^t) without overflow, for the references.
+long double log1p_exp(long double t) {
+  return (t > 0 ? t : 0) + std::log1p(std::exp(-std::fabs(t)));
+}
+
 TEST_CASE("float32 exp, log, sigmoid, softplus and elu on the CPU: within 1 ulp, special values kept") {
   std::vector<double> xs;
   for (uint32_t bits = 0; bits < 0x7F800000u; bits += 4099) {
@@ -446,9 +451,21 @@ TEST_CASE("float32 exp, log, sigmoid, softplus and elu on the CPU: within 1 ulp,
       {"sigmoid", [](const Tensor& t) { return sigmoid(t); },
        [](long double v) { return v >= 0 ? 1 / (1 + std::exp(-v)) : std::exp(v) / (1 + std::exp(v)); }},
       {"softplus", [](const Tensor& t) { return softplus(t, 1.0, 20.0); },
-       [](long double v) { return v > 20 ? v : std::log1p(std::exp(v)); }},
+       [](long double v) { return v > 20 ? v : log1p_exp(v); }},
       {"softplus, beta 2 and threshold 5", [](const Tensor& t) { return softplus(t, 2.0, 5.0); },
-       [](long double v) { return 2 * v > 5 ? v : std::log1p(std::exp(2 * v)) / 2; }},
+       [](long double v) { return 2 * v > 5 ? v : log1p_exp(2 * v) / 2; }},
+      // Past exp's range below the threshold, and betas that are not powers of two (beta·x rounds
+      // to float32 first, as the op computes it).
+      {"softplus, beta 0.3 and threshold 1000", [](const Tensor& t) { return softplus(t, 0.3, 1000.0); },
+       [](long double v) {
+         const float bx = 0.3f * static_cast<float>(v);
+         return bx > 1000.0f ? v : log1p_exp(bx) / static_cast<long double>(0.3f);
+       }},
+      {"softplus, beta 1e-6", [](const Tensor& t) { return softplus(t, 1e-6, 20.0); },
+       [](long double v) {
+         const float bx = 1e-6f * static_cast<float>(v);
+         return bx > 20.0f ? v : log1p_exp(bx) / static_cast<long double>(1e-6f);
+       }},
       {"elu", [](const Tensor& t) { return elu(t, 1.5); },
        [](long double v) { return v > 0 ? v : 1.5L * std::expm1(v); }},
   };
@@ -496,14 +513,17 @@ TEST_CASE("float32 exp, log, sigmoid, softplus and elu on the CPU: within 1 ulp,
   CHECK(std::isnan(p[0]));
   CHECK((p[1] == inf && p[2] == 0.0 && p[3] == static_cast<double>(static_cast<float>(std::log(2.0)))));
   CHECK(std::isnan(u[0]));
-  CHECK((u[1] == inf && u[2] == -1.0 && u[3] == 0.0));
+  CHECK((u[1] == inf && u[2] == -1.0 && u[3] == 0.0 && !std::signbit(u[3])));
+  CHECK((u[4] == 0.0 && std::signbit(u[4])));  // expm1(-0) = -0, as PyTorch's elu
+  CHECK(p[4] == p[3]);
 }
 
 // Softmax over a dim that is not the last (Backend::softmax_dim1 on the CPU: the dim's elements of
 // each inner position side by side) against the same dim moved last (softmax's rows): equal to
 // float64 rounding in float64, within 2e-7 relative in float32 (the same e^x, summed in another
-// order; log-softmax's values relative to 1 where they are smaller), over every dim of a 4-d tensor, several blocks of
-// positions with a partial last one, a channels-last input, and a NaN that poisons its own position only.
+// order, then rounded; log-softmax's x - log-sum-exp relative to 1 + |x|, the size of its terms), over every dim of a
+// 4-d tensor, several blocks of positions with a partial last one, a channels-last input, and a NaN that poisons its
+// own position only.
 TEST_CASE("softmax and log_softmax over a dim before the last: the same as with it moved last") {
   manual_seed(5);
   for (const DType dtype : {kFloat64, kFloat32}) {
@@ -523,12 +543,13 @@ TEST_CASE("softmax and log_softmax over a dim before the last: the same as with 
           CAPTURE(log);
           const std::vector<double> got = (log ? log_softmax(x, d) : softmax(x, d)).to_vector();
           const std::vector<double> want = moved_last(x, d, log).contiguous().to_vector();
+          const std::vector<double> xs = x.to_vector();
           REQUIRE(got.size() == want.size());
           double worst = 0;
           for (size_t i = 0; i < got.size(); ++i)
-            // log-softmax's values near 0 are differences of larger numbers: against 1 there.
             worst = std::max(worst, std::fabs(got[i] - want[i]) /
-                                        std::max(std::fabs(want[i]), log ? 1.0 : std::numeric_limits<double>::min()));
+                                        std::max(std::fabs(want[i]),
+                                                 log ? 1.0 + std::fabs(xs[i]) : std::numeric_limits<double>::min()));
           CAPTURE(worst);
           CHECK(worst <= tol);
         }
@@ -539,14 +560,14 @@ TEST_CASE("softmax and log_softmax over a dim before the last: the same as with 
     const std::vector<double> from_channels_last = softmax(x.contiguous(MemoryFormat::ChannelsLast), 1).to_vector();
     CHECK(plain == from_channels_last);
     // A NaN at [0, 1, 2]: its position's outputs over dim 1 are NaN, every other one is not.
-    std::vector<double> v(2 * 3 * 4);
+    std::vector<double> v(2 * 3 * 8);
     for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<double>(i % 7) - 3.0;
-    v[1 * 4 + 2] = std::nan("");
+    v[1 * 8 + 2] = std::nan("");
     for (const bool log : {false, true}) {
-      const Tensor t = from_vector(v, {2, 3, 4}, {.dtype = dtype});
+      const Tensor t = from_vector(v, {2, 3, 8}, {.dtype = dtype});
       const std::vector<double> y = (log ? log_softmax(t, 1) : softmax(t, 1)).to_vector();
       for (size_t i = 0; i < y.size(); ++i) {
-        const bool poisoned = i / 12 == 0 && i % 4 == 2;
+        const bool poisoned = i / 24 == 0 && i % 8 == 2;
         CHECK(std::isnan(y[i]) == poisoned);
       }
     }
