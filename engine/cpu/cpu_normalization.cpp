@@ -24,7 +24,7 @@ namespace {
 // kParts parts of kPartLanes, a part of lanes filling one vector register of doubles. Eight doubles
 // are one register with AVX-512 only; as one vector elsewhere, GCC kept the lanes in memory
 // through the loop, moved 8 bytes at a time, and layer norm's backward took 1.5x the AVX-512
-// copy's time on the same CPU (docs/benchmarks.md, "Layer norm's backward on AVX2"). Spelled out
+// copy's time on the same CPU (docs/benchmarks.md, "The AVX2 kernels on an AVX-512 CPU"). Spelled out
 // per type: GCC 12 lost the vector_size of a typedef depending on a template parameter in some
 // uses (it refused a __builtin_convertvector to it).
 constexpr int kPartLanes = kRegisterBytes / static_cast<int>(sizeof(double));

@@ -115,10 +115,9 @@ inline double cos_two_pi_vectorizable(double u) {
 // in float64 from the float32 operand and rounded once, so it is within a hair of half an ulp of
 // the exact value (test_engine's "float32 exp, log, sigmoid, softplus and elu": at most 1 ulp).
 // - e^x (exp_of_float): x = n ln 2 + r with n = rint(x / ln 2), |r| ≤ ln2/2 (float64's own rounding
-//   of n ln 2 is 2^-45 relative at worst, n ≤ 150), e^r by its Taylor polynomial of degree 9 (next
-//   term below 2^-37 relative), 2^n from its bits. x is held to [-708, 709], where 2^n is a normal
-//   float64: far past float32's range (e^-104 rounds to 0, e^89 to inf), as softplus with a small
-//   beta needs (e^(a·x) / a).
+//   of n ln 2 is 2^-45 relative at worst, n ≤ 150), e^r = 1 + exp_minus_one_reduced(r), 2^n from
+//   its bits. x is held to [-708, 709], where 2^n is a normal float64: far past float32's range
+//   (e^-104 rounds to 0, e^89 to inf), as softplus with a small beta needs (e^(a·x) / a).
 // - log: log_vectorizable (Note [Vectorized log and cos]) of the widened value; float32's
 //   subnormals are normal float64s.
 // - softplus: (max(a·x, 0) + log1p(e^-|a·x|)) / a, equal to log1p(e^(a·x)) / a, whose exponential
@@ -127,6 +126,19 @@ inline double cos_two_pi_vectorizable(double u) {
 //   digits.
 // - elu: a·(e^x - 1), e^x - 1 by expm1_of_float, so that a tiny x keeps its digits.
 // NaN gives NaN; infinities and zeros what the functions give them.
+
+// e^r - 1 for |r| ≤ ln2/2 by its Taylor polynomial, r·(1 + r/2 + ... + r^8/9!) (the next term is
+// below 2^-37 of the sum).
+inline double exp_minus_one_reduced(double r) {
+  return r *
+         (1.0 + r * (0.5 + r * (1.6666666666666666e-01 +
+                                r * (4.1666666666666664e-02 +
+                                     r * (8.3333333333333332e-03 +
+                                          r * (1.3888888888888889e-03 +
+                                               r * (1.9841269841269841e-04 +
+                                                    r * (2.4801587301587302e-05 + r * 2.7557319223985893e-06))))))));
+}
+
 inline double exp_of_float(double x) {
   const double held = x < -708.0 ? -708.0 : (x > 709.0 ? 709.0 : x);
   // n = rint(x / ln 2) as the shifter's low bits: AVX2 has no float64-integer conversions, and one
@@ -134,14 +146,7 @@ inline double exp_of_float(double x) {
   const double shifted = held * 1.4426950408889634 + 0x1.8p52;
   const double n = shifted - 0x1.8p52;
   const double r = held - n * 0.6931471805599453;
-  const double e_r =
-      1.0 +
-      r * (1.0 + r * (0.5 + r * (1.6666666666666666e-01 +
-                                 r * (4.1666666666666664e-02 +
-                                      r * (8.3333333333333332e-03 +
-                                           r * (1.3888888888888889e-03 +
-                                                r * (1.9841269841269841e-04 +
-                                                     r * (2.4801587301587302e-05 + r * 2.7557319223985893e-06))))))));
+  const double e_r = 1.0 + exp_minus_one_reduced(r);
   return e_r * std::bit_cast<double>((std::bit_cast<uint64_t>(shifted) + 1023) << 52);  // e^r·2^n
 }
 
@@ -174,19 +179,10 @@ inline float softplus_vectorizable(float x, float a, float b) {
   return ax > b ? x : (ax != ax ? ax : static_cast<float>(softplus));
 }
 
-// e^x - 1 for x of float32's range: near 0 by its Taylor series to x^10 (e^x - 1 would lose x's
-// digits to the 1; the next term is below 2^-44 of the sum for |x| < 1/4), else from e^x.
+// e^x - 1 for x of float32's range: near 0 (|x| < 1/4, within ln2/2) by exp_minus_one_reduced (e^x
+// - 1 would lose x's digits to the 1), else from e^x.
 inline double expm1_of_float(double x) {
-  const double near_zero =
-      x *
-      (1.0 + x * (0.5 + x * (1.6666666666666666e-01 +
-                             x * (4.1666666666666664e-02 +
-                                  x * (8.3333333333333332e-03 +
-                                       x * (1.3888888888888889e-03 +
-                                            x * (1.9841269841269841e-04 +
-                                                 x * (2.4801587301587302e-05 +
-                                                      x * (2.7557319223985893e-06 + x * 2.7557319223985888e-07)))))))));
-  return x > -0.25 && x < 0.25 ? near_zero : exp_of_float(x) - 1.0;
+  return x > -0.25 && x < 0.25 ? exp_minus_one_reduced(x) : exp_of_float(x) - 1.0;
 }
 
 // elu with alpha a: x where x > 0, else a·(e^x - 1).
