@@ -423,10 +423,10 @@ TEST_CASE("tanh of float32 on the CPU: within 1.5 ulp of the exact value, specia
 }
 
 // Note [Vectorized float32 exp, log, sigmoid, softplus and elu] (engine/cpu/vector_math.h): our
-// own functions, computed in float64 and rounded once, against the same functions in float64 (long
-// double where float64's own would cancel): over a spread of float32 values (every 4099th bit
-// pattern of each sign, so every binade, subnormals included) within 1 ulp (measured: 0.5 and a
-// hair), the contiguous and the strided loop alike, and the special values.
+// own functions against the same functions in float64 (long double where float64's own would
+// cancel): over a spread of float32 values (every 4099th bit pattern of each sign, so every binade,
+// subnormals included) within 1 ulp (the Note gives what each path measured), the contiguous and
+// the strided loop alike, and the special values.
 // log(1 + e^t) without overflow, for the references.
 long double log1p_exp(long double t) {
   return (t > 0 ? t : 0) + std::log1p(std::exp(-std::fabs(t)));
