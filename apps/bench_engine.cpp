@@ -220,6 +220,22 @@ int main(int argc, char** argv) {
       });
     }
 
+    // Indices of the largest values (Note [CPU argmax]): a classifier's predictions (the last dim), a
+    // column's (dim 0), a segmentation's per pixel (dim 1 of [N, C, H, W]), and amax over all, in input
+    // elements per second.
+    if (only.empty() || std::string("argmax").find(only) != std::string::npos) {
+      attempt("argmax", [&] {
+        ef::NoGradGuard no_grad;
+        const ef::Tensor x = ef::randn({4096, 1024}, o), pixels = ef::randn({8, 21, 128, 128}, o);
+        const auto elements = static_cast<double>(x.numel());
+        timed("argmax_4096x1024_dim1", elements, "Gelem/s", [&] { ef::argmax(x, 1); });
+        timed("argmax_4096x1024_dim0", elements, "Gelem/s", [&] { ef::argmax(x, 0); });
+        timed("argmax_8x21x128x128_dim1", static_cast<double>(pixels.numel()), "Gelem/s",
+              [&] { ef::argmax(pixels, 1); });
+        timed("amax_4096x1024", elements, "Gelem/s", [&] { ef::amax(x); });
+      });
+    }
+
     // A gradient penalty's pass through the wgan_gp critic's LayerNorm ([64, 64, 7, 7] channels-last,
     // over [64, 7, 7]): the forward, the input gradient with create_graph, and the gradient of that
     // gradient's sum of squares (the double backward) -- by the kernel (Backend::normalize_double_backward),

@@ -151,6 +151,17 @@ def main():
     if not a.only or a.only in "pointwise_exp softmax":
         attempt("pointwise", pointwise)
 
+    def arg_reductions():
+        x, pixels = torch.randn(4096, 1024, **kw), torch.randn(8, 21, 128, 128, **kw)
+        with torch.no_grad():
+            timed("argmax_4096x1024_dim1", lambda: x.argmax(1), x.numel(), "Gelem/s")
+            timed("argmax_4096x1024_dim0", lambda: x.argmax(0), x.numel(), "Gelem/s")
+            timed("argmax_8x21x128x128_dim1", lambda: pixels.argmax(1), pixels.numel(), "Gelem/s")
+            timed("amax_4096x1024", lambda: x.amax(), x.numel(), "Gelem/s")
+
+    if not a.only or a.only in "argmax":
+        attempt("argmax", arg_reductions)
+
     def bandwidth():
         n = 1 << 26
         x, y = torch.randn(n, **kw), torch.randn(n, **kw)

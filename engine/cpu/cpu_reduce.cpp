@@ -197,11 +197,144 @@ void reduce_typed(const View& out, const View& x) {
   }
 }
 
-// ArgMax / ArgMin over the one reduced dim: first occurrence on ties; NaN counts as the extreme,
-// as in PyTorch.
+// Note [CPU argmax]
+// ArgMax / ArgMin over the one reduced dim: the first occurrence on ties; NaN counts as the extreme
+// (the first NaN wins), as in PyTorch. Every path takes an element exactly where a walk from the
+// start would: "better" is v beyond the best so far, or v the first NaN.
+// - Contiguous float32/float64 (argmax_contiguous), as [outer, len, inner]:
+//   - inner 1 (the last dim, or amax's whole tensor): a row in a register's lanes, each its own
+//     best and index, combined by value, then by the smaller index (the earlier element); a row longer
+//     than the threads' share is split into parts, combined the same way in order.
+//   - inner > 1 (dim 1 of NCHW, dim 0 of a matrix): blocks of positions side by side, each
+//     element of a block's row compared with its position's best: loops along inner.
+//   Indices are held as integers of T's width (int32 for float32: parts of at most 2^30), so that
+//   a compare selects values and indices in vectors of one width.
+// - Otherwise (strided, integer or bfloat16 x): one position at a time, a walk along the dim.
+template <bool IsMax, typename T>
+bool better(T v, T best) {
+  return (IsMax ? v > best : v < best) || (v != v && best == best);
+}
+
+template <typename T>
+using ArgIndex = std::conditional_t<sizeof(T) == 4, int32_t, int64_t>;
+
+constexpr int64_t kArgPart = int64_t{1} << 30;  // fits ArgIndex<float>
+
+// The best of n contiguous elements at p, as (value, index from p): a register of lanes, each its
+// own best and index, then the lanes combined, then the tail.
+template <bool IsMax, typename T>
+std::pair<T, int64_t> arg_best_row(const T* p, int64_t n) {
+  using I = ArgIndex<T>;
+  constexpr int kWidth = kRegisterBytes / static_cast<int>(sizeof(T));
+  typedef T Values __attribute__((vector_size(kRegisterBytes)));
+  typedef I Indices __attribute__((vector_size(kRegisterBytes)));
+  T b = p[0];
+  int64_t bi = 0, k = 1;
+  if (n >= 2 * kWidth) {
+    Values best, v;
+    Indices index, at;
+    load_lanes(best, p);
+    for (int l = 0; l < kWidth; ++l) index[l] = static_cast<I>(l);
+    at = index;
+    for (k = kWidth; k + kWidth <= n; k += kWidth) {
+      load_lanes(v, p + k);
+      at += static_cast<I>(kWidth);
+      const auto take = (IsMax ? v > best : v < best) | ((v != v) & (best == best));  // better()'s
+      best = take ? v : best;
+      index = take ? at : index;
+    }
+    b = best[0];
+    bi = index[0];
+    for (int l = 1; l < kWidth; ++l)
+      if (better<IsMax>(best[l], b) || (!better<IsMax>(b, best[l]) && index[l] < bi)) {  // or as good, earlier
+        b = best[l];
+        bi = index[l];
+      }
+  }
+  for (; k < n; ++k)  // the tail, after every lane's elements
+    if (better<IsMax>(p[k], b)) {
+      b = p[k];
+      bi = k;
+    }
+  return {b, bi};
+}
+
+template <bool IsMax, typename T>
+void argmax_contiguous(int64_t* out, const T* x, int64_t outer, int64_t len, int64_t inner) {
+  using I = ArgIndex<T>;
+  const int nt = threads_for(outer * len * inner);
+  if (inner == 1) {
+    // Parts of rows: a row split among the threads when there are fewer rows than threads.
+    const int64_t parts =
+        std::max<int64_t>((len + kArgPart - 1) / kArgPart, outer >= nt ? 1 : (nt + outer - 1) / outer);
+    const int64_t part_len = (len + parts - 1) / parts;
+    std::vector<std::pair<T, int64_t>> found(static_cast<size_t>(outer * parts));
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
+    for (int64_t task = 0; task < outer * parts; ++task) {
+      const int64_t r = task / parts, b = (task % parts) * part_len, n = std::min(part_len, len - b);
+      auto best = n > 0 ? arg_best_row<IsMax>(x + r * len + b, n) : std::pair<T, int64_t>{x[r * len], -1};
+      best.second = n > 0 ? best.second + b : -1;
+      found[static_cast<size_t>(task)] = best;
+    }
+    for (int64_t r = 0; r < outer; ++r) {
+      std::pair<T, int64_t> best = found[static_cast<size_t>(r * parts)];
+      for (int64_t q = 1; q < parts; ++q) {
+        const auto& f = found[static_cast<size_t>(r * parts + q)];
+        if (f.second >= 0 && better<IsMax>(f.first, best.first)) best = f;  // a later part wins only if better
+      }
+      out[r] = best.second;
+    }
+    return;
+  }
+  constexpr int64_t kPositions = 256;
+  int64_t block = std::min(kPositions, inner);
+  if (outer * ((inner + block - 1) / block) < nt) block = std::max<int64_t>(16, (inner + nt - 1) / nt);
+  const int64_t blocks = (inner + block - 1) / block;
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
+  for (int64_t task = 0; task < outer * blocks; ++task) {
+    const int64_t o = task / blocks, i0 = (task % blocks) * block, m = std::min(block, inner - i0);
+    const T* xb = x + o * len * inner + i0;
+    T best[kPositions];
+    I index[kPositions];
+    for (int64_t i = 0; i < m; ++i) {
+      best[i] = xb[i];
+      index[i] = 0;
+    }
+    for (int64_t c = 1; c < len; ++c) {
+      const T* row = xb + c * inner;
+      for (int64_t i = 0; i < m; ++i) {
+        const bool take = better<IsMax>(row[i], best[i]);
+        best[i] = take ? row[i] : best[i];
+        index[i] = take ? static_cast<I>(c) : index[i];
+      }
+    }
+    int64_t* ob = out + o * inner + i0;
+    for (int64_t i = 0; i < m; ++i) ob[i] = index[i];
+  }
+}
+
+// Whether a view is contiguous in row-major order (size-1 dims' strides aside).
+bool row_major(const View& v) {
+  int64_t expected = 1;
+  for (int d = v.ndim - 1; d >= 0; --d) {
+    if (v.shape[d] != 1 && v.strides[d] != expected) return false;
+    expected *= v.shape[d];
+  }
+  return true;
+}
+
 template <bool IsMax, typename T>
 void arg_reduce_typed(const View& out, const View& x, int dim) {
   const int64_t len = x.shape[dim], stride = x.strides[dim];
+  if constexpr (std::is_floating_point_v<T>) {
+    int64_t outer = 1, inner = 1;
+    for (int d = 0; d < dim; ++d) outer *= x.shape[d];
+    for (int d = dim + 1; d < x.ndim; ++d) inner *= x.shape[d];
+    if (row_major(x) && row_major(out) && outer * inner > 0 && (inner == 1 || len <= kArgPart)) {
+      argmax_contiguous<IsMax>(static_cast<int64_t*>(out.data), static_cast<const T*>(x.data), outer, len, inner);
+      return;
+    }
+  }
   View xb = x, ob = out;
   xb.shape[dim] = 1;
   ob.dtype = DType::Int64;
@@ -211,13 +344,11 @@ void arg_reduce_typed(const View& out, const View& x, int dim) {
       const T* row = reinterpret_cast<const T*>(p[1] + k * s[1]);
       T best = row[0];
       int64_t best_i = 0;
-      for (int64_t i = 1; i < len && best == best; ++i) {
-        const T v = row[i * stride];
-        if ((IsMax ? v > best : v < best) || v != v) {
-          best = v;
+      for (int64_t i = 1; i < len; ++i)
+        if (better<IsMax>(row[i * stride], best)) {
+          best = row[i * stride];
           best_i = i;
         }
-      }
       *reinterpret_cast<int64_t*>(p[0] + k * s[0]) = best_i;
     }
   });

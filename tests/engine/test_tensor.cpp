@@ -422,6 +422,66 @@ TEST_CASE("tanh of float32 on the CPU: within 1.5 ulp of the exact value, specia
   CHECK(special[9] == 1.0);
 }
 
+// Note [CPU argmax] (engine/cpu/cpu_reduce.cpp): its lanes, row parts and position blocks take the
+// element a walk from the start takes -- the first of equal values, the first NaN -- in every
+// layout: values of a few levels (so ties are everywhere), NaNs in some rows, float32 and float64,
+// 1 to 3 threads (a long row split in parts), contiguous and transposed input.
+TEST_CASE("argmax and argmin: the first best element, in every layout and thread count") {
+  std::mt19937 rng(7);
+  const int threads_before = num_threads();
+  const struct {
+    Shape shape;
+    bool nans;
+  } cases[] = {{{37}, false},           {{37}, true},        {{1000003}, false},     {{1000003}, true},
+               {{3, 70001}, true},      {{5000, 10}, false}, {{4, 5, 300, 7}, true}, {{2, 21, 64, 64}, false},
+               {{2, 21, 64, 64}, true}, {{9, 1, 40}, false}};
+  for (const auto& c : cases)
+    for (const DType dtype : {kFloat32, kFloat64}) {
+      int64_t n = 1;
+      for (const int64_t d : c.shape) n *= d;
+      std::vector<double> v(static_cast<size_t>(n));
+      std::uniform_int_distribution<int> level(-3, 3);
+      for (double& e : v) e = level(rng) * 0.5;
+      if (c.nans)
+        for (int64_t k = 0; k < n / 997 + 1; ++k)
+          v[static_cast<size_t>(std::uniform_int_distribution<int64_t>(0, n - 1)(rng))] = std::nan("");
+      const Tensor x = from_vector(v, c.shape, {.dtype = dtype});
+      for (int threads = 1; threads <= 3; ++threads) {
+        set_num_threads(threads);
+        for (int64_t dim = 0; dim < static_cast<int64_t>(c.shape.size()); ++dim)
+          for (const bool is_max : {true, false}) {
+            const Shape sh = c.shape;
+            int64_t outer = 1, inner = 1;
+            for (int64_t d = 0; d < dim; ++d) outer *= sh[static_cast<size_t>(d)];
+            for (size_t d = static_cast<size_t>(dim) + 1; d < sh.size(); ++d) inner *= sh[d];
+            const int64_t len = sh[static_cast<size_t>(dim)];
+            std::vector<int64_t> want(static_cast<size_t>(outer * inner));
+            for (int64_t o = 0; o < outer; ++o)
+              for (int64_t i = 0; i < inner; ++i) {
+                const auto at = [&](int64_t k) { return v[static_cast<size_t>((o * len + k) * inner + i)]; };
+                int64_t best = 0;
+                for (int64_t k = 1; k < len && !std::isnan(at(best)); ++k)
+                  if (std::isnan(at(k)) || (is_max ? at(k) > at(best) : at(k) < at(best))) best = k;
+                want[static_cast<size_t>(o * inner + i)] = best;
+              }
+            CAPTURE(sh);
+            CAPTURE(dim);
+            CAPTURE(is_max);
+            CAPTURE(threads);
+            const std::vector<int64_t> got = (is_max ? argmax(x, dim) : argmin(x, dim)).to_int_vector();
+            CHECK(got == want);
+            if (sh.size() == 2) {  // the transposed copy, read in place: the strided walk
+              const Tensor xt = transpose(transpose(x, 0, 1).contiguous(), 0, 1);
+              CHECK((is_max ? argmax(xt, dim) : argmin(xt, dim)).to_int_vector() == want);
+            }
+          }
+      }
+      const std::vector<double> flat = c.nans ? std::vector<double>{} : v;
+      if (!flat.empty()) CHECK(amax(x).item() == *std::max_element(flat.begin(), flat.end()));
+    }
+  set_num_threads(threads_before);
+}
+
 // Note [Vectorized float32 exp, log, sigmoid, softplus and elu] (engine/cpu/vector_math.h): our
 // own functions against the same functions in float64 (long double where float64's own would
 // cancel): over a spread of float32 values (every 4099th bit pattern of each sign, so every binade,
