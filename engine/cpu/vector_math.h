@@ -124,8 +124,8 @@ inline double cos_two_pi_vectorizable(double u) {
 //   before the small ones join them; then hi + lo renormalized (hi = e^r rounded). exp rounds hi·2^n
 //   once (a subnormal result twice: 2^n in two factors). sigmoid: 1/(1 + e) and e/(1 + e) for e =
 //   e^-|x|, the quotient by one division and one FMA correction against 1 + e as an exact pair, so
-//   it rounds once as well. Over every 7th float32 bit pattern: within 0.67 ulp for normal results
-//   and 0.75 for subnormal ones (the double rounding), against 0.50 computed in float64 (below).
+//   it rounds once as well. Over every 7th float32 bit pattern: within 0.67 ulp for normal results;
+//   0.76 for subnormal ones (every 13th; the double rounding), against 0.50 in float64 (below).
 // - Otherwise, and for log, softplus and elu: in float64 from the float32 operand, rounded once, so
 //   within a hair of half an ulp. e^x (exp_of_float): x = n ln 2 + r with n = rint(x / ln 2), |r| ≤
 //   ln2/2 (float64's own rounding of n ln 2 is 2^-45 relative at worst, n ≤ 150), e^r = 1 +
@@ -135,34 +135,59 @@ inline double cos_two_pi_vectorizable(double u) {
 //   each fmaf is a call, and the float32 path ran at a fifth of this one's speed.
 // - log: log_vectorizable (Note [Vectorized log and cos]) of the widened value; float32's
 //   subnormals are normal float64s.
-// - softplus: (max(a·x, 0) + log1p(e^-|a·x|)) / a, equal to log1p(e^(a·x)) / a, whose exponential
-//   would overflow for a·x past 709 below a large threshold; log1p(y) as log(u)·y / (u - 1) with
-//   u = 1 + y (y where u is 1): the quotient cancels u's rounding (Goldberg), so a tiny y keeps its
-//   digits.
+// - softplus: (max(a·x, 0) + log1p(e^-|a·x|))·(1/a), equal to log1p(e^(a·x)) / a, whose
+//   exponential would overflow for a·x past 709 below a large threshold; log1p(y) for y in (0, 1]
+//   by log1p_of_unit's series in y / (2 + y), so that a tiny y keeps its digits.
+// - The float64 polynomials run on mul_add: FMAs where the copy has them.
 // - elu: a·(e^x - 1), e^x - 1 by expm1_of_float, so that a tiny x keeps its digits.
 // NaN gives NaN; infinities and zeros what the functions give them.
+
+// a·b + c: one FMA where this copy of the kernels has it (rounded once), else a product and a sum.
+inline double mul_add(double a, double b, double c) {
+#if defined(__FMA__)
+  return __builtin_fma(a, b, c);
+#else
+  return a * b + c;
+#endif
+}
 
 // e^r - 1 for |r| ≤ ln2/2 by its Taylor polynomial, r·(1 + r/2 + ... + r^8/9!) (the next term is
 // below 2^-37 of the sum).
 inline double exp_minus_one_reduced(double r) {
-  return r *
-         (1.0 + r * (0.5 + r * (1.6666666666666666e-01 +
-                                r * (4.1666666666666664e-02 +
-                                     r * (8.3333333333333332e-03 +
-                                          r * (1.3888888888888889e-03 +
-                                               r * (1.9841269841269841e-04 +
-                                                    r * (2.4801587301587302e-05 + r * 2.7557319223985893e-06))))))));
+  double p = mul_add(r, 2.7557319223985893e-06, 2.4801587301587302e-05);
+  p = mul_add(r, p, 1.9841269841269841e-04);
+  p = mul_add(r, p, 1.3888888888888889e-03);
+  p = mul_add(r, p, 8.3333333333333332e-03);
+  p = mul_add(r, p, 4.1666666666666664e-02);
+  p = mul_add(r, p, 1.6666666666666666e-01);
+  p = mul_add(r, p, 0.5);
+  return r * mul_add(r, p, 1.0);
 }
 
 inline double exp_of_float(double x) {
   const double held = x < -708.0 ? -708.0 : (x > 709.0 ? 709.0 : x);
   // n = rint(x / ln 2) as the shifter's low bits: AVX2 has no float64-integer conversions, and one
   // keeps the loop scalar there. Exact: |x / ln 2| < 2^51.
-  const double shifted = held * 1.4426950408889634 + 0x1.8p52;
+  const double shifted = mul_add(held, 1.4426950408889634, 0x1.8p52);
   const double n = shifted - 0x1.8p52;
-  const double r = held - n * 0.6931471805599453;
+  const double r = mul_add(-n, 0.6931471805599453, held);
   const double e_r = 1.0 + exp_minus_one_reduced(r);
   return e_r * std::bit_cast<double>((std::bit_cast<uint64_t>(shifted) + 1023) << 52);  // e^r·2^n
+}
+
+// log(1 + y) for y in [0, 1], as 2 atanh(s) with s = y / (2 + y) in [0, ⅓]: 2s(1 + s²/3 + ... +
+// s^18/19), the next term below 2^-35 of the sum (float32 results need about 2^-30).
+inline double log1p_of_unit(double y) {
+  const double s = y / (2.0 + y), s2 = s * s;
+  double p = mul_add(s2, 1.0 / 19.0, 1.0 / 17.0);
+  p = mul_add(s2, p, 1.0 / 15.0);
+  p = mul_add(s2, p, 1.0 / 13.0);
+  p = mul_add(s2, p, 1.0 / 11.0);
+  p = mul_add(s2, p, 1.0 / 9.0);
+  p = mul_add(s2, p, 1.0 / 7.0);
+  p = mul_add(s2, p, 1.0 / 5.0);
+  p = mul_add(s2, p, 1.0 / 3.0);
+  return mul_add(2.0 * s * s2, p, 2.0 * s);
 }
 
 #if defined(__FMA__)
@@ -246,9 +271,8 @@ inline float log_vectorizable(float x) {
 inline float softplus_vectorizable(float x, float a, float b) {
   const float ax = a * x;  // in float32, as the threshold test has always been
   const double t = ax != ax ? 0.0 : static_cast<double>(ax);
-  const double y = exp_of_float(t < 0.0 ? t : -t), u = 1.0 + y;  // e^-|a·x|, in (0, 1]
-  const double log1p_y = u == 1.0 ? y : log_vectorizable(u) * y / (u - 1.0);
-  const double softplus = ((t > 0.0 ? t : 0.0) + log1p_y) / static_cast<double>(a);
+  const double y = exp_of_float(t < 0.0 ? t : -t);  // e^-|a·x|, in (0, 1]
+  const double softplus = ((t > 0.0 ? t : 0.0) + log1p_of_unit(y)) * (1.0 / static_cast<double>(a));
   return ax > b ? x : (ax != ax ? ax : static_cast<float>(softplus));
 }
 
