@@ -46,6 +46,15 @@ inline float tanh_vectorizable(float x) {
   return x != x || a == 0.0f ? x : y;  // NaN; and -0, which the polynomial turns into +0
 }
 
+// a·b + c: one FMA where this copy of the kernels has it (rounded once), else a product and a sum.
+inline double mul_add(double a, double b, double c) {
+#if defined(__FMA__)
+  return __builtin_fma(a, b, c);
+#else
+  return a * b + c;
+#endif
+}
+
 // Note [Vectorized log and cos]
 // Box-Muller's log(u) and cos(2πu) for normal draws (Note [Vectorized draws] in cpu_elementwise.cpp),
 // in float64 without calls or branches, so that the draw's loop vectorizes: glibc's log and cos,
@@ -59,7 +68,12 @@ inline float tanh_vectorizable(float x) {
 //   series (to x^16 and x^17: the next terms are below 2^-58) by the quadrant q. Against glibc's
 //   cos(2π·u) over the same u: within 2.875·2^-52 absolute, most of it glibc's own rounding of its
 //   argument 2π·u.
-inline double log_vectorizable(double x) {
+// x = 2^e·m, m in [√½, √2), for x positive and normal: e, and s = (m - 1) / (m + 1), whose atanh is
+// half of log m.
+struct LogReduced {
+  double e, s;
+};
+inline LogReduced log_reduce(double x) {
   const uint64_t bits = std::bit_cast<uint64_t>(x);
   const bool above_sqrt2 = (bits & 0x000FFFFFFFFFFFFFull) > 0x6A09E667F3BCDull;  // mantissa of √2
   // m in [√½, √2): the mantissa with exponent 0, or -1 where it is past √2.
@@ -68,7 +82,12 @@ inline double log_vectorizable(double x) {
   // The biased exponent as a float64, from the bits of 2^52 + it (AVX2 has no integer conversion).
   const double e =
       std::bit_cast<double>(0x4330000000000000ull | (bits >> 52)) - 0x1p52 - 1023.0 + (above_sqrt2 ? 1.0 : 0.0);
-  const double s = (m - 1.0) / (m + 1.0), s2 = s * s;
+  return {e, (m - 1.0) / (m + 1.0)};
+}
+
+inline double log_vectorizable(double x) {
+  const auto [e, s] = log_reduce(x);
+  const double s2 = s * s;
   const double series =
       0.3333333333333333 +
       s2 * (0.2 +
@@ -133,23 +152,14 @@ inline double cos_two_pi_vectorizable(double u) {
 //   float64: far past float32's range (e^-104 rounds to 0, e^89 to inf), as softplus with a small
 //   beta needs (e^(a·x) / a). The baseline copy keeps this path for exp and sigmoid: without FMA,
 //   each fmaf is a call, and the float32 path ran at a fifth of this one's speed.
-// - log: log_vectorizable (Note [Vectorized log and cos]) of the widened value; float32's
-//   subnormals are normal float64s.
+// - log: log_of_float, log_vectorizable's reduction (Note [Vectorized log and cos]) of the widened
+//   value with a series cut to float32's need; float32's subnormals are normal float64s.
 // - softplus: (max(a·x, 0) + log1p(e^-|a·x|))·(1/a), equal to log1p(e^(a·x)) / a, whose
 //   exponential would overflow for a·x past 709 below a large threshold; log1p(y) for y in (0, 1]
 //   by log1p_of_unit's series in y / (2 + y), so that a tiny y keeps its digits.
 // - The float64 polynomials run on mul_add: FMAs where the copy has them.
 // - elu: a·(e^x - 1), e^x - 1 by expm1_of_float, so that a tiny x keeps its digits.
 // NaN gives NaN; infinities and zeros what the functions give them.
-
-// a·b + c: one FMA where this copy of the kernels has it (rounded once), else a product and a sum.
-inline double mul_add(double a, double b, double c) {
-#if defined(__FMA__)
-  return __builtin_fma(a, b, c);
-#else
-  return a * b + c;
-#endif
-}
 
 // e^r - 1 for |r| ≤ ln2/2 by its Taylor polynomial, r·(1 + r/2 + ... + r^8/9!) (the next term is
 // below 2^-37 of the sum).
@@ -259,9 +269,22 @@ inline float sigmoid_vectorizable(float x) {
 }
 #endif
 
+// log of a positive normal float64 to float32's need: log_reduce, and the series to s^12/13 (the
+// next term is below 2^-34 of the sum), on FMAs where the copy has them.
+inline double log_of_float(double x) {
+  const auto [e, s] = log_reduce(x);
+  const double s2 = s * s;
+  double p = mul_add(s2, 1.0 / 13.0, 1.0 / 11.0);
+  p = mul_add(s2, p, 1.0 / 9.0);
+  p = mul_add(s2, p, 1.0 / 7.0);
+  p = mul_add(s2, p, 1.0 / 5.0);
+  p = mul_add(s2, p, 1.0 / 3.0);
+  return mul_add(e, 0.6931471803691238, mul_add(e, 1.9082149292705877e-10, mul_add(2.0 * s * s2, p, 2.0 * s)));
+}
+
 inline float log_vectorizable(float x) {
   const bool finite_positive = x > 0.0f && x < __builtin_inff();
-  const double l = log_vectorizable(finite_positive ? static_cast<double>(x) : 1.0);
+  const double l = log_of_float(finite_positive ? static_cast<double>(x) : 1.0);
   // log 0 = -inf, log inf = inf, log of a negative number NaN, NaN itself.
   return finite_positive ? static_cast<float>(l)
                          : (x == 0.0f ? -__builtin_inff() : (x > 0.0f || x != x ? x : __builtin_nanf("")));
