@@ -203,7 +203,7 @@ int main(int argc, char** argv) {
       });
     }
 
-    // Exponentials, elementwise and along rows (Note [Vectorized float32 exp, log, sigmoid,
+    // Exponentials and erf, elementwise and along rows (Note [Vectorized float32 exp, log, sigmoid,
     // softplus and elu]): activations and the losses' softmax, a segmentation's over the classes of
     // each pixel (dim 1 of [N, C, H, W]) too, forward only, in input elements per second.
     if (only.empty() || std::string("pointwise_exp softmax").find(only) != std::string::npos) {
@@ -214,6 +214,7 @@ int main(int argc, char** argv) {
         timed("pointwise_exp_4096x1024", elements, "Gelem/s", [&] { ef::exp(x); });
         timed("pointwise_sigmoid_4096x1024", elements, "Gelem/s", [&] { ef::sigmoid(x); });
         timed("pointwise_softplus_4096x1024", elements, "Gelem/s", [&] { ef::softplus(x, 1.0, 20.0); });
+        timed("pointwise_erf_4096x1024", elements, "Gelem/s", [&] { ef::erf(x); });
         timed("softmax_4096x1024", elements, "Gelem/s", [&] { ef::softmax(x, 1); });
         timed("log_softmax_8x21x128x128_dim1", static_cast<double>(pixels.numel()), "Gelem/s",
               [&] { ef::log_softmax(pixels, 1); });

@@ -145,6 +145,7 @@ def main():
             timed("pointwise_exp_4096x1024", lambda: x.exp(), x.numel(), "Gelem/s")
             timed("pointwise_sigmoid_4096x1024", lambda: x.sigmoid(), x.numel(), "Gelem/s")
             timed("pointwise_softplus_4096x1024", lambda: F.softplus(x, 1.0, 20.0), x.numel(), "Gelem/s")
+            timed("pointwise_erf_4096x1024", lambda: torch.erf(x), x.numel(), "Gelem/s")
             timed("softmax_4096x1024", lambda: torch.softmax(x, 1), x.numel(), "Gelem/s")
             timed("log_softmax_8x21x128x128_dim1", lambda: torch.log_softmax(pixels, 1), pixels.numel(), "Gelem/s")
 

@@ -30,6 +30,8 @@ void unary_impl(UnaryOp op, const View& out, const View& x, double a, double b) 
         return map([fa, fb](float v) { return softplus_vectorizable(v, fa, fb); });
       case UnaryOp::Elu:
         return map([fa](float v) { return elu_vectorizable(v, fa); });
+      case UnaryOp::Erf:
+        return map([](float v) { return erf_vectorizable(v); });
       default:
         break;
     }

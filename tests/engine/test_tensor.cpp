@@ -492,7 +492,7 @@ long double log1p_exp(long double t) {
   return (t > 0 ? t : 0) + std::log1p(std::exp(-std::fabs(t)));
 }
 
-TEST_CASE("float32 exp, log, sigmoid, softplus and elu on the CPU: within 1 ulp, special values kept") {
+TEST_CASE("float32 exp, log, sigmoid, softplus, elu and erf on the CPU: within 1 ulp, special values kept") {
   std::vector<double> xs;
   for (uint32_t bits = 0; bits < 0x7F800000u; bits += 4099) {
     xs.push_back(std::bit_cast<float>(bits));
@@ -528,6 +528,7 @@ TEST_CASE("float32 exp, log, sigmoid, softplus and elu on the CPU: within 1 ulp,
        }},
       {"elu", [](const Tensor& t) { return elu(t, 1.5); },
        [](long double v) { return v > 0 ? v : 1.5L * std::expm1(v); }},
+      {"erf", [](const Tensor& t) { return erf(t); }, [](long double v) { return std::erf(v); }},
   };
   for (const Function& f : functions) {
     const std::string name = f.name;
@@ -563,7 +564,7 @@ TEST_CASE("float32 exp, log, sigmoid, softplus and elu on the CPU: within 1 ulp,
   const Tensor special = from_vector({std::nan(""), inf, -inf, 0.0, -0.0}, {5}, {.dtype = kFloat32});
   const std::vector<double> e = exp(special).to_vector(), l = log(special).to_vector(),
                             s = sigmoid(special).to_vector(), p = softplus(special, 1.0, 20.0).to_vector(),
-                            u = elu(special, 1.0).to_vector();
+                            u = elu(special, 1.0).to_vector(), f = erf(special).to_vector();
   CHECK(std::isnan(e[0]));
   CHECK((e[1] == inf && e[2] == 0.0 && e[3] == 1.0 && e[4] == 1.0));
   CHECK(std::isnan(l[0]));
@@ -576,6 +577,8 @@ TEST_CASE("float32 exp, log, sigmoid, softplus and elu on the CPU: within 1 ulp,
   CHECK((u[1] == inf && u[2] == -1.0 && u[3] == 0.0 && !std::signbit(u[3])));
   CHECK((u[4] == 0.0 && std::signbit(u[4])));  // expm1(-0) = -0, as PyTorch's elu
   CHECK(p[4] == p[3]);
+  CHECK(std::isnan(f[0]));
+  CHECK((f[1] == 1.0 && f[2] == -1.0 && f[3] == 0.0 && !std::signbit(f[3]) && std::signbit(f[4])));
 }
 
 // Softmax over a dim that is not the last (Backend::softmax_dim1 on the CPU: the dim's elements of
