@@ -259,6 +259,48 @@ std::pair<T, int64_t> arg_best_row(const T* p, int64_t n) {
   return {b, bi};
 }
 
+// The largest (smallest) of n contiguous elements, NaN if one is: four registers of lanes (one
+// would make each compare wait for the last), a NaN noted on the side.
+template <bool IsMax, typename T>
+T extreme_row(const T* p, int64_t n) {
+  constexpr int kWidth = kRegisterBytes / static_cast<int>(sizeof(T));
+  typedef T Values __attribute__((vector_size(kRegisterBytes)));
+  T b = p[0];
+  int64_t k = 1;
+  if (n >= 4 * kWidth) {
+    Values best[4], v;
+    for (int j = 0; j < 4; ++j) load_lanes(best[j], p + j * kWidth);
+    auto nan = best[0] != best[0];
+    for (k = 4 * kWidth; k + 4 * kWidth <= n; k += 4 * kWidth)
+      for (int j = 0; j < 4; ++j) {
+        load_lanes(v, p + k + j * kWidth);
+        best[j] = (IsMax ? v > best[j] : v < best[j]) ? v : best[j];
+        nan |= v != v;
+      }
+    for (int j = 0; j < 4; ++j) nan |= best[j] != best[j];
+    for (int j = 0; j < 4; ++j)
+      for (int l = 0; l < kWidth; ++l) b = better<IsMax>(best[j][l], b) ? best[j][l] : b;
+    for (int l = 0; l < kWidth; ++l)
+      if (nan[l]) b = std::numeric_limits<T>::quiet_NaN();
+  }
+  for (; k < n; ++k) b = better<IsMax>(p[k], b) ? p[k] : b;
+  return b;
+}
+
+template <bool IsMax, typename T>
+T extreme_contiguous(const T* x, int64_t n) {
+  const int nt = threads_for(n);
+  std::vector<T> found(static_cast<size_t>(nt), x[0]);
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
+  for (int t = 0; t < nt; ++t) {
+    const int64_t b = n * t / nt, e = n * (t + 1) / nt;
+    if (e > b) found[static_cast<size_t>(t)] = extreme_row<IsMax>(x + b, e - b);
+  }
+  T best = found[0];
+  for (const T f : found) best = better<IsMax>(f, best) ? f : best;
+  return best;
+}
+
 template <bool IsMax, typename T>
 void argmax_contiguous(int64_t* out, const T* x, int64_t outer, int64_t len, int64_t inner) {
   using I = ArgIndex<T>;
@@ -380,6 +422,22 @@ void reduce_impl(ReduceOp op, const View& out, const View& x) {
     return;
   }
   EF_ASSERT(out.dtype == x.dtype, "reduce: output and input dtypes differ");
+  int64_t outputs = 1, n = 1;
+  for (int d = 0; d < x.ndim; ++d) {
+    outputs *= out.shape[d];
+    n *= x.shape[d];
+  }
+  if ((op == ReduceOp::Max || op == ReduceOp::Min) && outputs == 1 && n > 0 && row_major(x) &&
+      (x.dtype == DType::Float32 || x.dtype == DType::Float64)) {  // a whole tensor's: amax
+    EF_DISPATCH_FLOAT(x.dtype, "reduce", [&] {
+      if constexpr (std::is_floating_point_v<scalar_t>) {
+        const auto* p = static_cast<const scalar_t*>(x.data);
+        *static_cast<scalar_t*>(out.data) =
+            op == ReduceOp::Max ? extreme_contiguous<true>(p, n) : extreme_contiguous<false>(p, n);
+      }
+    });
+    return;
+  }
   EF_DISPATCH_ALL(x.dtype, "reduce", [&] {
     switch (op) {
       case ReduceOp::Sum:

@@ -119,7 +119,18 @@ std::pair<Tensor, Tensor> max(const Tensor& x, int64_t dim, bool keepdim) {
 
 Tensor amax(const Tensor& x) {
   detail::check_float("amax", x);
-  return max(reshape(x, {-1}), 0, false).first;
+  EF_CHECK(x.numel() > 0, "amax: input is empty");
+  // The value by the Max reduction, which carries no index; the index of the first largest element
+  // only for a gradient (max's over the flattened x, as amax was before: g to that element).
+  Tensor y = detail::empty_like_shape(x, Shape(static_cast<size_t>(x.dim()), 1));
+  backend_of(x).reduce(ReduceOp::Max, y.view(), x.view());
+  y = make_view(y, {}, {}, 0);
+  record("amax", {y}, {x}, {x}, [x](const Grads& g) {
+    const Tensor flat = reshape(x, {-1});
+    const Tensor first = argmax(flat, 0, true);
+    return Grads{reshape(scatter_add(zeros_like(flat), 0, first, reshape(g[0], {1})), x.shape())};
+  });
+  return y;
 }
 
 Tensor norm(const Tensor& x, double p, const Shape& dims, bool keepdim) {

@@ -425,8 +425,9 @@ TEST_CASE("tanh of float32 on the CPU: within 1.5 ulp of the exact value, specia
 // Note [CPU argmax] (engine/cpu/cpu_reduce.cpp): its lanes, row parts and position blocks take the
 // element a walk from the start takes -- the first of equal values, the first NaN -- in every
 // layout: values of a few levels (so ties are everywhere), NaNs in some rows, float32 and float64,
-// 1 to 3 threads (a long row split in parts), contiguous and transposed input.
-TEST_CASE("argmax and argmin: the first best element, in every layout and thread count") {
+// 1 to 3 threads (a long row split in parts), contiguous and transposed input; and amax's value (the
+// Max reduction of the whole tensor) and gradient.
+TEST_CASE("argmax, argmin and amax: the first best element, in every layout and thread count") {
   std::mt19937 rng(7);
   const int threads_before = num_threads();
   const struct {
@@ -476,8 +477,22 @@ TEST_CASE("argmax and argmin: the first best element, in every layout and thread
             }
           }
       }
-      const std::vector<double> flat = c.nans ? std::vector<double>{} : v;
-      if (!flat.empty()) CHECK(amax(x).item() == *std::max_element(flat.begin(), flat.end()));
+      // amax: the Max reduction's lanes (NaN if any element is), its gradient to the first largest.
+      for (int threads = 1; threads <= 3; ++threads) {
+        set_num_threads(threads);
+        const Tensor xg = x.detach().requires_grad_();
+        const Tensor m = amax(xg);
+        CAPTURE(threads);
+        if (c.nans) {
+          CHECK(std::isnan(m.item()));
+          continue;
+        }
+        const auto largest = std::max_element(v.begin(), v.end());
+        CHECK(m.item() == *largest);
+        const std::vector<double> g = grad({m}, {xg}, {ones_like(m)})[0].to_vector();
+        CHECK(std::count(g.begin(), g.end(), 1.0) == 1);
+        CHECK(g[static_cast<size_t>(largest - v.begin())] == 1.0);
+      }
     }
   set_num_threads(threads_before);
 }
