@@ -123,7 +123,10 @@ void softmax_dim1_typed(T* out, const T* x, int64_t outer, int64_t cols, int64_t
     A sums[kPixels] = {};
     std::fill(mx, mx + m, -std::numeric_limits<T>::infinity());
     for (int64_t c = 0; c < cols; ++c)
-      for (int64_t i = 0; i < m; ++i) mx[i] = std::max(mx[i], xb[c * inner + i]);
+      for (int64_t i = 0; i < m; ++i) {  // std::max's choice, by value: its reference kept GCC from vectorizing
+        const T v = xb[c * inner + i];
+        mx[i] = mx[i] < v ? v : mx[i];
+      }
     for (int64_t c = 0; c < cols; ++c)
       for (int64_t i = 0; i < m; ++i) {
         const T e = row_exp(xb[c * inner + i] - mx[i]);
