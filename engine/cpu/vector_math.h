@@ -55,6 +55,23 @@ inline double mul_add(double a, double b, double c) {
   return a * b + c;
 #endif
 }
+inline float mul_add(float a, float b, float c) {
+#if defined(__FMA__)
+  return __builtin_fmaf(a, b, c);
+#else
+  return a * b + c;
+#endif
+}
+
+// c0 + x·(c1 + x·(... + x·cn)): Horner's rule on mul_add, from the highest coefficient. Arguments, not
+// an array: an array of coefficients kept the elementwise loops that call it from vectorizing.
+template <typename T, typename... C>
+inline T polynomial(T x, T c0, C... rest) {
+  if constexpr (sizeof...(rest) == 0)
+    return c0;
+  else
+    return mul_add(x, polynomial(x, static_cast<T>(rest)...), c0);
+}
 
 // Note [Vectorized log and cos]
 // Box-Muller's log(u) and cos(2πu) for normal draws (Note [Vectorized draws] in cpu_elementwise.cpp),
@@ -167,14 +184,8 @@ inline double cos_two_pi_vectorizable(double u) {
 // e^r - 1 for |r| ≤ ln2/2 by its Taylor polynomial, r·(1 + r/2 + ... + r^8/9!) (the next term is
 // below 2^-37 of the sum).
 inline double exp_minus_one_reduced(double r) {
-  double p = mul_add(r, 2.7557319223985893e-06, 2.4801587301587302e-05);
-  p = mul_add(r, p, 1.9841269841269841e-04);
-  p = mul_add(r, p, 1.3888888888888889e-03);
-  p = mul_add(r, p, 8.3333333333333332e-03);
-  p = mul_add(r, p, 4.1666666666666664e-02);
-  p = mul_add(r, p, 1.6666666666666666e-01);
-  p = mul_add(r, p, 0.5);
-  return r * mul_add(r, p, 1.0);
+  return r * polynomial(r, 1.0, 0.5, 1.6666666666666666e-01, 4.1666666666666664e-02, 8.3333333333333332e-03,
+                        1.3888888888888889e-03, 1.9841269841269841e-04, 2.4801587301587302e-05, 2.7557319223985893e-06);
 }
 
 inline double exp_of_float(double x) {
@@ -192,14 +203,8 @@ inline double exp_of_float(double x) {
 // s^18/19), the next term below 2^-35 of the sum (float32 results need about 2^-30).
 inline double log1p_of_unit(double y) {
   const double s = y / (2.0 + y), s2 = s * s;
-  double p = mul_add(s2, 1.0 / 19.0, 1.0 / 17.0);
-  p = mul_add(s2, p, 1.0 / 15.0);
-  p = mul_add(s2, p, 1.0 / 13.0);
-  p = mul_add(s2, p, 1.0 / 11.0);
-  p = mul_add(s2, p, 1.0 / 9.0);
-  p = mul_add(s2, p, 1.0 / 7.0);
-  p = mul_add(s2, p, 1.0 / 5.0);
-  p = mul_add(s2, p, 1.0 / 3.0);
+  const double p = polynomial(s2, 1.0 / 3.0, 1.0 / 5.0, 1.0 / 7.0, 1.0 / 9.0, 1.0 / 11.0, 1.0 / 13.0, 1.0 / 15.0,
+                              1.0 / 17.0, 1.0 / 19.0);
   return mul_add(2.0 * s * s2, p, 2.0 * s);
 }
 
@@ -222,11 +227,8 @@ inline ExpParts exp_parts(float x) {
   const float r_hi = __builtin_fmaf(-n, 0.693147182f, x);  // exact
   const float n_lo = n * -1.90465430e-09f;                 // n·L_lo; r = r_hi - n·L_lo
   const float r = r_hi - n_lo, r2 = r * r;
-  float p = __builtin_fmaf(r, 1.991842728e-04f, 1.394610386e-03f);
-  p = __builtin_fmaf(r, p, 8.333263919e-03f);
-  p = __builtin_fmaf(r, p, 4.166626930e-02f);
-  p = __builtin_fmaf(r, p, 1.666666716e-01f);
-  p = __builtin_fmaf(r, p, 0.5f);
+  const float p =
+      polynomial(r, 0.5f, 1.666666716e-01f, 4.166626930e-02f, 8.333263919e-03f, 1.394610386e-03f, 1.991842728e-04f);
   const float s = 1.0f + r_hi, c = (1.0f - s) + r_hi;  // s + c = 1 + r_hi exactly
   const float tail = c + __builtin_fmaf(r2, p, -n_lo);
   const float hi = s + tail;
@@ -277,11 +279,7 @@ inline float sigmoid_vectorizable(float x) {
 inline double log_of_float(double x) {
   const auto [e, s] = log_reduce(x);
   const double s2 = s * s;
-  double p = mul_add(s2, 1.0 / 13.0, 1.0 / 11.0);
-  p = mul_add(s2, p, 1.0 / 9.0);
-  p = mul_add(s2, p, 1.0 / 7.0);
-  p = mul_add(s2, p, 1.0 / 5.0);
-  p = mul_add(s2, p, 1.0 / 3.0);
+  const double p = polynomial(s2, 1.0 / 3.0, 1.0 / 5.0, 1.0 / 7.0, 1.0 / 9.0, 1.0 / 11.0, 1.0 / 13.0);
   return mul_add(e, 0.6931471803691238, mul_add(e, 1.9082149292705877e-10, mul_add(2.0 * s * s2, p, 2.0 * s)));
 }
 
@@ -319,24 +317,14 @@ inline float elu_vectorizable(float x, float a) {
 // x held at 3.92, from where erf rounds to 1; the sign of x.
 inline float erf_vectorizable(float x) {
   const double a = std::fabs(static_cast<double>(x)), a2 = a * a;
-  double p = mul_add(a2, -9.641541364626233e-06, 0.00011256957378531655);
-  p = mul_add(a2, p, -0.0008482830263779172);
-  p = mul_add(a2, p, 0.00522094554098643);
-  p = mul_add(a2, p, -0.026865400086296665);
-  p = mul_add(a2, p, 0.11283781975029857);
-  p = mul_add(a2, p, -0.3761263843473629);
-  p = mul_add(a2, p, 1.1283791670580456);
+  const double p =
+      polynomial(a2, 1.1283791670580456, -0.3761263843473629, 0.11283781975029857, -0.026865400086296665,
+                 0.00522094554098643, -0.0008482830263779172, 0.00011256957378531655, -9.641541364626233e-06);
   const double held = a < 3.92 ? a : 3.92, u = held - 2.46;
-  double r = mul_add(u, 7.033009522946585e-06, 1.0827363727678586e-05);
-  r = mul_add(u, r, 2.6617119907897474e-05);
-  r = mul_add(u, r, -8.222667230579081e-05);
-  r = mul_add(u, r, 0.00020000985253781618);
-  r = mul_add(u, r, -0.000794186764694433);
-  r = mul_add(u, r, 0.002627140185721288);
-  r = mul_add(u, r, -0.008402708417812512);
-  r = mul_add(u, r, 0.025922887629804405);
-  r = mul_add(u, r, -0.07638169196780814);
-  r = mul_add(u, r, 0.21382064248363125);
+  const double r =
+      polynomial(u, 0.21382064248363125, -0.07638169196780814, 0.025922887629804405, -0.008402708417812512,
+                 0.002627140185721288, -0.000794186764694433, 0.00020000985253781618, -8.222667230579081e-05,
+                 2.6617119907897474e-05, 1.0827363727678586e-05, 7.033009522946585e-06);
   const double y = a < 1.0 ? a * p : 1.0 - exp_of_float(-held * held) * r;
   return x != x ? x : std::copysign(static_cast<float>(y), x);
 }
