@@ -5,6 +5,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "evenflow/engine/cpu/isa.h"
 
@@ -47,17 +48,15 @@ inline float tanh_vectorizable(float x) {
   return x != x || a == 0.0f ? x : y;  // NaN; and -0, which the polynomial turns into +0
 }
 
-// a·b + c: one FMA where this copy of the kernels has it (rounded once), else a product and a sum.
-inline double mul_add(double a, double b, double c) {
+// a·b + c (float or double): one FMA where this copy of the kernels has it (rounded once), else a
+// product and a sum.
+template <typename T>
+inline T mul_add(T a, T b, T c) {
 #if defined(__FMA__)
-  return __builtin_fma(a, b, c);
-#else
-  return a * b + c;
-#endif
-}
-inline float mul_add(float a, float b, float c) {
-#if defined(__FMA__)
-  return __builtin_fmaf(a, b, c);
+  if constexpr (std::is_same_v<T, float>)
+    return __builtin_fmaf(a, b, c);
+  else
+    return __builtin_fma(a, b, c);
 #else
   return a * b + c;
 #endif
