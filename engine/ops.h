@@ -155,8 +155,8 @@ Tensor var(const Tensor& x, const Shape& dims, bool unbiased = true, bool keepdi
 /// Returns (values, int64 indices); NaN counts as the largest. A 0-d x gives (a copy of x, 0); an
 /// empty x throws. Backward: g to the element at the index (gather's).
 std::pair<Tensor, Tensor> max(const Tensor& x, int64_t dim, bool keepdim = false);
-/// The largest element, 0-d (NaN if x holds one); an empty x throws.
-/// Composite: max over all elements (so g goes to the first largest element).
+/// The largest element, 0-d (NaN if x holds one); an empty x throws. Backward: g to the first
+/// largest element (argmax of the flattened x, found in the backward only).
 Tensor amax(const Tensor& x);
 /// The index of the largest value along dim (first on ties; NaN counts as the largest). Int64, not
 /// differentiable; x must be float32 or float64 and non-empty.
