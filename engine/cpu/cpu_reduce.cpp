@@ -202,9 +202,9 @@ void reduce_typed(const View& out, const View& x) {
 // (the first NaN wins), as in PyTorch. Every path takes an element exactly where a walk from the
 // start would: "better" is v beyond the best so far, or v the first NaN.
 // - Contiguous float32/float64 (argmax_contiguous), as [outer, len, inner]:
-//   - inner 1 (the last dim, or amax's whole tensor): a row in a register's lanes, each its own
-//     best and index, combined by value, then by the smaller index (the earlier element); a row longer
-//     than the threads' share is split into parts, combined the same way in order.
+//   - inner 1 (the last dim): a row in a register's lanes, each its own best and index, combined by
+//     value, then by the smaller index (the earlier element); when rows are fewer than threads (or
+//     longer than 2^30), each is split into parts, combined the same way in order.
 //   - inner > 1 (dim 1 of NCHW, dim 0 of a matrix): blocks of positions side by side, each
 //     element of a block's row compared with its position's best: loops along inner.
 //   Indices are held as integers of T's width (int32 for float32: parts of at most 2^30), so that
@@ -298,6 +298,11 @@ T extreme_contiguous(const T* x, int64_t n) {
   }
   T best = found[0];
   for (const T f : found) best = better<IsMax>(f, best) ? f : best;
+  // Equal zeros and NaNs differ in their bits (±0, payloads), and the lanes and parts keep whichever
+  // they met first: the first such element, as a walk from the start would take, whatever the layout.
+  if (best == T(0) || best != best)
+    for (int64_t i = 0;; ++i)
+      if (best != best ? x[i] != x[i] : x[i] == T(0)) return x[i];
   return best;
 }
 
@@ -310,6 +315,11 @@ void argmax_contiguous(int64_t* out, const T* x, int64_t outer, int64_t len, int
     const int64_t parts =
         std::max<int64_t>((len + kArgPart - 1) / kArgPart, outer >= nt ? 1 : (nt + outer - 1) / outer);
     const int64_t part_len = (len + parts - 1) / parts;
+    if (parts == 1) {  // whole rows, each its own output
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
+      for (int64_t r = 0; r < outer; ++r) out[r] = arg_best_row<IsMax>(x + r * len, len).second;
+      return;
+    }
     std::vector<std::pair<T, int64_t>> found(static_cast<size_t>(outer * parts));
 #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
     for (int64_t task = 0; task < outer * parts; ++task) {

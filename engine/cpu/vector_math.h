@@ -153,15 +153,15 @@ inline double cos_two_pi_vectorizable(double u) {
 // - exp and sigmoid, where the CPU has FMA (every copy but the baseline): in float32, on twice the
 //   lanes of float64 and with no conversions (docs/benchmarks.md, "float32 exp and sigmoid in
 //   float32"). e^x = (hi + lo)·2^n by exp_parts: n = rint(x / ln 2); r_hi = x - n·L_hi, exact (one
-//   FMA; L_hi is ln 2 rounded to float32, and x and n·L_hi are multiples of 2^-24 that differ by
-//   under ½); r = r_hi - n·L_lo (ln 2 = L_hi + L_lo); e^r = 1 + r + r²P(r), P of degree 5 fitted
-//   for least absolute error over |r| ≤ ln2/2 (2^-29.7 with float32 coefficients), where
-//   1 + r_hi is split exactly into s + c (Fast2Sum), so that the leading terms are not rounded
-//   before the small ones join them; then hi + lo renormalized (hi = e^r rounded). exp rounds hi·2^n
-//   once (a subnormal result twice: 2^n in two factors). sigmoid: 1/(1 + e) and e/(1 + e) for e =
-//   e^-|x|, the quotient by one division and one FMA correction against 1 + e as an exact pair, so
-//   it rounds once as well. Over every 7th float32 bit pattern: within 0.67 ulp for normal results;
-//   0.76 for subnormal ones (every 13th; the double rounding), against 0.50 in float64 (below).
+//   FMA; L_hi is ln 2 rounded to float32: where n ≠ 0, x and n·L_hi are multiples of 2^-25 whose
+//   difference is under ½, so it has 24 bits at most); r = r_hi - n·L_lo (ln 2 = L_hi + L_lo); e^r = 1 + r + r²P(r), P
+//   of degree 5 fitted for least absolute error over |r| ≤ ln2/2 (2^-29.7 with float32 coefficients), where 1 + r_hi is
+//   split exactly into s + c (Fast2Sum), so that the leading terms are not rounded before the small ones join them;
+//   then hi + lo renormalized (hi = e^r rounded). exp rounds hi·2^n once (a subnormal result twice: 2^n in two
+//   factors). sigmoid: 1/(1 + e) and e/(1 + e) for e = e^-|x|, the quotient by one division and one FMA correction
+//   against 1 + e as an exact pair, so it rounds once as well (a subnormal result up to three times). Over every 7th
+//   float32 bit pattern: within 0.67 ulp for normal results; 0.76 for subnormal ones (every 13th; the double rounding),
+//   against 0.50 in float64 (below).
 // - Otherwise, and for log, softplus and elu: in float64 from the float32 operand, rounded once, so
 //   within a hair of half an ulp. e^x (exp_of_float): x = n ln 2 + r with n = rint(x / ln 2), |r| ≤
 //   ln2/2 (float64's own rounding of n ln 2 is 2^-45 relative at worst, n ≤ 150), e^r = 1 +
@@ -177,11 +177,11 @@ inline double cos_two_pi_vectorizable(double u) {
 // - The float64 polynomials run on mul_add: FMAs where the copy has them.
 // - elu: a·(e^x - 1), e^x - 1 by expm1_of_float, so that a tiny x keeps its digits.
 // - erf (erf_vectorizable): a polynomial below 1, 1 - e^-x²·R(x) above; within 0.5014 ulp over
-//   every 3rd float32 bit pattern.
+//   every float32.
 // NaN gives NaN; infinities and zeros what the functions give them.
 
 // e^r - 1 for |r| ≤ ln2/2 by its Taylor polynomial, r·(1 + r/2 + ... + r^8/9!) (the next term is
-// below 2^-37 of the sum).
+// below 2^-35 of the sum).
 inline double exp_minus_one_reduced(double r) {
   return r * polynomial(r, 1.0, 0.5, 1.6666666666666666e-01, 4.1666666666666664e-02, 8.3333333333333332e-03,
                         1.3888888888888889e-03, 1.9841269841269841e-04, 2.4801587301587302e-05, 2.7557319223985893e-06);

@@ -121,15 +121,17 @@ Tensor amax(const Tensor& x) {
   detail::check_float("amax", x);
   EF_CHECK(x.numel() > 0, "amax: input is empty");
   // The value by the Max reduction, which carries no index; the index of the first largest element
-  // only for a gradient (max's over the flattened x, as amax was before: g to that element).
+  // only where a gradient will be asked for, kept instead of x (which may then change in place).
   Tensor y = detail::empty_like_shape(x, Shape(static_cast<size_t>(x.dim()), 1));
   backend_of(x).reduce(ReduceOp::Max, y.view(), x.view());
   y = make_view(y, {}, {}, 0);
-  record("amax", {y}, {x}, {x}, [x](const Grads& g) {
-    const Tensor flat = reshape(x, {-1});
-    const Tensor first = argmax(flat, 0, true);
-    return Grads{reshape(scatter_add(zeros_like(flat), 0, first, reshape(g[0], {1})), x.shape())};
-  });
+  if (grad_enabled() && any_requires_grad({x})) {
+    const Tensor first = argmax(reshape(x.detach(), {-1}), 0, true);
+    record("amax", {y}, {x}, {}, [first, shape = x.shape(), n = x.numel()](const Grads& g) {
+      const Tensor flat = zeros({n}, {.dtype = g[0].dtype(), .device = g[0].device()});
+      return Grads{reshape(scatter_add(flat, 0, first, reshape(g[0], {1})), shape)};
+    });
+  }
   return y;
 }
 

@@ -494,7 +494,32 @@ TEST_CASE("argmax, argmin and amax: the first best element, in every layout and 
         CHECK(g[static_cast<size_t>(largest - v.begin())] == 1.0);
       }
     }
+  // Equal zeros and NaNs differ in their bits: amax gives the first one, whatever the lanes and
+  // threads (the review's case: +0 at 1 and -0 at 20032 gave -0 on one thread, +0 on two).
+  for (const bool plus_first : {true, false})
+    for (int threads = 1; threads <= 3; ++threads) {
+      set_num_threads(threads);
+      std::vector<double> v(40000, -1.0);
+      v[1] = plus_first ? 0.0 : -0.0;
+      v[20032] = plus_first ? -0.0 : 0.0;
+      const double m = amax(from_vector(v, {40000}, {.dtype = kFloat32})).item();
+      CAPTURE(threads);
+      CHECK((m == 0.0 && std::signbit(m) == !plus_first));
+      std::vector<double> w(200, 1.0);
+      w[7] = -std::nan("");
+      w[100] = std::nan("");
+      CHECK(std::signbit(amax(from_vector(w, {200}, {.dtype = kFloat64})).item()));
+    }
   set_num_threads(threads_before);
+  {  // amax keeps argmax's index, not x: x may change in place before the backward
+    const Tensor x = from_vector({1, 5, 3}, {3}, {.dtype = kFloat64, .requires_grad = true});
+    const Tensor m = amax(x);
+    {
+      NoGradGuard no_grad;
+      x.mul_(2.0);
+    }
+    CHECK(grad({m}, {x}, {ones_like(m)})[0].to_vector() == std::vector<double>{0, 1, 0});
+  }
 }
 
 // Note [Vectorized float32 exp, log, sigmoid, softplus and elu] (engine/cpu/vector_math.h): our
