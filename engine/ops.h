@@ -156,7 +156,7 @@ Tensor var(const Tensor& x, const Shape& dims, bool unbiased = true, bool keepdi
 /// empty x throws. Backward: g to the element at the index (gather's).
 std::pair<Tensor, Tensor> max(const Tensor& x, int64_t dim, bool keepdim = false);
 /// The largest element, 0-d (NaN if x holds one); an empty x throws. Backward: g to the first
-/// largest element (argmax of the flattened x, found in the backward only).
+/// largest element (argmax of the flattened x, found in the forward only when x requires grad).
 Tensor amax(const Tensor& x);
 /// The index of the largest value along dim (first on ties; NaN counts as the largest). Int64, not
 /// differentiable; x must be float32 or float64 and non-empty.

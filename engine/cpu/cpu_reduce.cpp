@@ -365,16 +365,6 @@ void argmax_contiguous(int64_t* out, const T* x, int64_t outer, int64_t len, int
   }
 }
 
-// Whether a view is contiguous in row-major order (size-1 dims' strides aside).
-bool row_major(const View& v) {
-  int64_t expected = 1;
-  for (int d = v.ndim - 1; d >= 0; --d) {
-    if (v.shape[d] != 1 && v.strides[d] != expected) return false;
-    expected *= v.shape[d];
-  }
-  return true;
-}
-
 template <bool IsMax, typename T>
 void arg_reduce_typed(const View& out, const View& x, int dim) {
   const int64_t len = x.shape[dim], stride = x.strides[dim];
@@ -382,7 +372,7 @@ void arg_reduce_typed(const View& out, const View& x, int dim) {
     int64_t outer = 1, inner = 1;
     for (int d = 0; d < dim; ++d) outer *= x.shape[d];
     for (int d = dim + 1; d < x.ndim; ++d) inner *= x.shape[d];
-    if (row_major(x) && row_major(out) && outer * inner > 0 && (inner == 1 || len <= kArgPart)) {
+    if (x.is_contiguous() && out.is_contiguous() && outer * inner > 0 && (inner == 1 || len <= kArgPart)) {
       argmax_contiguous<IsMax>(static_cast<int64_t*>(out.data), static_cast<const T*>(x.data), outer, len, inner);
       return;
     }
@@ -432,12 +422,8 @@ void reduce_impl(ReduceOp op, const View& out, const View& x) {
     return;
   }
   EF_ASSERT(out.dtype == x.dtype, "reduce: output and input dtypes differ");
-  int64_t outputs = 1, n = 1;
-  for (int d = 0; d < x.ndim; ++d) {
-    outputs *= out.shape[d];
-    n *= x.shape[d];
-  }
-  if ((op == ReduceOp::Max || op == ReduceOp::Min) && outputs == 1 && n > 0 && row_major(x) &&
+  const int64_t n = x.numel();
+  if ((op == ReduceOp::Max || op == ReduceOp::Min) && out.numel() == 1 && n > 0 && x.is_contiguous() &&
       (x.dtype == DType::Float32 || x.dtype == DType::Float64)) {  // a whole tensor's: amax
     EF_DISPATCH_FLOAT(x.dtype, "reduce", [&] {
       if constexpr (std::is_floating_point_v<scalar_t>) {

@@ -154,14 +154,15 @@ inline double cos_two_pi_vectorizable(double u) {
 //   lanes of float64 and with no conversions (docs/benchmarks.md, "float32 exp and sigmoid in
 //   float32"). e^x = (hi + lo)·2^n by exp_parts: n = rint(x / ln 2); r_hi = x - n·L_hi, exact (one
 //   FMA; L_hi is ln 2 rounded to float32: where n ≠ 0, x and n·L_hi are multiples of 2^-25 whose
-//   difference is under ½, so it has 24 bits at most); r = r_hi - n·L_lo (ln 2 = L_hi + L_lo); e^r = 1 + r + r²P(r), P
-//   of degree 5 fitted for least absolute error over |r| ≤ ln2/2 (2^-29.7 with float32 coefficients), where 1 + r_hi is
-//   split exactly into s + c (Fast2Sum), so that the leading terms are not rounded before the small ones join them;
-//   then hi + lo renormalized (hi = e^r rounded). exp rounds hi·2^n once (a subnormal result twice: 2^n in two
-//   factors). sigmoid: 1/(1 + e) and e/(1 + e) for e = e^-|x|, the quotient by one division and one FMA correction
-//   against 1 + e as an exact pair, so it rounds once as well (a subnormal result up to three times). Over every 7th
-//   float32 bit pattern: within 0.67 ulp for normal results; 0.76 for subnormal ones (every 13th; the double rounding),
-//   against 0.50 in float64 (below).
+//   difference is under ½, so it has 24 bits at most); r = r_hi - n·L_lo (ln 2 = L_hi + L_lo);
+//   e^r = 1 + r + r²P(r), P of degree 5 fitted for least absolute error over |r| ≤ ln2/2 (2^-29.7
+//   with float32 coefficients), where 1 + r_hi is split exactly into s + c (Fast2Sum), so that the
+//   leading terms are not rounded before the small ones join them; then hi + lo renormalized (hi =
+//   e^r rounded). exp rounds hi·2^n once (a subnormal result twice: 2^n in two factors). sigmoid:
+//   1/(1 + e) and e/(1 + e) for e = e^-|x|, the quotient by one division and one FMA correction
+//   against 1 + e as an exact pair, so it rounds once as well (a subnormal result up to three
+//   times). Over every 7th float32 bit pattern: within 0.67 ulp for normal results; 0.76 for
+//   subnormal ones (every 13th; the double rounding), against 0.50 in float64 (below).
 // - Otherwise, and for log, softplus and elu: in float64 from the float32 operand, rounded once, so
 //   within a hair of half an ulp. e^x (exp_of_float): x = n ln 2 + r with n = rint(x / ln 2), |r| ≤
 //   ln2/2 (float64's own rounding of n ln 2 is 2^-45 relative at worst, n ≤ 150), e^r = 1 +
