@@ -77,11 +77,15 @@ void softmax_typed(T* out, const T* x, int64_t rows, int64_t cols, bool log) {
   for (int64_t r = 0; r < rows; ++r) {
     const T* xr = x + r * cols;
     T* yr = out + r * cols;
-    // The maximum, in four whole registers (std::max's: a NaN is passed over, and the row's outputs
-    // are NaN): in one register of kPartLanes each comparison waited on the one before, a fifth of
-    // the row's time with AVX2 (docs/benchmarks.md, "Softmax's exponential in fewer steps").
+    // The maximum (std::max's: a NaN is passed over, and the row's outputs are NaN), in four whole
+    // registers: in one register of kPartLanes each comparison waited on the one before, a fifth of
+    // the row's time with AVX2 (docs/benchmarks.md, "Softmax's exponential in fewer steps"). Then
+    // one register, then its halves (for float32) and kPartLanes at a time, so that a short row takes
+    // as few scalar steps as before. No lane ever holds a NaN.
     using Register = typename LaneVectors<T>::Register;
+    using Row = typename LaneVectors<T>::Row;
     constexpr int kWidth = kRegisterBytes / static_cast<int>(sizeof(T)), kRegisters = 4;
+    const auto larger = [](const auto& a, const auto& b) { return a < b ? b : a; };
     std::array<Register, kRegisters> maxima;
     maxima.fill(Register{} - std::numeric_limits<T>::infinity());
     Register v;
@@ -89,11 +93,23 @@ void softmax_typed(T* out, const T* x, int64_t rows, int64_t cols, bool log) {
     for (; k + kRegisters * kWidth <= cols; k += kRegisters * kWidth)
       for (int p = 0; p < kRegisters; ++p) {
         load_lanes(v, xr + k + p * kWidth);
-        maxima[p] = maxima[p] < v ? v : maxima[p];
+        maxima[p] = larger(maxima[p], v);
       }
+    Register m = larger(larger(maxima[0], maxima[1]), larger(maxima[2], maxima[3]));
+    for (; k + kWidth <= cols; k += kWidth) {
+      load_lanes(v, xr + k);
+      m = larger(m, v);
+    }
+    Row half, other_half;
+    load_lanes(half, reinterpret_cast<const T*>(&m));
+    load_lanes(other_half, reinterpret_cast<const T*>(&m) + (kWidth - kPartLanes));  // the same half for float64
+    half = larger(half, other_half);
+    for (; k + kPartLanes <= cols; k += kPartLanes) {
+      load_lanes(other_half, xr + k);
+      half = larger(half, other_half);
+    }
     T mx = -std::numeric_limits<T>::infinity();
-    for (const Register& m : maxima)
-      for (int l = 0; l < kWidth; ++l) mx = std::max(mx, m[l]);
+    for (int l = 0; l < kPartLanes; ++l) mx = std::max(mx, half[l]);
     for (; k < cols; ++k) mx = std::max(mx, xr[k]);
     for (int64_t c = 0; c < cols; ++c) yr[c] = row_exp(xr[c] - mx);
     acc_t<T> sums[kLanes] = {};

@@ -181,7 +181,7 @@ inline double cos_two_pi_vectorizable(double u) {
 // - The float64 polynomials run on mul_add: FMAs where the copy has them.
 // - elu: a·(e^x - 1), e^x - 1 by expm1_of_float, so that a tiny x keeps its digits.
 // - erf (erf_vectorizable): where the copy has FMA, in float32, in three pieces (a polynomial in x²
-//   below 0.7, one around 0.975, 1 - e^-x²·R(x) from 1.25): within 0.795 ulp over every float32
+//   below 0.7, one around 0.975, 1 - e^-x²·R(x) from 1.25): within 0.7951 ulp over every float32
 //   (PyTorch's: 0.73), at 1.9x the float64 one's speed (2.2x with AVX2); otherwise in float64, a
 //   polynomial below 1, 1 - e^-x²·R(x) above: within 0.5014 ulp.
 // NaN gives NaN; infinities and zeros what the functions give them.
@@ -269,7 +269,8 @@ inline float exp_vectorizable(float x) {
 }
 
 // e^x for x ≤ 0, -inf and NaN included, in fewer steps than exp_vectorizable's, 0.88 ulp (the Note):
-// softmax's rows (docs/benchmarks.md, "Softmax's exponential in fewer steps").
+// softmax's rows (docs/benchmarks.md, "Softmax's exponential in fewer steps"). Not for x > 0 (no
+// clamp above: +inf gives NaN).
 inline float exp_of_nonpositive(float x) {
   const auto [n, r_hi, n_int] = exp_reduce(x < -104.0f ? -104.0f : x);  // a NaN stays NaN
   const float r = __builtin_fmaf(-n, kLn2Low, r_hi);
@@ -355,7 +356,7 @@ inline float elu_vectorizable(float x, float a) {
 //   7 (2^-33.6);
 // - from 1.25: 1 - e^-a²·R(a), R of degree 7 in a - 2.585 fitted to erfc(a)·e^a² (2^-28.7 in erfc),
 //   e^-a² by exp_of_nonpositive, a held at 3.92, from where erf rounds to 1;
-// then the sign of x. Over every float32: within 0.795 ulp for normal results, 0.75 for subnormal
+// then the sign of x. Over every float32: within 0.7951 ulp for normal results, 0.75 for subnormal
 // ones. One piece alone for a below 1 reached 1.26 ulp near a = 1.
 inline float erf_vectorizable(float x) {
   const float a = std::fabs(x), a2 = a * a;
