@@ -95,7 +95,8 @@ void softmax_typed(T* out, const T* x, int64_t rows, int64_t cols, bool log) {
         load_lanes(v, xr + k + p * kWidth);
         maxima[p] = larger(maxima[p], v);
       }
-    Register m = larger(larger(maxima[0], maxima[1]), larger(maxima[2], maxima[3]));
+    Register m = maxima[0];
+    for (int p = 1; p < kRegisters; ++p) m = larger(m, maxima[p]);
     for (; k + kWidth <= cols; k += kWidth) {
       load_lanes(v, xr + k);
       m = larger(m, v);

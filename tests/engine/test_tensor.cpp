@@ -22,6 +22,11 @@ using namespace evenflow;
 using evenflow::testing::error_of;
 using evenflow::testing::vals;
 
+// The gap above |r| among float32s: r's ulp, 2^-149 for zero and subnormals.
+double float32_ulp(float r) {
+  return static_cast<double>(std::nextafter(std::fabs(r), INFINITY) - std::fabs(r));
+}
+
 TEST_CASE("creation: zeros, ones, full, arange, from_vector") {
   CHECK(vals(zeros({2, 2})) == std::vector<double>{0, 0, 0, 0});
   CHECK(vals(ones({3}, {.dtype = kFloat64})) == std::vector<double>{1, 1, 1});
@@ -146,7 +151,7 @@ TEST_CASE("random draws: every element is random::sample's, normal ones to float
             off += !(std::abs(value - want) <= 0x1p-52 * (std::abs(a) + 8.0 * b * radius));
           } else {
             const auto rounded = static_cast<float>(want);
-            off += !(std::abs(value - rounded) <= std::nextafter(std::abs(rounded), INFINITY) - std::abs(rounded));
+            off += !(std::abs(value - rounded) <= float32_ulp(rounded));
           }
         }
         const std::string what = std::to_string(threads) + " threads, kind " + std::to_string(static_cast<int>(kind)) +
@@ -398,8 +403,7 @@ TEST_CASE("tanh of float32 on the CPU: within 1.5 ulp of the exact value, specia
   for (int64_t i = 0; i < n; ++i) {
     const double want = std::tanh(xs[static_cast<size_t>(i)]);
     const float rounded = static_cast<float>(want);
-    const double ulp =
-        want == 0 ? std::ldexp(1.0, -149) : std::nextafter(std::fabs(rounded), INFINITY) - std::fabs(rounded);
+    const double ulp = float32_ulp(rounded);
     worst = std::max(worst, std::fabs(y[static_cast<size_t>(i)] - want) / ulp);
     CHECK(y_strided[static_cast<size_t>((i % 2) * (n / 2) + i / 2)] == y[static_cast<size_t>(i)]);
   }
@@ -593,9 +597,7 @@ TEST_CASE("float32 exp, log, sigmoid, softplus, elu and erf on the CPU: within 1
         CHECK(got == static_cast<double>(rounded));
         continue;
       }
-      const double ulp =
-          std::max(static_cast<double>(std::nextafter(std::fabs(rounded), INFINITY) - std::fabs(rounded)),
-                   std::ldexp(1.0, -149));
+      const double ulp = float32_ulp(rounded);
       worst = std::max(worst, static_cast<double>(std::fabs(static_cast<long double>(got) - want)) / ulp);
     }
     CAPTURE(worst);
@@ -689,8 +691,7 @@ TEST_CASE("exp_of_nonpositive: within 0.88 ulp over float32s at most 0") {
     const float x = std::bit_cast<float>(bits);
     const long double want = std::exp(static_cast<long double>(x));
     const auto rounded = static_cast<float>(want);
-    const double ulp =
-        std::max(static_cast<double>(std::nextafter(rounded, INFINITY) - rounded), std::ldexp(1.0, -149));
+    const double ulp = float32_ulp(rounded);
     worst = std::max(
         worst,
         static_cast<double>(std::fabs(static_cast<long double>(cpu_backend::exp_of_nonpositive(x)) - want)) / ulp);
@@ -740,8 +741,7 @@ TEST_CASE("float32 softmax: within 5.02 ulp of the exact one, over rows and over
             const long double want = std::exp(static_cast<long double>(static_cast<float>(xs[at(c)]) - m)) / sum;
             const auto rounded = static_cast<float>(want);
             subnormal += rounded != 0.0f && rounded < std::numeric_limits<float>::min();
-            const double ulp =
-                std::max(static_cast<double>(std::nextafter(rounded, INFINITY) - rounded), std::ldexp(1.0, -149));
+            const double ulp = float32_ulp(rounded);
             worst = std::max(worst, static_cast<double>(std::fabs(got[at(c)] - want)) / ulp);
           }
         }
