@@ -159,10 +159,19 @@ inline double cos_two_pi_vectorizable(double u) {
 //   with float32 coefficients), where 1 + r_hi is split exactly into s + c (Fast2Sum), so that the
 //   leading terms are not rounded before the small ones join them; then hi + lo renormalized (hi =
 //   e^r rounded). exp rounds hi·2^n once (a subnormal result twice: 2^n in two factors). sigmoid:
-//   1/(1 + e) and e/(1 + e) for e = e^-|x|, the quotient by one division and one FMA correction
-//   against 1 + e as an exact pair, so it rounds once as well (a subnormal result up to three
-//   times). Over every 7th float32 bit pattern: within 0.67 ulp for normal results; 0.76 for
-//   subnormal ones (every 13th; the double rounding), against 0.50 in float64 (below).
+//   1/(1 + e) and e/(1 + e) for e = e^-|x|, both scaled by 2^-n to one quotient (one division, one
+//   select of the numerator) with an FMA correction against the exact pairs, so it rounds once as
+//   well (a subnormal result up to three times). Over every 7th float32 bit pattern: within 0.6657
+//   ulp for normal results, 0.7549 for subnormal ones (the double rounding), against 0.50 in float64
+//   (below); the one quotient ran at 1.07x the two of before (docs/benchmarks.md, "softplus in
+//   float32").
+// - softplus with beta 1 (PyTorch's default), where the copy has FMA: in float32 at 1.5x the float64
+//   path's speed (1.7x with AVX2). max(x, 0) + log(1 + t), t = e^-|x| by exp_parts, scaled in two
+//   factors; log(1 + t) = k·ln 2 + log1p(f) + lo with f = t (k = 0) or (1 + t)/2 - 1 (k = 1, past
+//   t = √2 - 1), so that f stays in [√½ - 1, √2 - 1] and is exact; log1p(f) = f - f²/2 + f³P(f),
+//   P of degree 8; k·ln 2 + f - f²/2 as an exact pair (f² by FMA, Fast2Sum), and x added by TwoSum,
+//   so the result rounds once. Over every 7th float32: within 0.6658 ulp where the result is above
+//   2^-100, 0.7557 below (e^-|x|'s low part rounds to the subnormal grid there).
 // - softmax's e^(x - max(x)), where the copy has FMA (exp_of_nonpositive): the same reduction, e^r by
 //   one Horner polynomial rounded at each step: within 0.88 ulp over every float32 ≤ 0, at 1.5x
 //   exp_vectorizable's speed; softmax's outputs round twice more (1/s, the product).
@@ -175,7 +184,7 @@ inline double cos_two_pi_vectorizable(double u) {
 //   each fmaf is a call, and the float32 path ran at a fifth of this one's speed.
 // - log: log_of_float, log_vectorizable's reduction (Note [Vectorized log and cos]) of the widened
 //   value with a series cut to float32's need; float32's subnormals are normal float64s.
-// - softplus: (max(a·x, 0) + log1p(e^-|a·x|))·(1/a), equal to log1p(e^(a·x)) / a, whose
+// - softplus with other betas: (max(a·x, 0) + log1p(e^-|a·x|))·(1/a), equal to log1p(e^(a·x)) / a, whose
 //   exponential would overflow for a·x past 709 below a large threshold; log1p(y) for y in (0, 1]
 //   by log1p_of_unit's series in y / (2 + y), so that a tiny y keeps its digits.
 // - The float64 polynomials run on mul_add: FMAs where the copy has them.
@@ -277,24 +286,63 @@ inline float exp_of_nonpositive(float x) {
   return times_power_of_two(__builtin_fmaf(r, __builtin_fmaf(r, exp_series_tail(r), 1.0f), 1.0f), n_int);
 }
 
+// sigmoid from e^-|x| = E·2^n, E = hi + lo, n ≤ 0, with both sides of the quotient scaled by P =
+// 2^-n' (n' = max(n, -125), so that P stays a normal float): P / (P + E) for x ≥ 0, E / (P + E)·2^(n
+// - n') for x < 0. Past n = -125 the 2^(n - n') takes the rest of 2^n, and P + E rounds to P (a
+// relative 2^-125 that no result keeps).
 inline float sigmoid_vectorizable(float x) {
   const float a = x < 0.0f ? -x : x;
-  const ExpParts e = exp_parts(a > 104.0f ? -104.0f : -a);  // e^-|x| = (hi + lo)·2^n, n ≤ 0
-  // 1 + e^-|x| as the exact pair d + d_lo. Below 2^-126 e^-|x| leaves 1 as it is, so its scale is
-  // held there, and the rest of 2^n joins the quotient's numerator below.
-  const int32_t n_held = e.n > -126 ? e.n : -126;
-  const float scale = power_of_two(n_held);
-  const float e_hi = e.hi * scale, e_lo = e.lo * scale;
-  const float d = 1.0f + e_hi, d_lo = ((1.0f - d) + e_hi) + e_lo;
-  // q = 1 / (d + d_lo) as q0·(1 + rem): the FMA gives the division's remainder exactly.
-  const float q0 = 1.0f / d;
-  const float rem = __builtin_fmaf(-q0, d_lo, __builtin_fmaf(-q0, d, 1.0f));
-  const float positive = __builtin_fmaf(q0, rem, q0);  // x ≥ 0: 1 / (1 + e^-x)
-  // x < 0: e^x / (1 + e^x) = (hi + lo)·q0·(1 + rem)·2^n, hi·q0 as the exact pair m + m_lo.
-  const float m = e.hi * q0;
-  const float m_lo = __builtin_fmaf(m, rem, __builtin_fmaf(e.lo, q0, __builtin_fmaf(e.hi, q0, -m)));
-  const float negative = (m + m_lo) * scale * power_of_two(e.n - n_held);
-  return x != x ? x : (x < 0.0f ? negative : positive);
+  const ExpParts e = exp_parts(a > 104.0f ? -104.0f : -a);
+  const int32_t n_held = e.n > -125 ? e.n : -125;
+  const float p = power_of_two(-n_held);
+  // P + E as the exact pair d + d_lo (Fast2Sum: P ≥ 1 has the larger exponent; hi ≤ 1 where n = 0).
+  const float d = p + e.hi, d_lo = ((p - d) + e.hi) + e.lo;
+  const bool negative = x < 0.0f;
+  const float num = negative ? e.hi : p, num_lo = negative ? e.lo : 0.0f;
+  // (num + num_lo) / (d + d_lo) as q0 + rem / d: the FMA gives num - q0·d exactly, and the pairs'
+  // low parts join the remainder, so the quotient rounds once.
+  const float inv = 1.0f / d;
+  const float q0 = num * inv;
+  const float rem = __builtin_fmaf(-q0, d, num) + __builtin_fmaf(-q0, d_lo, num_lo);
+  const float q = __builtin_fmaf(rem, inv, q0);
+  return x != x ? x : q * power_of_two(negative ? e.n - n_held : 0);
+}
+
+// P(f), log1p(f) = f - f²/2 + f³·P(f) for f in [√½ - 1, √2 - 1]: degree 8, fitted for least error
+// relative to log(1 + t) = k·ln 2 + log1p(f) (2^-29.8 with float32 coefficients).
+inline float log1p_cubic_tail(float f) {
+  return polynomial(f, 3.333331943e-01f, -2.500007153e-01f, 2.000189275e-01f, -1.666532606e-01f, 1.422017664e-01f,
+                    -1.244193390e-01f, 1.192156598e-01f, -1.151552722e-01f, 6.503254175e-02f);
+}
+
+// softplus with beta 1 and threshold b, in float32 (the Note): x where x > b, else max(x, 0) + log(1 +
+// t), t = e^-|x|.
+inline float softplus_beta_one_vectorizable(float x, float b) {
+  const float a = x < 0.0f ? -x : x;
+  const ExpParts e = exp_parts(a > 104.0f ? -104.0f : -a);  // t = (hi + lo)·2^n, n in [-150, 0]
+  const int32_t half = e.n >> 1;                            // 2^n in two normal factors
+  const float scale_1 = power_of_two(half), scale_2 = power_of_two(e.n - half);
+  const float t = e.hi * scale_1 * scale_2, t_lo = e.lo * scale_1 * scale_2;
+  // log(1 + t) = k·ln 2 + log1p(f) + lo, f in [√½ - 1, √2 - 1]: below √2 - 1, k = 0, f = t and lo =
+  // t_lo / (1 + t); above, 1 + t = u + u_lo exactly (Fast2Sum), k = 1, f = u/2 - 1 (exact) and lo =
+  // u_lo / u.
+  const float u = 1.0f + t, u_lo = ((1.0f - u) + t) + t_lo;
+  const bool above = u > 1.41421354f;
+  const float k = above ? 1.0f : 0.0f;
+  const float f = above ? 0.5f * u - 1.0f : t;
+  const float lo = (above ? u_lo : t_lo) / u;
+  // k·ln 2 + f - f²/2 as the exact pair l + l_err: k·L_hi + f is exact (multiples of 2^-24 below 1),
+  // f² = ff + ff_lo (FMA), and Fast2Sum; the rest is small beside l.
+  const float ff = f * f, ff_lo = __builtin_fmaf(f, f, -ff);
+  const float lead = __builtin_fmaf(k, 0.693147182f, f), minus_half_ff = -0.5f * ff;
+  const float l = lead + minus_half_ff, l_err = (lead - l) + minus_half_ff;
+  const float l_lo =
+      l_err + __builtin_fmaf(ff * f, log1p_cubic_tail(f), __builtin_fmaf(-0.5f, ff_lo, __builtin_fmaf(k, kLn2Low, lo)));
+  // max(x, 0) + l exactly (TwoSum), so that the result rounds once.
+  const float x_plus = x > 0.0f ? x : 0.0f;
+  const float s = x_plus + l, s_l = s - x_plus, s_err = (x_plus - (s - s_l)) + (l - s_l);
+  const float y = s + (s_err + l_lo);
+  return x > b || !(x < __builtin_inff()) ? x : y;  // NaN and +inf give themselves
 }
 #else
 inline float exp_vectorizable(float x) {
@@ -334,6 +382,13 @@ inline float softplus_vectorizable(float x, float a, float b) {
   const double softplus = ((t > 0.0 ? t : 0.0) + log1p_of_unit(y)) * (1.0 / static_cast<double>(a));
   return ax > b ? x : (ax != ax ? ax : static_cast<float>(softplus));
 }
+
+#if !defined(__FMA__)
+// Without FMA the float32 path's pairs would be calls: beta 1 takes the float64 path as well.
+inline float softplus_beta_one_vectorizable(float x, float b) {
+  return softplus_vectorizable(x, 1.0f, b);
+}
+#endif
 
 // e^x - 1 for x of float32's range: near 0 (|x| < 1/4, within ln2/2) by exp_minus_one_reduced (e^x
 // - 1 would lose x's digits to the 1), else from e^x.
