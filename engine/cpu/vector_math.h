@@ -161,17 +161,16 @@ inline double cos_two_pi_vectorizable(double u) {
 //   e^r rounded). exp rounds hi·2^n once (a subnormal result twice: 2^n in two factors). sigmoid:
 //   1/(1 + e) and e/(1 + e) for e = e^-|x|, both scaled by 2^-n to one quotient (one division, one
 //   select of the numerator) with an FMA correction against the exact pairs, so it rounds once as
-//   well (a subnormal result up to three times). Over every 7th float32 bit pattern: within 0.6657
-//   ulp for normal results, 0.7549 for subnormal ones (the double rounding), against 0.50 in float64
-//   (below); the one quotient ran at 1.07x the two of before (docs/benchmarks.md, "softplus in
-//   float32").
+//   well (a subnormal result twice). Over every float32: within 0.6708 ulp for normal results,
+//   0.7650 for subnormal ones (the double rounding), against 0.50 in float64 (below); the one
+//   quotient ran at 1.07x the two of before (docs/benchmarks.md, "softplus in float32").
 // - softplus with beta 1 (PyTorch's default), where the copy has FMA: in float32 at 1.5x the float64
 //   path's speed (1.7x with AVX2). max(x, 0) + log(1 + t), t = e^-|x| by exp_parts, scaled in two
 //   factors; log(1 + t) = k·ln 2 + log1p(f) + lo with f = t (k = 0) or (1 + t)/2 - 1 (k = 1, past
 //   t = √2 - 1), so that f stays in [√½ - 1, √2 - 1] and is exact; log1p(f) = f - f²/2 + f³P(f),
 //   P of degree 8; k·ln 2 + f - f²/2 as an exact pair (f² by FMA, Fast2Sum), and x added by TwoSum,
-//   so the result rounds once. Over every 7th float32: within 0.6658 ulp where the result is above
-//   2^-100, 0.7557 below (e^-|x|'s low part rounds to the subnormal grid there).
+//   so the result rounds once. Over every float32: within 0.6708 ulp where the result is at least
+//   2^-100, 0.7717 below (e^-|x|'s low part rounds to the subnormal grid there).
 // - softmax's e^(x - max(x)), where the copy has FMA (exp_of_nonpositive): the same reduction, e^r by
 //   one Horner polynomial rounded at each step: within 0.88 ulp over every float32 ≤ 0, at 1.5x
 //   exp_vectorizable's speed; softmax's outputs round twice more (1/s, the product).
@@ -287,7 +286,7 @@ inline float exp_of_nonpositive(float x) {
 }
 
 // sigmoid from e^-|x| = E·2^n, E = hi + lo, n ≤ 0, with both sides of the quotient scaled by P =
-// 2^-n' (n' = max(n, -125), so that P stays a normal float): P / (P + E) for x ≥ 0, E / (P + E)·2^(n
+// 2^-n' (n' = max(n, -125), so that 1 / (P + E) stays a normal float): P / (P + E) for x ≥ 0, E / (P + E)·2^(n
 // - n') for x < 0. Past n = -125 the 2^(n - n') takes the rest of 2^n, and P + E rounds to P (a
 // relative 2^-125 that no result keeps).
 inline float sigmoid_vectorizable(float x) {
@@ -295,12 +294,14 @@ inline float sigmoid_vectorizable(float x) {
   const ExpParts e = exp_parts(a > 104.0f ? -104.0f : -a);
   const int32_t n_held = e.n > -125 ? e.n : -125;
   const float p = power_of_two(-n_held);
-  // P + E as the exact pair d + d_lo (Fast2Sum: P ≥ 1 has the larger exponent; hi ≤ 1 where n = 0).
+  // P + E as the pair d + d_lo, to 2^-48 (Fast2Sum: P ≥ 1 has the larger exponent; hi ≤ 1 where n =
+  // 0).
   const float d = p + e.hi, d_lo = ((p - d) + e.hi) + e.lo;
   const bool negative = x < 0.0f;
   const float num = negative ? e.hi : p, num_lo = negative ? e.lo : 0.0f;
-  // (num + num_lo) / (d + d_lo) as q0 + rem / d: the FMA gives num - q0·d exactly, and the pairs'
-  // low parts join the remainder, so the quotient rounds once.
+  // (num + num_lo) / (d + d_lo) as q0 + rem / d: the FMA gives num - q0·d exactly (q0 is within an
+  // ulp of num / d; checked for every float32 in [-104, 104]), and the pairs' low parts join the
+  // remainder, so the quotient rounds once.
   const float inv = 1.0f / d;
   const float q0 = num * inv;
   const float rem = __builtin_fmaf(-q0, d, num) + __builtin_fmaf(-q0, d_lo, num_lo);
