@@ -285,13 +285,19 @@ inline float exp_of_nonpositive(float x) {
   return times_power_of_two(__builtin_fmaf(r, __builtin_fmaf(r, exp_series_tail(r), 1.0f), 1.0f), n_int);
 }
 
+// e^-|x| = (hi + lo)·2^n, n in [-150, 0], for sigmoid and softplus: |x| held at 104, past which e^-|x|
+// rounds to 0 in float32 (a NaN stays NaN).
+inline ExpParts exp_parts_of_minus_abs(float x) {
+  const float a = x < 0.0f ? -x : x;
+  return exp_parts(a > 104.0f ? -104.0f : -a);
+}
+
 // sigmoid from e^-|x| = E·2^n, E = hi + lo, n ≤ 0, with both sides of the quotient scaled by P =
 // 2^-n' (n' = max(n, -125), so that 1 / (P + E) stays a normal float): P / (P + E) for x ≥ 0, E / (P + E)·2^(n
 // - n') for x < 0. Past n = -125 the 2^(n - n') takes the rest of 2^n, and P + E rounds to P (a
 // relative 2^-125 that no result keeps).
 inline float sigmoid_vectorizable(float x) {
-  const float a = x < 0.0f ? -x : x;
-  const ExpParts e = exp_parts(a > 104.0f ? -104.0f : -a);
+  const ExpParts e = exp_parts_of_minus_abs(x);
   const int32_t n_held = e.n > -125 ? e.n : -125;
   const float p = power_of_two(-n_held);
   // P + E as the pair d + d_lo, to 2^-48 (Fast2Sum: P ≥ 1 has the larger exponent; hi ≤ 1 where n =
@@ -319,11 +325,8 @@ inline float log1p_cubic_tail(float f) {
 // softplus with beta 1 and threshold b, in float32 (the Note): x where x > b, else max(x, 0) + log(1 +
 // t), t = e^-|x|.
 inline float softplus_beta_one_vectorizable(float x, float b) {
-  const float a = x < 0.0f ? -x : x;
-  const ExpParts e = exp_parts(a > 104.0f ? -104.0f : -a);  // t = (hi + lo)·2^n, n in [-150, 0]
-  const int32_t half = e.n >> 1;                            // 2^n in two normal factors
-  const float scale_1 = power_of_two(half), scale_2 = power_of_two(e.n - half);
-  const float t = e.hi * scale_1 * scale_2, t_lo = e.lo * scale_1 * scale_2;
+  const ExpParts e = exp_parts_of_minus_abs(x);
+  const float t = times_power_of_two(e.hi, e.n), t_lo = times_power_of_two(e.lo, e.n);
   // log(1 + t) = k·ln 2 + log1p(f) + lo, f in [√½ - 1, √2 - 1]: below √2 - 1, k = 0, f = t and lo =
   // t_lo / (1 + t); above, 1 + t = u + u_lo exactly (Fast2Sum), k = 1, f = u/2 - 1 (exact) and lo =
   // u_lo / u.

@@ -394,12 +394,6 @@ TEST_CASE("tanh of float32 on the CPU: within 1.5 ulp of the exact value, specia
     xs.push_back(std::bit_cast<float>(bits));
     xs.push_back(-std::bit_cast<float>(bits));
   }
-  // The review's worst cases of sigmoid and softplus (an exhaustive sweep): a normal result, a subnormal
-  // one, one between 2^-126 and 2^-100.
-  for (const float worst_case : {0x1.aaf346p+4f, 0x1.5e9f7ap+6f, 0x1.5966fcp+6f}) {
-    xs.push_back(worst_case);
-    xs.push_back(-worst_case);
-  }
   const int64_t n = static_cast<int64_t>(xs.size());
   const Tensor x = from_vector(xs, {n}, {.dtype = kFloat32});
   const std::vector<double> y = tanh(x).to_vector();
