@@ -160,10 +160,11 @@ inline double cos_two_pi_vectorizable(double u) {
 //   leading terms are not rounded before the small ones join them; then hi + lo renormalized (hi =
 //   e^r rounded). exp rounds hi·2^n once (a subnormal result twice: 2^n in two factors). sigmoid:
 //   1/(1 + e) and e/(1 + e) for e = e^-|x|, both scaled by 2^-n to one quotient (one division, one
-//   select of the numerator) with an FMA correction against the exact pairs, so it rounds once as
-//   well (a subnormal result twice). Over every float32: within 0.6708 ulp for normal results,
-//   0.7650 for subnormal ones (the double rounding), against 0.50 in float64 (below); the one
-//   quotient ran at 1.07x the two of before (docs/benchmarks.md, "softplus in float32").
+//   select of the numerator) with an FMA correction against the pairs, so it rounds once but for
+//   the correction's own rounding (a subnormal result twice). Over every float32: within 0.7240 ulp
+//   for normal results, 0.7650 for subnormal ones, against 0.50 in float64 (below); e's numerator
+//   taken as 1 + r_hi and its tail, unrounded, ran at 1.05x the speed of the rounded pair's 0.6708
+//   ulp (docs/benchmarks.md, "sigmoid in fewer instructions").
 // - softplus with beta 1 (PyTorch's default), where the copy has FMA: in float32 at 1.5x the float64
 //   path's speed (1.7x with AVX2). max(x, 0) + log(1 + t), t = e^-|x| by exp_parts, scaled in two
 //   factors; log(1 + t) = k·ln 2 + log1p(f) + lo with f = t (k = 0) or (1 + t)/2 - 1 (k = 1, past
@@ -254,6 +255,20 @@ inline float exp_series_tail(float r) {
   return polynomial(r, 0.5f, 1.666666716e-01f, 4.166626930e-02f, 8.333263919e-03f, 1.394610386e-03f, 1.991842728e-04f);
 }
 
+// e^x = (s + tail)·2^n for x in [-104, 89], before rounding: s = 1 + r_hi (the float nearest it),
+// |tail| < 0.07.
+struct ExpSum {
+  float s, tail;
+  int32_t n;
+};
+inline ExpSum exp_sum(float x) {
+  const auto [n, r_hi, n_int] = exp_reduce(x);
+  const float n_lo = n * kLn2Low;  // r = r_hi - n·L_lo
+  const float r = r_hi - n_lo;
+  const float s = 1.0f + r_hi, c = (1.0f - s) + r_hi;  // s + c = 1 + r_hi exactly
+  return {s, c + __builtin_fmaf(r * r, exp_series_tail(r), -n_lo), n_int};
+}
+
 // e^x = (hi + lo)·2^n for x in [-104, 89], hi = e^(x - n ln 2) rounded, in [√½, √2], lo what
 // rounding it left.
 struct ExpParts {
@@ -261,13 +276,9 @@ struct ExpParts {
   int32_t n;
 };
 inline ExpParts exp_parts(float x) {
-  const auto [n, r_hi, n_int] = exp_reduce(x);
-  const float n_lo = n * kLn2Low;  // r = r_hi - n·L_lo
-  const float r = r_hi - n_lo;
-  const float s = 1.0f + r_hi, c = (1.0f - s) + r_hi;  // s + c = 1 + r_hi exactly
-  const float tail = c + __builtin_fmaf(r * r, exp_series_tail(r), -n_lo);
+  const auto [s, tail, n] = exp_sum(x);
   const float hi = s + tail;
-  return {hi, (s - hi) + tail, n_int};
+  return {hi, (s - hi) + tail, n};
 }
 
 inline float exp_vectorizable(float x) {
@@ -285,34 +296,49 @@ inline float exp_of_nonpositive(float x) {
   return times_power_of_two(__builtin_fmaf(r, __builtin_fmaf(r, exp_series_tail(r), 1.0f), 1.0f), n_int);
 }
 
-// e^-|x| = (hi + lo)·2^n, n in [-150, 0], for sigmoid and softplus: |x| held at 104, past which e^-|x|
-// rounds to 0 in float32 (a NaN stays NaN).
-inline ExpParts exp_parts_of_minus_abs(float x) {
-  const float a = x < 0.0f ? -x : x;
-  return exp_parts(a > 104.0f ? -104.0f : -a);
+// -|x| held at -104, past which e^-|x| rounds to 0 in float32, for sigmoid's and softplus's e^-|x|
+// (2^n with n in [-150, 0]): the sign bit set, and a max (a NaN gives -104; the callers return x).
+inline float minus_abs_held(float x) {
+  const float minus_abs = std::bit_cast<float>(std::bit_cast<uint32_t>(x) | 0x80000000u);
+  return minus_abs > -104.0f ? minus_abs : -104.0f;
 }
 
-// sigmoid from e^-|x| = E·2^n, E = hi + lo, n ≤ 0, with both sides of the quotient scaled by P =
+// c ? a : b as bits. GCC 12 sinks a plain select through the arithmetic that follows and computes
+// that arithmetic for both a and b (sigmoid's quotient correction twice: 1.2x the time).
+inline float select_float(bool c, float a, float b) {
+  const uint32_t mask = 0u - static_cast<uint32_t>(c);
+  return std::bit_cast<float>((std::bit_cast<uint32_t>(a) & mask) | (std::bit_cast<uint32_t>(b) & ~mask));
+}
+
+// sigmoid from e^-|x| = E·2^n, E = s + tail, n ≤ 0, with both sides of the quotient scaled by P =
 // 2^-n' (n' = max(n, -125), so that 1 / (P + E) stays a normal float): P / (P + E) for x ≥ 0, E / (P + E)·2^(n
 // - n') for x < 0. Past n = -125 the 2^(n - n') takes the rest of 2^n, and P + E rounds to P (a
 // relative 2^-125 that no result keeps).
 inline float sigmoid_vectorizable(float x) {
-  const ExpParts e = exp_parts_of_minus_abs(x);
-  const int32_t n_held = e.n > -125 ? e.n : -125;
-  const float p = power_of_two(-n_held);
-  // P + E as the pair d + d_lo, to 2^-48 (Fast2Sum: P ≥ 1 has the larger exponent; hi ≤ 1 where n =
-  // 0).
-  const float d = p + e.hi, d_lo = ((p - d) + e.hi) + e.lo;
+  const auto [s, tail, n] = exp_sum(minus_abs_held(x));
+  // P = 2^-n', n' = max(n, -125), and below 2^(n - n'), from their biased exponents: 127 - n held at
+  // 252, and n + 252 held at 127 (1) where x < 0, else 127 (GCC makes one multiply of that product
+  // and the NaN's select). Written as power_of_two(-max(n, -125)), it ran at 0.94x the speed.
+  const int32_t p_exponent = 127 - n;
+  const float p = std::bit_cast<float>((p_exponent < 252 ? p_exponent : 252) << 23);
+  // P + E as the pair d + d_lo, to 2^-47 of d: d = P + hi (hi = s + tail rounded) and d_lo = ((P - d)
+  // + s) + tail: P - d is exact (Fast2Sum: P ≥ 1 has the larger exponent; hi < 2 where n = 0), so is
+  // adding s (multiples of 2^-24 whose sum is under 1; or s alone where d = P; 2^-48 of d where P =
+  // 2^24 and d = P + 2), and the last sum rounds at 2^-24 of d_lo.
+  const float d = p + (s + tail), d_lo = ((p - d) + s) + tail;
   const bool negative = x < 0.0f;
-  const float num = negative ? e.hi : p, num_lo = negative ? e.lo : 0.0f;
-  // (num + num_lo) / (d + d_lo) as q0 + rem / d: the FMA gives num - q0·d exactly (q0 is within an
-  // ulp of num / d; checked for every float32 in [-104, 104]), and the pairs' low parts join the
-  // remainder, so the quotient rounds once.
+  const float num = select_float(negative, s, p), num_lo = select_float(negative, tail, 0.0f);
+  // (num + num_lo) / (d + d_lo) as q0 + rem / d, rem = num - q0·d (an FMA) with the pairs' low parts
+  // joined. Where x ≥ 0, q0 is within an ulp of P / d and the FMA exact, so the quotient rounds once;
+  // where x < 0, E's numerator is s + tail unrounded (forming its rounded pair cost 1.05x the time),
+  // so q0 = s / d can be 7% off and rem, up to 7% of the result, rounds at 2^-24 of itself: 0.7240
+  // ulp at worst (x = -5.198) against 0.6708 with the rounded pair.
   const float inv = 1.0f / d;
   const float q0 = num * inv;
   const float rem = __builtin_fmaf(-q0, d, num) + __builtin_fmaf(-q0, d_lo, num_lo);
   const float q = __builtin_fmaf(rem, inv, q0);
-  return x != x ? x : q * power_of_two(negative ? e.n - n_held : 0);
+  const int32_t rest_exponent = negative ? n + 252 : 127;
+  return x != x ? x : q * std::bit_cast<float>((rest_exponent < 127 ? rest_exponent : 127) << 23);
 }
 
 // P(f), log1p(f) = f - f²/2 + f³·P(f) for f in [√½ - 1, √2 - 1]: degree 8, fitted for least error
@@ -325,7 +351,7 @@ inline float log1p_cubic_tail(float f) {
 // softplus with beta 1 and threshold b, in float32 (the Note): x where x > b, else max(x, 0) + log(1 +
 // t), t = e^-|x|.
 inline float softplus_beta_one_vectorizable(float x, float b) {
-  const ExpParts e = exp_parts_of_minus_abs(x);
+  const ExpParts e = exp_parts(minus_abs_held(x));
   const float t = times_power_of_two(e.hi, e.n), t_lo = times_power_of_two(e.lo, e.n);
   // log(1 + t) = k·ln 2 + log1p(f) + lo, f in [√½ - 1, √2 - 1]: below √2 - 1, k = 0, f = t and lo =
   // t_lo / (1 + t); above, 1 + t = u + u_lo exactly (Fast2Sum), k = 1, f = u/2 - 1 (exact) and lo =
