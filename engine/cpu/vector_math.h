@@ -321,10 +321,10 @@ inline float sigmoid_vectorizable(float x) {
   // and the NaN's select). Written as power_of_two(-max(n, -125)), it ran at 0.94x the speed.
   const int32_t p_exponent = 127 - n;
   const float p = std::bit_cast<float>((p_exponent < 252 ? p_exponent : 252) << 23);
-  // P + E as the pair d + d_lo, to 2^-47 of d: d = P + hi (hi = s + tail rounded) and d_lo = ((P - d)
-  // + s) + tail: P - d is exact (Fast2Sum: P ≥ 1 has the larger exponent; hi < 2 where n = 0), so is
-  // adding s (multiples of 2^-24 whose sum is under 1; or s alone where d = P; 2^-48 of d where P =
-  // 2^24 and d = P + 2), and the last sum rounds at 2^-24 of d_lo.
+  // P + s + tail as the pair d + d_lo, to 2^-48: d = P + hi (hi = s + tail rounded) and d_lo = ((P -
+  // d) + s) + tail, where P - d is exact (Fast2Sum: P ≥ 1 has the larger exponent; hi < 2 where n =
+  // 0) and so is adding s (multiples of 2^-24 whose sum is under 1, or s alone where d = P), so that
+  // only the last sum rounds (each checked for every float32 -|x|, as the FMA below for x ≥ 0).
   const float d = p + (s + tail), d_lo = ((p - d) + s) + tail;
   const bool negative = x < 0.0f;
   const float num = select_float(negative, s, p), num_lo = select_float(negative, tail, 0.0f);
