@@ -304,7 +304,7 @@ inline float minus_abs_held(float x) {
 }
 
 // c ? a : b as bits. GCC 12 sinks a plain select through the arithmetic that follows and computes
-// that arithmetic for both a and b (sigmoid's quotient correction twice: 1.2x the time).
+// that arithmetic for both a and b (sigmoid's quotient correction twice: 1.04x the time).
 inline float select_float(bool c, float a, float b) {
   const uint32_t mask = 0u - static_cast<uint32_t>(c);
   return std::bit_cast<float>((std::bit_cast<uint32_t>(a) & mask) | (std::bit_cast<uint32_t>(b) & ~mask));
