@@ -223,9 +223,14 @@ inline double log1p_of_unit(double y) {
 }
 
 #if defined(__FMA__)
+// The float32 2^(e - 127), for a biased exponent e in [1, 254].
+inline float from_biased_exponent(int32_t e) {
+  return std::bit_cast<float>(e << 23);
+}
+
 // 2^n as a float32, for n in [-126, 127].
 inline float power_of_two(int32_t n) {
-  return std::bit_cast<float>((n + 127) << 23);
+  return from_biased_exponent(n + 127);
 }
 
 // v·2^n for n in [-252, 254], in two normal factors (one alone would not reach 2^-150 or 2^128):
@@ -320,7 +325,7 @@ inline float sigmoid_vectorizable(float x) {
   // 252, and n + 252 held at 127 (1) where x < 0, else 127 (GCC makes one multiply of that product
   // and the NaN's select). Written as power_of_two(-max(n, -125)), it ran at 0.94x the speed.
   const int32_t p_exponent = 127 - n;
-  const float p = std::bit_cast<float>((p_exponent < 252 ? p_exponent : 252) << 23);
+  const float p = from_biased_exponent(p_exponent < 252 ? p_exponent : 252);
   // P + s + tail as the pair d + d_lo, to 2^-48: d = P + hi (hi = s + tail rounded) and d_lo = ((P -
   // d) + s) + tail, where P - d is exact (Fast2Sum: P ≥ 1 has the larger exponent; hi < 2 where n =
   // 0) and so is adding s (multiples of 2^-24 whose sum is under 1, or s alone where d = P), so that
@@ -338,7 +343,7 @@ inline float sigmoid_vectorizable(float x) {
   const float rem = __builtin_fmaf(-q0, d, num) + __builtin_fmaf(-q0, d_lo, num_lo);
   const float q = __builtin_fmaf(rem, inv, q0);
   const int32_t rest_exponent = negative ? n + 252 : 127;
-  return x != x ? x : q * std::bit_cast<float>((rest_exponent < 127 ? rest_exponent : 127) << 23);
+  return x != x ? x : q * from_biased_exponent(rest_exponent < 127 ? rest_exponent : 127);
 }
 
 // P(f), log1p(f) = f - f²/2 + f³·P(f) for f in [√½ - 1, √2 - 1]: degree 8, fitted for least error
