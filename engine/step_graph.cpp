@@ -507,7 +507,8 @@ void StepGraph::capture(const std::vector<Device>& devices, const std::function<
     const PoolScope pools(*impl_, devices);
     const RecordingScope recorded(devices, capture.get());
     // The calling thread works for the step from the recording's start to its end, its
-    // abandonment included (CudaBackend::activate lets other threads wait meanwhile).
+    // abandonment included (CudaBackend::activate keeps other threads' work out: Note [Work beside a
+    // recording] in engine/cuda/recording_gate.h).
     const StepThreadGuard in_step(capture.get());
     try {
       recording = devices[0].is_cuda() ? detail::begin_cuda_recording(devices)

@@ -91,7 +91,7 @@ NcclCommunicator::NcclCommunicator(std::vector<Device> devices, const std::vecto
       r.backend = backend;
       r.mu = &gpu_mutex(backend->physical_id());
       physical_ids_.push_back(backend->physical_id());
-      backend->activate();
+      const auto gate_pass = backend->activate();
       EF_CUDA_CHECK(cudaStreamCreateWithFlags(&r.side_stream, cudaStreamNonBlocking));
       for (cudaEvent_t* e : {&r.ready, &r.bucket_done})
         EF_CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
@@ -276,7 +276,7 @@ void NcclCommunicator::fail(const std::string& what, const std::string& why) {
 template <typename Enqueue>
 void NcclCommunicator::run(const char* op, int rank, const Tensor& x, Enqueue enqueue) {
   Rank& r = *ranks_[static_cast<size_t>(rank)];
-  r.backend->activate();
+  const auto gate_pass = r.backend->activate();
   std::string what;
   std::string failure;
   cudaEvent_t done = nullptr;
@@ -396,12 +396,16 @@ void NcclCommunicator::all_reduce_in_place(const std::vector<std::vector<Tensor>
   }
   std::string failure;
   std::vector<std::pair<Rank*, cudaEvent_t>> done;
+  // Held until every rank's work is queued, and taken before the GPUs' locks: a thread waiting at
+  // the gate must not hold what a thread inside waits for (Note [Work beside a recording]). The
+  // ranks' own activate() below then only switch devices.
+  const auto gate_pass = ranks_[0]->backend->activate();
   {
     auto locks = lock_all();
     throw_if_aborted(what);
     try {
       for (auto& r : ranks_) {
-        r->backend->activate();
+        const auto rank_pass = r->backend->activate();
         done.emplace_back(r.get(), take_event(*r));
         EF_CUDA_CHECK(cudaEventRecord(r->ready, r->backend->stream()));
         EF_CUDA_CHECK(cudaStreamWaitEvent(r->side_stream, r->ready, 0));
@@ -444,9 +448,10 @@ void NcclCommunicator::all_reduce_in_place(const std::vector<std::vector<Tensor>
 }
 
 void NcclCommunicator::join_in_place() {
+  const auto gate_pass = ranks_[0]->backend->activate();  // before the lock, as in all_reduce_in_place
   std::lock_guard<std::mutex> in_place_lock(in_place_mu_);
   for (auto& r : ranks_) {
-    r->backend->activate();
+    const auto rank_pass = r->backend->activate();
     EF_CUDA_CHECK(cudaStreamWaitEvent(r->backend->stream(), r->bucket_done, 0));
   }
   throw_if_aborted("nccl join_in_place");

@@ -263,6 +263,8 @@ if [[ $mode == prepare ]]; then
     [[ "$value" == "$prefix"* ]] || { echo "gpu_check --prepare: $var is '$value', not in $prefix" >&2; exit 1; }
   done
   used=$(ninja -C "$rehearsal" -t deps $objects | sed -n 's/^ *//p' | grep -c "^$deps/root/" || true)
+  # The crash-stack library the build stage compiles with the same command.
+  gcc -shared -fPIC -O1 -Wall -Wextra -Werror -o "$rehearsal/crash_backtrace.so" scripts/crash_backtrace.c
   echo "rehearsal passed: 6 files compiled, $used headers from build-deps/, none from the system's copies"
   rm -rf "$deps/root"  # the GPU machine unpacks its own; what travels stays small (the limit is 64 MiB)
   write_stamp "$allow_dirty" || exit 1
@@ -315,12 +317,23 @@ stage() {
   timeout --kill-after=10 "$limit" bash -c "set -o pipefail; $(declare -f); $(declare -p repo deps build out logs \
     python cmake_args gvisor summary); $fn" >>"$log" 2>&1
   rc=$?
+  symbolize "$log" && grep -A24 '^== crash stacks' "$log" | sed 's/^/    /' >>"$summary"
   if ((rc == 124 || rc == 137)); then verdict="cut off after $limit s"; elif ((rc != 0)); then verdict="FAILED (exit $rc)"; fi
   ((rc == 0)) || status=1
   echo "== $name: $verdict in $((SECONDS - start)) s" >>"$log"
   echo "| $name | $verdict | $((SECONDS - start)) s | $2 |" | tee -a "$summary"
   pack_logs
   return "$rc"
+}
+
+# A crash's stack (scripts/crash_backtrace.c, preloaded into the tests): its frames in LOG as
+# functions, at the log's end. Fails when LOG holds none.
+symbolize() {
+  grep -q '^crash frame ' "$1" 2>/dev/null || return 1
+  echo "== crash stacks (scripts/crash_backtrace.c; addr2line)" >>"$1"
+  grep '^crash frame ' "$1" | while read -r _ _ module offset; do
+    echo "    $(addr2line -f -C -i -e "$module" "$offset" 2>/dev/null | paste -sd ' ') ($(basename "$module") $offset)"
+  done >>"$1"
 }
 
 # The title, then which files run (Note [The commit stamp]): the summary's first two lines.
@@ -398,6 +411,8 @@ configure_and_build() {
   cmake -S . -B "$build" -G Ninja -DCMAKE_PREFIX_PATH="$prefix" "${cmake_args[@]}" || return 1
   grep -E '^EF_(CUDNN_LIB|NCCL_LIB|NCCL_INCLUDE):' "$build/CMakeCache.txt"
   grep -q '^EF_NCCL_LIB:FILEPATH=.*nccl' "$build/CMakeCache.txt" || { echo "NCCL was not found: the NCCL test would not run"; return 1; }
+  # A crash's stack in the logs (symbolize), for the tests and the programs they start.
+  gcc -shared -fPIC -O1 -o "$build/crash_backtrace.so" scripts/crash_backtrace.c || return 1
   ninja -C "$build" -k 0 test_engine test_losses test_parallel test_classify_app test_segment_app test_wgan_gp_app \
     bench_engine bench_parallel classify wgan_gp
 }
@@ -408,7 +423,8 @@ export EF_REQUIRE_CUDA=1 EF_CUDA_DEVICES=0,0
 # ctest with --no-tests=error and the count checked: a suite that failed to build would otherwise
 # drop its tests from the selection, and the stage would pass on what remained.
 run_tests() {  # run_tests REGEX EXPECTED_COUNT PARALLEL
-  ctest --test-dir "$build" -R "$1" --no-tests=error --output-on-failure -j "$3" | tee /tmp/ef_ctest.log
+  LD_PRELOAD=$build/crash_backtrace.so ctest --test-dir "$build" -R "$1" --no-tests=error --output-on-failure -j "$3" |
+    tee /tmp/ef_ctest.log
   local rc=${PIPESTATUS[0]}
   # "95% tests passed, 1 tests failed out of 19"; with all passing, CTest 4 prints "100% tests passed out of 19".
   grep -q "tests passed.* out of $2\$" /tmp/ef_ctest.log || { echo "gpu_check: expected $2 tests matching '$1'"; return 1; }

@@ -40,7 +40,7 @@ __global__ void adam_kernel(scalar::AdamScalars<T> given, const AdamArgs* in_dev
 }  // namespace
 
 void CudaBackend::adam(const AdamArgs& args, const std::vector<AdamOperands>& params) {
-  activate();
+  const auto gate_pass = activate();
   if (params.empty()) return;
   EF_DISPATCH_FLOAT(params[0].param.dtype, "adam", [&] {
     using T = scalar_t;

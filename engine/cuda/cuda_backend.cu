@@ -7,7 +7,6 @@
 #include <cstring>
 #include <memory>
 #include <set>
-#include <thread>
 #include <utility>
 
 #include "evenflow/engine/cuda/cuda_backend.h"
@@ -31,7 +30,7 @@ static std::pair<int64_t*, int64_t*> allocate_index_flags() {
 
 CudaBackend::CudaBackend(int logical_index, int physical_id)
     : logical_index_(logical_index), physical_id_(physical_id), deferred_errors_(allocate_index_flags) {
-  activate();
+  const auto gate_pass = activate();
   EF_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, physical_id_));
   EF_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
 }
@@ -58,30 +57,22 @@ std::string CudaBackend::name() const {
   return ::evenflow::detail::str_cat("cuda:", logical_index_, " (GPU ", physical_id_, ")");
 }
 
-void CudaBackend::activate() const {
-  EF_CUDA_CHECK(cudaSetDevice(physical_id_));
-  if (::evenflow::detail::g_recording.load(std::memory_order_acquire) != 0) wait_for_recording();
+RecordingGate& recording_gate() {
+  static RecordingGate gate;
+  return gate;
 }
 
-// Note [Recording CUDA devices] in cuda_graph.cu: a stream being recorded takes whatever any thread
-// queues on it, so a thread that does not work for the step (a data loader uploading the next
-// batch) waits until the recording ends -- a few milliseconds of host work -- rather than having
-// its work recorded into the step.
-void CudaBackend::wait_for_recording() const {
-  if (::evenflow::detail::capture_of(device()) != nullptr) return;  // this thread works for the step
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (recording()) {
-    EF_CHECK(std::chrono::steady_clock::now() < deadline, name(),
-             ": waited 60 s for the step being recorded on it to end; a thread that does not work for the step "
-             "cannot queue work on its stream meanwhile");
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
-  }
+RecordingGate::Pass CudaBackend::activate() const {
+  EF_CUDA_CHECK(cudaSetDevice(physical_id_));
+  // A thread working for a step being recorded queues into it (Note [Work beside a recording]).
+  if (::evenflow::detail::step_thread().capture != nullptr) return {};
+  return recording_gate().enter([this] { return name(); }, std::chrono::seconds(60));
 }
 
 // --- Memory and copies ---------------------------------------------------------------------------
 
 void* CudaBackend::raw_alloc(size_t nbytes) {
-  activate();
+  const auto gate_pass = activate();
   void* ptr = nullptr;
   const cudaError_t cudaMalloc_status = cudaMalloc(&ptr, nbytes == 0 ? 1 : nbytes);
   if (cudaMalloc_status == cudaErrorMemoryAllocation) {
@@ -149,7 +140,7 @@ void CUDART_CB CudaBackend::release_staging(void* user_data) {
 
 void CudaBackend::copy_from_host(void* dst, const void* src, size_t nbytes) {
   if (nbytes == 0) return;
-  activate();
+  const auto gate_pass = activate();
   if (nbytes > kMaxStagedBytes) {
     EF_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyHostToDevice, stream_));
     EF_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -174,7 +165,7 @@ void CudaBackend::copy_from_host(void* dst, const void* src, size_t nbytes) {
 
 void CudaBackend::copy_to_host(void* dst, const void* src, size_t nbytes) {
   if (nbytes == 0) return;
-  activate();
+  const auto gate_pass = activate();
   EF_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToHost, stream_));
   synchronize_and_check();
 }
@@ -183,7 +174,7 @@ void CudaBackend::copy_to_host(void* dst, const void* src, size_t nbytes) {
 // asynchronously), an event behind the copy, and the bytes moved to dst by the waiting function.
 std::function<void()> CudaBackend::copy_to_host_later(void* dst, const void* src, size_t nbytes) {
   if (nbytes == 0) return [] {};
-  activate();
+  const auto gate_pass = activate();
   const size_t size_class = staging_class(nbytes);
   void* staging = acquire_staging(size_class);
   cudaEvent_t done = nullptr;
@@ -215,7 +206,7 @@ std::function<void()> CudaBackend::copy_to_host_later(void* dst, const void* src
 }
 
 void CudaBackend::synchronize() {
-  activate();
+  const auto gate_pass = activate();
   synchronize_and_check();
 }
 
@@ -421,9 +412,9 @@ void copy_peer(Backend& dst_backend, void* dst, Backend& src_backend, const void
   // The copy runs on the destination's stream, after the source's queued work (which may still be
   // writing src), and the source's stream waits for it before its later work (which may reuse
   // src): see cuda_backend.h. No host wait.
-  from->activate();
+  const auto from_pass = from->activate();
   const StreamMark src_ready(from->stream());
-  to->activate();
+  const auto to_pass = to->activate();
   EF_CUDA_CHECK(cudaStreamWaitEvent(to->stream(), src_ready.event(), 0));
   if (to->physical_id() == from->physical_id()) {
     EF_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToDevice, to->stream()));

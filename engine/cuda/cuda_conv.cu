@@ -175,7 +175,7 @@ bool legacy_only() {
 
 template <typename Pass>
 void run_conv(CudaBackend& be, const ConvArgs& a, DType dtype, const View& out, const View& in_a, const View& in_b) {
-  be.activate();
+  const auto gate_pass = be.activate();
   EF_CHECK(is_floating(dtype), Pass::kName, ": dtype ", dtype_name(dtype),
            " is not supported (float32 or float64 expected)");
   EF_ASSERT(out.dtype == dtype && in_a.dtype == dtype && in_b.dtype == dtype && out.is_contiguous() &&

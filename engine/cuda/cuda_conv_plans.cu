@@ -444,7 +444,7 @@ template std::vector<ConvAlgo> graph_algos<BackwardFilterPass>(cudnnHandle_t, co
 // Runs `pass` of bfloat16 compute on the shape's plan (Note [bfloat16 convolutions on cuDNN]).
 template <typename Pass>
 void run_bf16_conv(CudaBackend& be, const ConvArgs& a, const View& out, const View& in_a, const View& in_b) {
-  be.activate();
+  const auto gate_pass = be.activate();
   // The op gives bfloat16 operands (Note [bfloat16 operands converted once] in ops/conv.cpp).
   EF_ASSERT(out.dtype == DType::Float32 && in_a.dtype == DType::BFloat16 && in_b.dtype == DType::BFloat16 &&
                 out.is_contiguous() && in_a.is_contiguous() && in_b.is_contiguous(),
@@ -476,7 +476,7 @@ bool CudaBackend::bf16_conv(const ConvArgs& args, ConvPass pass) {
   for (const int64_t size : {args.n, args.c_in, args.h, args.w, args.c_out, args.oh, args.ow}) {
     if (size == 0) return false;
   }
-  activate();
+  const auto gate_pass = activate();
   switch (pass) {
     case ConvPass::Forward:
       return bf16_plan_faster<ForwardPass>(*this, args);

@@ -5,18 +5,18 @@
 namespace evenflow::cuda_backend {
 
 void CudaBackend::fill(const View& out, double value) {
-  activate();
+  const auto gate_pass = activate();
   EF_DISPATCH_STORAGE(out.dtype, "fill",
                       [&] { map<scalar_t>(*this, Constant<scalar_t>{CastTo<scalar_t>{}(value)}, out); });
 }
 
 void CudaBackend::arange(const View& out, double start, double step) {
-  activate();
+  const auto gate_pass = activate();
   EF_DISPATCH_ALL(out.dtype, "arange", [&] { generate<scalar_t>(*this, out, Arange<scalar_t>{start, step}); });
 }
 
 void CudaBackend::copy(const View& out, const View& x) {
-  activate();
+  const auto gate_pass = activate();
   check_same_shape(out, x);
   const auto ix = make_indexer<2>(out.ndim, out.shape, {out.strides, x.strides});
   if (out.dtype == x.dtype && ix.contiguous()) {
@@ -28,7 +28,7 @@ void CudaBackend::copy(const View& out, const View& x) {
 }
 
 void CudaBackend::binary(BinaryOp op, const View& out, const View& x, const View& y, double a) {
-  activate();
+  const auto gate_pass = activate();
   EF_ASSERT(out.dtype == x.dtype && out.dtype == y.dtype, "binary: mixed dtypes");
   EF_DISPATCH_ALL(out.dtype, "binary op", [&] {
     visit_binary(op, a, [&](auto fn) { map<scalar_t, scalar_t, scalar_t>(*this, fn, out, x, y); });
@@ -36,13 +36,13 @@ void CudaBackend::binary(BinaryOp op, const View& out, const View& x, const View
 }
 
 void CudaBackend::where(const View& out, const View& cond, const View& x, const View& y) {
-  activate();
+  const auto gate_pass = activate();
   EF_ASSERT(out.dtype == x.dtype && out.dtype == y.dtype, "where: mixed dtypes");
   EF_DISPATCH_ALL(out.dtype, "where", [&] { select<scalar_t>(*this, out, cond, x, y); });
 }
 
 void CudaBackend::random(const View& out, RandomKind kind, double a, double b, const RandomKey& key) {
-  activate();
+  const auto gate_pass = activate();
   EF_DISPATCH_ALL(out.dtype, "random", [&] {
     generate<scalar_t>(*this, out,
                        RandomDraw<scalar_t>{static_cast<int>(kind), a, b, key.seed, key.offset, key.in_device});

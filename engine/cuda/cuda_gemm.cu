@@ -40,7 +40,7 @@ Bf16Operand bf16_operand(int64_t rows, int64_t cols, int64_t stride, int64_t bat
 }  // namespace
 
 void CudaBackend::gemm(const GemmArgs& g) {
-  activate();
+  const auto gate_pass = activate();
   EF_CHECK(is_floating(g.dtype), "gemm: dtype ", dtype_name(g.dtype),
            " is not supported (float32 or float64 expected)");
   if (g.m == 0 || g.n == 0 || g.batch == 0) return;

@@ -1,7 +1,9 @@
 // The recording of a step's work on CUDA logical devices as one CUDA graph (StepGraph,
 // engine/step_graph.h; Note [Recording CUDA devices]).
 #include <atomic>
+#include <chrono>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "evenflow/engine/cuda/cuda_backend.h"
@@ -21,33 +23,38 @@ namespace evenflow::cuda_backend {
 //
 // The capture is in relaxed mode: the step's threads are the caller's and the devices' workers, and
 // a block the step's pool obtains from the device while recording (cudaMalloc) must not fail the
-// capture. What cannot be recorded fails it: a synchronization (a host read, which the engine
-// refuses before the runtime does), a workspace that has to grow (CudaBackend::scratch). An indexing
-// kernel's bad-index flag is one the recording holds (Note [Index checks in a recorded step]), freed
-// with it. Logical devices of one GPU only: on GPUs of their own each would need its own graph, and
-// NCCL's collectives inside it.
+// capture. Other threads' work stays out of it: the recording closes the process's RecordingGate
+// before it begins and opens it when it ends (Note [Work beside a recording] in recording_gate.h). What cannot be
+// recorded fails it: a synchronization (a host read, which the engine refuses before the runtime does), a workspace
+// that has to grow (CudaBackend::scratch). An indexing kernel's bad-index flag is one the recording holds (Note [Index
+// checks in a recorded step]), freed with it. Logical devices of one GPU only: on GPUs of their own each would need its
+// own graph, and NCCL's collectives inside it.
 class CudaRecording final : public ::evenflow::detail::DeviceRecording {
  public:
   explicit CudaRecording(std::vector<CudaBackend*> backends) : backends_(std::move(backends)) {
     CudaBackend& origin = *backends_[0];
     for (CudaBackend* b : backends_) b->begin_recorded_checks(&origin, id_);
     try {
-      origin.activate();
+      // This thread works for the step: its Passes hold nothing (CudaBackend::activate).
+      const auto gate_pass = origin.activate();
       for (size_t i = 0; i < backends_.size(); ++i) {
         cudaEvent_t e = nullptr;
         EF_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
         events_.push_back(e);
       }
+      recording_gate().close([&] { return "recording the step on " + origin.name(); }, kGateTimeout);
+      gate_closed_ = true;
       EF_CUDA_CHECK(cudaStreamBeginCapture(origin.stream(), cudaStreamCaptureModeRelaxed));
       capturing_ = true;
       // The other streams join the capture.
       EF_CUDA_CHECK(cudaEventRecord(events_[0], origin.stream()));
       for (size_t i = 1; i < backends_.size(); ++i) {
-        backends_[i]->activate();
+        const auto other = backends_[i]->activate();
         EF_CUDA_CHECK(cudaStreamWaitEvent(backends_[i]->stream(), events_[0], 0));
       }
     } catch (...) {
       abandon();
+      open_gate();
       release_checks();
       for (cudaEvent_t e : events_) EF_CUDA_CHECK_PRINT(cudaEventDestroy(e));
       throw;
@@ -57,6 +64,7 @@ class CudaRecording final : public ::evenflow::detail::DeviceRecording {
   // After the devices ran the replays (StepGraph waits for them first).
   ~CudaRecording() override {
     abandon();
+    open_gate();
     release_checks();
     if (exec_ != nullptr) EF_CUDA_CHECK_PRINT(cudaGraphExecDestroy(exec_));
     if (graph_ != nullptr) EF_CUDA_CHECK_PRINT(cudaGraphDestroy(graph_));
@@ -67,9 +75,10 @@ class CudaRecording final : public ::evenflow::detail::DeviceRecording {
     CudaBackend& origin = *backends_[0];
     for (CudaBackend* b : backends_) b->end_recorded_checks(id_);
     join_into_origin();
-    origin.activate();
+    const auto gate_pass = origin.activate();
     capturing_ = false;
     const cudaError_t status = cudaStreamEndCapture(origin.stream(), &graph_);
+    open_gate();
     if (status != cudaSuccess) {
       (void)cudaGetLastError();
       EF_ERROR("the CUDA runtime refused the recorded step on ", origin.name(), ": ", cudaGetErrorString(status), " (",
@@ -95,17 +104,18 @@ class CudaRecording final : public ::evenflow::detail::DeviceRecording {
     if (cudaStreamEndCapture(origin.stream(), &partial) == cudaSuccess && partial != nullptr)
       EF_CUDA_CHECK_PRINT(cudaGraphDestroy(partial));
     (void)cudaGetLastError();
+    open_gate();
   }
 
   void replay() override {
     CudaBackend& origin = *backends_[0];
     EF_ASSERT(exec_ != nullptr, "replay of a CUDA recording that did not end");
-    join_into_origin();  // the inputs and scalars the other streams' copies wrote
-    origin.activate();
+    const auto gate_pass = origin.activate();  // held to the end: the Passes below only count
+    join_into_origin();                        // the inputs and scalars the other streams' copies wrote
     EF_CUDA_CHECK(cudaGraphLaunch(exec_, origin.stream()));
     EF_CUDA_CHECK(cudaEventRecord(events_[0], origin.stream()));
     for (size_t i = 1; i < backends_.size(); ++i) {
-      backends_[i]->activate();
+      const auto other = backends_[i]->activate();
       EF_CUDA_CHECK(cudaStreamWaitEvent(backends_[i]->stream(), events_[0], 0));
     }
   }
@@ -117,14 +127,20 @@ class CudaRecording final : public ::evenflow::detail::DeviceRecording {
   void join_into_origin() {
     CudaBackend& origin = *backends_[0];
     for (size_t i = 1; i < backends_.size(); ++i) {
-      backends_[i]->activate();
+      const auto other = backends_[i]->activate();
       EF_CUDA_CHECK(cudaEventRecord(events_[i], backends_[i]->stream()));
-      origin.activate();
+      const auto first = origin.activate();
       EF_CUDA_CHECK(cudaStreamWaitEvent(origin.stream(), events_[i], 0));
     }
   }
 
   void release_checks() noexcept { backends_[0]->release_recorded_checks(id_); }
+  void open_gate() noexcept {
+    if (std::exchange(gate_closed_, false)) recording_gate().open();
+  }
+
+  // How long the recording waits for other threads' work to be queued (Note [Work beside a recording]).
+  static constexpr std::chrono::milliseconds kGateTimeout{60'000};
 
   // Which recording holds a flag of Note [Index checks in a recorded step].
   static uint64_t next_id() {
@@ -136,6 +152,7 @@ class CudaRecording final : public ::evenflow::detail::DeviceRecording {
   std::vector<CudaBackend*> backends_;
   std::vector<cudaEvent_t> events_;  // one per stream, for the joins
   bool capturing_ = false;
+  bool gate_closed_ = false;  // by this recording, from before its capture to its end
   cudaGraph_t graph_ = nullptr;
   cudaGraphExec_t exec_ = nullptr;
   size_t nodes_ = 0;

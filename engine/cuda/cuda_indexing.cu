@@ -133,20 +133,20 @@ std::array<int64_t, kMaxDims> index_along(const View& index, int ndim, int dim) 
 }  // namespace
 
 void CudaBackend::gather(const View& out, const View& x, int dim, const View& index) {
-  activate();
+  const auto gate_pass = activate();
   EF_ASSERT(index.ndim == out.ndim, "gather: index has ", index.ndim, " dims, output ", out.ndim);
   launch_gather(*this, "gather", out, x, dim, index, index.strides);
 }
 
 void CudaBackend::scatter_add(const View& out, int dim, const View& index, const View& src) {
-  activate();
+  const auto gate_pass = activate();
   EF_ASSERT(index.ndim == src.ndim, "scatter_add: index has ", index.ndim, " dims, src ", src.ndim);
   launch_scatter_add(*this, "scatter_add", out, dim, index, index.strides, src);
 }
 
 void CudaBackend::check_index_range(const View& index, int64_t size, int64_t allowed,
                                     std::function<std::string(int64_t)> describe) {
-  activate();
+  const auto gate_pass = activate();
   EF_ASSERT(index.is_contiguous() && index.dtype == DType::Int64, "check_index_range: expects contiguous int64");
   const int64_t n = index.numel();
   if (n == 0) return;
@@ -157,12 +157,12 @@ void CudaBackend::check_index_range(const View& index, int64_t size, int64_t all
 }
 
 void CudaBackend::index_select(const View& out, const View& x, int dim, const View& index) {
-  activate();
+  const auto gate_pass = activate();
   launch_gather(*this, "index_select", out, x, dim, index, index_along(index, out.ndim, dim).data());
 }
 
 void CudaBackend::index_add(const View& out, int dim, const View& index, const View& src) {
-  activate();
+  const auto gate_pass = activate();
   launch_scatter_add(*this, "index_add", out, dim, index, index_along(index, src.ndim, dim).data(), src);
 }
 

@@ -23,6 +23,7 @@
 #include "evenflow/engine/backend.h"
 #include "evenflow/engine/cuda/cuda_check.h"
 #include "evenflow/engine/cuda/deferred_errors.h"
+#include "evenflow/engine/cuda/recording_gate.h"
 #include "evenflow/engine/device.h"
 
 namespace evenflow::cuda_backend {
@@ -80,6 +81,9 @@ struct ConvAlgo {
 };
 // Pass, dtype, the 16 ConvArgs fields and the math settings: what a choice of algorithm depends on.
 using ConvKey = std::array<int64_t, 21>;  // pass, dtype, shape (16), TF32, deterministic, benchmark
+
+// The process's gate between recorded steps and other threads' work (Note [Work beside a recording]).
+RecordingGate& recording_gate();
 
 class CudaBackend final : public Backend {
  public:
@@ -141,13 +145,12 @@ class CudaBackend final : public Backend {
   int sm_count() const { return sm_count_; }
   // "cuda:1 (GPU 0)", for messages.
   std::string name() const;
-  // Makes this backend's GPU current on the calling thread; every entry point starts with it.
-  void activate() const;
+  // Makes this backend's GPU current on the calling thread, and lets it queue work: every entry
+  // point starts with it and holds the Pass until its work is queued. A thread that does not work
+  // for a step being recorded waits until the recording ends (Note [Work beside a recording]).
+  RecordingGate::Pass activate() const;
   // Whether the stream is being recorded into a CUDA graph (cuda_graph.cu).
   bool recording() const;
-  // Waits while another thread's step is recorded on this stream (activate's; Note [Recording CUDA
-  // devices] in cuda_graph.cu).
-  void wait_for_recording() const;
 
   // Library state, see Note [Library handles and threads]. Handles are created on first use.
   using Lock = std::unique_lock<std::mutex>;

@@ -203,7 +203,7 @@ int64_t feature_sum_rows_per_chunk(int64_t groups, int64_t inner, size_t elem_si
 }  // namespace
 
 void CudaBackend::softmax(const View& out, const View& x, bool log) {
-  activate();
+  const auto gate_pass = activate();
   EF_ASSERT(out.dtype == x.dtype && x.ndim >= 1 && out.is_contiguous() && x.is_contiguous(),
             "softmax: operands must be contiguous and of one dtype");
   const int64_t cols = x.shape[x.ndim - 1];
@@ -226,7 +226,7 @@ void CudaBackend::softmax(const View& out, const View& x, bool log) {
 
 void CudaBackend::normalize(const NormArgs& args, const View& y, const View& mean, const View& var, const View& x,
                             const View& weight, const View& bias) {
-  activate();
+  const auto gate_pass = activate();
   EF_ASSERT(x.is_contiguous() && y.is_contiguous() && mean.is_contiguous() && var.is_contiguous(),
             "normalize: expects contiguous views");
   if (args.groups == 0 || args.outer * args.inner == 0) return;
@@ -257,7 +257,7 @@ void CudaBackend::normalize(const NormArgs& args, const View& y, const View& mea
 void CudaBackend::normalize_backward(const NormArgs& args, const View& gx, const View& gw, const View& gb,
                                      const View& gy, const View& x, const View& mean, const View& rstd,
                                      const View& weight) {
-  activate();
+  const auto gate_pass = activate();
   EF_ASSERT(x.is_contiguous() && gy.is_contiguous() && mean.is_contiguous() && rstd.is_contiguous(),
             "normalize_backward: expects contiguous views");
   if (args.groups == 0 || args.outer * args.inner == 0) return;

@@ -37,7 +37,7 @@ __global__ void max_pool2d_kernel(PoolArgs a, T* out, int64_t* indices, const T*
 }  // namespace
 
 void CudaBackend::max_pool2d(const PoolArgs& args, const View& out, const View& indices, const View& x) {
-  activate();
+  const auto gate_pass = activate();
   EF_ASSERT(out.dtype == x.dtype && indices.dtype == DType::Int64 && out.is_contiguous() && indices.is_contiguous() &&
                 x.is_contiguous(),
             "max_pool2d: bad operands");

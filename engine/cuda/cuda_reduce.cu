@@ -212,7 +212,7 @@ void run_reduce(const CudaBackend& be, const ReducePlan& p, const View& out, con
 }  // namespace
 
 void CudaBackend::reduce(ReduceOp op, const View& out, const View& x) {
-  activate();
+  const auto gate_pass = activate();
   const bool arg = op == ReduceOp::ArgMax || op == ReduceOp::ArgMin;
   EF_ASSERT(arg ? out.dtype == DType::Int64 : out.dtype == x.dtype, "reduce: output dtype ", dtype_name(out.dtype));
   const ReducePlan p = plan_reduce(*this, out, x);

@@ -5,7 +5,7 @@
 namespace evenflow::cuda_backend {
 
 void CudaBackend::unary(UnaryOp op, const View& out, const View& x, double a, double b) {
-  activate();
+  const auto gate_pass = activate();
   EF_ASSERT(out.dtype == x.dtype, "unary: output ", dtype_name(out.dtype), ", input ", dtype_name(x.dtype));
   EF_DISPATCH_FLOAT(out.dtype, "unary op", [&] {
     visit_unary(op, [&](auto fn) { map<scalar_t, scalar_t>(*this, BoundUnary<decltype(fn)>{fn, a, b}, out, x); });
