@@ -61,8 +61,8 @@ extern std::atomic<int> g_recording;
 // cpu:0. So a recording, and the pool a step allocates from, belong to the step's threads: each
 // thread carries whether it works for a step, and Worker::post hands the poster's state to its task.
 // Only the step's allocations come from its pool, only its calls are recorded, only its host reads
-// are refused. (A CUDA stream cannot tell threads apart: while a step is recorded, nothing else may
-// queue work on its devices' streams.)
+// are refused. (A CUDA stream cannot tell threads apart: while a step is recorded, other threads'
+// work waits at the CUDA backend's gate, Note [Work beside a recording] in cuda/recording_gate.h.)
 struct StepThread {
   Capture* capture = nullptr;  // the recording this thread works for
   bool in_step = false;        // allocations on a device with a pool in use come from it
