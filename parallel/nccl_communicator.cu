@@ -91,7 +91,7 @@ NcclCommunicator::NcclCommunicator(std::vector<Device> devices, const std::vecto
       r.backend = backend;
       r.mu = &gpu_mutex(backend->physical_id());
       physical_ids_.push_back(backend->physical_id());
-      const auto gate_pass = backend->activate();
+      backend->make_current();  // streams and events made, no work queued
       EF_CUDA_CHECK(cudaStreamCreateWithFlags(&r.side_stream, cudaStreamNonBlocking));
       for (cudaEvent_t* e : {&r.ready, &r.bucket_done})
         EF_CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));

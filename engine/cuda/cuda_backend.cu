@@ -30,7 +30,7 @@ static std::pair<int64_t*, int64_t*> allocate_index_flags() {
 
 CudaBackend::CudaBackend(int logical_index, int physical_id)
     : logical_index_(logical_index), physical_id_(physical_id), deferred_errors_(allocate_index_flags) {
-  const auto gate_pass = activate();
+  make_current();  // no work queued: a stream made, an attribute read
   EF_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, physical_id_));
   EF_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
 }
@@ -62,8 +62,12 @@ RecordingGate& recording_gate() {
   return gate;
 }
 
-RecordingGate::Pass CudaBackend::activate() const {
+void CudaBackend::make_current() const {
   EF_CUDA_CHECK(cudaSetDevice(physical_id_));
+}
+
+RecordingGate::Pass CudaBackend::activate() const {
+  make_current();
   // A thread working for a step being recorded queues into it (Note [Work beside a recording]).
   if (::evenflow::detail::step_thread().capture != nullptr) return {};
   return recording_gate().enter([this] { return name(); }, std::chrono::seconds(60));
@@ -72,7 +76,9 @@ RecordingGate::Pass CudaBackend::activate() const {
 // --- Memory and copies ---------------------------------------------------------------------------
 
 void* CudaBackend::raw_alloc(size_t nbytes) {
-  const auto gate_pass = activate();
+  // No gate: the caching allocator calls this holding its lock, which a recording's own threads
+  // need, and a cudaMalloc queues no work (a relaxed capture allows it; Note [Work beside a recording]).
+  make_current();
   void* ptr = nullptr;
   const cudaError_t cudaMalloc_status = cudaMalloc(&ptr, nbytes == 0 ? 1 : nbytes);
   if (cudaMalloc_status == cudaErrorMemoryAllocation) {

@@ -26,9 +26,12 @@ namespace evenflow::cuda_backend {
 // bookkeeping freed twice, the process crashed a few replays later (classify --cuda-graph on an
 // H200, 2026-11-30). Checking "is the stream being recorded?" before queuing is not enough: the
 // recording may begin between the check and the queuing. So the two exclude each other here. Every
-// entry point of the CUDA backend (CudaBackend::activate) passes the gate, unless its thread works
-// for a recording (it is the recording then), and holds the Pass until its work is queued; a
-// recording closes the gate before it begins and opens it when it ends. Closing waits for the
+// entry point of the CUDA backend that queues work on a stream or waits for one
+// (CudaBackend::activate) passes the gate, unless its thread works for a recording (it is the
+// recording then), and holds the Pass until its work is queued; a recording closes the gate before
+// it begins and opens it when it ends. Calls that queue nothing -- cudaMalloc, making streams and
+// events (CudaBackend::make_current) -- pass no gate: the caching allocator calls cudaMalloc holding
+// the lock that the recording's own threads take to allocate, and waiting there would stop both. Closing waits for the
 // threads inside to leave -- each is queuing one call's work, microseconds -- and a thread that
 // arrives while the gate is closed waits until it opens, a few milliseconds of host work (the
 // recording queues nothing that runs). One gate for the process: a recording keeps every other
