@@ -385,6 +385,10 @@ void NcclCommunicator::all_reduce_in_place(const std::vector<std::vector<Tensor>
   size_t count = 0;
   for (const Tensor& x : first) count += count_of(x);
 
+  // Held until every rank's work is queued, and taken before any lock (in_place_mu_, the GPUs'): a
+  // thread waiting at the gate must not hold what a thread inside waits for (Note [Work beside a
+  // recording]). The ranks' own activate() below then only switch devices.
+  const auto gate_pass = ranks_[0]->backend->activate();
   std::lock_guard<std::mutex> in_place_lock(in_place_mu_);
   std::string what =
       detail::str_cat("nccl all_reduce_in_place (call ", in_place_sequence_++, " of ", first.size(), " tensors, ",
@@ -396,10 +400,6 @@ void NcclCommunicator::all_reduce_in_place(const std::vector<std::vector<Tensor>
   }
   std::string failure;
   std::vector<std::pair<Rank*, cudaEvent_t>> done;
-  // Held until every rank's work is queued, and taken before the GPUs' locks: a thread waiting at
-  // the gate must not hold what a thread inside waits for (Note [Work beside a recording]). The
-  // ranks' own activate() below then only switch devices.
-  const auto gate_pass = ranks_[0]->backend->activate();
   {
     auto locks = lock_all();
     throw_if_aborted(what);

@@ -68,8 +68,14 @@ void CudaBackend::make_current() const {
 
 RecordingGate::Pass CudaBackend::activate() const {
   make_current();
-  // A thread working for a step being recorded queues into it (Note [Work beside a recording]).
-  if (::evenflow::detail::step_thread().capture != nullptr) return {};
+  // A thread working for a step being recorded queues into it (Note [Work beside a recording]) --
+  // on the recording's devices only: on another it would pass a gate its own recording closed, or
+  // (closed by another recording) queue into that one.
+  if (::evenflow::detail::step_thread().capture != nullptr) {
+    EF_CHECK(::evenflow::detail::capture_of(device()) != nullptr, name(),
+             ": a step being recorded on other devices queues work here; record every device the step uses");
+    return {};
+  }
   return recording_gate().enter([this] { return name(); }, std::chrono::seconds(60));
 }
 

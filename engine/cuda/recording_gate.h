@@ -31,14 +31,21 @@ namespace evenflow::cuda_backend {
 // recording then), and holds the Pass until its work is queued; a recording closes the gate before
 // it begins and opens it when it ends. Calls that queue nothing -- cudaMalloc, making streams and
 // events (CudaBackend::make_current) -- pass no gate: the caching allocator calls cudaMalloc holding
-// the lock that the recording's own threads take to allocate, and waiting there would stop both. Closing waits for the
-// threads inside to leave -- each is queuing one call's work, microseconds -- and a thread that
-// arrives while the gate is closed waits until it opens, a few milliseconds of host work (the
+// the lock that the recording's own threads take to allocate, and waiting there would stop both.
+//
+// Closing waits for the threads inside to leave: each is queuing one call's work (microseconds), or
+// waiting for the work its stream already holds (a synchronization: the GPU's backlog). A thread
+// that arrives while the gate is closed waits until it opens: a few milliseconds of host work (the
 // recording queues nothing that runs). One gate for the process: a recording keeps every other
 // thread's CUDA work waiting while it is made, once per recorded step. Passing costs two atomic
 // additions and a read while no recording is made (a thread's first Pass; the ones it takes inside
-// that one only count). Both waits are bounded (ef::Error after the timeout, naming what waited):
-// a thread holding a Pass while it waits for the recording thread would otherwise hang both.
+// that one only count). A thread must take its Pass before any lock a Pass holder may wait for (NCCL
+// takes it before its own locks). Both waits are bounded (ef::Error after the timeout, naming what
+// waited): a cycle through the gate -- a thread holding a Pass waits for one that waits at the gate
+// -- ends in errors instead of a hang. One such cycle is left to the timeout: eager CUDA work of
+// another thread that runs on the recorded devices' worker threads (a backward pass, a
+// DeviceGroup::run) waits at the gate there, and the recording's own tasks queue behind it; the
+// programs record with nothing else running on those devices.
 class RecordingGate {
  public:
   // A thread's permission to queue work while it lives (movable within its thread, not copyable).
