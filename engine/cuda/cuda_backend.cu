@@ -76,7 +76,7 @@ RecordingGate::Pass CudaBackend::activate() const {
              ": a step being recorded on other devices queues work here; record every device the step uses");
     return {};
   }
-  return recording_gate().enter([this] { return name(); }, std::chrono::seconds(60));
+  return recording_gate().enter([this] { return name(); }, RecordingGate::kWaitLimit);
 }
 
 // --- Memory and copies ---------------------------------------------------------------------------

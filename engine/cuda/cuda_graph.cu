@@ -1,7 +1,6 @@
 // The recording of a step's work on CUDA logical devices as one CUDA graph (StepGraph,
 // engine/step_graph.h; Note [Recording CUDA devices]).
 #include <atomic>
-#include <chrono>
 #include <cstdint>
 #include <utility>
 #include <vector>
@@ -35,26 +34,25 @@ class CudaRecording final : public ::evenflow::detail::DeviceRecording {
     CudaBackend& origin = *backends_[0];
     for (CudaBackend* b : backends_) b->begin_recorded_checks(&origin, id_);
     try {
-      // This thread works for the step: its Passes hold nothing (CudaBackend::activate).
-      const auto gate_pass = origin.activate();
+      // This thread is the recording: it passes no gate (Note [Work beside a recording]).
+      origin.make_current();
       for (size_t i = 0; i < backends_.size(); ++i) {
         cudaEvent_t e = nullptr;
         EF_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
         events_.push_back(e);
       }
-      recording_gate().close([&] { return "recording the step on " + origin.name(); }, kGateTimeout);
+      recording_gate().close([&] { return "recording the step on " + origin.name(); }, RecordingGate::kWaitLimit);
       gate_closed_ = true;
       EF_CUDA_CHECK(cudaStreamBeginCapture(origin.stream(), cudaStreamCaptureModeRelaxed));
       capturing_ = true;
       // The other streams join the capture.
       EF_CUDA_CHECK(cudaEventRecord(events_[0], origin.stream()));
       for (size_t i = 1; i < backends_.size(); ++i) {
-        const auto other = backends_[i]->activate();
+        backends_[i]->make_current();
         EF_CUDA_CHECK(cudaStreamWaitEvent(backends_[i]->stream(), events_[0], 0));
       }
     } catch (...) {
       abandon();
-      open_gate();
       release_checks();
       for (cudaEvent_t e : events_) EF_CUDA_CHECK_PRINT(cudaEventDestroy(e));
       throw;
@@ -64,7 +62,6 @@ class CudaRecording final : public ::evenflow::detail::DeviceRecording {
   // After the devices ran the replays (StepGraph waits for them first).
   ~CudaRecording() override {
     abandon();
-    open_gate();
     release_checks();
     if (exec_ != nullptr) EF_CUDA_CHECK_PRINT(cudaGraphExecDestroy(exec_));
     if (graph_ != nullptr) EF_CUDA_CHECK_PRINT(cudaGraphDestroy(graph_));
@@ -75,7 +72,7 @@ class CudaRecording final : public ::evenflow::detail::DeviceRecording {
     CudaBackend& origin = *backends_[0];
     for (CudaBackend* b : backends_) b->end_recorded_checks(id_);
     join_into_origin();
-    const auto gate_pass = origin.activate();
+    origin.make_current();
     capturing_ = false;
     const cudaError_t status = cudaStreamEndCapture(origin.stream(), &graph_);
     open_gate();
@@ -91,31 +88,33 @@ class CudaRecording final : public ::evenflow::detail::DeviceRecording {
 
   void abandon() noexcept override {
     for (CudaBackend* b : backends_) b->end_recorded_checks(id_);
-    if (!capturing_) return;
-    capturing_ = false;
-    CudaBackend& origin = *backends_[0];
-    // The joins may fail once the runtime has invalidated the capture; ending it is what matters.
-    try {
-      join_into_origin();
-    } catch (const std::exception&) {
+    if (capturing_) {
+      capturing_ = false;
+      CudaBackend& origin = *backends_[0];
+      // The joins may fail once the runtime has invalidated the capture; ending it is what matters.
+      try {
+        join_into_origin();
+      } catch (const std::exception&) {
+      }
+      (void)cudaSetDevice(origin.physical_id());
+      cudaGraph_t partial = nullptr;
+      if (cudaStreamEndCapture(origin.stream(), &partial) == cudaSuccess && partial != nullptr)
+        EF_CUDA_CHECK_PRINT(cudaGraphDestroy(partial));
+      (void)cudaGetLastError();
     }
-    (void)cudaSetDevice(origin.physical_id());
-    cudaGraph_t partial = nullptr;
-    if (cudaStreamEndCapture(origin.stream(), &partial) == cudaSuccess && partial != nullptr)
-      EF_CUDA_CHECK_PRINT(cudaGraphDestroy(partial));
-    (void)cudaGetLastError();
-    open_gate();
+    open_gate();  // once no capture is left for other threads' work to join
   }
 
   void replay() override {
     CudaBackend& origin = *backends_[0];
     EF_ASSERT(exec_ != nullptr, "replay of a CUDA recording that did not end");
-    const auto gate_pass = origin.activate();  // held to the end: the Passes below only count
+    const auto gate_pass = origin.activate();  // held to the end, for every stream's work below
     join_into_origin();                        // the inputs and scalars the other streams' copies wrote
+    origin.make_current();
     EF_CUDA_CHECK(cudaGraphLaunch(exec_, origin.stream()));
     EF_CUDA_CHECK(cudaEventRecord(events_[0], origin.stream()));
     for (size_t i = 1; i < backends_.size(); ++i) {
-      const auto other = backends_[i]->activate();
+      backends_[i]->make_current();
       EF_CUDA_CHECK(cudaStreamWaitEvent(backends_[i]->stream(), events_[0], 0));
     }
   }
@@ -123,13 +122,14 @@ class CudaRecording final : public ::evenflow::detail::DeviceRecording {
   int64_t size() const override { return static_cast<int64_t>(nodes_); }
 
  private:
-  // The first stream waits for the work queued on the others.
+  // The first stream waits for the work queued on the others. The caller is the recording, or holds
+  // a Pass (replay).
   void join_into_origin() {
     CudaBackend& origin = *backends_[0];
     for (size_t i = 1; i < backends_.size(); ++i) {
-      const auto other = backends_[i]->activate();
+      backends_[i]->make_current();
       EF_CUDA_CHECK(cudaEventRecord(events_[i], backends_[i]->stream()));
-      const auto first = origin.activate();
+      origin.make_current();
       EF_CUDA_CHECK(cudaStreamWaitEvent(origin.stream(), events_[i], 0));
     }
   }
@@ -138,9 +138,6 @@ class CudaRecording final : public ::evenflow::detail::DeviceRecording {
   void open_gate() noexcept {
     if (std::exchange(gate_closed_, false)) recording_gate().open();
   }
-
-  // How long the recording waits for other threads' work to be queued (Note [Work beside a recording]).
-  static constexpr std::chrono::milliseconds kGateTimeout{60'000};
 
   // Which recording holds a flag of Note [Index checks in a recorded step].
   static uint64_t next_id() {

@@ -149,9 +149,9 @@ class CudaBackend final : public Backend {
   // point starts with it and holds the Pass until its work is queued. A thread that does not work
   // for a step being recorded waits until the recording ends (Note [Work beside a recording]).
   RecordingGate::Pass activate() const;
-  // Makes this backend's GPU current on the calling thread, for calls that queue no work on its
-  // stream (making streams and events, cudaMalloc): they pass no gate, so that they may be made
-  // holding a lock a recording's threads need.
+  // Makes this backend's GPU current on the calling thread, passing no gate: for calls that queue no
+  // work on its stream (making streams and events, cudaMalloc: they may be made holding a lock a
+  // recording's threads need), and for a recording's own work or a caller that holds a Pass already.
   void make_current() const;
   // Whether the stream is being recorded into a CUDA graph (cuda_graph.cu).
   bool recording() const;

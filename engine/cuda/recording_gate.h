@@ -4,7 +4,6 @@
 // for the process (recording_gate() in cuda_backend.cu).
 #pragma once
 
-#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -12,7 +11,6 @@
 #include <mutex>
 #include <string>
 #include <utility>
-#include <vector>
 
 #include "evenflow/engine/error.h"
 
@@ -48,6 +46,9 @@ namespace evenflow::cuda_backend {
 // programs record with nothing else running on those devices.
 class RecordingGate {
  public:
+  // How long the CUDA backend waits at the gate, either side, before its ef::Error.
+  static constexpr std::chrono::milliseconds kWaitLimit{60'000};
+
   // A thread's permission to queue work while it lives (movable within its thread, not copyable).
   class [[nodiscard]] Pass {
    public:
@@ -138,13 +139,11 @@ class RecordingGate {
       changed_.notify_all();
     }
   }
-  // This thread's Passes of this gate: only its first waits and counts as inside. (Per gate, for
-  // the tests' gates; the process has one.)
-  int& depth() {
-    thread_local std::vector<std::pair<const RecordingGate*, int>> depths;
-    auto it = std::find_if(depths.begin(), depths.end(), [this](const auto& d) { return d.first == this; });
-    if (it == depths.end()) it = depths.insert(depths.end(), {this, 0});
-    return it->second;
+  // This thread's Passes: only its first waits and counts as inside. One count for every gate, as
+  // the process has one (the tests make theirs one at a time, a thread holding Passes of one only).
+  static int& depth() {
+    thread_local int passes = 0;
+    return passes;
   }
 
   std::atomic<int64_t> inside_{0};  // threads holding a Pass
