@@ -68,6 +68,11 @@ unpack_deps() {
   echo "$root/usr"
 }
 
+# The crash-stack library (scripts/crash_backtrace.c) at $1: the build stage's, rehearsed by --prepare.
+compile_crash_backtrace() {
+  gcc -shared -fPIC -O1 -Wall -Wextra -Werror -o "$1" scripts/crash_backtrace.c
+}
+
 # Note [The commit stamp]
 # The GPU machine's copy of .git is its session's starting commit, not the files sent with it, so
 # the record of a run names the commit stamped here by --prepare: `git rev-parse HEAD`, the date,
@@ -263,8 +268,7 @@ if [[ $mode == prepare ]]; then
     [[ "$value" == "$prefix"* ]] || { echo "gpu_check --prepare: $var is '$value', not in $prefix" >&2; exit 1; }
   done
   used=$(ninja -C "$rehearsal" -t deps $objects | sed -n 's/^ *//p' | grep -c "^$deps/root/" || true)
-  # The crash-stack library the build stage compiles with the same command.
-  gcc -shared -fPIC -O1 -Wall -Wextra -Werror -o "$rehearsal/crash_backtrace.so" scripts/crash_backtrace.c
+  compile_crash_backtrace "$rehearsal/crash_backtrace.so"
   echo "rehearsal passed: 6 files compiled, $used headers from build-deps/, none from the system's copies"
   rm -rf "$deps/root"  # the GPU machine unpacks its own; what travels stays small (the limit is 64 MiB)
   write_stamp "$allow_dirty" || exit 1
@@ -412,7 +416,7 @@ configure_and_build() {
   grep -E '^EF_(CUDNN_LIB|NCCL_LIB|NCCL_INCLUDE):' "$build/CMakeCache.txt"
   grep -q '^EF_NCCL_LIB:FILEPATH=.*nccl' "$build/CMakeCache.txt" || { echo "NCCL was not found: the NCCL test would not run"; return 1; }
   # A crash's stack in the logs (symbolize), for the tests and the programs they start.
-  gcc -shared -fPIC -O1 -o "$build/crash_backtrace.so" scripts/crash_backtrace.c || return 1
+  compile_crash_backtrace "$build/crash_backtrace.so" || return 1
   ninja -C "$build" -k 0 test_engine test_losses test_parallel test_classify_app test_segment_app test_wgan_gp_app \
     bench_engine bench_parallel classify wgan_gp
 }
