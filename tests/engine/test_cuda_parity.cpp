@@ -169,6 +169,14 @@ std::vector<OpCase> realistic_cases() {
   // planes are narrower than the block.
   add_case("layer_norm", {{{8192, 96}}, {{96}}, {{96}}}, [](const V& x) { return layer_norm(x[0], {96}, x[1], x[2]); });
   add_case("batch_norm", {{{256, 32, 7, 7}}}, [](const V& x) { return batch_norm(x[0], {}, {}, {}, {}, true); });
+  // Note [Group statistics in chunks] in cuda_normalization.cu: groups of more than two chunks (the
+  // 32x64x56x56 case above: 12 whole chunks and a part), also in channels-last memory (a channel's
+  // elements 64 apart) and as a layer norm's few long rows.
+  add_case("batch_norm", {{{16, 8, 48, 48}}, {{8}}, {{8}}}, [](const V& x) {
+    return batch_norm(contiguous(x[0], MemoryFormat::ChannelsLast), x[1], x[2], Tensor(), Tensor(), true);
+  });
+  add_case("layer_norm", {{{3, 70001}}, {{70001}}, {{70001}}},
+           [](const V& x) { return layer_norm(x[0], {70001}, x[1], x[2]); });
   add_case("max_pool2d", {{{32, 64, 56, 56}}}, [](const V& x) {
     return max_pool2d(x[0], {.kernel = {3, 3}, .stride = {{2, 2}}, .padding = {1, 1}});
   });
