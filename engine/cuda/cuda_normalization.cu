@@ -71,8 +71,9 @@ __global__ void softmax_kernel(T* out, const T* x, int64_t rows, int64_t cols, b
 
 // --- Normalization --------------------------------------------------------------------------------------
 
-// NormArgs (backend.h): one group of K threads per statistic group, as in softmax_kernel (K = 32 for
-// layer norm rows of up to 1024 features, else the whole block). Element j of a group is
+// NormArgs (backend.h): one group of K threads per statistic group, as in softmax_kernel (the whole
+// block; layer norm rows of up to 1024 features take normalize_rows_kernel, large groups
+// normalize_chunks_kernel). Element j of a group is
 // x[(j / inner) * groups * inner + g * inner + j % inner]; I (uint32_t where every offset fits) keeps
 // that division cheap. Three passes over the group: mean, variance about it, output.
 template <int K, typename I, typename T>
@@ -108,6 +109,54 @@ __global__ void normalize_kernel(NormArgs a, T* y, T* mean_out, T* var_out, cons
       if (w != nullptr) v *= w[a.affine_per_group ? static_cast<I>(g) : i];
       if (b != nullptr) v += b[a.affine_per_group ? static_cast<I>(g) : i];
       yg[at] = v;
+    }
+  }
+}
+
+// Layer norm rows of up to 1024 features (outer == 1): a warp per row, holding it in registers
+// (kPerLane values a lane), so that memory is read once where a warp of normalize_kernel (which
+// took these rows until 2026-11-30, when layer_norm's forward took 1.14x PyTorch's time on the
+// H200) read it three times. The arithmetic is that warp's, in its order.
+template <int kPerLane, typename T>
+__global__ void normalize_rows_kernel(NormArgs a, T* y, T* mean_out, T* var_out, const T* x, const T* w, const T* b) {
+  const int rows_per_block = static_cast<int>(blockDim.x) / 32;
+  const int lane = static_cast<int>(threadIdx.x) % 32, n = static_cast<int>(a.inner);
+  for (int64_t g = static_cast<int64_t>(blockIdx.x) * rows_per_block + threadIdx.x / 32; g < a.groups;
+       g += static_cast<int64_t>(gridDim.x) * rows_per_block) {
+    const T* xg = x + g * a.inner;
+    T* yg = y + g * a.inner;
+    T v[kPerLane];
+#pragma unroll
+    for (int k = 0; k < kPerLane; ++k) v[k] = lane + 32 * k < n ? xg[lane + 32 * k] : T(0);
+    T sum = 0;
+#pragma unroll
+    for (int k = 0; k < kPerLane; ++k)
+      if (lane + 32 * k < n) sum += v[k];
+    sum = group_all_reduce<32>(sum, SumOf{}, static_cast<T*>(nullptr));
+    const T mean = sum / static_cast<T>(n);
+    T squares = 0;
+#pragma unroll
+    for (int k = 0; k < kPerLane; ++k) {
+      if (lane + 32 * k < n) {
+        const T d = v[k] - mean;
+        squares += d * d;
+      }
+    }
+    squares = group_all_reduce<32>(squares, SumOf{}, static_cast<T*>(nullptr));
+    const T var = squares / static_cast<T>(n);
+    const T rstd = T(1) / scalar::sqrt_(var + static_cast<T>(a.eps));
+    if (lane == 0) {
+      mean_out[g] = mean;
+      var_out[g] = var;
+    }
+#pragma unroll
+    for (int k = 0; k < kPerLane; ++k) {
+      const int j = lane + 32 * k;
+      if (j >= n) continue;
+      T o = (v[k] - mean) * rstd;
+      if (w != nullptr) o *= w[a.affine_per_group ? g : j];
+      if (b != nullptr) o += b[a.affine_per_group ? g : j];
+      yg[j] = o;
     }
   }
 }
@@ -353,9 +402,27 @@ void CudaBackend::normalize(const NormArgs& args, const View& y, const View& mea
     with_index_type(x.numel() + args.groups * args.inner, [&](auto index) {
       using I = decltype(index);
       if (args.outer == 1 && args.inner <= 1024) {
-        constexpr int kGroupsPerBlock = kThreads / 32;
-        const int grid = static_cast<int>(std::min<int64_t>(ceil_div(args.groups, kGroupsPerBlock), INT32_MAX));
-        normalize_kernel<32, I, scalar_t><<<grid, kThreads, 0, stream_>>>(args, yp, mp, vp, xp, wp, bp);
+        // Two rows a block: a lane holding 32 float32 values takes 143 registers (168 in float64),
+        // with which an SM keeps 14 warps in 2-warp blocks but 8 in 8-warp ones.
+        constexpr int kRowsPerBlock = 2;
+        const int grid = static_cast<int>(std::min<int64_t>(ceil_div(args.groups, kRowsPerBlock), INT32_MAX));
+        const auto rows = [&](auto per_lane) {
+          normalize_rows_kernel<decltype(per_lane)::value, scalar_t>
+              <<<grid, 32 * kRowsPerBlock, 0, stream_>>>(args, yp, mp, vp, xp, wp, bp);
+        };
+        const int64_t per_lane = ceil_div(args.inner, 32);  // the fewest registers that hold a row
+        if (per_lane <= 1)
+          rows(std::integral_constant<int, 1>{});
+        else if (per_lane <= 2)
+          rows(std::integral_constant<int, 2>{});
+        else if (per_lane <= 4)
+          rows(std::integral_constant<int, 4>{});
+        else if (per_lane <= 8)
+          rows(std::integral_constant<int, 8>{});
+        else if (per_lane <= 16)
+          rows(std::integral_constant<int, 16>{});
+        else
+          rows(std::integral_constant<int, 32>{});
       } else {
         const int grid = static_cast<int>(std::min<int64_t>(args.groups, INT32_MAX));
         normalize_kernel<kBlockGroupThreads, I, scalar_t>

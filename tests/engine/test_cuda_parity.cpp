@@ -165,9 +165,11 @@ std::vector<OpCase> realistic_cases() {
            [](const V& x) { return batch_norm(x[0], x[1], x[2], Tensor(), Tensor(), true); });
   add_case("layer_norm", {{{256, 4096}}, {{4096}}, {{4096}}},
            [](const V& x) { return layer_norm(x[0], {4096}, x[1], x[2]); });
-  // Note [Fused normalization]: a warp per row (up to 1024 features) and a block per channel whose
-  // planes are narrower than the block.
+  // Note [Fused normalization]: a warp per row (up to 1024 features, in registers: 3 and 32 values
+  // a lane, the last partly filled) and a block per channel whose planes are narrower than the block.
   add_case("layer_norm", {{{8192, 96}}, {{96}}, {{96}}}, [](const V& x) { return layer_norm(x[0], {96}, x[1], x[2]); });
+  add_case("layer_norm", {{{512, 1000}}, {{1000}}, {{1000}}},
+           [](const V& x) { return layer_norm(x[0], {1000}, x[1], x[2]); });
   add_case("batch_norm", {{{256, 32, 7, 7}}}, [](const V& x) { return batch_norm(x[0], {}, {}, {}, {}, true); });
   // Note [Group statistics in chunks] in cuda_normalization.cu: groups of more than two chunks (the
   // 32x64x56x56 case above: 12 whole chunks and a part), also in channels-last memory (a channel's
