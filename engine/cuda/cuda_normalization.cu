@@ -161,6 +161,30 @@ __global__ void normalize_rows_kernel(NormArgs a, T* y, T* mean_out, T* var_out,
   }
 }
 
+// Rows a block of the kernels that hold a row in registers: a lane holding 32 float32 values takes 143
+// registers in the forward (167 with the backward's two rows, 168 and 230 in float64), with which an
+// SM keeps 12-14 warps in 2-warp blocks but 8 in 8-warp ones.
+constexpr int kHeldRowsPerBlock = 2;
+
+// Calls f(std::integral_constant<int, P>{}), P the fewest values a lane (1, 2, 4, ..., 32) with
+// which a warp holds a row of `inner` (at most 1024) features.
+template <typename F>
+void with_values_per_lane(int64_t inner, F&& f) {
+  const int64_t needed = ceil_div(inner, 32);
+  if (needed <= 1)
+    f(std::integral_constant<int, 1>{});
+  else if (needed <= 2)
+    f(std::integral_constant<int, 2>{});
+  else if (needed <= 4)
+    f(std::integral_constant<int, 4>{});
+  else if (needed <= 8)
+    f(std::integral_constant<int, 8>{});
+  else if (needed <= 16)
+    f(std::integral_constant<int, 16>{});
+  else
+    f(std::integral_constant<int, 32>{});
+}
+
 // Note [Group statistics in chunks]
 // normalize_kernel gives a group one block: a batch norm's 64 channels got 64 blocks on an H200's
 // 132 multiprocessors, and its forward took 1.47x PyTorch's time (docs/gpu.md, 2026-11-30). Groups
@@ -294,6 +318,57 @@ __global__ void normalize_backward_kernel(NormArgs a, T* gx, T* gw, T* gb, const
   }
 }
 
+// normalize_backward_kernel's warp for layer norm rows of up to 1024 features (outer == 1), holding
+// the row's x and gy in registers, so that its two passes read memory once; the same arithmetic in
+// the same order (as normalize_rows_kernel is normalize_kernel's).
+template <int kPerLane, typename T>
+__global__ void normalize_backward_rows_kernel(NormArgs a, T* gx, T* gw, T* gb, const T* gy, const T* x, const T* mean,
+                                               const T* rstd, const T* w) {
+  const int rows_per_block = static_cast<int>(blockDim.x) / 32;
+  const int lane = static_cast<int>(threadIdx.x) % 32, n = static_cast<int>(a.inner);
+  const T* fw = w != nullptr && !a.affine_per_group ? w : nullptr;
+  for (int64_t g = static_cast<int64_t>(blockIdx.x) * rows_per_block + threadIdx.x / 32; g < a.groups;
+       g += static_cast<int64_t>(gridDim.x) * rows_per_block) {
+    const T* xg = x + g * a.inner;
+    const T* gyg = gy + g * a.inner;
+    T xv[kPerLane], gv[kPerLane];
+#pragma unroll
+    for (int k = 0; k < kPerLane; ++k) {
+      const int j = lane + 32 * k;
+      xv[k] = j < n ? xg[j] : T(0);
+      gv[k] = j < n ? gyg[j] : T(0);
+    }
+    const T m = mean[g], r = rstd[g];
+    T sum_g = 0, sum_g_x_hat = 0;
+#pragma unroll
+    for (int k = 0; k < kPerLane; ++k) {
+      const int j = lane + 32 * k;
+      if (j >= n) continue;
+      const T x_hat = (xv[k] - m) * r, g_hat = fw != nullptr ? gv[k] * fw[j] : gv[k];
+      sum_g += g_hat;
+      sum_g_x_hat += g_hat * x_hat;
+    }
+    sum_g = group_all_reduce<32>(sum_g, SumOf{}, static_cast<T*>(nullptr));
+    sum_g_x_hat = group_all_reduce<32>(sum_g_x_hat, SumOf{}, static_cast<T*>(nullptr));
+    T group_w = 1;
+    if (a.affine_per_group) {
+      if (lane == 0 && gw != nullptr) gw[g] = sum_g_x_hat;
+      if (lane == 0 && gb != nullptr) gb[g] = sum_g;
+      if (w != nullptr) group_w = w[g];
+    }
+    if (gx == nullptr) continue;
+    const T mean_g = sum_g / static_cast<T>(n) * group_w, mean_g_x_hat = sum_g_x_hat / static_cast<T>(n) * group_w;
+    T* gxg = gx + g * a.inner;
+#pragma unroll
+    for (int k = 0; k < kPerLane; ++k) {
+      const int j = lane + 32 * k;
+      if (j >= n) continue;
+      const T x_hat = (xv[k] - m) * r, g_hat = gv[k] * (fw != nullptr ? fw[j] : group_w);
+      gxg[j] = r * (g_hat - mean_g - x_hat * mean_g_x_hat);
+    }
+  }
+}
+
 // Per-feature gw = Σ gy·x̂ and gb = Σ gy over the groups (rows) of a layer norm, in two kernels so
 // that the whole GPU works on it: feature_partial_sums_kernel sums each chunk of rows per feature
 // (a thread per feature and chunk, adjacent threads reading adjacent features of a row) into
@@ -402,27 +477,11 @@ void CudaBackend::normalize(const NormArgs& args, const View& y, const View& mea
     with_index_type(x.numel() + args.groups * args.inner, [&](auto index) {
       using I = decltype(index);
       if (args.outer == 1 && args.inner <= 1024) {
-        // Two rows a block: a lane holding 32 float32 values takes 143 registers (168 in float64),
-        // with which an SM keeps 14 warps in 2-warp blocks but 8 in 8-warp ones.
-        constexpr int kRowsPerBlock = 2;
-        const int grid = static_cast<int>(std::min<int64_t>(ceil_div(args.groups, kRowsPerBlock), INT32_MAX));
-        const auto rows = [&](auto per_lane) {
+        const int grid = static_cast<int>(std::min<int64_t>(ceil_div(args.groups, kHeldRowsPerBlock), INT32_MAX));
+        with_values_per_lane(args.inner, [&](auto per_lane) {
           normalize_rows_kernel<decltype(per_lane)::value, scalar_t>
-              <<<grid, 32 * kRowsPerBlock, 0, stream_>>>(args, yp, mp, vp, xp, wp, bp);
-        };
-        const int64_t per_lane = ceil_div(args.inner, 32);  // the fewest registers that hold a row
-        if (per_lane <= 1)
-          rows(std::integral_constant<int, 1>{});
-        else if (per_lane <= 2)
-          rows(std::integral_constant<int, 2>{});
-        else if (per_lane <= 4)
-          rows(std::integral_constant<int, 4>{});
-        else if (per_lane <= 8)
-          rows(std::integral_constant<int, 8>{});
-        else if (per_lane <= 16)
-          rows(std::integral_constant<int, 16>{});
-        else
-          rows(std::integral_constant<int, 32>{});
+              <<<grid, 32 * kHeldRowsPerBlock, 0, stream_>>>(args, yp, mp, vp, xp, wp, bp);
+        });
       } else {
         const int grid = static_cast<int>(std::min<int64_t>(args.groups, INT32_MAX));
         normalize_kernel<kBlockGroupThreads, I, scalar_t>
@@ -457,10 +516,11 @@ void CudaBackend::normalize_backward(const NormArgs& args, const View& gx, const
       with_index_type(x.numel() + args.groups * args.inner, [&](auto index) {
         using I = decltype(index);
         if (args.outer == 1 && args.inner <= 1024) {
-          constexpr int kGroupsPerBlock = kThreads / 32;
-          const int grid = static_cast<int>(std::min<int64_t>(ceil_div(args.groups, kGroupsPerBlock), INT32_MAX));
-          normalize_backward_kernel<32, I, T>
-              <<<grid, kThreads, 0, stream_>>>(args, gxp, group_gw, group_gb, gyp, xp, mp, rp, wp);
+          const int grid = static_cast<int>(std::min<int64_t>(ceil_div(args.groups, kHeldRowsPerBlock), INT32_MAX));
+          with_values_per_lane(args.inner, [&](auto per_lane) {
+            normalize_backward_rows_kernel<decltype(per_lane)::value, T>
+                <<<grid, 32 * kHeldRowsPerBlock, 0, stream_>>>(args, gxp, group_gw, group_gb, gyp, xp, mp, rp, wp);
+          });
         } else {
           const int grid = static_cast<int>(std::min<int64_t>(args.groups, INT32_MAX));
           normalize_backward_kernel<kBlockGroupThreads, I, T>

@@ -80,8 +80,10 @@ namespace {
 // Note [Fused normalization]
 // layer_norm, and batch_norm in training, normalize by statistics of their own input. The forward
 // is one backend kernel (Backend::normalize) writing the output and the statistics in three passes
-// over memory, where the composite (mean, sub, square, mean, add, rsqrt, mul, mul, add) made about
-// ten, each with a temporary. Over the n elements of a group, with x̂ = (x - μ)·r and ĝ = gy·w,
+// over memory at most, where the composite (mean, sub, square, mean, add, rsqrt, mul, mul, add)
+// made about ten, each with a temporary (CUDA: a row of up to 1024 features read once, into
+// registers; a large group split over blocks in two kernels, Note [Group statistics in chunks]).
+// Over the n elements of a group, with x̂ = (x - μ)·r and ĝ = gy·w,
 //   gx = r·(ĝ - mean(ĝ) - x̂·mean(ĝ·x̂)),  gw = Σ gy·x̂,  gb = Σ gy.
 // The backward computes that in one kernel too (Backend::normalize_backward: two passes). Under
 // create_graph (a gradient penalty) those gradients are recorded as one node, whose backward, the
