@@ -112,8 +112,8 @@ void check_device_locked(Registry& r, const Device& d) {
 
 namespace {
 // One word, read by every CUDA call that depends on it: bit 0 TF32 convolutions, bit 1 TF32
-// matrix products, bit 2 deterministic algorithms, bit 3 timed algorithm choice (Note [CUDA math
-// settings]).
+// matrix products, bit 2 deterministic algorithms, bit 3 timed algorithm choice, bit 4 bfloat16
+// convolution results (Note [CUDA math settings]).
 std::atomic<unsigned> g_cuda_math{1u};
 }  // namespace
 
@@ -122,12 +122,14 @@ CudaMath cuda_math() {
   return {.allow_tf32_conv = (bits & 1u) != 0,
           .allow_tf32_matmul = (bits & 2u) != 0,
           .deterministic = (bits & 4u) != 0,
-          .benchmark = (bits & 8u) != 0};
+          .benchmark = (bits & 8u) != 0,
+          .allow_bf16_conv_results = (bits & 16u) != 0};
 }
 
 void set_cuda_math(const CudaMath& settings) {
   g_cuda_math.store((settings.allow_tf32_conv ? 1u : 0u) | (settings.allow_tf32_matmul ? 2u : 0u) |
-                        (settings.deterministic ? 4u : 0u) | (settings.benchmark ? 8u : 0u),
+                        (settings.deterministic ? 4u : 0u) | (settings.benchmark ? 8u : 0u) |
+                        (settings.allow_bf16_conv_results ? 16u : 0u),
                     std::memory_order_relaxed);
 }
 

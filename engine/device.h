@@ -84,6 +84,12 @@ struct CudaMath {
   /// With bfloat16 compute it also chooses between cuDNN's bfloat16 kernels and the float32 ones
   /// (Note [bfloat16 convolutions on cuDNN] in engine/cuda/cuda_conv_plans.cu).
   bool benchmark = false;
+  /// Convolutions with bfloat16 compute (Note [bfloat16 compute] in engine/ops.h) may round their
+  /// result to bfloat16 before it is widened into the float32 output (about 4e-3 relative, as
+  /// autocast's bfloat16 convolutions give it), where cuDNN's kernels with a bfloat16 result run
+  /// faster than the float32-result ones: taken by the timed choice alone (with `benchmark`). Off:
+  /// a bfloat16 convolution's result is its float32 sum, on CUDA as on the CPU.
+  bool allow_bf16_conv_results = false;
 };
 CudaMath cuda_math();  ///< The current settings.
 /// Replaces the settings, for every CUDA device (thread-safe: one atomic word).

@@ -291,9 +291,11 @@ Tensor to_device(const Tensor& x, const Device& d);
 /// every side 16 or more with AVX512-BF16; on CUDA cuBLAS's for every product, and cuDNN's for a
 /// convolution where cuda_math().benchmark timed them faster) they run it; elsewhere the op rounds
 /// the operands and runs the float32 kernels. Both compute the same products, summed in their own
-/// orders: results agree to float32 rounding on every CPU and on CUDA. A convolution converts each
-/// operand once for the passes of its node and of its backward, and keeps the copy as long as the
-/// node (Note [bfloat16 operands converted once] in ops/conv.cpp).
+/// orders: results agree to float32 rounding on every CPU and on CUDA (unless, on CUDA, a
+/// convolution may round its result to bfloat16: CudaMath::allow_bf16_conv_results, off by
+/// default, as autocast's convolutions do). A convolution converts each operand once for the
+/// passes of its node and of its backward, and keeps the copy as long as the node (Note [bfloat16
+/// operands converted once] in ops/conv.cpp).
 
 /// How a matrix product computes (Note [bfloat16 compute]).
 struct MatmulOptions {

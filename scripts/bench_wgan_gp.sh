@@ -4,7 +4,7 @@
 # and threads. Prints the images/s of each (real images consumed by the critic steps) and the ratio
 # evenflow / PyTorch (> 1: evenflow is faster).
 #   scripts/bench_wgan_gp.sh [--steps N] [--warmup W] [--devices cuda:0] [--threads T] [--norm layernorm]
-#                            [--batch-size B] [--seed S] [--precision fp32|bf16] [--rounds R] [--build DIR]
+#                            [--batch-size B] [--seed S] [--precision fp32|bf16|bf16-results] [--rounds R] [--build DIR]
 #                            [--data DIR] [--model dcgan|resnet] [--cuda-graph]
 # --model dcgan (default): the small DCGAN-like networks on FashionMNIST (--data). --model resnet: the
 # WGAN-GP paper's CIFAR-10 ResNet (width 128, 32x32x3 images) on synthetic images, no data set (--data is
@@ -12,6 +12,9 @@
 # error).
 # --precision bf16 runs the app with --precision bf16 and PyTorch under torch.autocast(bfloat16)
 # (wgan_gp_torch.py --autocast bf16): the mixed precision each offers, compared like with like.
+# --precision bf16-results (CUDA devices): the app also with --cudnn-bf16-results, its convolutions then
+# free to round their results to bfloat16 where cuDNN's kernels for that are faster -- what autocast's
+# convolutions give.
 # --cuda-graph passes --cuda-graph to both: each captures its whole generator step (all critic steps with
 # their penalties and Adam steps, then the generator step) once after the warm-up and replays it (PyTorch:
 # one torch.cuda.CUDAGraph, capturable Adam). When PyTorch cannot capture or replay it, wgan_gp_torch.py
@@ -73,9 +76,13 @@ if ((cuda_graph)); then
   graph_args=(--cuda-graph)
 fi
 case "$precision" in
-  fp32) autocast=none ;;
-  bf16) autocast=bf16 ;;
-  *) echo "bench_wgan_gp.sh: --precision must be fp32 or bf16, got $precision" >&2; exit 2 ;;
+  fp32) autocast=none app_precision=(--precision fp32) ;;
+  bf16) autocast=bf16 app_precision=(--precision bf16) ;;
+  bf16-results)
+    [[ "$devices" == cuda* ]] ||
+      { echo "bench_wgan_gp.sh: --precision bf16-results needs CUDA --devices, got $devices" >&2; exit 2; }
+    autocast=bf16 app_precision=(--precision bf16 --cudnn-bf16-results) ;;
+  *) echo "bench_wgan_gp.sh: --precision must be fp32, bf16 or bf16-results, got $precision" >&2; exit 2 ;;
 esac
 case "$devices" in
   cpu*) python=${PYTHON:-$(bash scripts/bench_python.sh)} ;;
@@ -105,7 +112,7 @@ one_round() {
     "norm $norm, batch $batch, precision $precision${graph_args[*]:+, CUDA graph}" >&2
   rm -rf "$out/ef"
   "$build/apps/wgan_gp" --steps "$total" --devices "$devices" --threads "$threads" "${model_args[@]}" --norm "$norm" \
-    --precision "$precision" "${cudnn[@]}" "${graph_args[@]}" --batch-size "$batch" --critic-steps "$critic_steps" --lr "$lr" \
+    "${app_precision[@]}" "${cudnn[@]}" "${graph_args[@]}" --batch-size "$batch" --critic-steps "$critic_steps" --lr "$lr" \
     --seed "$seed" --sample-every 1000000000 --fid-every 1000000000 --final-fid-samples 0 --out "$out/ef" >&2
   echo "== PyTorch $("$python" -c 'import torch; print(torch.__version__)') on $torch_device" >&2
   local status=0

@@ -45,6 +45,10 @@ void add_run_options(CLI::App& app, RunOptions& o, const std::string& seed_help)
   app.add_flag("--cudnn-deterministic", o.cudnn_deterministic,
                "on CUDA, only cuDNN algorithms that repeat bit for bit (PyTorch's cudnn.deterministic): two runs with "
                "the same settings then give the same losses");
+  app.add_flag("--cudnn-bf16-results", o.cudnn_bf16_results,
+               "with --precision bf16 and --cudnn-benchmark, on CUDA: a convolution may round its result to bfloat16 "
+               "(about 4e-3 relative, as autocast's do) where cuDNN's kernels for that time faster; without it a "
+               "bfloat16 convolution's result is its float32 sum");
   app.add_flag("--cuda-graph", o.cuda_graph,
                "after two eager steps, record one whole training step (forward, loss and backward -- wgan_gp's: a "
                "generator step with its critic steps and their penalties' double backward --, the gradient sums over "
@@ -153,10 +157,15 @@ Run::Run(const RunOptions& options, fs::path out, std::vector<std::string> metri
   EF_CHECK(!options_.cuda_graph || parallel::processes()->size() == 1,
            "--cuda-graph across processes: the processes' collectives run on the host, which a recorded step cannot "
            "hold; run one process");
+  EF_CHECK(!options_.cudnn_bf16_results || (options_.precision == "bf16" && options_.cudnn_benchmark),
+           "--cudnn-bf16-results needs --precision bf16 (it governs bfloat16 convolutions) and --cudnn-benchmark (the "
+           "timed choice takes those kernels where they are faster), got --precision ",
+           options_.precision, options_.cudnn_benchmark ? "" : " without --cudnn-benchmark");
   if (options_.cudnn_benchmark || options_.cudnn_deterministic) {
     CudaMath math = cuda_math();
     math.benchmark = math.benchmark || options_.cudnn_benchmark;
     math.deterministic = math.deterministic || options_.cudnn_deterministic;
+    math.allow_bf16_conv_results = math.allow_bf16_conv_results || options_.cudnn_bf16_results;
     set_cuda_math(math);
   }
   if (!primary_) return;

@@ -51,12 +51,13 @@ struct RunOptions {
   bool print_loss = false;
   bool cudnn_benchmark = false;      // CudaMath::benchmark, set by Run
   bool cudnn_deterministic = false;  // CudaMath::deterministic, set by Run
+  bool cudnn_bf16_results = false;   // CudaMath::allow_bf16_conv_results, set by Run
   bool cuda_graph = false;           // the training step recorded and replayed (ReplayedStep)
 };
 
 // --devices, --seed (described by seed_help), --dtype, --precision, --data, --out, --workers,
 // --threads, --resume, --overwrite, --print-loss, --cudnn-benchmark, --cudnn-deterministic,
-// --cuda-graph.
+// --cudnn-bf16-results, --cuda-graph.
 void add_run_options(CLI::App& app, RunOptions& o, const std::string& seed_help);
 
 // The devices --devices names: "auto" is every GPU (`cuda`) where one is visible, else

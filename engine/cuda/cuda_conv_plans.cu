@@ -1,7 +1,8 @@
 // The CUDA backend's convolutions on cuDNN's graph API (cudnnBackend* descriptors): the operation
 // graph of one pass, the engine configurations cuDNN offers and what their notes allow, plans
 // finalized and executed. Bfloat16 compute runs on them (Note [bfloat16 convolutions on cuDNN]),
-// taken where bf16_conv timed them faster; a float32 shape's timed choice in cuda_conv.cu times
+// taken where bf16_conv timed them faster (their result bfloat16 where
+// CudaMath::allow_bf16_conv_results allows it); a float32 shape's timed choice in cuda_conv.cu times
 // them beside the legacy algorithms (graph_algos; Note [float32 convolutions on cuDNN's graph API]).
 #include <algorithm>
 #include <cstdio>
@@ -30,6 +31,11 @@ namespace {
 // the scratch buffer's contents), from cuDNN's heuristics (mode A) and then its fallback list, less
 // those the settings exclude (nondeterministic ones under cuda_math().deterministic; any that
 // down-converts its inputs or sums in less than float32).
+// Where CudaMath::allow_bf16_conv_results allows it, the plan is first sought with a bfloat16 result
+// (channels-last, in the scratch buffer after the operands, widened into the float32 output by the
+// same copy kernel): cuDNN's common kernels, which its heuristics rank where they rank nothing for a
+// float32 result; the sums are the same, rounded once more (to 2^-8 relative, autocast's rounding of
+// a convolution). It is timed, widening included, against the float32 kernels as the other plans are.
 // On an H200 with cuDNN 9.19 (docs/gpu.md, 2026-11-27) mode A ranks nothing for this mix of types;
 // the fallback list holds one runtime-compiled engine per pass, and none for a strided input
 // gradient or one input channel. Timed against the rounded operands on the float32 (TF32) kernels,
@@ -65,15 +71,16 @@ View view_of(void* data, DType dtype, const Dims& d, bool channels_last) {
   return v;
 }
 
-// Where a call's pieces lie in the scratch buffer: the bfloat16 operands a (at 0) and b, then the
-// workspace.
+// Where a call's pieces lie in the scratch buffer: the bfloat16 operands a (at 0) and b, the
+// bfloat16 result where the plan has one (ConvPlan::bf16_result), then the workspace.
 struct ScratchLayout {
-  size_t b = 0, workspace = 0;
+  size_t b = 0, result = 0, workspace = 0;
 };
-ScratchLayout scratch_layout(const std::array<Dims, 3>& dims) {
+ScratchLayout scratch_layout(const std::array<Dims, 3>& dims, bool bf16_result) {
   ScratchLayout l;
   l.b = aligned_256(elements(dims[1]) * 2);
-  l.workspace = l.b + aligned_256(elements(dims[2]) * 2);
+  l.result = l.b + aligned_256(elements(dims[2]) * 2);
+  l.workspace = l.result + (bf16_result ? aligned_256(elements(dims[0]) * 2) : 0);
   return l;
 }
 
@@ -266,13 +273,16 @@ ConvPlan finalize_plan(cudnnHandle_t h, std::shared_ptr<const std::vector<GraphD
   return p;
 }
 
-// The plan of one pass and shape: the first engine configuration allowed by its notes that
-// finalizes and passes `trial` (which returns why a plan failed, or "" if it ran). Why there is
-// none: `why_none`.
+// The plan of one pass and shape, its result float32 (NCHW, into the output) or bfloat16
+// (channels-last, as the operands, into the scratch buffer): the first engine configuration allowed
+// by its notes that finalizes and passes `trial` (which returns why a plan failed, or "" if it
+// ran). Why there is none: `why_none`.
 template <typename Pass, typename Trial>
-ConvPlan make_bf16_plan(cudnnHandle_t h, const ConvArgs& a, const CudaMath& settings, const Trial& trial,
-                        std::string& why_none) {
-  const GraphTypes types{{CUDNN_DATA_FLOAT, CUDNN_DATA_BFLOAT16, CUDNN_DATA_BFLOAT16}, {false, true, true}};
+ConvPlan make_bf16_plan(cudnnHandle_t h, const ConvArgs& a, const CudaMath& settings, bool bf16_result,
+                        const Trial& trial, std::string& why_none) {
+  const GraphTypes types{
+      {bf16_result ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT, CUDNN_DATA_BFLOAT16, CUDNN_DATA_BFLOAT16},
+      {bf16_result, true, true}};
   auto graph = std::make_shared<const std::vector<GraphDescriptor>>(conv_graph<Pass>(h, a, types, why_none));
   if (graph->empty()) return {};
   std::vector<std::pair<GraphDescriptor, bool>> configs = engine_configs(graph->back());
@@ -282,6 +292,7 @@ ConvPlan make_bf16_plan(cudnnHandle_t h, const ConvArgs& a, const CudaMath& sett
     if (!info.allowed) continue;
     std::string failure;
     ConvPlan p = finalize_plan(h, graph, std::move(config), info, fallback, failure);
+    p.bf16_result = bf16_result;
     if (p.plan.get() != nullptr) failure = trial(p);
     if (failure.empty()) return p;
     refused += ::evenflow::detail::str_cat("; ", info.name, ": ", failure);
@@ -291,18 +302,22 @@ ConvPlan make_bf16_plan(cudnnHandle_t h, const ConvArgs& a, const CudaMath& sett
 }
 
 // Queues one pass on `p`'s plan: the operands cast into the scratch buffer (grown first: growing
-// replaces it), then the plan. The plan's status; our own failures throw.
+// replaces it), the plan, and a bfloat16 result widened into the output. The plan's status; our
+// own failures throw.
 template <typename Pass>
 cudnnStatus_t queue_bf16_conv(CudaBackend& be, const CudaBackend::Lock& lock, const ConvPlan& p, const ConvArgs& a,
                               const View& out, const View& in_a, const View& in_b) {
   const std::array<Dims, 3> dims = Pass::dims(a);
-  const ScratchLayout l = scratch_layout(dims);
+  const ScratchLayout l = scratch_layout(dims, p.bf16_result);
   std::byte* buf = static_cast<std::byte*>(be.scratch(lock, l.workspace + p.workspace));
   EF_CHECK(buf != nullptr, Pass::kName, ": out of memory on ", be.name(),
            " for bfloat16 operands and a cuDNN workspace (", l.workspace + p.workspace, " bytes)");
   be.copy(view_of(buf, DType::BFloat16, dims[1], true), in_a);
   be.copy(view_of(buf + l.b, DType::BFloat16, dims[2], true), in_b);
-  return execute_plan(be.cudnn(lock), p, out.data, buf, buf + l.b, buf + l.workspace);
+  void* result = p.bf16_result ? static_cast<void*>(buf + l.result) : out.data;
+  const cudnnStatus_t s = execute_plan(be.cudnn(lock), p, result, buf, buf + l.b, buf + l.workspace);
+  if (s == CUDNN_STATUS_SUCCESS && p.bf16_result) be.copy(out, view_of(result, DType::BFloat16, dims[0], true));
+  return s;
 }
 
 // This pass and shape's plan, made at the first ask. A plan is kept only after it ran once on the
@@ -316,25 +331,37 @@ ConvPlan& bf16_plan(CudaBackend& be, const CudaBackend::Lock& lock, const ConvAr
   if (const auto it = cache.find(key); it != cache.end()) return it->second;
   const cudnnHandle_t h = be.cudnn(lock);
   const std::array<Dims, 3> dims = Pass::dims(a);
-  const ScratchLayout l = scratch_layout(dims);
   const size_t result_bytes = aligned_256(elements(dims[0]) * sizeof(float));  // after the workspace
   const auto trial = [&](const ConvPlan& plan) -> std::string {
+    const ScratchLayout l = scratch_layout(dims, plan.bf16_result);
     const size_t result = l.workspace + aligned_256(plan.workspace);
     std::byte* buf = static_cast<std::byte*>(be.scratch(lock, result + result_bytes));
     if (buf == nullptr) return ::evenflow::detail::str_cat("no memory for its workspace of ", plan.workspace, " bytes");
     const cudnnStatus_t s = execute_plan(h, plan, buf + result, buf, buf + l.b, buf + l.workspace);
     return s == CUDNN_STATUS_SUCCESS ? "" : cudnnGetErrorString(s);
   };
+  // A bfloat16 result where allowed (CudaMath::allow_bf16_conv_results): cuDNN's heuristics rank
+  // engines for it where they rank none for a float32 result (the Note); else, or where it has no
+  // plan, a float32 result.
   std::string why_none;
-  ConvPlan p = make_bf16_plan<Pass>(h, a, settings, trial, why_none);
-  if (cudnn_verbose()) {
-    if (p.plan.get() == nullptr) {
-      std::fprintf(stderr, "evenflow cuDNN: %s bfloat16 %s: no plan (%s)\n", Pass::kName, shape_text(a).c_str(),
-                   why_none.c_str());
-    } else {
-      std::fprintf(stderr, "evenflow cuDNN: %s bfloat16 %s: plan %s\n", Pass::kName, shape_text(a).c_str(),
-                   p.engine.c_str());
+  ConvPlan p;
+  for (const bool bf16_result : {true, false}) {
+    if (bf16_result && !settings.allow_bf16_conv_results) continue;
+    std::string why;
+    p = make_bf16_plan<Pass>(h, a, settings, bf16_result, trial, why);
+    const char* result_type = bf16_result ? "bfloat16" : "float32";
+    if (p.plan.get() != nullptr) {
+      if (cudnn_verbose()) {
+        std::fprintf(stderr, "evenflow cuDNN: %s bfloat16 %s: plan %s, %s result\n", Pass::kName, shape_text(a).c_str(),
+                     p.engine.c_str(), result_type);
+      }
+      break;
     }
+    why_none += ::evenflow::detail::str_cat(why_none.empty() ? "" : "; ", result_type, " result: ", why);
+  }
+  if (p.plan.get() == nullptr && cudnn_verbose()) {
+    std::fprintf(stderr, "evenflow cuDNN: %s bfloat16 %s: no plan (%s)\n", Pass::kName, shape_text(a).c_str(),
+                 why_none.c_str());
   }
   return cache.emplace(key, std::move(p)).first->second;
 }
@@ -389,9 +416,11 @@ bool bf16_plan_faster(CudaBackend& be, const ConvArgs& a) {
   const CudaBackend::Lock lock = be.lock_libraries();
   plan->faster = plan_ms < rounded_ms;
   if (cudnn_verbose()) {
-    std::fprintf(
-        stderr, "evenflow cuDNN: %s bfloat16 %s: plan %.4f ms, rounded operands on the float32 kernels %.4f ms: %s\n",
-        Pass::kName, shape_text(a).c_str(), plan_ms, rounded_ms, *plan->faster ? "the plan" : "the float32 kernels");
+    std::fprintf(stderr,
+                 "evenflow cuDNN: %s bfloat16 %s: plan (%s result) %.4f ms, rounded operands on the float32 kernels "
+                 "%.4f ms: %s\n",
+                 Pass::kName, shape_text(a).c_str(), plan->bf16_result ? "bfloat16" : "float32", plan_ms, rounded_ms,
+                 *plan->faster ? "the plan" : "the float32 kernels");
   }
   return *plan->faster;
 }

@@ -69,6 +69,9 @@ struct ConvPlan {
   // bfloat16, timed under cuda_math().benchmark (at the first ask): whether the plan beats the
   // rounded operands on the float32 kernels.
   std::optional<bool> faster;
+  // bfloat16: the plan's result is bfloat16, widened into the float32 output after it
+  // (CudaMath::allow_bf16_conv_results); otherwise float32, written into the output.
+  bool bf16_result = false;
 };
 
 // A cuDNN algorithm chosen for one convolution shape (see cuda_conv.cu): a legacy algorithm, or
@@ -80,7 +83,7 @@ struct ConvAlgo {
   std::shared_ptr<const ConvPlan> plan;  // set: the plan runs instead of the legacy algorithm
 };
 // Pass, dtype, the 16 ConvArgs fields and the math settings: what a choice of algorithm depends on.
-using ConvKey = std::array<int64_t, 21>;  // pass, dtype, shape (16), TF32, deterministic, benchmark
+using ConvKey = std::array<int64_t, 22>;  // pass, dtype, shape (16), TF32, deterministic, benchmark, bf16 results
 
 // The process's gate between recorded steps and other threads' work (Note [Work beside a recording]).
 RecordingGate& recording_gate();

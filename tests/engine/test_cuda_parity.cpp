@@ -101,6 +101,9 @@ void check_parity(const std::vector<OpCase>& cases, DType dtype, const Tolerance
 // so 5e-3 leaves a margin of 6.
 constexpr double kFloat32Normwise = 1e-4;
 constexpr double kTf32Normwise = 5e-3;
+// A result rounded to bfloat16 (CudaMath::allow_bf16_conv_results): each element within 2^-8 of
+// itself, about 1.6e-3 normwise for values spread over binades; 5e-3 leaves a margin of 3.
+constexpr double kBf16ResultNormwise = 5e-3;
 
 // x with its float32 mantissa cut to TF32's 10 bits (truncated: the larger error of the two ways
 // hardware may convert), as float64.
@@ -272,17 +275,28 @@ TEST_CASE("CUDA math settings: PyTorch's defaults, and what is set is what is re
   CHECK_FALSE(defaults.allow_tf32_matmul);  // torch.backends.cuda.matmul.allow_tf32
   CHECK_FALSE(defaults.deterministic);      // torch.backends.cudnn.deterministic
   CHECK_FALSE(defaults.benchmark);          // torch.backends.cudnn.benchmark
+  CHECK_FALSE(defaults.allow_bf16_conv_results);
   {
-    const CudaMathGuard guard(
-        {.allow_tf32_conv = false, .allow_tf32_matmul = true, .deterministic = true, .benchmark = true});
+    const CudaMathGuard guard({.allow_tf32_conv = false,
+                               .allow_tf32_matmul = true,
+                               .deterministic = true,
+                               .benchmark = true,
+                               .allow_bf16_conv_results = true});
     const CudaMath now = cuda_math();
     CHECK_FALSE(now.allow_tf32_conv);
     CHECK(now.allow_tf32_matmul);
     CHECK(now.deterministic);
     CHECK(now.benchmark);
+    CHECK(now.allow_bf16_conv_results);
+  }
+  {
+    const CudaMathGuard guard({.allow_bf16_conv_results = true});  // the bit of its own
+    CHECK(cuda_math().allow_bf16_conv_results);
+    CHECK_FALSE(cuda_math().benchmark);
   }
   CHECK(cuda_math().allow_tf32_conv);
   CHECK_FALSE(cuda_math().benchmark);
+  CHECK_FALSE(cuda_math().allow_bf16_conv_results);
 }
 
 TEST_CASE("cuda: tensors past 2^31 elements index with 64 bits") {
@@ -465,6 +479,7 @@ TEST_CASE("cuda parity: bfloat16 convolutions on cuDNN's bfloat16 plans, every p
   };
   manual_seed(cpu(), 14);
   const auto rounded = [](const Tensor& t) { return t.detach().to(kBFloat16).to(kFloat32); };
+  int bf16_results = 0;  // passes whose plan, with bfloat16 results allowed, gave one
   for (const Case& c : cases) {
     CAPTURE(shape_str(c.x));
     CAPTURE(shape_str(c.w));
@@ -522,7 +537,38 @@ TEST_CASE("cuda parity: bfloat16 convolutions on cuDNN's bfloat16 plans, every p
     check(0, conv2d(xg, wg, Tensor(), bf16));
     check(1, conv2d_input_grad(gyg, wg, x.shape(), bf16));
     check(2, conv2d_weight_grad(xg, gyg, w.shape(), bf16));
+    // With bfloat16 results allowed: where the plan's result is bfloat16 (every element then one),
+    // the same sums rounded once more; otherwise the float32 result as above. The ops' timed choice
+    // may take either.
+    CudaMath relaxed = timed;
+    relaxed.allow_bf16_conv_results = true;
+    const CudaMathGuard allow_bf16_results(relaxed);
+    for (size_t pass = 0; pass < 3; ++pass) {
+      if (!c.has_plan[pass]) continue;
+      CAPTURE(pass);
+      const Tensor out = empty(want[pass].shape(), {.device = cuda(0)});
+      CHECK(error_of([&] {
+              if (pass == 0) gpu.conv2d(a, out.view(), xb.view(), wb.view(), View{});
+              if (pass == 1) gpu.conv2d_input_grad(a, out.view(), gyb.view(), wb.view());
+              if (pass == 2) gpu.conv2d_weight_grad(a, out.view(), xb.view(), gyb.view());
+            }) == "(no error)");
+      const Tensor got = out.to(cpu());
+      const bool bf16_result = got.to_vector() == rounded(got).to_vector();
+      bf16_results += bf16_result ? 1 : 0;
+      CHECK(compare_normwise(got, want[pass], bf16_result ? kBf16ResultNormwise : kFloat32Normwise) == "");
+      CHECK(compare_normwise(got, unrounded[pass], kFloat32Normwise) != "");
+    }
+    const std::vector<Tensor> relaxed_ops = {conv2d(xg, wg, Tensor(), bf16),
+                                             conv2d_input_grad(gyg, wg, x.shape(), bf16),
+                                             conv2d_weight_grad(xg, gyg, w.shape(), bf16)};
+    for (size_t pass = 0; pass < 3; ++pass) {
+      CAPTURE(pass);
+      CHECK(compare_normwise(relaxed_ops[pass].to(cpu()), want[pass], kBf16ResultNormwise) == "");
+    }
   }
+  // cuDNN's kernels with a bfloat16 result are its common ones (the legacy API's bfloat16
+  // configuration): some pass of these shapes has one.
+  CHECK(bf16_results > 0);
 }
 
 TEST_CASE("cuda: data<T>() refuses a CUDA tensor instead of handing the host a device address") {

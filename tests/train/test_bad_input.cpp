@@ -106,6 +106,16 @@ TEST_CASE("bad input: --precision is fp32, or bf16 with float32 weights") {
   }
 }
 
+TEST_CASE("bad input: --cudnn-bf16-results needs --precision bf16 and --cudnn-benchmark") {
+  const Data data;
+  TempDir dir;
+  for (const std::string program : {"classify", "segment", "wgan_gp"}) {
+    const std::string args = data.args(program) + "--out " + dir.file(program) + " --cudnn-bf16-results ";
+    check_case({program, args + "--cudnn-benchmark", "--cudnn-bf16-results needs --precision bf16"});
+    check_case({program, args + "--precision bf16", "got --precision bf16 without --cudnn-benchmark"});
+  }
+}
+
 TEST_CASE("bad input: penalty_grads names an inputs file it cannot use") {
   TempDir dir;
   write_bytes(dir.file("not_safetensors"), "x");
