@@ -590,9 +590,10 @@ void ReplayedStep::operator()(const std::string& signature) {
     return;
   }
   const CudaMath math = cuda_math();
-  const std::string full = detail::str_cat(signature, signature.empty() ? "" : ", ", "TF32 convolutions ",
-                                           math.allow_tf32_conv, ", TF32 products ", math.allow_tf32_matmul,
-                                           ", deterministic ", math.deterministic, ", benchmark ", math.benchmark);
+  const std::string full =
+      detail::str_cat(signature, signature.empty() ? "" : ", ", "TF32 convolutions ", math.allow_tf32_conv,
+                      ", TF32 products ", math.allow_tf32_matmul, ", deterministic ", math.deterministic,
+                      ", benchmark ", math.benchmark, ", bfloat16 convolution results ", math.allow_bf16_conv_results);
   if (!signed_ || full != signature_) {
     if (signed_) {
       options_.log(detail::str_cat("the step changed (", signature_, " -> ", full, "): recording it again after ",

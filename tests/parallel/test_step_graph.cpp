@@ -368,6 +368,16 @@ TEST_CASE("step graph: a changed signature records the step again, saying so") {
   step("batch 3");
   CHECK(step.replayed());
   CHECK(x.to_vector()[0] == 4.0);
+  // The CUDA math settings are part of it (on a GPU they choose the recorded kernels), the
+  // bfloat16 convolution results among them.
+  const CudaMath saved = cuda_math();
+  CudaMath m = saved;
+  m.allow_bf16_conv_results = !m.allow_bf16_conv_results;
+  set_cuda_math(m);
+  step("batch 3");
+  set_cuda_math(saved);
+  CHECK(!step.replayed());
+  CHECK(log.find("bfloat16 convolution results 1") != std::string::npos);
 }
 
 TEST_CASE("step graph: a step that cannot be recorded runs eagerly, saying why") {
