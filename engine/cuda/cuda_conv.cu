@@ -21,7 +21,8 @@ ConvKey conv_key(int pass, DType dtype, const ConvArgs& a, const CudaMath& math)
   return {pass, static_cast<int64_t>(dtype),
           a.n, a.c_in, a.h, a.w, a.c_out, a.kh, a.kw, a.oh, a.ow,
           a.stride_h, a.stride_w, a.pad_h, a.pad_w, a.dil_h, a.dil_w, a.groups,
-          math.allow_tf32_conv, math.deterministic, math.benchmark, math.allow_bf16_conv_results};
+          math.allow_tf32_conv, math.deterministic, math.benchmark,
+          dtype == DType::BFloat16 && math.allow_bf16_conv_results};  // float32 shapes do not depend on it
   // clang-format on
 }
 
