@@ -275,6 +275,18 @@ __global__ void normalize_chunks_kernel(NormArgs a, I chunk, const T* chunk_mean
   }
 }
 
+// A batch norm's gw and gb for group g (written by the group's first lane) from its sums Σĝ·x̂ and
+// Σĝ (taken without the weight), and the weight its gx scales by: w[g] for a per-group weight, else
+// 1 (a per-feature weight is in ĝ itself; layer norm's gw and gb are summed over groups apart).
+template <typename T>
+__device__ __forceinline__ T group_gradients(const NormArgs& a, int64_t g, bool first_lane, T sum_g, T sum_g_x_hat,
+                                             T* gw, T* gb, const T* w) {
+  if (!a.affine_per_group) return T(1);
+  if (first_lane && gw != nullptr) gw[g] = sum_g_x_hat;
+  if (first_lane && gb != nullptr) gb[g] = sum_g;
+  return w != nullptr ? w[g] : T(1);
+}
+
 // Backend::normalize_backward: one group of K threads per statistic group, as normalize_kernel;
 // two passes (the sums, then gx). A per-group weight factors out of the sums (taken without it:
 // gw and gb per group). Per-feature gw and gb (layer norm) sum over groups: feature_sums_kernel.
@@ -301,12 +313,7 @@ __global__ void normalize_backward_kernel(NormArgs a, T* gx, T* gw, T* gb, const
     }
     sum_g = group_all_reduce<K>(sum_g, SumOf{}, shared);
     sum_g_x_hat = group_all_reduce<K>(sum_g_x_hat, SumOf{}, shared);
-    T group_w = 1;
-    if (a.affine_per_group) {
-      if (lane == 0 && gw != nullptr) gw[g] = sum_g_x_hat;
-      if (lane == 0 && gb != nullptr) gb[g] = sum_g;
-      if (w != nullptr) group_w = w[g];
-    }
+    const T group_w = group_gradients(a, g, lane == 0, sum_g, sum_g_x_hat, gw, gb, w);
     if (gx == nullptr) continue;
     const T mean_g = sum_g / static_cast<T>(n) * group_w, mean_g_x_hat = sum_g_x_hat / static_cast<T>(n) * group_w;
     T* gxg = gx + g * a.inner;
@@ -350,12 +357,7 @@ __global__ void normalize_backward_rows_kernel(NormArgs a, T* gx, T* gw, T* gb, 
     }
     sum_g = group_all_reduce<32>(sum_g, SumOf{}, static_cast<T*>(nullptr));
     sum_g_x_hat = group_all_reduce<32>(sum_g_x_hat, SumOf{}, static_cast<T*>(nullptr));
-    T group_w = 1;
-    if (a.affine_per_group) {
-      if (lane == 0 && gw != nullptr) gw[g] = sum_g_x_hat;
-      if (lane == 0 && gb != nullptr) gb[g] = sum_g;
-      if (w != nullptr) group_w = w[g];
-    }
+    const T group_w = group_gradients(a, g, lane == 0, sum_g, sum_g_x_hat, gw, gb, w);
     if (gx == nullptr) continue;
     const T mean_g = sum_g / static_cast<T>(n) * group_w, mean_g_x_hat = sum_g_x_hat / static_cast<T>(n) * group_w;
     T* gxg = gx + g * a.inner;

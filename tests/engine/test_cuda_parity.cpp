@@ -543,15 +543,17 @@ TEST_CASE("cuda parity: bfloat16 convolutions on cuDNN's bfloat16 plans, every p
     Backend& gpu = detail::backend_of(xg);
     // bfloat16 operands, as the ops give them (Note [bfloat16 operands converted once] in ops/conv.cpp).
     const Tensor xb = xg.to(kBFloat16), wb = wg.to(kBFloat16), gyb = gyg.to(kBFloat16);
-    for (size_t pass = 0; pass < 3; ++pass) {
-      if (!c.has_plan[pass]) continue;
+    const auto on_plan = [&](size_t pass) {  // the pass on the backend: its output, on the GPU
       const Tensor out = empty(want[pass].shape(), {.device = cuda(0)});
       CHECK(error_of([&] {
               if (pass == 0) gpu.conv2d(a, out.view(), xb.view(), wb.view(), View{});
               if (pass == 1) gpu.conv2d_input_grad(a, out.view(), gyb.view(), wb.view());
               if (pass == 2) gpu.conv2d_weight_grad(a, out.view(), xb.view(), gyb.view());
             }) == "(no error)");
-      check(pass, out);
+      return out;
+    };
+    for (size_t pass = 0; pass < 3; ++pass) {
+      if (c.has_plan[pass]) check(pass, on_plan(pass));
     }
     // The ops, with the timed choice.
     CudaMath timed = cuda_math();
@@ -569,13 +571,7 @@ TEST_CASE("cuda parity: bfloat16 convolutions on cuDNN's bfloat16 plans, every p
     for (size_t pass = 0; pass < 3; ++pass) {
       if (!c.has_plan[pass]) continue;
       CAPTURE(pass);
-      const Tensor out = empty(want[pass].shape(), {.device = cuda(0)});
-      CHECK(error_of([&] {
-              if (pass == 0) gpu.conv2d(a, out.view(), xb.view(), wb.view(), View{});
-              if (pass == 1) gpu.conv2d_input_grad(a, out.view(), gyb.view(), wb.view());
-              if (pass == 2) gpu.conv2d_weight_grad(a, out.view(), xb.view(), gyb.view());
-            }) == "(no error)");
-      const Tensor got = out.to(cpu());
+      const Tensor got = on_plan(pass).to(cpu());
       const bool bf16_result = got.to_vector() == rounded(got).to_vector();
       bf16_results += bf16_result ? 1 : 0;
       CHECK((bf16_result ? within_bf16_rounding(got, want[pass])
