@@ -461,7 +461,7 @@ graph() {
     PYTHON=$python "${bench[@]}" --data "$data" --steps 200 --rounds "$rounds" $graph_flag || rc=1
   done
   for precision in bf16 bf16-results; do
-    PYTHON=$python "${bench[@]}" --data "$data" --steps 200 --precision $precision --cuda-graph || rc=1
+    PYTHON=$python "${bench[@]}" --data "$data" --steps 200 --precision "$precision" --cuda-graph || rc=1
   done
   for graph_flag in "" --cuda-graph; do
     PYTHON=$python "${bench[@]}" --model resnet --steps "$resnet_steps" $graph_flag || rc=1
@@ -470,8 +470,8 @@ graph() {
   # bfloat16 ones allowed (--cudnn-bf16-results); the eager runs say which of the ResNet's own
   # convolutions took cuDNN's bfloat16 plans (Note [bfloat16 convolutions on cuDNN]).
   for precision in bf16 bf16-results; do
-    EF_CUDNN_VERBOSE=1 PYTHON=$python "${bench[@]}" --model resnet --steps "$resnet_steps" --precision $precision || rc=1
-    PYTHON=$python "${bench[@]}" --model resnet --steps "$resnet_steps" --precision $precision --cuda-graph || rc=1
+    EF_CUDNN_VERBOSE=1 PYTHON=$python "${bench[@]}" --model resnet --steps "$resnet_steps" --precision "$precision" || rc=1
+    PYTHON=$python "${bench[@]}" --model resnet --steps "$resnet_steps" --precision "$precision" --cuda-graph || rc=1
   done
   return "$rc"
 }
