@@ -71,20 +71,19 @@ __global__ void softmax_kernel(T* out, const T* x, int64_t rows, int64_t cols, b
 
 // --- Normalization --------------------------------------------------------------------------------------
 
-// NormArgs (backend.h): one group of K threads per statistic group, as in softmax_kernel (the whole
-// block; layer norm rows of up to 1024 features take normalize_rows_kernel, large groups
-// normalize_chunks_kernel). Element j of a group is
-// x[(j / inner) * groups * inner + g * inner + j % inner]; I (uint32_t where every offset fits) keeps
-// that division cheap. Three passes over the group: mean, variance about it, output.
-template <int K, typename I, typename T>
+// NormArgs (backend.h): a block of K = kBlockGroupThreads threads per statistic group (layer norm
+// rows of up to 1024 features take normalize_rows_kernel, large groups normalize_chunks_kernel).
+// Element j of a group is x[(j / inner) * groups * inner + g * inner + j % inner]; I (uint32_t where
+// every offset fits) keeps that division cheap. Three passes over the group: mean, variance about
+// it, output.
+template <typename I, typename T>
 __global__ void normalize_kernel(NormArgs a, T* y, T* mean_out, T* var_out, const T* x, const T* w, const T* b) {
+  constexpr int K = kBlockGroupThreads;
   __shared__ T shared[K / 32];
-  const int groups_per_block = static_cast<int>(blockDim.x) / K;
-  const int lane = static_cast<int>(threadIdx.x) % K;
+  const int lane = static_cast<int>(threadIdx.x);
   const I inner = static_cast<I>(a.inner), n = static_cast<I>(a.outer * a.inner);
   const I stride = static_cast<I>(a.groups * a.inner);
-  for (int64_t g = static_cast<int64_t>(blockIdx.x) * groups_per_block + threadIdx.x / K; g < a.groups;
-       g += static_cast<int64_t>(gridDim.x) * groups_per_block) {
+  for (int64_t g = blockIdx.x; g < a.groups; g += gridDim.x) {
     const T* xg = x + g * a.inner;
     T* yg = y + g * a.inner;
     T sum = 0;
@@ -114,9 +113,9 @@ __global__ void normalize_kernel(NormArgs a, T* y, T* mean_out, T* var_out, cons
 }
 
 // Layer norm rows of up to 1024 features (outer == 1): a warp per row, holding it in registers
-// (kPerLane values a lane), so that memory is read once where a warp of normalize_kernel (which
-// took these rows until 2026-11-30, when layer_norm's forward took 1.14x PyTorch's time on the
-// H200) read it three times. The arithmetic is that warp's, in its order.
+// (kPerLane values a lane), so that memory is read once. normalize_kernel's passes, run by a warp
+// per row, took these rows until 2026-11-30 (layer_norm's forward then took 1.14x PyTorch's time on
+// the H200) and read it three times; the arithmetic is theirs, in their order.
 template <int kPerLane, typename T>
 __global__ void normalize_rows_kernel(NormArgs a, T* y, T* mean_out, T* var_out, const T* x, const T* w, const T* b) {
   const int rows_per_block = static_cast<int>(blockDim.x) / 32;
@@ -287,20 +286,19 @@ __device__ __forceinline__ T group_gradients(const NormArgs& a, int64_t g, bool 
   return w != nullptr ? w[g] : T(1);
 }
 
-// Backend::normalize_backward: one group of K threads per statistic group, as normalize_kernel;
-// two passes (the sums, then gx). A per-group weight factors out of the sums (taken without it:
-// gw and gb per group). Per-feature gw and gb (layer norm) sum over groups: feature_sums_kernel.
-template <int K, typename I, typename T>
+// Backend::normalize_backward: a block per statistic group, as normalize_kernel; two passes (the
+// sums, then gx). A per-group weight factors out of the sums (taken without it: gw and gb per
+// group). Per-feature gw and gb (layer norm) sum over groups: feature_sums_kernel.
+template <typename I, typename T>
 __global__ void normalize_backward_kernel(NormArgs a, T* gx, T* gw, T* gb, const T* gy, const T* x, const T* mean,
                                           const T* rstd, const T* w) {
+  constexpr int K = kBlockGroupThreads;
   __shared__ T shared[K / 32];
-  const int groups_per_block = static_cast<int>(blockDim.x) / K;
-  const int lane = static_cast<int>(threadIdx.x) % K;
+  const int lane = static_cast<int>(threadIdx.x);
   const I inner = static_cast<I>(a.inner), n = static_cast<I>(a.outer * a.inner);
   const I stride = static_cast<I>(a.groups * a.inner);
   const T* fw = w != nullptr && !a.affine_per_group ? w : nullptr;
-  for (int64_t g = static_cast<int64_t>(blockIdx.x) * groups_per_block + threadIdx.x / K; g < a.groups;
-       g += static_cast<int64_t>(gridDim.x) * groups_per_block) {
+  for (int64_t g = blockIdx.x; g < a.groups; g += gridDim.x) {
     const T* xg = x + g * a.inner;
     const T* gyg = gy + g * a.inner;
     const T m = mean[g], r = rstd[g];
@@ -325,9 +323,9 @@ __global__ void normalize_backward_kernel(NormArgs a, T* gx, T* gw, T* gb, const
   }
 }
 
-// normalize_backward_kernel's warp for layer norm rows of up to 1024 features (outer == 1), holding
-// the row's x and gy in registers, so that its two passes read memory once; the same arithmetic in
-// the same order (as normalize_rows_kernel is normalize_kernel's).
+// normalize_backward_kernel's two passes for layer norm rows of up to 1024 features (outer == 1), a
+// warp per row holding its x and gy in registers, so that memory is read once; the same arithmetic
+// in the same order as those passes run by a warp (as normalize_rows_kernel is normalize_kernel's).
 template <int kPerLane, typename T>
 __global__ void normalize_backward_rows_kernel(NormArgs a, T* gx, T* gw, T* gb, const T* gy, const T* x, const T* mean,
                                                const T* rstd, const T* w) {
@@ -475,21 +473,20 @@ void CudaBackend::normalize(const NormArgs& args, const View& y, const View& mea
       EF_CUDA_CHECK_LAUNCH();
       return;
     }
-    // Offsets reach outer * groups * inner, plus one stride of the loop.
-    with_index_type(x.numel() + args.groups * args.inner, [&](auto index) {
-      using I = decltype(index);
-      if (args.outer == 1 && args.inner <= 1024) {
-        const int grid = static_cast<int>(std::min<int64_t>(ceil_div(args.groups, kHeldRowsPerBlock), INT32_MAX));
-        with_values_per_lane(args.inner, [&](auto per_lane) {
-          normalize_rows_kernel<decltype(per_lane)::value, scalar_t>
-              <<<grid, 32 * kHeldRowsPerBlock, 0, stream_>>>(args, yp, mp, vp, xp, wp, bp);
-        });
-      } else {
+    if (args.outer == 1 && args.inner <= 1024) {
+      const int grid = static_cast<int>(std::min<int64_t>(ceil_div(args.groups, kHeldRowsPerBlock), INT32_MAX));
+      with_values_per_lane(args.inner, [&](auto per_lane) {
+        normalize_rows_kernel<decltype(per_lane)::value, scalar_t>
+            <<<grid, 32 * kHeldRowsPerBlock, 0, stream_>>>(args, yp, mp, vp, xp, wp, bp);
+      });
+    } else {
+      // Offsets reach outer * groups * inner, plus one stride of the loop.
+      with_index_type(x.numel() + args.groups * args.inner, [&](auto index) {
+        using I = decltype(index);
         const int grid = static_cast<int>(std::min<int64_t>(args.groups, INT32_MAX));
-        normalize_kernel<kBlockGroupThreads, I, scalar_t>
-            <<<grid, kBlockGroupThreads, 0, stream_>>>(args, yp, mp, vp, xp, wp, bp);
-      }
-    });
+        normalize_kernel<I, scalar_t><<<grid, kBlockGroupThreads, 0, stream_>>>(args, yp, mp, vp, xp, wp, bp);
+      });
+    }
     EF_CUDA_CHECK_LAUNCH();
   });
 }
@@ -515,20 +512,20 @@ void CudaBackend::normalize_backward(const NormArgs& args, const View& gx, const
     T* group_gw = args.affine_per_group ? gwp : nullptr;
     T* group_gb = args.affine_per_group ? gbp : nullptr;
     if (gxp != nullptr || group_gw != nullptr || group_gb != nullptr) {
-      with_index_type(x.numel() + args.groups * args.inner, [&](auto index) {
-        using I = decltype(index);
-        if (args.outer == 1 && args.inner <= 1024) {
-          const int grid = static_cast<int>(std::min<int64_t>(ceil_div(args.groups, kHeldRowsPerBlock), INT32_MAX));
-          with_values_per_lane(args.inner, [&](auto per_lane) {
-            normalize_backward_rows_kernel<decltype(per_lane)::value, T>
-                <<<grid, 32 * kHeldRowsPerBlock, 0, stream_>>>(args, gxp, group_gw, group_gb, gyp, xp, mp, rp, wp);
-          });
-        } else {
+      if (args.outer == 1 && args.inner <= 1024) {
+        const int grid = static_cast<int>(std::min<int64_t>(ceil_div(args.groups, kHeldRowsPerBlock), INT32_MAX));
+        with_values_per_lane(args.inner, [&](auto per_lane) {
+          normalize_backward_rows_kernel<decltype(per_lane)::value, T>
+              <<<grid, 32 * kHeldRowsPerBlock, 0, stream_>>>(args, gxp, group_gw, group_gb, gyp, xp, mp, rp, wp);
+        });
+      } else {
+        with_index_type(x.numel() + args.groups * args.inner, [&](auto index) {
+          using I = decltype(index);
           const int grid = static_cast<int>(std::min<int64_t>(args.groups, INT32_MAX));
-          normalize_backward_kernel<kBlockGroupThreads, I, T>
+          normalize_backward_kernel<I, T>
               <<<grid, kBlockGroupThreads, 0, stream_>>>(args, gxp, group_gw, group_gb, gyp, xp, mp, rp, wp);
-        }
-      });
+        });
+      }
       EF_CUDA_CHECK_LAUNCH();
     }
     if (!args.affine_per_group && (gwp != nullptr || gbp != nullptr)) {
