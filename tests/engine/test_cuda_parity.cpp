@@ -49,18 +49,6 @@ OpCase differentiated(const OpCase& c) {
   return d;
 }
 
-// Sets the CUDA math settings for a scope (Note [CUDA math settings] in engine/device.h).
-class CudaMathGuard {
- public:
-  explicit CudaMathGuard(const CudaMath& m) : saved_(cuda_math()) { set_cuda_math(m); }
-  ~CudaMathGuard() { set_cuda_math(saved_); }
-  CudaMathGuard(const CudaMathGuard&) = delete;
-  CudaMathGuard& operator=(const CudaMathGuard&) = delete;
-
- private:
-  CudaMath saved_;
-};
-
 // Strict parity (float rounding apart) needs full float32 math on the GPU, whatever the defaults.
 constexpr CudaMath kNoTf32{.allow_tf32_conv = false, .allow_tf32_matmul = false, .deterministic = false};
 

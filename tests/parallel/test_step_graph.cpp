@@ -19,6 +19,7 @@
 #include "tests/testing/helpers.h"
 
 using namespace evenflow;
+using evenflow::testing::CudaMathGuard;
 using evenflow::testing::error_of;
 namespace par = evenflow::parallel;
 
@@ -370,12 +371,12 @@ TEST_CASE("step graph: a changed signature records the step again, saying so") {
   CHECK(x.to_vector()[0] == 4.0);
   // The CUDA math settings are part of it (on a GPU they choose the recorded kernels), the
   // bfloat16 convolution results among them.
-  const CudaMath saved = cuda_math();
-  CudaMath m = saved;
-  m.allow_bf16_conv_results = !m.allow_bf16_conv_results;
-  set_cuda_math(m);
-  step("batch 3");
-  set_cuda_math(saved);
+  {
+    CudaMath m = cuda_math();
+    m.allow_bf16_conv_results = !m.allow_bf16_conv_results;
+    const CudaMathGuard toggled(m);
+    step("batch 3");
+  }
   CHECK(!step.replayed());
   CHECK(log.find("bfloat16 convolution results 1") != std::string::npos);
 }
@@ -401,22 +402,18 @@ TEST_CASE("step graph: a step that cannot be recorded runs eagerly, saying why")
 // --- On a GPU (scripts/gpu_check.sh; EF_CUDA_DEVICES=0,0 makes two logical devices of one GPU) ------------
 
 namespace {
-// cuDNN's algorithms that repeat bit for bit, while it lives: eager and replayed steps compared
+// The settings with cuDNN's algorithms that repeat bit for bit: eager and replayed steps compared
 // bitwise must run the same sums.
-struct DeterministicCudnn {
-  CudaMath saved = cuda_math();
-  DeterministicCudnn() {
-    CudaMath m = saved;
-    m.deterministic = true;
-    set_cuda_math(m);
-  }
-  ~DeterministicCudnn() { set_cuda_math(saved); }
-};
+CudaMath deterministic_cudnn() {
+  CudaMath m = cuda_math();
+  m.deterministic = true;
+  return m;
+}
 }  // namespace
 
 TEST_CASE("cuda step graph: replayed critic steps with a gradient penalty equal eager ones bitwise") {
   if (!evenflow::testing::cuda_devices_available(1)) return;
-  const DeterministicCudnn deterministic;
+  const CudaMathGuard deterministic(deterministic_cudnn());
   for (const DType dtype : {kFloat32, kFloat64}) {
     CAPTURE(dtype_name(dtype));
     std::string log;
@@ -431,7 +428,7 @@ TEST_CASE("cuda step graph: replayed critic steps with a gradient penalty equal 
 
 TEST_CASE("cuda step graph: two logical devices replay what they run eagerly, and what one device runs (float64)") {
   if (!evenflow::testing::cuda_devices_available(2)) return;
-  const DeterministicCudnn deterministic;
+  const CudaMathGuard deterministic(deterministic_cudnn());
   const Trace one = train_critic({cuda(0)}, kFloat64, true, 6, true);
   const Trace eager = train_critic({cuda(0), cuda(1)}, kFloat64, false, 6, true);
   std::string log;
@@ -483,12 +480,12 @@ TEST_CASE("cuda step graph: a changed signature or math setting records the step
   step("batch 2");
   step("batch 2");
   CHECK(step.replayed());
-  const CudaMath saved = cuda_math();
-  CudaMath m = saved;
-  m.allow_tf32_conv = !m.allow_tf32_conv;
-  set_cuda_math(m);
-  step("batch 2");
-  set_cuda_math(saved);
+  {
+    CudaMath m = cuda_math();
+    m.allow_tf32_conv = !m.allow_tf32_conv;
+    const CudaMathGuard toggled(m);
+    step("batch 2");
+  }
   CHECK(!step.replayed());
   CHECK(log.find("the step changed") != std::string::npos);
   step("batch 3");

@@ -28,6 +28,18 @@ std::string error_of(F&& f) {
   return "(no error)";
 }
 
+// Sets the CUDA math settings for a scope (Note [CUDA math settings] in engine/device.h).
+class CudaMathGuard {
+ public:
+  explicit CudaMathGuard(const CudaMath& m) : saved_(cuda_math()) { set_cuda_math(m); }
+  ~CudaMathGuard() { set_cuda_math(saved_); }
+  CudaMathGuard(const CudaMathGuard&) = delete;
+  CudaMathGuard& operator=(const CudaMathGuard&) = delete;
+
+ private:
+  CudaMath saved_;
+};
+
 // True when at least `needed` CUDA (logical) devices are visible. Otherwise the calling test is
 // skipped, saying why -- or fails when EF_REQUIRE_CUDA=1 (scripts/gpu_check.sh sets it), so that a
 // GPU run cannot pass with its CUDA tests skipped. EF_CUDA_DEVICES=0,0 gives one GPU two devices.
