@@ -45,7 +45,7 @@ CudaBackend::~CudaBackend() {
   if (cudnn_ != nullptr) EF_CUDA_CHECK_PRINT(cudnnDestroy(cudnn_));
   if (cublas_ != nullptr) EF_CUDA_CHECK_PRINT(cublasDestroy(cublas_));
   if (cublas_workspace_ != nullptr) EF_CUDA_CHECK_PRINT(cudaFree(cublas_workspace_));
-  if (scratch_ != nullptr) EF_CUDA_CHECK_PRINT(cudaFree(scratch_));
+  scratch_.reset();  // freed here unless a recording still holds it
   for (auto& [size_class, buffers] : staging_free_) {
     for (void* buffer : buffers) EF_CUDA_CHECK_PRINT(cudaFreeHost(buffer));
   }
@@ -294,33 +294,52 @@ cudnnHandle_t CudaBackend::cudnn(const Lock& held) {
   return cudnn_;
 }
 
+// A block from cudaMalloc on GPU `physical_id`, freed there by the last owner, from any thread
+// (nothing is freed at process exit once the CUDA runtime is unloading).
+static std::shared_ptr<void> owned_device_block(void* block, int physical_id) {
+  return std::shared_ptr<void>(block, [physical_id](void* p) {
+    int current = 0;
+    const cudaError_t status = cudaGetDevice(&current);
+    if (status == cudaErrorCudartUnloading) return;
+    EF_CUDA_CHECK_PRINT(status);
+    EF_CUDA_CHECK_PRINT(cudaSetDevice(physical_id));
+    EF_CUDA_CHECK_PRINT(cudaFree(p));
+    EF_CUDA_CHECK_PRINT(cudaSetDevice(current));
+  });
+}
+
 void* CudaBackend::scratch(const Lock& held, size_t nbytes) {
   check_held(held);
-  if (nbytes <= scratch_bytes_) return scratch_;
+  if (nbytes <= scratch_bytes_) return scratch_.get();
   EF_CHECK(!recording(), name(), ": a library workspace of ", nbytes, " bytes is needed inside a recorded step, ",
            scratch_bytes_,
            " were made before; warm the step up (StepGraph::warm_up) before recording it, so that every "
            "workspace is sized");
-  // Work already queued on the stream may still use the old buffer.
+  // Work already queued on the stream may still use the old buffer; a recording holding it keeps it.
   EF_CUDA_CHECK(cudaStreamSynchronize(stream_));
   const size_t old_bytes = scratch_bytes_;
-  if (scratch_ != nullptr) EF_CUDA_CHECK(cudaFree(scratch_));
-  scratch_ = nullptr;
+  scratch_.reset();
   scratch_bytes_ = 0;
   constexpr size_t kGranule = static_cast<size_t>(1) << 20;  // grow in whole MiB to avoid regrowing by a little
   const size_t rounded = (nbytes + kGranule - 1) / kGranule * kGranule;
   for (const size_t size : {rounded, old_bytes}) {
     if (size == 0) break;
-    const cudaError_t cudaMalloc_status = cudaMalloc(&scratch_, size);
+    void* block = nullptr;
+    const cudaError_t cudaMalloc_status = cudaMalloc(&block, size);
     if (cudaMalloc_status == cudaSuccess) {
+      scratch_ = owned_device_block(block, physical_id_);
       scratch_bytes_ = size;
       break;
     }
-    scratch_ = nullptr;
     if (cudaMalloc_status != cudaErrorMemoryAllocation) EF_CUDA_CHECK(cudaMalloc_status);
     (void)cudaGetLastError();  // out of memory: try to get the old buffer back, then report failure
   }
-  return nbytes <= scratch_bytes_ ? scratch_ : nullptr;
+  return nbytes <= scratch_bytes_ ? scratch_.get() : nullptr;
+}
+
+std::shared_ptr<void> CudaBackend::hold_scratch(const Lock& held) {
+  check_held(held);
+  return scratch_;
 }
 
 std::map<ConvKey, ConvAlgo>& CudaBackend::conv_algos(const Lock& held) {

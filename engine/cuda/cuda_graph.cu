@@ -2,6 +2,7 @@
 // engine/step_graph.h; Note [Recording CUDA devices]).
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -51,6 +52,10 @@ class CudaRecording final : public ::evenflow::detail::DeviceRecording {
         backends_[i]->make_current();
         EF_CUDA_CHECK(cudaStreamWaitEvent(backends_[i]->stream(), events_[0], 0));
       }
+      // The scratch buffers the step's kernels will be given: fixed from here (no regrowth while
+      // recording, no other thread's work while the gate is closed), and kept for the replays
+      // however later eager work regrows them (Note [Library handles and threads]).
+      for (CudaBackend* b : backends_) scratch_held_.push_back(b->hold_scratch(b->lock_libraries()));
     } catch (...) {
       abandon();
       release_checks();
@@ -153,6 +158,7 @@ class CudaRecording final : public ::evenflow::detail::DeviceRecording {
   cudaGraph_t graph_ = nullptr;
   cudaGraphExec_t exec_ = nullptr;
   size_t nodes_ = 0;
+  std::vector<std::shared_ptr<void>> scratch_held_;  // each device's scratch buffer, as recorded
 };
 
 std::unique_ptr<::evenflow::detail::DeviceRecording> begin_recording(const std::vector<Backend*>& backends) {

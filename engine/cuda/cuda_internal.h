@@ -37,6 +37,10 @@ namespace evenflow::cuda_backend {
 // use. The calls made under the lock only enqueue work on the stream, so it is held briefly; the
 // stream then runs the work in order, which is what makes one scratch buffer enough. Functions that
 // need the lock take the held lock as a parameter, so a caller cannot forget it.
+// A recorded step's kernels keep the scratch buffer's address from the recording, and eager work
+// between replays may need a larger buffer (classify's evaluation batches are ten times its training
+// batches): so each recording holds the buffer its kernels were given (hold_scratch, a shared owner),
+// and a buffer regrown after it is freed once the last recording holding it is dropped, not before.
 
 // An owned descriptor of cuDNN's graph API (cudnnBackend*; cuda_conv_plans.cu); default-constructed: none.
 class GraphDescriptor {
@@ -166,6 +170,9 @@ class CudaBackend final : public Backend {
   cudnnHandle_t cudnn(const Lock& held);
   // A device buffer of at least nbytes, valid until the next call; nullptr when out of memory.
   void* scratch(const Lock& held, size_t nbytes);
+  // The scratch buffer as it is (empty if none), kept alive by the returned owner however it is
+  // regrown: what a recording holds for its kernels (Note [Library handles and threads]).
+  std::shared_ptr<void> hold_scratch(const Lock& held);
   std::map<ConvKey, ConvAlgo>& conv_algos(const Lock& held);
   std::map<ConvKey, ConvPlan>& bf16_conv_plans(const Lock& held);
 
@@ -211,7 +218,7 @@ class CudaBackend final : public Backend {
   cublasHandle_t cublas_ = nullptr;
   void* cublas_workspace_ = nullptr;
   cudnnHandle_t cudnn_ = nullptr;
-  void* scratch_ = nullptr;
+  std::shared_ptr<void> scratch_;  // shared with the recordings whose kernels use it
   size_t scratch_bytes_ = 0;
   std::map<ConvKey, ConvAlgo> conv_algos_;
   std::map<ConvKey, ConvPlan> bf16_conv_plans_;  // destroyed before the cuDNN handle

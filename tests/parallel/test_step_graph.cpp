@@ -462,6 +462,40 @@ TEST_CASE("cuda step graph: what a recorded step may not do is refused, and the 
   CHECK(g.stats().calls >= 2);
 }
 
+// The scratch buffer (library workspaces, bfloat16 operand copies) is regrown by eager work that needs
+// more than the step did -- classify's evaluation batches are ten times its training batches -- while
+// the recorded kernels keep the address they were given: the recording holds that buffer, so replays
+// after the regrowth still have it (Note [Library handles and threads] in engine/cuda/cuda_internal.h).
+// Freed instead, a replay wrote into memory no longer the buffer's: an illegal address, or a tensor
+// made since overwritten.
+TEST_CASE("cuda step graph: a workspace regrown by eager work after the recording stays the recording's") {
+  if (!evenflow::testing::cuda_devices_available(1)) return;
+  const Device d = cuda(0);
+  manual_seed(3);
+  const Tensor a = randn({8, 16}, {.device = d}), b = randn({16, 8}, {.device = d});
+  const MatmulOptions bf16{.compute = kBFloat16};  // its operands' copies are in the scratch buffer
+  const std::vector<double> want = matmul(a, b, bf16).to_vector();
+  Tensor y = zeros({8, 8}, {.device = d});
+  StepGraph g;
+  const auto step = [&] { y.copy_(matmul(a, b, bf16)); };
+  g.warm_up({d}, step);
+  g.capture({d}, step);
+  g.replay();
+  CHECK(y.to_vector() == want);
+  std::vector<Tensor> made_since;
+  for (const int64_t n : {1024, 2048, 4096}) {
+    CAPTURE(n);
+    const Tensor big = ones({n, n}, {.device = d});
+    CHECK(matmul(big, big, bf16).to_vector()[0] == static_cast<double>(n));  // 4n² bytes of copies
+    made_since.push_back(full({n, n}, 7.0, {.device = d}));
+    y.zero_();
+    g.replay();
+    CHECK(y.to_vector() == want);
+    CHECK(made_since.back().to_vector()[0] == 7.0);
+    CHECK(made_since.front().to_vector().back() == 7.0);
+  }
+}
+
 // On a GPU the recorded checks write flags the recording holds, read at the next synchronization: the
 // bad target is thrown at the loss read after its replay, and the next replay's read is clean.
 TEST_CASE("cuda step graph: a loss's class targets and gather replay as eager steps; a bad target is an error") {
