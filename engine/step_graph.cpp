@@ -458,6 +458,10 @@ class StepGraph::PoolScope {
 
 void StepGraph::warm_up(const std::vector<Device>& devices, const std::function<void()>& step) {
   Impl::check_devices("StepGraph::warm_up", devices);
+  // The pool's free blocks include those a recording's replays write (its intermediates, and the
+  // tensors its host code let go): an eager step given them would have its results overwritten by
+  // the next replay. So an earlier recording is dropped first, as capture() drops it.
+  reset();
   const PoolScope pools(*impl_, devices);
   const StepThreadGuard in_step(nullptr);
   step();
@@ -599,9 +603,11 @@ void ReplayedStep::operator()(const std::string& signature) {
       options_.log(detail::str_cat("the step changed (", signature_, " -> ", full, "): recording it again after ",
                                    options_.warm_up, " eager step", options_.warm_up == 1 ? "" : "s"));
     }
+    // First, as it may throw a deferred error of the last replays: the signature stays the old one
+    // then, so that the next call comes here again instead of replaying the old recording.
+    graph_.reset();
     signed_ = true;
     signature_ = full;
-    graph_.reset();
     eager_calls_ = 0;
     cannot_record_ = false;
   }

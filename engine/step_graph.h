@@ -58,8 +58,9 @@ class StepGraph {
 
   /// Runs `step` as usual (eagerly), except that what it allocates on `devices` comes from this
   /// graph's pool: the warm-up steps before capture(), which size the pool, the libraries'
-  /// workspaces and the algorithm choices. Throws what `step` throws, and ef::Error when `devices`
-  /// cannot be recorded together (see capture()).
+  /// workspaces and the algorithm choices. An earlier recording is dropped first, as by reset()
+  /// (the pool's blocks it writes would be the warm-up's). Throws what `step` throws, what reset()
+  /// throws, and ef::Error when `devices` cannot be recorded together (see capture()).
   void warm_up(const std::vector<Device>& devices, const std::function<void()>& step);
 
   /// Records what `step` does on `devices` without running it there (any earlier recording is
@@ -72,8 +73,10 @@ class StepGraph {
   void capture(const std::vector<Device>& devices, const std::function<void()>& step);
 
   /// Runs the recorded step once more: its host effects, then its device work (queued on CUDA
-  /// devices: it returns before the GPU is done). ef::Error when nothing is recorded; on CPU
-  /// devices, what a kernel throws (a bad index).
+  /// devices: it returns before the GPU is done), ordered after the work queued on its devices
+  /// before the call and before the work queued after it returns -- work other threads queue on its
+  /// devices while it runs is ordered neither way, so it must not share data with the step.
+  /// ef::Error when nothing is recorded; on CPU devices, what a kernel throws (a bad index).
   void replay();
 
   /// Drops the recording after the devices finished it, first throwing a deferred error of its

@@ -381,6 +381,28 @@ TEST_CASE("step graph: a changed signature records the step again, saying so") {
   CHECK(log.find("bfloat16 convolution results 1") != std::string::npos);
 }
 
+// The pool's free blocks include those a recording's replays write -- its intermediates, and here
+// `out`, let go after the recording -- so an eager warm-up given them would have its results
+// overwritten by the next replay: a warm-up drops the recording first, as a capture does.
+TEST_CASE("step graph: a warm-up after a recording drops it, so that no replay writes the warm-up's tensors") {
+  const Device d = cpu(3);
+  const Tensor w = full({64}, 2.0, {.device = d});
+  Tensor out;
+  StepGraph g;
+  const auto step = [&] { out = w * 3.0 + 1.0; };
+  g.warm_up({d}, step);
+  g.capture({d}, step);
+  g.replay();
+  CHECK(out.to_vector()[0] == 7.0);
+  out = Tensor();
+  Tensor kept;
+  g.warm_up({d}, [&] { kept = w * 10.0 - 1.0; });
+  CHECK(g.empty());
+  const std::string e = error_of([&] { g.replay(); });
+  CHECK_MESSAGE(e.find("nothing is recorded") != std::string::npos, e);
+  CHECK(kept.to_vector() == std::vector<double>(64, 19.0));
+}
+
 TEST_CASE("step graph: a step that cannot be recorded runs eagerly, saying why") {
   const Device d = cpu(3);
   Tensor x = zeros({1}, {.device = d});
@@ -502,6 +524,30 @@ TEST_CASE("cuda step graph: a loss's class targets and gather replay as eager st
   if (!evenflow::testing::cuda_devices_available(2)) return;
   check_classifier_steps({cuda(0)});
   check_classifier_steps({cuda(0), cuda(1)});
+}
+
+// On a GPU a bad index of the last replay is thrown where the devices are next waited for: when the
+// step changed, by dropping the recording. The changed step must then not replay the recording made
+// before the change -- the signature is taken only once it is dropped.
+TEST_CASE("cuda step graph: a bad index thrown as the step changes leaves no recording of the old step") {
+  if (!evenflow::testing::cuda_devices_available(1)) return;
+  const Device d = cuda(0);
+  const Tensor x = arange(0.0, 4.0, 1.0, {.device = d});
+  const Tensor index = zeros({2}, {.dtype = kInt64, .device = d});
+  Tensor y = zeros({2}, {.device = d});
+  ReplayedStep step({d}, [&] { y.add_(index_select(x, 0, index)); }, {.warm_up = 1, .log = [](const std::string&) {}});
+  step("a");
+  step("a");
+  CHECK(step.replayed());
+  index.copy_(full({2}, 9.0, {.dtype = kInt64, .device = d}));
+  step("a");  // queued: its bad index is found when the device is next waited for
+  const std::string e = error_of([&] { step("b"); });
+  CHECK_MESSAGE(e.find("index_select: index 9 is out of range") != std::string::npos, e);
+  index.zero_();
+  step("b");
+  CHECK(!step.replayed());  // a warm-up: the recording of "a" is gone
+  step("b");
+  CHECK(step.replayed());
 }
 
 TEST_CASE("cuda step graph: a changed signature or math setting records the step again, saying so") {
