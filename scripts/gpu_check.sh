@@ -434,7 +434,7 @@ run_tests() {  # run_tests REGEX EXPECTED_COUNT PARALLEL
   grep -q "tests passed.* out of $2\$" /tmp/ef_ctest.log || { echo "gpu_check: expected $2 tests matching '$1'"; return 1; }
   return "$rc"
 }
-parity() { run_tests '^(cuda|CUDA|nccl|every loss on a CUDA|NaN propagates.*CUDA)' 27 4; }
+parity() { run_tests '^(cuda|CUDA|nccl|every loss on a CUDA|NaN propagates.*CUDA)' 28 4; }
 # The counts, and each test that did not pass, into the summary.
 ctest_results() { [[ -f "$1" ]] && grep -E 'tests passed|\((Failed|Timeout|Not Run|SEGFAULT|Subprocess aborted)\)' "$1" | sed 's/^ */    /' | tee -a "$summary"; }
 if wanted parity; then
@@ -530,7 +530,8 @@ wanted speed && [[ -f "$logs/speed.log" ]] && { echo; echo '```'
 # part of a block misses) and racecheck (shared-memory hazards), each on a small set of the engine's
 # CUDA test cases. Our kernels with shared memory and barriers are the reductions and the
 # normalization (engine/cuda/cuda_reduce.cu, cuda_normalization.cu), which the op table's float64
-# cases reach with every other op (convolutions included) at small sizes. Each run has its own cap,
+# cases reach with every other op (convolutions included) at small sizes, and its second
+# derivatives the normalizations' double backward kernel. Each run has its own cap,
 # so a slow one cannot take the others' time; each ends in a line "sanitizer: ..." for the summary.
 #
 # sanitizer_run TOOL SECONDS BINARY CASES [OPTION...]: compute-sanitizer's TOOL over BINARY's doctest
@@ -569,13 +570,17 @@ sanitize() {
     return 0
   fi
   local rc=0 engine=$build/tests/test_engine
+  # The op table's second derivatives: the normalizations' double backward kernel among them.
+  local second="cuda parity: every op's second derivatives? float64"  # ?: -tc= splits at commas
   sanitize_graph || rc=1
   sanitizer_run memcheck 60 "$engine" \
-    "cuda: a bad index*,cuda: copies*,cuda parity: the multi-tensor Adam step,cuda parity: every op? float64" || rc=1
+    "cuda: a bad index*,cuda: copies*,cuda parity: the multi-tensor Adam step,cuda parity: every op? float64,$second" \
+    || rc=1
   sanitizer_run memcheck 60 "$build/tests/test_parallel" "*CUDA logical*" || rc=1
-  sanitizer_run synccheck 45 "$engine" "cuda parity: every op? float64,cuda parity: the multi-tensor Adam step" || rc=1
+  sanitizer_run synccheck 45 "$engine" "cuda parity: every op? float64,cuda parity: the multi-tensor Adam step,$second" \
+    || rc=1
   # Slow (every shared-memory access is tracked): the op table alone.
-  sanitizer_run racecheck 75 "$engine" "cuda parity: every op? float64" --racecheck-report all || rc=1
+  sanitizer_run racecheck 75 "$engine" "cuda parity: every op? float64,$second" --racecheck-report all || rc=1
   # Last, as the stage's cap can cut it: every op's kernels at realistic sizes, timed cuDNN choice.
   sanitizer_run memcheck 120 "$engine" \
     "cuda parity: realistic sizes*,cuda parity: float32 convolutions*,cuda parity: bfloat16 convolutions*" || rc=1

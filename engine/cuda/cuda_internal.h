@@ -127,6 +127,9 @@ class CudaBackend final : public Backend {
                  const View& weight, const View& bias) override;
   void normalize_backward(const NormArgs& args, const View& gx, const View& gw, const View& gb, const View& gy,
                           const View& x, const View& mean, const View& rstd, const View& weight) override;
+  bool normalize_double_backward(const NormArgs& args, const View& dgy, const View& dx, const View& dw, const View& ggx,
+                                 const View& ggw, const View& ggb, const View& gy, const View& x, const View& mean,
+                                 const View& rstd, const View& weight) override;
   void softmax(const View& out, const View& x, bool log) override;
   void max_pool2d(const PoolArgs& args, const View& out, const View& indices, const View& x) override;
   void gather(const View& out, const View& x, int dim, const View& index) override;

@@ -1,5 +1,6 @@
 // The CUDA backend's row and group normalizations: softmax and log-softmax, and the fused layer
-// norm / batch norm forward and first-order backward (Note [Fused normalization]).
+// norm / batch norm forward, first-order backward and second-order backward (Note [Fused
+// normalization]).
 #include "evenflow/engine/cuda/cuda_launch.cuh"
 
 namespace evenflow::cuda_backend {
@@ -398,7 +399,7 @@ __global__ void feature_sums_kernel(int64_t inner, int64_t chunks, T* gw, T* gb,
     T sw = 0, sb = 0;
     for (int64_t c = 0; c < chunks; ++c) {
       sw += pw[c * inner + i];
-      sb += pb[c * inner + i];
+      if (pb != nullptr) sb += pb[c * inner + i];
     }
     if (gw != nullptr) gw[i] = sw;
     if (gb != nullptr) gb[i] = sb;
@@ -412,6 +413,112 @@ int64_t feature_sum_rows_per_chunk(int64_t groups, int64_t inner, size_t elem_si
   const int64_t max_chunks =
       std::clamp<int64_t>(kMaxPartialBytes / (2 * inner * static_cast<int64_t>(elem_size)), 1, kMaxChunks);
   return std::max(kMinRows, ceil_div(groups, max_chunks));
+}
+
+// Backend::normalize_double_backward: the formula of normalize_double_backward_typed
+// (cpu_normalization.cpp; its comment derives it), a block per statistic group as
+// normalize_backward_kernel. The first pass takes the seven sums over the group -- of ĝ, ĝ·x̂, A,
+// A·x̂, A·ĝ, Bw·gy and Bw·gy·x̂ (A = ggx, Bw = ggw; ĝ = gy·w) -- in float64 whatever T, as the CPU's
+// float32 kernel does (mean(A·gx) = r·(mean(A·ĝ) - a1·m1 - a2·m2) is a difference of them); the
+// second writes dgy and dx, and a per-group dw (batch norm). A per-feature dw (layer norm) sums
+// over the groups apart (double_backward_feature_partial_sums_kernel), from each group's a1 and a2,
+// which this kernel writes to `coef` (two per group) where coef is not null. Until 2026-12-01 the
+// CUDA backend had no such kernel and ran the formula as differentiable ops: about 45 kernels per
+// normalization in a penalty's backward, where this takes one to three. Rows of up to 1024
+// features, which the forward and backward give a warp each, get a whole block here too (most of
+// it idle on short rows): a warp-per-row version waits for a GPU profile that asks for it.
+template <typename I, typename T>
+__global__ void __launch_bounds__(kBlockGroupThreads)
+    normalize_double_backward_kernel(NormArgs a, T* dgy, T* dx, T* dw, T* coef, const T* ggx, const T* ggw,
+                                     const T* ggb, const T* gy, const T* x, const T* mean, const T* rstd, const T* w) {
+  constexpr int K = kBlockGroupThreads;
+  __shared__ double shared[K / 32];
+  const int lane = static_cast<int>(threadIdx.x);
+  const I inner = static_cast<I>(a.inner), n = static_cast<I>(a.outer * a.inner);
+  const I stride = static_cast<I>(a.groups * a.inner);
+  const bool per_feature = !a.affine_per_group;
+  // Per-feature operands as pointers; per-group ones (and absent ones: w 1, ggw and ggb 0) as values.
+  const T* fw = per_feature ? w : nullptr;
+  const T* fbw = per_feature ? ggw : nullptr;
+  const T* fbb = per_feature ? ggb : nullptr;
+  for (int64_t g = blockIdx.x; g < a.groups; g += gridDim.x) {
+    const int64_t base = g * a.inner;
+    const T* xg = x + base;
+    const T* gyg = gy + base;
+    const T* ggg = ggx != nullptr ? ggx + base : nullptr;
+    const T m = mean[g], r = rstd[g];
+    const T group_w = !per_feature && w != nullptr ? w[g] : T(1);
+    const T group_bw = !per_feature && ggw != nullptr ? ggw[g] : T(0);
+    const T group_bb = !per_feature && ggb != nullptr ? ggb[g] : T(0);
+    double s_g = 0, s_gx = 0, s_a = 0, s_ax = 0, s_ag = 0, s_b = 0, s_bx = 0;
+    for (I j = lane; j < n; j += K) {
+      const I i = j % inner, at = j / inner * stride + i;
+      const T x_hat = (xg[at] - m) * r, dy = gyg[at];
+      const T g_hat = dy * (fw != nullptr ? fw[i] : group_w), gg = ggg != nullptr ? ggg[at] : T(0);
+      const T b_gy = dy * (fbw != nullptr ? fbw[i] : group_bw);
+      s_g += g_hat;
+      s_gx += g_hat * x_hat;
+      s_a += gg;
+      s_ax += gg * x_hat;
+      s_ag += gg * g_hat;
+      s_b += b_gy;
+      s_bx += b_gy * x_hat;
+    }
+    s_g = group_all_reduce<K>(s_g, SumOf{}, shared);
+    s_gx = group_all_reduce<K>(s_gx, SumOf{}, shared);
+    s_a = group_all_reduce<K>(s_a, SumOf{}, shared);
+    s_ax = group_all_reduce<K>(s_ax, SumOf{}, shared);
+    s_ag = group_all_reduce<K>(s_ag, SumOf{}, shared);
+    s_b = group_all_reduce<K>(s_b, SumOf{}, shared);
+    s_bx = group_all_reduce<K>(s_bx, SumOf{}, shared);
+    const double inv_n = 1.0 / static_cast<double>(n);
+    const T m1 = static_cast<T>(s_g * inv_n), m2 = static_cast<T>(s_gx * inv_n);
+    const T a1 = static_cast<T>(s_a * inv_n), a2 = static_cast<T>(s_ax * inv_n);
+    const T a3 = r * static_cast<T>(s_ag * inv_n - double(a1) * double(m1) - double(a2) * double(m2));
+    const T r_m2 = r * m2, r_a2 = r * a2;
+    const T mean_big_g = static_cast<T>((s_b - double(r_m2) * s_a - double(r_a2) * s_g) * inv_n);
+    const T mean_big_g_x_hat = static_cast<T>((s_bx - double(r_m2) * s_ax - double(r_a2) * s_gx) * inv_n);
+    if (lane == 0 && coef != nullptr) {
+      coef[2 * g] = a1;
+      coef[2 * g + 1] = a2;
+    }
+    double dw_sum = 0;  // a per-group dw
+    for (I j = lane; j < n; j += K) {
+      const I i = j % inner, at = j / inner * stride + i;
+      const T x_hat = (xg[at] - m) * r, dy = gyg[at], gg = ggg != nullptr ? ggg[at] : T(0);
+      const T wv = fw != nullptr ? fw[i] : group_w, bw = fbw != nullptr ? fbw[i] : group_bw;
+      const T t = r * (gg - a1 - x_hat * a2);  // the gradient reaching ĝ
+      if (dgy != nullptr) dgy[base + at] = wv * t + (fbb != nullptr ? fbb[i] : group_bb) + bw * x_hat;
+      if (dx != nullptr) {
+        const T big_g = bw * dy - r_m2 * gg - r_a2 * (dy * wv);  // the gradient reaching x̂
+        dx[base + at] = r * (big_g - mean_big_g - x_hat * mean_big_g_x_hat) - r * x_hat * a3;
+      }
+      dw_sum += dy * t;
+    }
+    if (!per_feature && dw != nullptr) {
+      dw_sum = group_all_reduce<K>(dw_sum, SumOf{}, shared);
+      if (lane == 0) dw[g] = static_cast<T>(dw_sum);
+    }
+  }
+}
+
+// A layer norm's per-feature dw = Σ gy·t over the rows, t = r·(A - a1 - x̂·a2) with each row's a1
+// and a2 from normalize_double_backward_kernel's `coef`: in chunks of rows as
+// feature_partial_sums_kernel (the partial sums in pw, pb unused), added by feature_sums_kernel.
+template <typename T>
+__global__ void double_backward_feature_partial_sums_kernel(NormArgs a, int64_t rows_per_chunk, T* pw, const T* coef,
+                                                            const T* ggx, const T* gy, const T* x, const T* mean,
+                                                            const T* rstd) {
+  const int64_t i = thread_index(), chunk = blockIdx.y;
+  if (i >= a.inner) return;
+  const int64_t first = chunk * rows_per_chunk, last = min(a.groups, first + rows_per_chunk);
+  T sw = 0;
+  for (int64_t g = first; g < last; ++g) {
+    const int64_t at = g * a.inner + i;
+    const T r = rstd[g], x_hat = (x[at] - mean[g]) * r, gg = ggx != nullptr ? ggx[at] : T(0);
+    sw += gy[at] * (r * (gg - coef[2 * g] - x_hat * coef[2 * g + 1]));
+  }
+  pw[chunk * a.inner + i] = sw;
 }
 
 }  // namespace
@@ -553,6 +660,68 @@ void CudaBackend::normalize_backward(const NormArgs& args, const View& gx, const
       EF_CUDA_CHECK_LAUNCH();
     }
   });
+}
+
+bool CudaBackend::normalize_double_backward(const NormArgs& args, const View& dgy, const View& dx, const View& dw,
+                                            const View& ggx, const View& ggw, const View& ggb, const View& gy,
+                                            const View& x, const View& mean, const View& rstd, const View& weight) {
+  const auto gate_pass = activate();
+  EF_ASSERT(x.is_contiguous() && gy.is_contiguous() && mean.is_contiguous() && rstd.is_contiguous(),
+            "normalize_double_backward: expects contiguous views");
+  EF_DISPATCH_FLOAT(x.dtype, "normalize_double_backward", [&] {
+    using T = scalar_t;
+    auto* dgyp = static_cast<T*>(dgy.data);
+    auto* dxp = static_cast<T*>(dx.data);
+    auto* dwp = static_cast<T*>(dw.data);
+    const auto* ggxp = static_cast<const T*>(ggx.data);
+    const auto* ggwp = static_cast<const T*>(ggw.data);
+    const auto* ggbp = static_cast<const T*>(ggb.data);
+    const auto* gyp = static_cast<const T*>(gy.data);
+    const auto* xp = static_cast<const T*>(x.data);
+    const auto* mp = static_cast<const T*>(mean.data);
+    const auto* rp = static_cast<const T*>(rstd.data);
+    const auto* wp = static_cast<const T*>(weight.data);
+    if (args.groups == 0 || args.outer * args.inner == 0) {  // dw sums nothing
+      if (dwp != nullptr) EF_CUDA_CHECK(cudaMemsetAsync(dwp, 0, dw.numel() * sizeof(T), stream_));
+      return;
+    }
+    const bool feature_dw = !args.affine_per_group && dwp != nullptr;
+    EF_ASSERT(!feature_dw || args.outer == 1, "normalize_double_backward: per-feature weights need outer == 1");
+    // A per-feature dw needs each group's a1 and a2, and with more than one chunk of rows the partial
+    // sums: in the scratch buffer, which stays ours while the library lock is held (Note [Library
+    // handles and threads]); the kernels queued under it run before any later user's.
+    Lock lock;
+    T* coef = nullptr;
+    T* partial = nullptr;
+    int64_t rows_per_chunk = 0, chunks = 0;
+    if (feature_dw) {
+      rows_per_chunk = feature_sum_rows_per_chunk(args.groups, args.inner, sizeof(T));
+      chunks = ceil_div(args.groups, rows_per_chunk);
+      const int64_t elements = 2 * args.groups + (chunks > 1 ? chunks * args.inner : 0);
+      lock = lock_libraries();
+      coef = static_cast<T*>(scratch(lock, static_cast<size_t>(elements) * sizeof(T)));
+      EF_CHECK(coef != nullptr, "normalization double backward: out of memory on ", name(), " for ",
+               elements * static_cast<int64_t>(sizeof(T)), " bytes of group coefficients and partial sums");
+      if (chunks > 1) partial = coef + 2 * args.groups;
+    }
+    with_index_type(x.numel() + args.groups * args.inner, [&](auto index) {
+      using I = decltype(index);
+      const int grid = static_cast<int>(std::min<int64_t>(args.groups, INT32_MAX));
+      normalize_double_backward_kernel<I, T><<<grid, kBlockGroupThreads, 0, stream_>>>(
+          args, dgyp, dxp, feature_dw ? nullptr : dwp, coef, ggxp, ggwp, ggbp, gyp, xp, mp, rp, wp);
+    });
+    EF_CUDA_CHECK_LAUNCH();
+    if (!feature_dw) return;
+    const dim3 grid(static_cast<unsigned>(ceil_div(args.inner, kThreads)), static_cast<unsigned>(chunks));
+    double_backward_feature_partial_sums_kernel<T>
+        <<<grid, kThreads, 0, stream_>>>(args, rows_per_chunk, chunks > 1 ? partial : dwp, coef, ggxp, gyp, xp, mp, rp);
+    EF_CUDA_CHECK_LAUNCH();
+    if (chunks == 1) return;  // the partial sums are the sums
+    feature_sums_kernel<T>
+        <<<grid_for(*this, args.inner), kThreads, 0, stream_>>>(args.inner, chunks, dwp, nullptr, partial, nullptr);
+    EF_CUDA_CHECK_LAUNCH();
+  });
+  return true;
 }
 
 }  // namespace evenflow::cuda_backend

@@ -231,6 +231,41 @@ TEST_CASE("cuda parity: realistic sizes, float64 and float32") {
   check_parity(cases, kFloat32, {.normwise = kFloat32Normwise});
 }
 
+// The normalizations' second derivatives (a gradient penalty's backward through them: the CUDA
+// backend's normalize_double_backward kernel) at the sizes that take its every path: wgan_gp's
+// critic LayerNorm ([64, 64, 7, 7] channels-last over [64, 7, 7], its parameters permuted to the
+// group's order), per-feature dw summed in one chunk of rows, in 2, 8 and 256
+// (feature_sum_rows_per_chunk), a batch norm's per-group dw in both layouts, groups larger than a
+// block's threads, an input without a gradient (no ggx reaches the kernel, no dx is asked of it),
+// and no rows at all (dw zeroed). The op table's second derivatives (above) take the small shapes
+// and an absent weight or bias.
+TEST_CASE("cuda parity: normalizations' second derivatives at realistic sizes, float64 and float32") {
+  if (!cuda_devices_available()) return;
+  using V = std::vector<Tensor>;
+  std::vector<OpCase> cases;
+  auto add_case = [&](std::string name, std::vector<InputSpec> in, Fn fn) {
+    cases.push_back(differentiated({std::move(name), std::move(in), std::move(fn), {}, false}));
+  };
+  add_case("layer_norm", {{{64, 64, 7, 7}}, {{64, 7, 7}}, {{64, 7, 7}}}, [](const V& x) {
+    return layer_norm(contiguous(x[0], MemoryFormat::ChannelsLast), {64, 7, 7}, x[1], x[2]);
+  });
+  add_case("layer_norm", {{{16, 50}}, {{50}}, {{50}}}, [](const V& x) { return layer_norm(x[0], {50}, x[1], x[2]); });
+  add_case("layer_norm", {{{16, 50}}, {{50}}, {{50}}},
+           [](const V& x) { return layer_norm(x[0].detach(), {50}, x[1], x[2]); });
+  add_case("layer_norm", {{{0, 50}}, {{50}}, {{50}}}, [](const V& x) { return layer_norm(x[0], {50}, x[1], x[2]); });
+  add_case("layer_norm", {{{256, 4096}}, {{4096}}, {{4096}}},
+           [](const V& x) { return layer_norm(x[0], {4096}, x[1], x[2]); });
+  add_case("layer_norm", {{{8192, 96}}, {{96}}}, [](const V& x) { return layer_norm(x[0], {96}, x[1], Tensor()); });
+  add_case("batch_norm", {{{16, 32, 28, 28}}, {{32}}, {{32}}},
+           [](const V& x) { return batch_norm(x[0], x[1], x[2], Tensor(), Tensor(), true); });
+  add_case("batch_norm", {{{16, 32, 28, 28}}, {{32}}, {{32}}}, [](const V& x) {
+    return batch_norm(contiguous(x[0], MemoryFormat::ChannelsLast), x[1], x[2], Tensor(), Tensor(), true);
+  });
+  add_case("batch_norm", {{{256, 32, 7, 7}}}, [](const V& x) { return batch_norm(x[0], {}, {}, {}, {}, true); });
+  check_parity(cases, kFloat64, {.atol = 1e-10, .rtol = 1e-8});
+  check_parity(cases, kFloat32, {.normwise = kFloat32Normwise});
+}
+
 TEST_CASE(
     "cuda parity: float32 convolutions and products on TF32 tensor cores stay within TF32's precision, "
     "with heuristic and timed algorithm choice") {
