@@ -103,11 +103,15 @@ struct RandomKey {
 //   y = (x - mean) * rstd * weight + bias,  rstd = 1 / sqrt(var + eps)
 // rounded to x's dtype after each operation, as the unfused ops round. weight and bias are optional
 // (a view with null data when absent), contiguous, [groups] when affine_per_group (batch norm) and
-// [inner] otherwise (layer norm).
+// [inner] otherwise (layer norm). Where param_channels = C is not 0 (a layer norm over [C, H, W]
+// of a channels-last input, whose group's features come in H, W, C order), per-feature parameters
+// -- and the gradients the backward kernels write for them -- are in their own [C, H, W] order:
+// feature i of a group is parameter (i % C)·(inner / C) + i / C.
 struct NormArgs {
   int64_t outer = 1, groups = 1, inner = 1;
   double eps = 1e-5;
   bool affine_per_group = false;
+  int64_t param_channels = 0;
 };
 
 // One parameter's operands of the Adam step: contiguous views of one shape; max_exp_avg_sq is an

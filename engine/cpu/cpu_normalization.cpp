@@ -588,6 +588,45 @@ void normalize_double_backward_typed(const NormArgs& a, T* dgy, T* dx, T* dw, co
   }
 }
 
+// NormArgs::param_channels for the kernels above, which take per-feature parameters in a group's
+// feature order: the parameters copied into that order (H, W, C, from [C, H, W]), and the gradients
+// the kernels write in it copied back -- thousands of elements, beside a normalization of the
+// activations (the CUDA kernels index them in place instead). Without param_channels, the
+// parameters and outputs themselves.
+template <typename T>
+class FeatureOrder {
+ public:
+  explicit FeatureOrder(NormArgs& a)
+      : channels_(a.param_channels),
+        planes_(channels_ > 0 ? a.inner / channels_ : 0),
+        inner_(static_cast<size_t>(a.inner)) {
+    a.param_channels = 0;  // the kernels' view: parameters in feature order
+  }
+  // p in feature order: a copy in `buf`, or p itself.
+  const T* in(const T* p, std::vector<T>& buf) const {
+    if (channels_ == 0 || p == nullptr) return p;
+    buf.resize(inner_);
+    for (int64_t s = 0; s < planes_; ++s)
+      for (int64_t c = 0; c < channels_; ++c) buf[static_cast<size_t>(s * channels_ + c)] = p[c * planes_ + s];
+    return buf.data();
+  }
+  // Where a kernel writes the gradient of a parameter p: `buf` (copied back by back()), or p itself.
+  T* out(T* p, std::vector<T>& buf) const {
+    if (channels_ == 0 || p == nullptr) return p;
+    buf.resize(inner_);
+    return buf.data();
+  }
+  void back(T* p, const std::vector<T>& buf) const {
+    if (channels_ == 0 || p == nullptr) return;
+    for (int64_t s = 0; s < planes_; ++s)
+      for (int64_t c = 0; c < channels_; ++c) p[c * planes_ + s] = buf[static_cast<size_t>(s * channels_ + c)];
+  }
+
+ private:
+  int64_t channels_, planes_;
+  size_t inner_;
+};
+
 }  // namespace
 
 void CpuBackend::softmax(const View& out, const View& x, bool log) {
@@ -613,9 +652,13 @@ void CpuBackend::normalize(const NormArgs& args, const View& y, const View& mean
   EF_ASSERT(x.is_contiguous() && y.is_contiguous() && mean.is_contiguous() && var.is_contiguous(),
             "normalize: expects contiguous views");
   EF_DISPATCH_FLOAT(x.dtype, "normalize", [&] {
-    normalize_typed<scalar_t>(args, static_cast<scalar_t*>(y.data), static_cast<scalar_t*>(mean.data),
-                              static_cast<scalar_t*>(var.data), static_cast<const scalar_t*>(x.data),
-                              static_cast<const scalar_t*>(weight.data), static_cast<const scalar_t*>(bias.data));
+    using T = scalar_t;
+    NormArgs a = args;
+    const FeatureOrder<T> order(a);
+    std::vector<T> w_buf, b_buf;
+    normalize_typed<T>(a, static_cast<T*>(y.data), static_cast<T*>(mean.data), static_cast<T*>(var.data),
+                       static_cast<const T*>(x.data), order.in(static_cast<const T*>(weight.data), w_buf),
+                       order.in(static_cast<const T*>(bias.data), b_buf));
   });
 }
 
@@ -626,10 +669,17 @@ void CpuBackend::normalize_backward(const NormArgs& args, const View& gx, const 
             "normalize_backward: expects contiguous views");
   EF_DISPATCH_FLOAT(x.dtype, "normalize_backward", [&] {
     using T = scalar_t;
-    normalize_backward_typed<T>(args, static_cast<T*>(gx.data), static_cast<T*>(gw.data), static_cast<T*>(gb.data),
+    NormArgs a = args;
+    const FeatureOrder<T> order(a);
+    std::vector<T> w_buf, gw_buf, gb_buf;
+    auto* gwp = static_cast<T*>(gw.data);
+    auto* gbp = static_cast<T*>(gb.data);
+    normalize_backward_typed<T>(a, static_cast<T*>(gx.data), order.out(gwp, gw_buf), order.out(gbp, gb_buf),
                                 static_cast<const T*>(gy.data), static_cast<const T*>(x.data),
                                 static_cast<const T*>(mean.data), static_cast<const T*>(rstd.data),
-                                static_cast<const T*>(weight.data));
+                                order.in(static_cast<const T*>(weight.data), w_buf));
+    order.back(gwp, gw_buf);
+    order.back(gbp, gb_buf);
   });
 }
 
@@ -640,11 +690,16 @@ bool CpuBackend::normalize_double_backward(const NormArgs& args, const View& dgy
             "normalize_double_backward: expects contiguous views");
   EF_DISPATCH_FLOAT(x.dtype, "normalize_double_backward", [&] {
     using T = scalar_t;
+    NormArgs a = args;
+    const FeatureOrder<T> order(a);
+    std::vector<T> dw_buf, ggw_buf, ggb_buf, w_buf;
+    auto* dwp = static_cast<T*>(dw.data);
     normalize_double_backward_typed<T>(
-        args, static_cast<T*>(dgy.data), static_cast<T*>(dx.data), static_cast<T*>(dw.data),
-        static_cast<const T*>(ggx.data), static_cast<const T*>(ggw.data), static_cast<const T*>(ggb.data),
+        a, static_cast<T*>(dgy.data), static_cast<T*>(dx.data), order.out(dwp, dw_buf), static_cast<const T*>(ggx.data),
+        order.in(static_cast<const T*>(ggw.data), ggw_buf), order.in(static_cast<const T*>(ggb.data), ggb_buf),
         static_cast<const T*>(gy.data), static_cast<const T*>(x.data), static_cast<const T*>(mean.data),
-        static_cast<const T*>(rstd.data), static_cast<const T*>(weight.data));
+        static_cast<const T*>(rstd.data), order.in(static_cast<const T*>(weight.data), w_buf));
+    order.back(dwp, dw_buf);
   });
   return true;
 }

@@ -72,6 +72,16 @@ __global__ void softmax_kernel(T* out, const T* x, int64_t rows, int64_t cols, b
 
 // --- Normalization --------------------------------------------------------------------------------------
 
+// Feature i of a group as an index of the per-feature parameters and their gradients: i itself, or
+// with NormArgs::param_channels = C (a channels-last layer norm: features in H, W, C order,
+// parameters in C, H, W order) (i % C)·(inner / C) + i / C.
+template <typename I>
+__device__ __forceinline__ I param_index(const NormArgs& a, I i) {
+  if (a.param_channels == 0) return i;
+  const I channels = static_cast<I>(a.param_channels);
+  return i % channels * (static_cast<I>(a.inner) / channels) + i / channels;
+}
+
 // NormArgs (backend.h): a block of K = kBlockGroupThreads threads per statistic group (layer norm
 // rows of up to 1024 features take normalize_rows_kernel, large groups normalize_chunks_kernel).
 // Element j of a group is x[(j / inner) * groups * inner + g * inner + j % inner]; I (uint32_t where
@@ -106,8 +116,8 @@ __global__ void normalize_kernel(NormArgs a, T* y, T* mean_out, T* var_out, cons
     for (I j = lane; j < n; j += K) {
       const I i = j % inner, at = j / inner * stride + i;
       T v = (xg[at] - mean) * rstd;
-      if (w != nullptr) v *= w[a.affine_per_group ? static_cast<I>(g) : i];
-      if (b != nullptr) v += b[a.affine_per_group ? static_cast<I>(g) : i];
+      if (w != nullptr) v *= w[a.affine_per_group ? static_cast<I>(g) : param_index(a, i)];
+      if (b != nullptr) v += b[a.affine_per_group ? static_cast<I>(g) : param_index(a, i)];
       yg[at] = v;
     }
   }
@@ -154,8 +164,8 @@ __global__ void normalize_rows_kernel(NormArgs a, T* y, T* mean_out, T* var_out,
       const int j = lane + 32 * k;
       if (j >= n) continue;
       T o = (v[k] - mean) * rstd;
-      if (w != nullptr) o *= w[a.affine_per_group ? g : j];
-      if (b != nullptr) o += b[a.affine_per_group ? g : j];
+      if (w != nullptr) o *= w[a.affine_per_group ? g : param_index(a, j)];
+      if (b != nullptr) o += b[a.affine_per_group ? g : param_index(a, j)];
       yg[j] = o;
     }
   }
@@ -269,8 +279,8 @@ __global__ void normalize_chunks_kernel(NormArgs a, I chunk, const T* chunk_mean
   for (I j = first + threadIdx.x; j < last; j += blockDim.x) {
     const I i = j % inner, at = j / inner * stride + i;
     T v = (xg[at] - mean) * rstd;
-    if (w != nullptr) v *= w[a.affine_per_group ? static_cast<I>(g) : i];
-    if (b != nullptr) v += b[a.affine_per_group ? static_cast<I>(g) : i];
+    if (w != nullptr) v *= w[a.affine_per_group ? static_cast<I>(g) : param_index(a, i)];
+    if (b != nullptr) v += b[a.affine_per_group ? static_cast<I>(g) : param_index(a, i)];
     yg[at] = v;
   }
 }
@@ -306,7 +316,7 @@ __global__ void normalize_backward_kernel(NormArgs a, T* gx, T* gw, T* gb, const
     T sum_g = 0, sum_g_x_hat = 0;
     for (I j = lane; j < n; j += K) {
       const I i = j % inner, at = j / inner * stride + i;
-      const T x_hat = (xg[at] - m) * r, g_hat = fw != nullptr ? gyg[at] * fw[i] : gyg[at];
+      const T x_hat = (xg[at] - m) * r, g_hat = fw != nullptr ? gyg[at] * fw[param_index(a, i)] : gyg[at];
       sum_g += g_hat;
       sum_g_x_hat += g_hat * x_hat;
     }
@@ -318,7 +328,7 @@ __global__ void normalize_backward_kernel(NormArgs a, T* gx, T* gw, T* gb, const
     T* gxg = gx + g * a.inner;
     for (I j = lane; j < n; j += K) {
       const I i = j % inner, at = j / inner * stride + i;
-      const T x_hat = (xg[at] - m) * r, g_hat = gyg[at] * (fw != nullptr ? fw[i] : group_w);
+      const T x_hat = (xg[at] - m) * r, g_hat = gyg[at] * (fw != nullptr ? fw[param_index(a, i)] : group_w);
       gxg[at] = r * (g_hat - mean_g - x_hat * mean_g_x_hat);
     }
   }
@@ -350,7 +360,7 @@ __global__ void normalize_backward_rows_kernel(NormArgs a, T* gx, T* gw, T* gb, 
     for (int k = 0; k < kPerLane; ++k) {
       const int j = lane + 32 * k;
       if (j >= n) continue;
-      const T x_hat = (xv[k] - m) * r, g_hat = fw != nullptr ? gv[k] * fw[j] : gv[k];
+      const T x_hat = (xv[k] - m) * r, g_hat = fw != nullptr ? gv[k] * fw[param_index(a, j)] : gv[k];
       sum_g += g_hat;
       sum_g_x_hat += g_hat * x_hat;
     }
@@ -364,7 +374,7 @@ __global__ void normalize_backward_rows_kernel(NormArgs a, T* gx, T* gw, T* gb, 
     for (int k = 0; k < kPerLane; ++k) {
       const int j = lane + 32 * k;
       if (j >= n) continue;
-      const T x_hat = (xv[k] - m) * r, g_hat = gv[k] * (fw != nullptr ? fw[j] : group_w);
+      const T x_hat = (xv[k] - m) * r, g_hat = gv[k] * (fw != nullptr ? fw[param_index(a, j)] : group_w);
       gxg[j] = r * (g_hat - mean_g - x_hat * mean_g_x_hat);
     }
   }
@@ -373,7 +383,8 @@ __global__ void normalize_backward_rows_kernel(NormArgs a, T* gx, T* gw, T* gb, 
 // Per-feature gw = Σ gy·x̂ and gb = Σ gy over the groups (rows) of a layer norm, in two kernels so
 // that the whole GPU works on it: feature_partial_sums_kernel sums each chunk of rows per feature
 // (a thread per feature and chunk, adjacent threads reading adjacent features of a row) into
-// partial sums, feature_sums_kernel adds a feature's chunks in order. The chunks depend on the shape
+// partial sums, feature_sums_kernel adds a feature's chunks in order and writes the sums in the
+// parameters' order (param_index; with one chunk the first kernel does). The chunks depend on the shape
 // alone (feature_sum_rows_per_chunk), so the result repeats bit for bit on any GPU. One thread per feature
 // over every row (1024 threads for 1024 features) ran layer_norm's forward+backward far slower than
 // PyTorch on an H200 (docs/gpu.md, "2026-11-26, NVIDIA H200", run 1).
@@ -389,20 +400,23 @@ __global__ void feature_partial_sums_kernel(NormArgs a, int64_t rows_per_chunk, 
     sw += gy[at] * ((x[at] - mean[g]) * rstd[g]);
     sb += gy[at];
   }
-  if (pw != nullptr) pw[chunk * a.inner + i] = sw;
-  if (pb != nullptr) pb[chunk * a.inner + i] = sb;
+  // One chunk: the partial sums are the sums, written in the parameters' order.
+  const int64_t at = gridDim.y == 1 ? param_index(a, i) : chunk * a.inner + i;
+  if (pw != nullptr) pw[at] = sw;
+  if (pb != nullptr) pb[at] = sb;
 }
 
 template <typename T>
-__global__ void feature_sums_kernel(int64_t inner, int64_t chunks, T* gw, T* gb, const T* pw, const T* pb) {
-  for (int64_t i = thread_index(); i < inner; i += grid_stride()) {
+__global__ void feature_sums_kernel(NormArgs a, int64_t chunks, T* gw, T* gb, const T* pw, const T* pb) {
+  for (int64_t i = thread_index(); i < a.inner; i += grid_stride()) {
     T sw = 0, sb = 0;
     for (int64_t c = 0; c < chunks; ++c) {
-      sw += pw[c * inner + i];
-      if (pb != nullptr) sb += pb[c * inner + i];
+      sw += pw[c * a.inner + i];
+      if (pb != nullptr) sb += pb[c * a.inner + i];
     }
-    if (gw != nullptr) gw[i] = sw;
-    if (gb != nullptr) gb[i] = sb;
+    const int64_t at = param_index(a, i);
+    if (gw != nullptr) gw[at] = sw;
+    if (gb != nullptr) gb[at] = sb;
   }
 }
 
@@ -453,9 +467,10 @@ __global__ void __launch_bounds__(kBlockGroupThreads)
     double s_g = 0, s_gx = 0, s_a = 0, s_ax = 0, s_ag = 0, s_b = 0, s_bx = 0;
     for (I j = lane; j < n; j += K) {
       const I i = j % inner, at = j / inner * stride + i;
+      const I p = param_index(a, i);
       const T x_hat = (xg[at] - m) * r, dy = gyg[at];
-      const T g_hat = dy * (fw != nullptr ? fw[i] : group_w), gg = ggg != nullptr ? ggg[at] : T(0);
-      const T b_gy = dy * (fbw != nullptr ? fbw[i] : group_bw);
+      const T g_hat = dy * (fw != nullptr ? fw[p] : group_w), gg = ggg != nullptr ? ggg[at] : T(0);
+      const T b_gy = dy * (fbw != nullptr ? fbw[p] : group_bw);
       s_g += g_hat;
       s_gx += g_hat * x_hat;
       s_a += gg;
@@ -486,9 +501,10 @@ __global__ void __launch_bounds__(kBlockGroupThreads)
     for (I j = lane; j < n; j += K) {
       const I i = j % inner, at = j / inner * stride + i;
       const T x_hat = (xg[at] - m) * r, dy = gyg[at], gg = ggg != nullptr ? ggg[at] : T(0);
-      const T wv = fw != nullptr ? fw[i] : group_w, bw = fbw != nullptr ? fbw[i] : group_bw;
+      const I p = param_index(a, i);
+      const T wv = fw != nullptr ? fw[p] : group_w, bw = fbw != nullptr ? fbw[p] : group_bw;
       const T t = r * (gg - a1 - x_hat * a2);  // the gradient reaching ĝ
-      if (dgy != nullptr) dgy[base + at] = wv * t + (fbb != nullptr ? fbb[i] : group_bb) + bw * x_hat;
+      if (dgy != nullptr) dgy[base + at] = wv * t + (fbb != nullptr ? fbb[p] : group_bb) + bw * x_hat;
       if (dx != nullptr) {
         const T big_g = bw * dy - r_m2 * gg - r_a2 * (dy * wv);  // the gradient reaching x̂
         dx[base + at] = r * (big_g - mean_big_g - x_hat * mean_big_g_x_hat) - r * x_hat * a3;
@@ -518,7 +534,7 @@ __global__ void double_backward_feature_partial_sums_kernel(NormArgs a, int64_t 
     const T r = rstd[g], x_hat = (x[at] - mean[g]) * r, gg = ggx != nullptr ? ggx[at] : T(0);
     sw += gy[at] * (r * (gg - coef[2 * g] - x_hat * coef[2 * g + 1]));
   }
-  pw[chunk * a.inner + i] = sw;
+  pw[gridDim.y == 1 ? param_index(a, i) : chunk * a.inner + i] = sw;  // one chunk: the sums, as above
 }
 
 }  // namespace
@@ -656,7 +672,7 @@ void CudaBackend::normalize_backward(const NormArgs& args, const View& gx, const
           <<<grid, kThreads, 0, stream_>>>(args, rows_per_chunk, partial, partial_b, gyp, xp, mp, rp);
       EF_CUDA_CHECK_LAUNCH();
       feature_sums_kernel<T>
-          <<<grid_for(*this, args.inner), kThreads, 0, stream_>>>(args.inner, chunks, gwp, gbp, partial, partial_b);
+          <<<grid_for(*this, args.inner), kThreads, 0, stream_>>>(args, chunks, gwp, gbp, partial, partial_b);
       EF_CUDA_CHECK_LAUNCH();
     }
   });
@@ -718,7 +734,7 @@ bool CudaBackend::normalize_double_backward(const NormArgs& args, const View& dg
     EF_CUDA_CHECK_LAUNCH();
     if (chunks == 1) return;  // the partial sums are the sums
     feature_sums_kernel<T>
-        <<<grid_for(*this, args.inner), kThreads, 0, stream_>>>(args.inner, chunks, dwp, nullptr, partial, nullptr);
+        <<<grid_for(*this, args.inner), kThreads, 0, stream_>>>(args, chunks, dwp, nullptr, partial, nullptr);
     EF_CUDA_CHECK_LAUNCH();
   });
   return true;

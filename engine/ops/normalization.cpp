@@ -104,59 +104,41 @@ struct Normalization {
   Shape param_shape;   // weight's and bias's own shape
   // Whether a channels-last input is normalized in its own layout (Note [Channels-last] in ops.h),
   // as its [N, H, W, C] memory (kernel_args): layer_norm over [C, H, W], whose group is then still
-  // one contiguous block, in H, W, C order, its parameters permuted to match; batch_norm of a 4-D
-  // tensor, whose channels are then the columns of an [N·H·W, C] matrix, its parameters as they are.
+  // one contiguous block, in H, W, C order, its parameters indexed to match (NormArgs::param_channels:
+  // copying them into that order was a tenth of the kernels of wgan_gp's recorded step); batch_norm
+  // of a 4-D tensor, whose channels are then the columns of an [N·H·W, C] matrix.
   bool takes_channels_last = false;
 };
 
-// t with its dims in the order `dims` (a view, no autograd): a channels-last [N, C, H, W] tensor as
-// {0, 2, 3, 1} is its [N, H, W, C] memory, contiguous; a [C, H, W] affine parameter as {1, 2, 0}
-// (copied) is in the order a channels-last group meets it, and its [H, W, C] gradient as {2, 0, 1}
-// is back in [C, H, W] order.
-Tensor dims_in_order(const Tensor& t, const Shape& dims) {
+// An activation (x, y or a gradient of one) as the normalize kernels take it: itself, or with nhwc
+// (a channels-last tensor) its [N, H, W, C] memory, contiguous (a view, no autograd); undefined
+// where t is.
+Tensor kernel_activation(const Tensor& t, bool nhwc) {
+  if (!nhwc || !t.defined()) return t;
   Shape shape, strides;
-  for (const int64_t d : dims) {
-    shape.push_back(t.shape()[static_cast<size_t>(d)]);
-    strides.push_back(t.strides()[static_cast<size_t>(d)]);
+  for (const size_t d : {0, 2, 3, 1}) {
+    shape.push_back(t.shape()[d]);
+    strides.push_back(t.strides()[d]);
   }
   return make_view(t, shape, strides, t.offset());
 }
-const Shape kNhwc{0, 2, 3, 1}, kHwc{1, 2, 0}, kChw{2, 0, 1};
-
-// An activation (x, y or a gradient of one) as the normalize kernels take it: itself, or with nhwc
-// (a channels-last tensor) its [N, H, W, C] memory; undefined where t is.
-Tensor kernel_activation(const Tensor& t, bool nhwc) {
-  return nhwc && t.defined() ? dims_in_order(t, kNhwc) : t;
-}
 // The kernels' geometry: of x's own layout with nhwc, else of its contiguous copy. Channels-last,
 // a per-channel group (batch_norm's) spans the rows of an [N·H·W, C] matrix; layer_norm's sample
-// groups are laid out as before.
+// groups are laid out as before, in H, W, C order, and its [C, H, W] parameters indexed to match.
 NormArgs kernel_args(const Normalization& n, bool nhwc) {
-  if (!nhwc || !n.args.affine_per_group) return n.args;
+  if (!nhwc) return n.args;
   NormArgs a = n.args;
-  a.outer *= a.inner;
-  a.inner = 1;
+  if (a.affine_per_group) {
+    a.outer *= a.inner;
+    a.inner = 1;
+  } else if (n.param_shape.size() == 3) {
+    a.param_channels = n.param_shape[0];
+  }
   return a;
 }
-// Whether the kernels take the affine parameters permuted: [C, H, W] ones (layer_norm's) on a
-// channels-last input, in H, W, C order; per-channel ones (batch_norm's) stay as they are.
-bool permutes_params(const Normalization& n, bool nhwc) {
-  return nhwc && n.param_shape.size() == 3;
-}
-// An affine parameter as the normalize kernels take it: contiguous, and permuted where
-// permutes_params; undefined where p is.
-Tensor kernel_param(const Normalization& n, const Tensor& p, bool nhwc) {
-  if (!p.defined()) return Tensor();
-  return permutes_params(n, nhwc) ? dims_in_order(p, kHwc).contiguous() : p.contiguous();
-}
-
-// The affine parameters' shape as the normalize kernels take them (kernel_param), and a gradient
-// the kernels wrote in that shape back in the parameters' own order.
-Shape kernel_param_shape(const Normalization& n, bool nhwc) {
-  return permutes_params(n, nhwc) ? Shape{n.param_shape[1], n.param_shape[2], n.param_shape[0]} : n.param_shape;
-}
-Tensor param_from_kernel(const Normalization& n, const Tensor& g, bool nhwc) {
-  return permutes_params(n, nhwc) && g.defined() ? dims_in_order(g, kChw).contiguous() : g;
+// An affine parameter as the normalize kernels take it: contiguous; undefined where p is.
+Tensor kernel_param(const Tensor& p) {
+  return p.defined() ? p.contiguous() : p;
 }
 
 // t's view for a kernel, or an empty View where t is undefined (an operand the kernel goes without).
@@ -179,24 +161,22 @@ detail::Grads normalize_backward(const Normalization& n, const Tensor& gy, const
                                  const Tensor& rstd, const Tensor& weight, const Tensor& bias) {
   const bool nhwc = normalizes_channels_last(n, x);
   const MemoryFormat layout = nhwc ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous;
-  // The kernel's operands: contiguous, or channels-last ones seen as [N, H, W, C] with the affine
-  // parameters (and their gradients) in H, W, C order.
-  const Shape param_shape = kernel_param_shape(n, nhwc);
+  // The kernel's operands: contiguous, or channels-last ones seen as [N, H, W, C].
   const Tensor xc = x.contiguous(layout), gyc = gy.contiguous(layout);
   Tensor gx, gw, gb;
   if (x.requires_grad()) gx = detail::empty_in_format(x, x.shape(), layout);
-  if (weight.defined() && weight.requires_grad()) gw = detail::empty_like_shape(x, param_shape);
-  if (bias.defined() && bias.requires_grad()) gb = detail::empty_like_shape(x, param_shape);
+  if (weight.defined() && weight.requires_grad()) gw = detail::empty_like_shape(x, n.param_shape);
+  if (bias.defined() && bias.requires_grad()) gb = detail::empty_like_shape(x, n.param_shape);
   if (x.numel() > 0) {
     backend_of(x).normalize_backward(kernel_args(n, nhwc), view_or_none(kernel_activation(gx, nhwc)), view_or_none(gw),
                                      view_or_none(gb), kernel_activation(gyc, nhwc).view(),
                                      kernel_activation(xc, nhwc).view(), mean.view(), rstd.view(),
-                                     view_or_none(kernel_param(n, weight, nhwc)));
+                                     view_or_none(kernel_param(weight)));
   } else {
     for (Tensor* t : {&gw, &gb})
       if (t->defined()) t->fill_(0.0);
   }
-  return {gx, param_from_kernel(n, gw, nhwc), param_from_kernel(n, gb, nhwc)};
+  return {gx, gw, gb};
 }
 
 // normalize's second-order gradients -- of gy, x and the weight, given ggx, ggw and ggb reaching gx,
@@ -244,20 +224,19 @@ detail::Grads normalize_double_backward(const Normalization& n, const Tensor& gg
   if (grad_enabled()) return normalize_double_backward_ops(n, ggx, ggw, ggb, gy, x, mean, rstd, weight);
   const bool nhwc = normalizes_channels_last(n, x);
   const MemoryFormat layout = nhwc ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous;
-  const Shape param_shape = kernel_param_shape(n, nhwc);
   const Tensor xc = x.contiguous(layout), gyc = gy.contiguous(layout);
   const Tensor ggxc = ggx.defined() ? ggx.contiguous(layout) : Tensor();
   Tensor dgy, dx, dw;
   if (input_grad_needed(0)) dgy = detail::empty_in_format(x, x.shape(), layout);
   if (input_grad_needed(1)) dx = detail::empty_in_format(x, x.shape(), layout);
-  if (weight.defined() && input_grad_needed(2)) dw = detail::empty_like_shape(x, param_shape);
+  if (weight.defined() && input_grad_needed(2)) dw = detail::empty_like_shape(x, n.param_shape);
   if (!backend_of(x).normalize_double_backward(
           kernel_args(n, nhwc), view_or_none(kernel_activation(dgy, nhwc)), view_or_none(kernel_activation(dx, nhwc)),
-          view_or_none(dw), view_or_none(kernel_activation(ggxc, nhwc)), view_or_none(kernel_param(n, ggw, nhwc)),
-          view_or_none(kernel_param(n, ggb, nhwc)), kernel_activation(gyc, nhwc).view(),
-          kernel_activation(xc, nhwc).view(), mean.view(), rstd.view(), view_or_none(kernel_param(n, weight, nhwc))))
+          view_or_none(dw), view_or_none(kernel_activation(ggxc, nhwc)), view_or_none(kernel_param(ggw)),
+          view_or_none(kernel_param(ggb)), kernel_activation(gyc, nhwc).view(), kernel_activation(xc, nhwc).view(),
+          mean.view(), rstd.view(), view_or_none(kernel_param(weight))))
     return normalize_double_backward_ops(n, ggx, ggw, ggb, gy, x, mean, rstd, weight);
-  return {dgy, dx, param_from_kernel(n, dw, nhwc)};
+  return {dgy, dx, dw};
 }
 
 // The first-order gradients under create_graph: normalize_backward's, recorded as one node whose
@@ -299,7 +278,7 @@ Normalized normalize(const Normalization& n, const Tensor& x_in, const Tensor& w
   Normalized out{detail::empty_in_format(x, x.shape(), nhwc ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous),
                  detail::empty_like_shape(x, n.stat_shape), detail::empty_like_shape(x, n.stat_shape)};
   if (x.numel() > 0) {
-    const Tensor w = kernel_param(n, weight, nhwc), b = kernel_param(n, bias, nhwc);
+    const Tensor w = kernel_param(weight), b = kernel_param(bias);
     backend_of(x).normalize(kernel_args(n, nhwc), kernel_activation(out.y, nhwc).view(), out.mean.view(),
                             out.var.view(), kernel_activation(x, nhwc).view(), view_or_none(w), view_or_none(b));
   }
