@@ -389,8 +389,8 @@ __global__ void normalize_backward_rows_kernel(NormArgs a, T* gx, T* gw, T* gb, 
 // over every row (1024 threads for 1024 features) ran layer_norm's forward+backward far slower than
 // PyTorch on an H200 (docs/gpu.md, "2026-11-26, NVIDIA H200", run 1).
 template <typename T>
-__global__ void feature_partial_sums_kernel(NormArgs a, int64_t rows_per_chunk, T* pw, T* pb, const T* gy, const T* x,
-                                            const T* mean, const T* rstd) {
+__global__ void feature_partial_sums_kernel(NormArgs a, int64_t rows_per_chunk, bool sums, T* pw, T* pb, const T* gy,
+                                            const T* x, const T* mean, const T* rstd) {
   const int64_t i = thread_index(), chunk = blockIdx.y;
   if (i >= a.inner) return;
   const int64_t first = chunk * rows_per_chunk, last = min(a.groups, first + rows_per_chunk);
@@ -400,8 +400,8 @@ __global__ void feature_partial_sums_kernel(NormArgs a, int64_t rows_per_chunk, 
     sw += gy[at] * ((x[at] - mean[g]) * rstd[g]);
     sb += gy[at];
   }
-  // One chunk: the partial sums are the sums, written in the parameters' order.
-  const int64_t at = gridDim.y == 1 ? param_index(a, i) : chunk * a.inner + i;
+  // `sums` (one chunk): the partial sums are the sums, written in the parameters' order.
+  const int64_t at = sums ? param_index(a, i) : chunk * a.inner + i;
   if (pw != nullptr) pw[at] = sw;
   if (pb != nullptr) pb[at] = sb;
 }
@@ -522,9 +522,9 @@ __global__ void __launch_bounds__(kBlockGroupThreads)
 // and a2 from normalize_double_backward_kernel's `coef`: in chunks of rows as
 // feature_partial_sums_kernel (the partial sums in pw, pb unused), added by feature_sums_kernel.
 template <typename T>
-__global__ void double_backward_feature_partial_sums_kernel(NormArgs a, int64_t rows_per_chunk, T* pw, const T* coef,
-                                                            const T* ggx, const T* gy, const T* x, const T* mean,
-                                                            const T* rstd) {
+__global__ void double_backward_feature_partial_sums_kernel(NormArgs a, int64_t rows_per_chunk, bool sums, T* pw,
+                                                            const T* coef, const T* ggx, const T* gy, const T* x,
+                                                            const T* mean, const T* rstd) {
   const int64_t i = thread_index(), chunk = blockIdx.y;
   if (i >= a.inner) return;
   const int64_t first = chunk * rows_per_chunk, last = min(a.groups, first + rows_per_chunk);
@@ -534,7 +534,7 @@ __global__ void double_backward_feature_partial_sums_kernel(NormArgs a, int64_t 
     const T r = rstd[g], x_hat = (x[at] - mean[g]) * r, gg = ggx != nullptr ? ggx[at] : T(0);
     sw += gy[at] * (r * (gg - coef[2 * g] - x_hat * coef[2 * g + 1]));
   }
-  pw[gridDim.y == 1 ? param_index(a, i) : chunk * a.inner + i] = sw;  // one chunk: the sums, as above
+  pw[sums ? param_index(a, i) : chunk * a.inner + i] = sw;  // `sums`: as above
 }
 
 }  // namespace
@@ -657,7 +657,8 @@ void CudaBackend::normalize_backward(const NormArgs& args, const View& gx, const
       const int64_t chunks = ceil_div(args.groups, rows_per_chunk);
       const dim3 grid(static_cast<unsigned>(ceil_div(args.inner, kThreads)), static_cast<unsigned>(chunks));
       if (chunks == 1) {  // the partial sums are the sums
-        feature_partial_sums_kernel<T><<<grid, kThreads, 0, stream_>>>(args, rows_per_chunk, gwp, gbp, gyp, xp, mp, rp);
+        feature_partial_sums_kernel<T>
+            <<<grid, kThreads, 0, stream_>>>(args, rows_per_chunk, true, gwp, gbp, gyp, xp, mp, rp);
         EF_CUDA_CHECK_LAUNCH();
         return;
       }
@@ -669,7 +670,7 @@ void CudaBackend::normalize_backward(const NormArgs& args, const View& gx, const
                2 * chunks * args.inner * static_cast<int64_t>(sizeof(T)), " bytes of partial sums");
       T* partial_b = partial + chunks * args.inner;
       feature_partial_sums_kernel<T>
-          <<<grid, kThreads, 0, stream_>>>(args, rows_per_chunk, partial, partial_b, gyp, xp, mp, rp);
+          <<<grid, kThreads, 0, stream_>>>(args, rows_per_chunk, false, partial, partial_b, gyp, xp, mp, rp);
       EF_CUDA_CHECK_LAUNCH();
       feature_sums_kernel<T>
           <<<grid_for(*this, args.inner), kThreads, 0, stream_>>>(args, chunks, gwp, gbp, partial, partial_b);
@@ -729,8 +730,8 @@ bool CudaBackend::normalize_double_backward(const NormArgs& args, const View& dg
     EF_CUDA_CHECK_LAUNCH();
     if (!feature_dw) return;
     const dim3 grid(static_cast<unsigned>(ceil_div(args.inner, kThreads)), static_cast<unsigned>(chunks));
-    double_backward_feature_partial_sums_kernel<T>
-        <<<grid, kThreads, 0, stream_>>>(args, rows_per_chunk, chunks > 1 ? partial : dwp, coef, ggxp, gyp, xp, mp, rp);
+    double_backward_feature_partial_sums_kernel<T><<<grid, kThreads, 0, stream_>>>(
+        args, rows_per_chunk, chunks == 1, chunks == 1 ? dwp : partial, coef, ggxp, gyp, xp, mp, rp);
     EF_CUDA_CHECK_LAUNCH();
     if (chunks == 1) return;  // the partial sums are the sums
     feature_sums_kernel<T>

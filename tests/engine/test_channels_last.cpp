@@ -135,6 +135,57 @@ TEST_CASE("channels-last: layer_norm over [C, H, W] keeps the layout, with the c
   }
 }
 
+// A channels-last layer norm's parameters are indexed in their own [C, H, W] order by the kernels
+// (NormArgs::param_channels; on the CPU, copied into the group's order and their gradients back):
+// every mix of a weight and a bias present or absent, each wanting its gradient or not, and x
+// wanting its own or not, against the contiguous layout's, to second order.
+TEST_CASE("channels-last: layer_norm with either parameter absent or without a gradient matches the contiguous one") {
+  manual_seed(cpu(), 7);
+  const TensorOptions f64{.dtype = kFloat64};
+  const Tensor x = randn({5, 6, 4, 5}, f64), w = randn({6, 4, 5}, f64), b = randn({6, 4, 5}, f64);
+  const Tensor gy = randn({5, 6, 4, 5}, f64);
+  for (const bool has_w : {false, true})
+    for (const bool has_b : {false, true})
+      for (const bool w_grad : {false, true})
+        for (const bool b_grad : {false, true})
+          for (const bool x_grad : {false, true}) {
+            if ((w_grad && !has_w) || (b_grad && !has_b) || !(x_grad || w_grad || b_grad)) continue;
+            CAPTURE(has_w);
+            CAPTURE(has_b);
+            CAPTURE(w_grad);
+            CAPTURE(b_grad);
+            CAPTURE(x_grad);
+            std::vector<std::vector<Tensor>> results;
+            for (const bool channels_last : {false, true}) {
+              Tensor xl = (channels_last ? x.contiguous(kCL) : x).detach();
+              Tensor wl = has_w ? w.detach() : Tensor(), bl = has_b ? b.detach() : Tensor();
+              std::vector<Tensor> inputs;
+              for (auto [t, wanted] : {std::pair{&xl, x_grad}, std::pair{&wl, w_grad}, std::pair{&bl, b_grad}}) {
+                if (!wanted) continue;
+                t->requires_grad_();
+                inputs.push_back(*t);
+              }
+              const Tensor y = layer_norm(xl, {6, 4, 5}, wl, bl);
+              std::vector<Tensor> out{y.detach()};
+              const std::vector<Tensor> g = grad({y}, inputs, {gy}, {.create_graph = true});
+              Tensor penalty = zeros({}, f64);
+              for (const Tensor& t : g) {
+                out.push_back(t.detach());
+                penalty = penalty + sum(square(t));
+              }
+              if (penalty.requires_grad())
+                for (const Tensor& t : grad({penalty}, inputs, {}, {.allow_unused = true})) out.push_back(t);
+              results.push_back(out);
+            }
+            REQUIRE(results[0].size() == results[1].size());
+            for (size_t i = 0; i < results[0].size(); ++i) {
+              CAPTURE(i);
+              CHECK(results[0][i].defined() == results[1][i].defined());
+              if (results[0][i].defined()) CHECK(compare(results[1][i], results[0][i], 1e-12, 1e-12) == "");
+            }
+          }
+}
+
 TEST_CASE("channels-last: batch_norm keeps the layout, with the contiguous one's values, gradients and statistics") {
   manual_seed(cpu(), 5);
   const TensorOptions f64{.dtype = kFloat64};

@@ -179,13 +179,16 @@ std::vector<OpCase> realistic_cases() {
   // A layer norm over [C, H, W] of a channels-last input, whose features come in H, W, C order and
   // its parameters in C, H, W order (NormArgs::param_channels): rows in registers (256 features),
   // a block per row (wgan_gp's critic, 3136 features, its gradients summed over rows in two
-  // chunks), rows in chunks (65536 features).
+  // chunks), rows in chunks (65536 features); and without a bias.
   for (const Shape& shape : {Shape{32, 16, 4, 4}, Shape{64, 64, 7, 7}, Shape{2, 64, 32, 32}}) {
     const Shape features(shape.begin() + 1, shape.end());
     add_case("layer_norm", {{shape}, {features}, {features}}, [features](const V& x) {
       return layer_norm(contiguous(x[0], MemoryFormat::ChannelsLast), features, x[1], x[2]);
     });
   }
+  add_case("layer_norm", {{{64, 64, 7, 7}}, {{64, 7, 7}}}, [](const V& x) {  // a weight alone
+    return layer_norm(contiguous(x[0], MemoryFormat::ChannelsLast), {64, 7, 7}, x[1], Tensor());
+  });
   // Note [Group statistics in chunks] in cuda_normalization.cu: groups of more than two chunks (the
   // 32x64x56x56 case above: 12 whole chunks and a part), also in channels-last memory (a channel's
   // elements 8 apart) and as a layer norm's few long rows; these two with a trend along the group
