@@ -99,7 +99,7 @@ struct RandomKey {
 // Normalization by statistics of the input itself (layer norm; batch norm in training): x is a
 // contiguous [outer, groups, inner] view and each group g normalizes its outer x inner elements
 // (batch norm: [N, C, H*W], a group per channel; layer norm: [1, rows, features], a group per row).
-// The kernel writes the group's mean and biased variance (contiguous [groups], x's dtype) and
+// The kernel writes the group's mean, biased variance and rstd (contiguous [groups], x's dtype) and
 //   y = (x - mean) * rstd * weight + bias,  rstd = 1 / sqrt(var + eps)
 // rounded to x's dtype after each operation, as the unfused ops round. weight and bias are optional
 // (a view with null data when absent), contiguous, [groups] when affine_per_group (batch norm) and
@@ -240,8 +240,10 @@ class Backend {
   }
 
   // The fused normalization forward of NormArgs (Note [Fused normalization] in ops/normalization.cpp).
-  virtual void normalize(const NormArgs& args, const View& y, const View& mean, const View& var, const View& x,
-                         const View& weight, const View& bias) = 0;
+  // Its rstd is rounded after the sum and the square root, as AddScalar and Rsqrt round: the same
+  // bits as those ops on `var` (which the backward passes took until 2026-12-01: two more kernels).
+  virtual void normalize(const NormArgs& args, const View& y, const View& mean, const View& var, const View& rstd,
+                         const View& x, const View& weight, const View& bias) = 0;
   // Its first-order gradient, for a backward whose own graph is not needed: with x̂ = (x - mean)·rstd
   // and ĝ = gy·weight over a group's n elements,
   //   gx = rstd·(ĝ - Σĝ/n - x̂·Σ(ĝ·x̂)/n),  gw = Σ gy·x̂,  gb = Σ gy

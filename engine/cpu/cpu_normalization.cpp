@@ -199,7 +199,8 @@ bool columns_layout(const NormArgs& a, bool per_feature_affine) {
 }
 
 template <typename T>
-void normalize_columns(const NormArgs& a, T* y, T* mean_out, T* var_out, const T* x, const T* w, const T* b) {
+void normalize_columns(const NormArgs& a, T* y, T* mean_out, T* var_out, T* rstd_out, const T* x, const T* w,
+                       const T* b) {
   using A = acc_t<T>;
   const int64_t blocks = (a.groups + kColumnBlock - 1) / kColumnBlock, rows = a.outer, stride = a.groups;
   [[maybe_unused]] const int nt = threads_for(a.groups * rows);
@@ -225,6 +226,7 @@ void normalize_columns(const NormArgs& a, T* y, T* mean_out, T* var_out, const T
       rstd[j] = T(1) / std::sqrt(static_cast<T>(var + static_cast<T>(a.eps)));
       mean_out[g0 + j] = mean[j];
       var_out[g0 + j] = var;
+      rstd_out[g0 + j] = rstd[j];
       scale[j] = w != nullptr ? w[g0 + j] : T(1);
       shift[j] = b != nullptr ? b[g0 + j] : T(-0.0);
     }
@@ -237,9 +239,10 @@ void normalize_columns(const NormArgs& a, T* y, T* mean_out, T* var_out, const T
 }
 
 template <typename T>
-void normalize_typed(const NormArgs& a, T* y, T* mean_out, T* var_out, const T* x, const T* w, const T* b) {
+void normalize_typed(const NormArgs& a, T* y, T* mean_out, T* var_out, T* rstd_out, const T* x, const T* w,
+                     const T* b) {
   if (columns_layout(a, !a.affine_per_group && (w != nullptr || b != nullptr)))
-    return normalize_columns(a, y, mean_out, var_out, x, w, b);
+    return normalize_columns(a, y, mean_out, var_out, rstd_out, x, w, b);
   using A = acc_t<T>;
   const int64_t n = a.outer * a.inner, stride = a.groups * a.inner;
   const bool streaming = streams(a.groups * n * static_cast<int64_t>(sizeof(T)));
@@ -268,6 +271,7 @@ void normalize_typed(const NormArgs& a, T* y, T* mean_out, T* var_out, const T* 
       const T rstd = T(1) / std::sqrt(static_cast<T>(var + static_cast<T>(a.eps)));
       mean_out[g] = mean;
       var_out[g] = var;
+      rstd_out[g] = rstd;
       // y = x̂·w + b with w and b per feature (varying along i) or one number for the group; a
       // missing weight is 1 and a missing bias -0, which leave x̂ as it is (x + -0 is x for every x,
       // -0 included). The loop is written once per kind, so that each compiles to plain vector code.
@@ -647,17 +651,19 @@ void CpuBackend::softmax_dim1(const View& out, const View& x, bool log) {
   });
 }
 
-void CpuBackend::normalize(const NormArgs& args, const View& y, const View& mean, const View& var, const View& x,
-                           const View& weight, const View& bias) {
-  EF_ASSERT(x.is_contiguous() && y.is_contiguous() && mean.is_contiguous() && var.is_contiguous(),
-            "normalize: expects contiguous views");
+void CpuBackend::normalize(const NormArgs& args, const View& y, const View& mean, const View& var, const View& rstd,
+                           const View& x, const View& weight, const View& bias) {
+  EF_ASSERT(
+      x.is_contiguous() && y.is_contiguous() && mean.is_contiguous() && var.is_contiguous() && rstd.is_contiguous(),
+      "normalize: expects contiguous views");
   EF_DISPATCH_FLOAT(x.dtype, "normalize", [&] {
     using T = scalar_t;
     NormArgs a = args;
     const FeatureOrder<T> order(a);
     std::vector<T> w_buf, b_buf;
     normalize_typed<T>(a, static_cast<T*>(y.data), static_cast<T*>(mean.data), static_cast<T*>(var.data),
-                       static_cast<const T*>(x.data), order.in(static_cast<const T*>(weight.data), w_buf),
+                       static_cast<T*>(rstd.data), static_cast<const T*>(x.data),
+                       order.in(static_cast<const T*>(weight.data), w_buf),
                        order.in(static_cast<const T*>(bias.data), b_buf));
   });
 }

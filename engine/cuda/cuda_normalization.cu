@@ -88,7 +88,8 @@ __device__ __forceinline__ I param_index(const NormArgs& a, I i) {
 // every offset fits) keeps that division cheap. Three passes over the group: mean, variance about
 // it, output.
 template <typename I, typename T>
-__global__ void normalize_kernel(NormArgs a, T* y, T* mean_out, T* var_out, const T* x, const T* w, const T* b) {
+__global__ void normalize_kernel(NormArgs a, T* y, T* mean_out, T* var_out, T* rstd_out, const T* x, const T* w,
+                                 const T* b) {
   constexpr int K = kBlockGroupThreads;
   __shared__ T shared[K / 32];
   const int lane = static_cast<int>(threadIdx.x);
@@ -112,6 +113,7 @@ __global__ void normalize_kernel(NormArgs a, T* y, T* mean_out, T* var_out, cons
     if (lane == 0) {
       mean_out[g] = mean;
       var_out[g] = var;
+      rstd_out[g] = rstd;
     }
     for (I j = lane; j < n; j += K) {
       const I i = j % inner, at = j / inner * stride + i;
@@ -128,7 +130,8 @@ __global__ void normalize_kernel(NormArgs a, T* y, T* mean_out, T* var_out, cons
 // per row, took these rows until 2026-11-30 (layer_norm's forward then took 1.14x PyTorch's time on
 // the H200) and read it three times; the arithmetic is theirs, in their order.
 template <int kPerLane, typename T>
-__global__ void normalize_rows_kernel(NormArgs a, T* y, T* mean_out, T* var_out, const T* x, const T* w, const T* b) {
+__global__ void normalize_rows_kernel(NormArgs a, T* y, T* mean_out, T* var_out, T* rstd_out, const T* x, const T* w,
+                                      const T* b) {
   const int rows_per_block = static_cast<int>(blockDim.x) / 32;
   const int lane = static_cast<int>(threadIdx.x) % 32, n = static_cast<int>(a.inner);
   for (int64_t g = static_cast<int64_t>(blockIdx.x) * rows_per_block + threadIdx.x / 32; g < a.groups;
@@ -158,6 +161,7 @@ __global__ void normalize_rows_kernel(NormArgs a, T* y, T* mean_out, T* var_out,
     if (lane == 0) {
       mean_out[g] = mean;
       var_out[g] = var;
+      rstd_out[g] = rstd;
     }
 #pragma unroll
     for (int k = 0; k < kPerLane; ++k) {
@@ -243,7 +247,7 @@ __global__ void chunk_moments_kernel(NormArgs a, I chunk, T* chunk_mean, T* chun
 
 template <typename I, typename T>
 __global__ void normalize_chunks_kernel(NormArgs a, I chunk, const T* chunk_mean, const T* chunk_m2, T* y, T* mean_out,
-                                        T* var_out, const T* x, const T* w, const T* b) {
+                                        T* var_out, T* rstd_out, const T* x, const T* w, const T* b) {
   __shared__ T stats[2];
   const int64_t g = blockIdx.x, c = blockIdx.y, chunks = gridDim.y;
   const I inner = static_cast<I>(a.inner), n = static_cast<I>(a.outer * a.inner);
@@ -269,6 +273,7 @@ __global__ void normalize_chunks_kernel(NormArgs a, I chunk, const T* chunk_mean
     if (c == 0) {
       mean_out[g] = mean;
       var_out[g] = var;
+      rstd_out[g] = stats[1];
     }
   }
   __syncthreads();
@@ -561,16 +566,18 @@ void CudaBackend::softmax(const View& out, const View& x, bool log) {
   });
 }
 
-void CudaBackend::normalize(const NormArgs& args, const View& y, const View& mean, const View& var, const View& x,
-                            const View& weight, const View& bias) {
+void CudaBackend::normalize(const NormArgs& args, const View& y, const View& mean, const View& var, const View& rstd,
+                            const View& x, const View& weight, const View& bias) {
   const auto gate_pass = activate();
-  EF_ASSERT(x.is_contiguous() && y.is_contiguous() && mean.is_contiguous() && var.is_contiguous(),
-            "normalize: expects contiguous views");
+  EF_ASSERT(
+      x.is_contiguous() && y.is_contiguous() && mean.is_contiguous() && var.is_contiguous() && rstd.is_contiguous(),
+      "normalize: expects contiguous views");
   if (args.groups == 0 || args.outer * args.inner == 0) return;
   EF_DISPATCH_FLOAT(x.dtype, "normalize", [&] {
     auto* yp = static_cast<scalar_t*>(y.data);
     auto* mp = static_cast<scalar_t*>(mean.data);
     auto* vp = static_cast<scalar_t*>(var.data);
+    auto* rp = static_cast<scalar_t*>(rstd.data);
     const auto* xp = static_cast<const scalar_t*>(x.data);
     const auto* wp = static_cast<const scalar_t*>(weight.data);
     const auto* bp = static_cast<const scalar_t*>(bias.data);
@@ -591,7 +598,7 @@ void CudaBackend::normalize(const NormArgs& args, const View& y, const View& mea
             <<<grid, kBlockGroupThreads, 0, stream_>>>(args, static_cast<I>(chunk), chunk_mean, chunk_m2, xp);
         EF_CUDA_CHECK_LAUNCH();
         normalize_chunks_kernel<I, scalar_t><<<grid, kBlockGroupThreads, 0, stream_>>>(
-            args, static_cast<I>(chunk), chunk_mean, chunk_m2, yp, mp, vp, xp, wp, bp);
+            args, static_cast<I>(chunk), chunk_mean, chunk_m2, yp, mp, vp, rp, xp, wp, bp);
       });
       EF_CUDA_CHECK_LAUNCH();
       return;
@@ -600,14 +607,14 @@ void CudaBackend::normalize(const NormArgs& args, const View& y, const View& mea
       const int grid = static_cast<int>(std::min<int64_t>(ceil_div(args.groups, kHeldRowsPerBlock), INT32_MAX));
       with_values_per_lane(args.inner, [&](auto per_lane) {
         normalize_rows_kernel<decltype(per_lane)::value, scalar_t>
-            <<<grid, 32 * kHeldRowsPerBlock, 0, stream_>>>(args, yp, mp, vp, xp, wp, bp);
+            <<<grid, 32 * kHeldRowsPerBlock, 0, stream_>>>(args, yp, mp, vp, rp, xp, wp, bp);
       });
     } else {
       // Offsets reach outer * groups * inner, plus one stride of the loop.
       with_index_type(x.numel() + args.groups * args.inner, [&](auto index) {
         using I = decltype(index);
         const int grid = static_cast<int>(std::min<int64_t>(args.groups, INT32_MAX));
-        normalize_kernel<I, scalar_t><<<grid, kBlockGroupThreads, 0, stream_>>>(args, yp, mp, vp, xp, wp, bp);
+        normalize_kernel<I, scalar_t><<<grid, kBlockGroupThreads, 0, stream_>>>(args, yp, mp, vp, rp, xp, wp, bp);
       });
     }
     EF_CUDA_CHECK_LAUNCH();

@@ -267,26 +267,28 @@ detail::Grads differentiable_normalize_backward(const Normalization& n, const Te
   return first;
 }
 
-// y, and the group statistics μ and biased variance in n.stat_shape (Note [Fused normalization]).
+// y, and the group statistics μ, biased variance and 1 / sqrt(var + eps) in n.stat_shape (Note
+// [Fused normalization]).
 struct Normalized {
-  Tensor y, mean, var;
+  Tensor y, mean, var, rstd;
 };
 
 Normalized normalize(const Normalization& n, const Tensor& x_in, const Tensor& weight, const Tensor& bias) {
   const bool nhwc = normalizes_channels_last(n, x_in);
   const Tensor x = nhwc ? x_in : x_in.contiguous();
   Normalized out{detail::empty_in_format(x, x.shape(), nhwc ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous),
-                 detail::empty_like_shape(x, n.stat_shape), detail::empty_like_shape(x, n.stat_shape)};
+                 detail::empty_like_shape(x, n.stat_shape), detail::empty_like_shape(x, n.stat_shape),
+                 detail::empty_like_shape(x, n.stat_shape)};
   if (x.numel() > 0) {
     const Tensor w = kernel_param(weight), b = kernel_param(bias);
     backend_of(x).normalize(kernel_args(n, nhwc), kernel_activation(out.y, nhwc).view(), out.mean.view(),
-                            out.var.view(), kernel_activation(x, nhwc).view(), view_or_none(w), view_or_none(b));
+                            out.var.view(), out.rstd.view(), kernel_activation(x, nhwc).view(), view_or_none(w),
+                            view_or_none(b));
   }
-  const Tensor rstd = rsqrt(add_scalar(out.var, n.args.eps));
   std::vector<Tensor> saved{x_in};
   if (weight.defined()) saved.push_back(weight);
   record(n.op, {out.y}, {x_in, weight, bias}, saved,
-         [x = x_in, weight, bias, mean = out.mean, rstd, n](const Grads& g) {
+         [x = x_in, weight, bias, mean = out.mean, rstd = out.rstd, n](const Grads& g) {
            if (!grad_enabled()) return normalize_backward(n, g[0], x, mean, rstd, weight, bias);
            return differentiable_normalize_backward(n, g[0], x, mean, rstd, weight, bias);
          });
