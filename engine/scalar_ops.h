@@ -124,22 +124,24 @@ EF_HD inline bool isnan_(T x) {
 // Binary ops: out = f(x, y; a), `a` the op's scalar parameter (unused by most). The *Grad ops
 // apply an activation's derivative at y to the incoming gradient x in one pass (no mask tensor):
 // ReluGrad is PyTorch's threshold_backward, y <= 0 ? 0 : x; LeakyReluGrad multiplies x by 1 where
-// y > 0 and by the slope a elsewhere (NaN too), as a mask of those values would.
-#define EF_BINARY_OPS(X)                 \
-  X(Add, x + y)                          \
-  X(Sub, x - y)                          \
-  X(Mul, x* y)                           \
-  X(Div, x / y)                          \
-  X(Maximum, x > y || isnan_(x) ? x : y) \
-  X(Minimum, x < y || isnan_(x) ? x : y) \
-  X(Gt, T(x > y))                        \
-  X(Lt, T(x < y))                        \
-  X(Ge, T(x >= y))                       \
-  X(Le, T(x <= y))                       \
-  X(Eq, T(x == y))                       \
-  X(Ne, T(x != y))                       \
-  X(ReluGrad, y <= T(0) ? T(0) : x)      \
-  X(LeakyReluGrad, y > T(0) ? x : T(a) * x)
+// y > 0 and by the slope a elsewhere (NaN too), as a mask of those values would. AddScaled is
+// add_(y, alpha) in one pass: on the CPU (no contraction) the bits of MulScalar then Add.
+#define EF_BINARY_OPS(X)                    \
+  X(Add, x + y)                             \
+  X(Sub, x - y)                             \
+  X(Mul, x* y)                              \
+  X(Div, x / y)                             \
+  X(Maximum, x > y || isnan_(x) ? x : y)    \
+  X(Minimum, x < y || isnan_(x) ? x : y)    \
+  X(Gt, T(x > y))                           \
+  X(Lt, T(x < y))                           \
+  X(Ge, T(x >= y))                          \
+  X(Le, T(x <= y))                          \
+  X(Eq, T(x == y))                          \
+  X(Ne, T(x != y))                          \
+  X(ReluGrad, y <= T(0) ? T(0) : x)         \
+  X(LeakyReluGrad, y > T(0) ? x : T(a) * x) \
+  X(AddScaled, x + T(a) * y)
 
 #define EF_DECLARE_UNARY_FUNCTOR(name, expr)            \
   struct name {                                         \

@@ -421,13 +421,16 @@ void add_(const Tensor& x, const Tensor& other, double alpha) {
   EF_CHECK(detail::broadcast_shapes("add_", other.shape(), x.shape()) == x.shape(), "add_: shape ",
            shape_str(other.shape()), " does not broadcast to ", shape_str(x.shape()));
   if (x.numel() == 0) return;
-  NoGradGuard no_grad;
-  if (alpha == 1.0) {
-    backend_of(x).binary(BinaryOp::Add, x.view(), x.view(), detail::broadcast_view(other, x.shape()), 0.0);
-  } else {
-    const Tensor scaled = mul_scalar(other.detach(), alpha);
-    backend_of(x).binary(BinaryOp::Add, x.view(), x.view(), detail::broadcast_view(scaled, x.shape()), 0.0);
-  }
+  // `other` in x's own memory, but not element for element (a row of x broadcast over it), is copied
+  // first: the kernel would read elements it has already written.
+  const bool overlaps = other.storage() == x.storage() &&
+                        !(other.offset() == x.offset() && other.shape() == x.shape() && other.strides() == x.strides());
+  const Tensor source = overlaps ? other.detach().clone() : other;
+  const View y = detail::broadcast_view(source, x.shape());
+  if (alpha == 1.0)
+    backend_of(x).binary(BinaryOp::Add, x.view(), x.view(), y, 0.0);
+  else
+    backend_of(x).binary(BinaryOp::AddScaled, x.view(), x.view(), y, alpha);
   bump(x);
 }
 

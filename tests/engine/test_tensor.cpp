@@ -68,6 +68,27 @@ TEST_CASE("views share storage and version; reshape copies only when it must") {
   CHECK(vals(x.narrow(1, 1, 2)) == std::vector<double>{1, 9, 4, 9});
 }
 
+TEST_CASE("add_ with alpha: the bits of mul_scalar then add, and an operand in its own memory read before written") {
+  manual_seed(cpu(), 11);
+  for (const DType dtype : {kFloat32, kFloat64}) {
+    CAPTURE(dtype_name(dtype));
+    const Tensor x = randn({5, 7}, {.dtype = dtype}), y = randn({7}, {.dtype = dtype});
+    for (const double alpha : {1.0, -0.1, 0.3}) {
+      CAPTURE(alpha);
+      const Tensor got = x.clone();
+      got.add_(y, alpha);  // y broadcast over the rows: one kernel (AddScaled)
+      CHECK(vals(got) == vals(add(x, mul_scalar(y, alpha))));
+      // A row of `inplace` broadcast over it: every row gets the row's value from before.
+      const Tensor inplace = x.clone();
+      inplace.add_(select(inplace, 0, 2), alpha);
+      CHECK(vals(inplace) == vals(add(x, mul_scalar(select(x, 0, 2), alpha))));
+      const Tensor self = x.clone();  // itself, element for element
+      self.add_(self, alpha);
+      CHECK(vals(self) == vals(add(x, mul_scalar(x, alpha))));
+    }
+  }
+}
+
 TEST_CASE("shape ops: cat, stack, split, chunk, pad") {
   const Tensor a = from_vector({1, 2, 3, 4}, {2, 2});
   const Tensor b = from_vector({5, 6}, {2, 1});
