@@ -420,6 +420,8 @@ void add_(const Tensor& x, const Tensor& other, double alpha) {
   detail::check_compatible("add_", x, other, "tensor", "other");
   EF_CHECK(detail::broadcast_shapes("add_", other.shape(), x.shape()) == x.shape(), "add_: shape ",
            shape_str(other.shape()), " does not broadcast to ", shape_str(x.shape()));
+  // As PyTorch: a scaled sum only of floating-point tensors (an integer tensor would cut alpha).
+  if (alpha != 1.0) detail::check_float("add_ with alpha other than 1", x);
   if (x.numel() == 0) return;
   // `other` in x's own memory, but not element for element (a row of x broadcast over it), is copied
   // first: the kernel would read elements it has already written.

@@ -302,6 +302,7 @@ Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, con
   detail::check_float("batch_norm", x);
   EF_CHECK(x.dim() >= 2, "batch_norm: input must have at least 2 dims [N, C, ...], got ", shape_str(x.shape()));
   const int64_t c = x.size(1);
+  EF_CHECK(c > 0, "batch_norm: input shape ", shape_str(x.shape()), " has no channels");
   Shape stat_shape(static_cast<size_t>(x.dim()), 1);
   stat_shape[1] = c;
   Shape dims{0};
