@@ -230,8 +230,9 @@ TEST_CASE("errors name the op and the values") {
   CHECK(error_of([&] { zeros({1}, {.device = cpu(99)}); }).find("unknown device cpu:99") == 0);
   CHECK(error_of([&] { gather(zeros({2, 2}), 1, from_int_vector({0, 5}, {2, 1})); }).find("gather") == 0);
   CHECK(error_of([&] { zeros({2}).item(); }).find("item: expected a tensor with one element") == 0);
-  CHECK(error_of([&] { batch_norm(zeros({4, 0, 3}), {}, {}, {}, {}, true); }) ==
-        "batch_norm: input shape [4, 0, 3] has no channels");
+  CHECK(error_of([&] {
+          batch_norm(zeros({4, 0, 3}), {}, {}, {}, {}, true);
+        }) == "batch_norm: input shape [4, 0, 3] has no channels");
   CHECK(error_of([&] {
           from_int_vector({5}, {1}).add_(from_int_vector({3}, {1}), 0.5);
         }).find("add_ with alpha other than 1: ") == 0);
