@@ -525,7 +525,8 @@ __global__ void __launch_bounds__(kBlockGroupThreads)
 
 // A layer norm's per-feature dw = Σ gy·t over the rows, t = r·(A - a1 - x̂·a2) with each row's a1
 // and a2 from normalize_double_backward_kernel's `coef`: in chunks of rows as
-// feature_partial_sums_kernel (the partial sums in pw, pb unused), added by feature_sums_kernel.
+// feature_partial_sums_kernel (one sum a feature, in pw), added by feature_sums_kernel (its gb
+// and pb null); with `sums` (one chunk) pw is dw itself, written in the parameters' order.
 template <typename T>
 __global__ void double_backward_feature_partial_sums_kernel(NormArgs a, int64_t rows_per_chunk, bool sums, T* pw,
                                                             const T* coef, const T* ggx, const T* gy, const T* x,
@@ -539,7 +540,7 @@ __global__ void double_backward_feature_partial_sums_kernel(NormArgs a, int64_t 
     const T r = rstd[g], x_hat = (x[at] - mean[g]) * r, gg = ggx != nullptr ? ggx[at] : T(0);
     sw += gy[at] * (r * (gg - coef[2 * g] - x_hat * coef[2 * g + 1]));
   }
-  pw[sums ? param_index(a, i) : chunk * a.inner + i] = sw;  // `sums`: as above
+  pw[sums ? param_index(a, i) : chunk * a.inner + i] = sw;
 }
 
 }  // namespace
