@@ -1,6 +1,7 @@
 // Classification losses (cross-entropy, NLL, focal), regression and binary losses, and the checks
 // and masks every loss shares (losses/common_internal.h). Dice, Lovász-softmax and OHEM are in
 // segmentation.cpp, the Wasserstein losses and gradient penalties in gan.cpp.
+#include <cmath>
 #include <string>
 
 #include "evenflow/losses/common_internal.h"
@@ -223,10 +224,8 @@ Tensor reduced(const Unreduced& u, Reduction reduction) {
 
 LossParts parts_of(const Unreduced& u) {
   const Tensor total = sum(u.losses);
-  const Tensor weight = u.divisor.defined() ? u.divisor.detach()
-                                            : full({}, static_cast<double>(u.losses.numel()),
-                                                   {.dtype = total.dtype(), .device = total.device()});
-  return LossParts(total, weight);
+  if (u.divisor.defined()) return LossParts(total, u.divisor.detach());
+  return LossParts(total, static_cast<double>(u.losses.numel()));
 }
 
 }  // namespace detail
@@ -300,7 +299,14 @@ LossParts::LossParts(const Tensor& sum, const Tensor& weight) {
            sum.defined() ? sum.str() : "undefined", " and ", weight.defined() ? weight.str() : "undefined");
   EF_CHECK(sum.dtype() == weight.dtype() && sum.device() == weight.device(), "LossParts: the sum is ", sum.str(),
            " but the weight is ", weight.str());
-  terms.push_back({reshape(sum, {}), reshape(weight.detach(), {})});
+  terms.push_back({reshape(sum, {}), reshape(weight.detach(), {}), std::nullopt});
+}
+
+LossParts::LossParts(const Tensor& sum, double weight) {
+  EF_CHECK(sum.defined() && sum.numel() == 1, "LossParts: the sum must be a one-element tensor, got ",
+           sum.defined() ? sum.str() : "undefined");
+  EF_CHECK(std::isfinite(weight) && weight >= 0, "LossParts: the weight must be finite and not negative, got ", weight);
+  terms.push_back({reshape(sum, {}), Tensor(), weight});
 }
 
 LossParts LossParts::operator+(const LossParts& other) const {
@@ -315,11 +321,17 @@ LossParts LossParts::operator*(double factor) const {
   return out;
 }
 
+Tensor LossParts::Term::value() const {
+  if (!host_weight) return sum / nonzero(weight);
+  // A weight of 1 divides by nothing (x·1 is x): no kernel.
+  return *host_weight == 0 || *host_weight == 1 ? sum : sum * (1.0 / *host_weight);
+}
+
 Tensor LossParts::value() const {
   EF_CHECK(!terms.empty(), "LossParts::value: no terms");
   Tensor total;
   for (const Term& t : terms) {
-    const Tensor v = t.sum / nonzero(t.weight);
+    const Tensor v = t.value();
     total = total.defined() ? total + v : v;
   }
   return total;

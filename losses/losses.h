@@ -38,19 +38,31 @@ enum class Reduction { None, Mean, Sum };
 struct LossParts {
   /// One weighted mean.
   struct Term {
-    Tensor sum;     ///< 0-d, differentiable
-    Tensor weight;  ///< 0-d, the sum's dtype and device, a constant (no gradient)
+    Tensor sum;  ///< 0-d, differentiable
+    /// 0-d, the sum's dtype and device, a constant (no gradient); undefined where host_weight holds
+    /// the weight.
+    Tensor weight;
+    /// The weight where the host knows it (a count of samples or elements): adding the chunks'
+    /// weights and dividing by them then costs no device work (kernels of a recorded step).
+    std::optional<double> host_weight;
+
+    /// sum / weight, a weight of 0 counting 0 (its sum is 0 too); sum·(1 / weight) for a host
+    /// weight, as PyTorch divides by a number (and as mean() divides a sum by its count).
+    Tensor value() const;
   };
   std::vector<Term> terms;  ///< one per mean the loss adds
 
   LossParts() = default;
   /// One term. ef::Error unless both are defined one-element tensors of one dtype and device.
   LossParts(const Tensor& sum, const Tensor& weight);
+  /// One term whose weight the host knows. ef::Error unless `sum` is a defined one-element tensor
+  /// and `weight` is finite and not negative.
+  LossParts(const Tensor& sum, double weight);
   /// The terms of both, this loss's first: the parts of the sum of the two losses.
   LossParts operator+(const LossParts& other) const;
   /// Every term's sum scaled by `factor`: the parts of the loss times `factor`.
   LossParts operator*(double factor) const;
-  /// Σ sum / weight: the loss.
+  /// Σ sum / weight over the terms (Term::value): the loss.
   Tensor value() const;
 };
 

@@ -319,7 +319,11 @@ Tensor DataParallelCriterion::operator()(const std::function<losses::LossParts(i
 
 Tensor DataParallelCriterion::operator()(const std::function<Tensor(int rank)>& fn) const {
   const std::vector<BatchRows> rows = current_rows();
-  return combine(rows, [&](int rank) { return parts_of_mean(fn(rank), rows[static_cast<size_t>(rank)].count); });
+  // One chunk in one process is the whole batch, whose mean is the loss: weighed as 1 (no kernels to
+  // scale it by its count and back).
+  const bool whole_batch = rows.size() == 1 && model_.group().processes().size() == 1;
+  return combine(
+      rows, [&](int rank) { return parts_of_mean(fn(rank), whole_batch ? 1 : rows[static_cast<size_t>(rank)].count); });
 }
 
 std::vector<BatchRows> DataParallelCriterion::current_rows() const {
@@ -333,14 +337,18 @@ losses::LossParts DataParallelCriterion::parts_of_mean(const Tensor& mean, int64
   EF_CHECK(mean.defined() && mean.numel() == 1, "DataParallelCriterion: a loss must be a one-element tensor, got ",
            mean.defined() ? shape_str(mean.shape()) : "undefined");
   const auto n = static_cast<double>(samples);
-  return losses::LossParts(mean * n, full({}, n, {.dtype = mean.dtype(), .device = mean.device()}));
+  return losses::LossParts(samples == 1 ? mean : mean * n, n);  // x·1 is x: no kernel
 }
 
 // Note [Combining losses across devices]
 // Each rank returns its chunk's parts, term t as (sum_rt, weight_rt). Within the process the sums
-// are added on devices[0] by the differentiable reduce_add and the weights (constants) beside them;
-// across processes both are summed again (Note [Loss across processes]). The loss is
-// Σ_t S_t / W_t with S_t and W_t the job's sums: the whole batch's loss, whatever the split.
+// are added on devices[0] by the differentiable reduce_add and the weights (constants) beside them,
+// on the host where every rank's weight is a host weight (a count: a mean over samples, a mean over
+// every element); across processes both are summed again (Note [Loss across processes]). The loss
+// is Σ_t S_t / W_t with S_t and W_t the job's sums: the whole batch's loss, whatever the split. A
+// weight the host knows costs no kernel: on one device, where a WGAN-GP step has six losses, the
+// device weights cost eight kernels a loss forward and three backward, about 7% of the recorded
+// step (docs/benchmarks.md, "A recorded WGAN-GP step in fewer kernels").
 Tensor DataParallelCriterion::combine(const std::vector<BatchRows>& rows,
                                       const std::function<losses::LossParts(int rank)>& fn) const {
   const int k = static_cast<int>(rows.size());
@@ -359,7 +367,8 @@ Tensor DataParallelCriterion::combine(const std::vector<BatchRows>& rows,
         }
         EF_CHECK(!p.terms.empty(), "DataParallelCriterion: the loss on ", device.str(), " has no terms");
         for (const losses::LossParts::Term& t : p.terms) {
-          EF_CHECK(t.sum.defined() && t.sum.numel() == 1 && t.weight.defined() && t.weight.numel() == 1,
+          EF_CHECK(t.sum.defined() && t.sum.numel() == 1 &&
+                       (t.host_weight ? !t.weight.defined() : t.weight.defined() && t.weight.numel() == 1),
                    "DataParallelCriterion: the loss on ", device.str(), " is not a scalar");
           EF_CHECK(t.sum.device() == device, "DataParallelCriterion: the loss of rank ", rank, " is on ",
                    t.sum.device().str(), ", not on its device ", device.str());
@@ -374,30 +383,59 @@ Tensor DataParallelCriterion::combine(const std::vector<BatchRows>& rows,
              " terms, on ", model_.devices()[0].str(), " ", terms);
   }
   const Device first = model_.devices()[0];
-  std::vector<Tensor> sums(terms), weights(terms);
-  for (size_t t = 0; t < terms; ++t) {
-    std::vector<Tensor> s, w;
-    for (const losses::LossParts& p : parts) {
-      s.push_back(p.terms[t].sum);
-      w.push_back(p.terms[t].weight);
-    }
-    sums[t] = reduce_add(s, first);
-    NoGradGuard no_grad;
-    weights[t] = reduce_add(w, first);
-  }
   const bool one_process = group.processes().size() == 1;
-  if (!one_process) {
-    // The job's weights: one all_reduce of every term's (constants, exact in float64 for counts).
+  // Each term's sums added on devices[0]; its weights on the host where every rank's is a host
+  // weight (a count: no kernel to add or divide by), else as tensors beside the sums.
+  std::vector<losses::LossParts::Term> combined(terms);
+  for (size_t t = 0; t < terms; ++t) {
+    std::vector<Tensor> sums;
+    bool on_host = true;
+    double host_total = 0;
+    for (const losses::LossParts& p : parts) {
+      sums.push_back(p.terms[t].sum);
+      on_host = on_host && p.terms[t].host_weight.has_value();
+      host_total += p.terms[t].host_weight.value_or(0.0);
+    }
+    combined[t].sum = sums.size() == 1 ? sums[0] : reduce_add(sums, first);
+    if (on_host) {
+      combined[t].host_weight = host_total;
+      continue;
+    }
     NoGradGuard no_grad;
-    const Tensor all = host_copy(to_dtype(stack(weights, 0), kFloat64));
+    std::vector<Tensor> weights;
+    for (const losses::LossParts& p : parts) {
+      const losses::LossParts::Term& term = p.terms[t];
+      weights.push_back(term.host_weight
+                            ? full({}, *term.host_weight, {.dtype = term.sum.dtype(), .device = term.sum.device()})
+                            : term.weight);
+    }
+    combined[t].weight = weights.size() == 1 ? weights[0] : reduce_add(weights, first);
+  }
+  if (!one_process) {
+    // The combined's weights: one all_reduce of every term's (constants, exact in float64 for counts),
+    // the device ones copied to the host first.
+    NoGradGuard no_grad;
+    std::vector<Tensor> device_weights;
+    for (const losses::LossParts::Term& term : combined)
+      if (!term.host_weight) device_weights.push_back(to_dtype(term.weight, kFloat64));
+    const std::vector<double> copied =
+        device_weights.empty() ? std::vector<double>{} : host_copy(stack(device_weights, 0)).to_vector();
+    std::vector<double> values;
+    for (size_t t = 0, d = 0; t < terms; ++t)
+      values.push_back(combined[t].host_weight ? *combined[t].host_weight : copied[d++]);
+    const Tensor all = from_vector(values, {static_cast<int64_t>(terms)}, {.dtype = kFloat64});
     group.processes().all_reduce(all);
-    for (size_t t = 0; t < terms; ++t)
-      weights[t] = reshape(narrow(all, 0, static_cast<int64_t>(t), 1), {}).to(sums[t].dtype()).to(first);
+    const std::vector<double> summed = all.to_vector();
+    for (size_t t = 0; t < terms; ++t) {
+      if (combined[t].host_weight)
+        combined[t].host_weight = summed[t];
+      else
+        combined[t].weight = full({}, summed[t], {.dtype = combined[t].sum.dtype(), .device = first});
+    }
   }
   Tensor local;
-  for (size_t t = 0; t < terms; ++t) {
-    const Tensor w = weights[t];
-    const Tensor v = sums[t] / (w + eq(w, zeros_like(w)));  // a term of weight 0 (its sum is 0) counts 0
+  for (const losses::LossParts::Term& term : combined) {
+    const Tensor v = term.value();  // a term of weight 0 (its sum is 0) counts 0
     local = local.defined() ? local + v : v;
   }
   if (one_process) return local;

@@ -231,7 +231,7 @@ class DataParallelCriterion {
  private:
   // The model's current batch, without the ranks it does not reach.
   std::vector<BatchRows> current_rows() const;
-  // A mean over `samples` samples as parts: (mean·samples, samples).
+  // A mean over `samples` samples as parts: (mean·samples, samples), the weight a host weight.
   static losses::LossParts parts_of_mean(const Tensor& mean, int64_t samples);
   // fn's parts on ranks 0..rows.size()-1, each with its rows, combined (Note [Combining losses
   // across devices] in data_parallel.cpp).

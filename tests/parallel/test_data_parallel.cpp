@@ -5,6 +5,7 @@
 // reach several parameters through one tensor are neither summed twice nor left strided.
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <functional>
 
 #include "evenflow/layers/layers.h"
@@ -329,6 +330,47 @@ TEST_CASE("data parallel: the per-rank criterion weighs by the current batch and
   CHECK_MESSAGE(msg.find("the loss on cpu:1 has 2 terms, on cpu:0 1") != std::string::npos, msg);
   msg = error_of([&] { criterion([&](int) { return zeros({}, {.dtype = kFloat64}); }); });
   CHECK_MESSAGE(msg.find("the loss of rank 1 is on cpu:0, not on its device cpu:1") != std::string::npos, msg);
+}
+
+TEST_CASE("data parallel: weights the host knows are added there, beside device weights, and checked") {
+  auto net = std::make_shared<nn::Linear>(4, 1, false, f64);
+  DataParallelModel model(net, devices("cpu:2"));
+  DataParallelCriterion criterion(model);
+  const auto xs = model.scatter(randn({5, 4}, {.dtype = kFloat64}));
+  const auto options = [&](int r) { return TensorOptions{.dtype = kFloat64, .device = model.devices()[r]}; };
+  // Sums 1 and 2 over weights 4 and 1: 3 / 5, whether the host or the devices hold the weights.
+  const double host =
+      criterion([&](int r) { return losses::LossParts(full({}, r + 1.0, options(r)), r == 0 ? 4.0 : 1.0); }).item();
+  const double mixed =
+      criterion([&](int r) {
+        const Tensor sum = full({}, r + 1.0, options(r));
+        return r == 0 ? losses::LossParts(sum, 4.0) : losses::LossParts(sum, full({}, 1.0, options(r)));
+      }).item();
+  CHECK(host == doctest::Approx(3.0 / 5).epsilon(1e-15));
+  CHECK(mixed == doctest::Approx(3.0 / 5).epsilon(1e-15));
+  // A term of weight 0 everywhere (nothing counted: its sums are 0) counts 0, not NaN; the other
+  // term (weights 1 and 3) still divides.
+  const double empty = criterion([&](int r) {
+                         return losses::LossParts(zeros({}, options(r)), 0.0) +
+                                losses::LossParts(full({}, 2.0, options(r)), r == 0 ? 1.0 : 3.0);
+                       }).item();
+  CHECK(empty == doctest::Approx(1.0).epsilon(1e-15));
+  const Tensor one = ones({}, {.dtype = kFloat64});
+  for (const double bad : {-1.0, std::nan(""), HUGE_VAL}) {
+    const std::string msg = error_of([&] { losses::LossParts(one, bad); });
+    CHECK_MESSAGE(msg.find("LossParts: the weight must be finite and not negative") != std::string::npos, msg);
+  }
+  const std::string msg = error_of([&] { losses::LossParts(ones({2}, {.dtype = kFloat64}), 1.0); });
+  CHECK_MESSAGE(msg.find("LossParts: the sum must be a one-element tensor") != std::string::npos, msg);
+
+  // One device in one process: the chunk is the whole batch, and its mean is the loss itself (no
+  // kernel scaled it by its count and back).
+  DataParallelModel single(std::make_shared<nn::Linear>(4, 1, false, f64), devices("cpu:1"));
+  DataParallelCriterion single_criterion(single);
+  const auto x = single.scatter(randn({5, 4}, {.dtype = kFloat64}));
+  Tensor mean_of_rank;
+  const Tensor loss = single_criterion([&](int r) { return mean_of_rank = mean(single.replica(r)(x[r])); });
+  CHECK(loss.data_ptr() == mean_of_rank.data_ptr());
 }
 
 TEST_CASE("data parallel: replicas stay bitwise identical and follow the one-device run") {
