@@ -54,4 +54,10 @@ inline Tensor operand_for(const char* op, const Tensor& t, DType compute) {
 
 using Grads = std::vector<Tensor>;
 
+// a·x^b, and 0 where x is 0; its derivative is scaled_pow_or_zero(x, a·b, b - 1), so it stays 0 at
+// x = 0 to any order: the derivatives of a norm's root (Note [Norm at zero] in ops/reduce.cpp).
+Tensor scaled_pow_or_zero(const Tensor& x, double scale, double exponent);
+// s^(1/p), sqrt(s) for p = 2, whose derivatives are 0 at s = 0 (Note [Norm at zero]).
+Tensor norm_root(const Tensor& s, double p);
+
 }  // namespace evenflow::detail

@@ -119,7 +119,9 @@ EF_HD inline bool isnan_(T x) {
   X(LeScalar, T(x <= T(a)))                                                            \
   X(InRange, T(x >= T(a) && x <= T(b)))                                                \
   /* x rounded to bfloat16, kept in T: Note [bfloat16 compute]'s operands */           \
-  X(RoundBfloat16, T(static_cast<float>(::evenflow::bfloat16(static_cast<float>(x)))))
+  X(RoundBfloat16, T(static_cast<float>(::evenflow::bfloat16(static_cast<float>(x))))) \
+  /* a·x^b, and 0 at x = 0: the derivatives of a norm's root (Note [Norm at zero]) */ \
+  X(ScaledPowOrZero, x == T(0) ? T(0) : T(a) * pow_(x, T(b)))
 
 // Binary ops: out = f(x, y; a), `a` the op's scalar parameter (unused by most). The *Grad ops
 // apply an activation's derivative at y to the incoming gradient x in one pass (no mask tensor):

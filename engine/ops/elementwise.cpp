@@ -211,6 +211,21 @@ Tensor pow(const Tensor& x, double p) {
       "pow", UnaryOp::PowScalar, x,
       [](const Tensor& in, const Tensor& g, double e, double) { return g * mul_scalar(pow(in, e - 1), e); }, p);
 }
+namespace detail {
+Tensor scaled_pow_or_zero(const Tensor& x, double scale, double exponent) {
+  return unary_op(
+      "scaled_pow_or_zero", UnaryOp::ScaledPowOrZero, x,
+      [](const Tensor& in, const Tensor& g, double a, double b) { return g * scaled_pow_or_zero(in, a * b, b - 1.0); },
+      scale, exponent);
+}
+Tensor norm_root(const Tensor& s, double p) {
+  detail::check_float("norm", s);
+  Tensor y = p == 2.0 ? unary_kernel(s, UnaryOp::Sqrt) : unary_kernel(s, UnaryOp::PowScalar, 1.0 / p);
+  record("norm_root", {y}, {s}, {s},
+         [s, p](const Grads& g) { return Grads{g[0] * scaled_pow_or_zero(s, 1.0 / p, 1.0 / p - 1.0)}; });
+  return y;
+}
+}  // namespace detail
 Tensor sqrt(const Tensor& x) {
   return unary_op("sqrt", UnaryOp::Sqrt, x,
                   [](const Tensor& in, const Tensor& g, double, double) { return g * mul_scalar(rsqrt(in), 0.5); });

@@ -142,11 +142,12 @@ Tensor norm(const Tensor& x, double p, const Shape& dims, bool keepdim) {
   const Tensor s = p == 2.0 ? sum(square(x), dims, keepdim) : sum(pow(abs(x), p), dims, keepdim);
   // Note [Norm at zero]: d/ds s^(1/p) is infinite at s = 0, and times ds/dx = 0 it would make the
   // gradient NaN (a WGAN-GP penalty at a point where the critic is flat would poison every
-  // parameter). As in PyTorch, the gradient there is 0: the root reads 1 where s is 0, and its result
-  // is then replaced by 0, so neither branch's gradient is NaN, to any order. A NaN s stays NaN.
-  const Tensor zero = eq(s, zeros_like(s));
-  const Tensor safe = where(zero, ones_like(s), s);
-  return where(zero, zeros_like(s), p == 2.0 ? sqrt(safe) : pow(safe, 1.0 / p));
+  // parameter). As in PyTorch, the gradient there is 0: the root's derivative is (1/p)·s^(1/p - 1)
+  // where s is not 0 and 0 where it is, and so is each derivative of that (scaled_pow_or_zero), to
+  // any order. A NaN s stays NaN. One kernel a derivative: the root was once selected by where()
+  // from a guarded operand, six kernels forward and about as many more in each backward, a fifth of
+  // a WGAN-GP penalty's (docs/benchmarks.md, "A recorded WGAN-GP step in fewer kernels").
+  return detail::norm_root(s, p);
 }
 
 Tensor sum_to(const Tensor& x, const Shape& shape) {

@@ -77,7 +77,7 @@ TEST_CASE("compare: infinities and NaNs must match; an infinite reference is no 
   CHECK_FALSE(compare(from_vector({std::nan("")}, {1}, f64), from_vector({0.0}, {1}, f64), 1e-5, 1e-3).empty());
 }
 
-TEST_CASE("norm: where the norm is 0 its gradient is 0, to second order, and a NaN stays NaN") {
+TEST_CASE("norm: where the norm is 0 its gradient is 0, to third order, and a NaN stays NaN") {
   for (double p : {2.0, 3.0}) {
     CAPTURE(p);
     // Row 0 is all zeros (norm 0), row 1 is not.
@@ -92,10 +92,13 @@ TEST_CASE("norm: where the norm is 0 its gradient is 0, to second order, and a N
     const double want[] = {1, -std::pow(2.0, p - 1), std::pow(2.0, p - 1)};
     for (int i = 0; i < 3; ++i)
       CHECK(gv[static_cast<size_t>(3 + i)] == doctest::Approx(want[i] / std::pow(row_norm, p - 1)).epsilon(1e-12));
-    // A gradient penalty's second order: every entry finite, row 0's zero.
-    const std::vector<double> gg = grad({sum(square(g))}, {x})[0].to_vector();
-    for (size_t i = 0; i < gg.size(); ++i) CHECK(std::isfinite(gg[i]));
-    for (int i = 0; i < 3; ++i) CHECK(gg[static_cast<size_t>(i)] == 0.0);
+    // A gradient penalty's second order: every entry finite, row 0's zero; and the third.
+    const Tensor gg = grad({sum(square(g))}, {x}, {}, {.create_graph = true})[0];
+    const std::vector<double> ggg = grad({sum(square(gg))}, {x})[0].to_vector();
+    for (const std::vector<double>& d : {gg.to_vector(), ggg}) {
+      for (size_t i = 0; i < d.size(); ++i) CHECK(std::isfinite(d[i]));
+      for (int i = 0; i < 3; ++i) CHECK(d[static_cast<size_t>(i)] == 0.0);
+    }
   }
   const double nan = std::numeric_limits<double>::quiet_NaN();
   CHECK(std::isnan(norm(from_vector({0, nan}, {2}, {.dtype = kFloat64})).item()));
