@@ -234,6 +234,22 @@ TEST_CASE("step graph: replayed critic steps with a gradient penalty equal eager
   CHECK(eager.losses.front() != eager.losses.back());
 }
 
+// A recorded step's kernels are a GPU step's graph nodes, each a few microseconds however small its
+// work (docs/gpu.md): the count is the cost of a step that small, so it has a budget. TinyCritic's
+// critic step with its WGAN-GP penalty on one CPU device (the kernels a CUDA device runs for it, but
+// for the CUDA backend's own: cuDNN's, a bias add): 90 kernel calls since the one-device loss is no
+// longer scaled by its sample count and back and a norm's root no longer guarded by where()
+// (docs/benchmarks.md, "A recorded WGAN-GP step in fewer kernels").
+TEST_CASE("step graph: a critic step with its gradient penalty records no more kernel calls than its budget") {
+  std::string log;
+  (void)train_critic({cpu(0)}, kFloat32, true, 3, false, &log);
+  const size_t at = log.find(" kernel calls");
+  REQUIRE_MESSAGE(at != std::string::npos, log);
+  const size_t start = log.rfind(' ', at - 1) + 1;
+  const int64_t calls = std::stoll(log.substr(start, at - start));
+  CHECK_MESSAGE(calls <= 90, log);
+}
+
 TEST_CASE("step graph: random draws inside a replayed step are new at every replay, as eager ones (float64)") {
   const Trace eager = train_critic({cpu(0)}, kFloat64, false, 5, true);
   const Trace replayed = train_critic({cpu(0)}, kFloat64, true, 5, true);
