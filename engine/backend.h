@@ -114,6 +114,18 @@ struct NormArgs {
   int64_t param_channels = 0;
 };
 
+// A batch norm's running statistics, which Backend::normalize updates where their data is given:
+//   mean[g] = mean[g]·keep + mean_weight·(the group's mean)
+//   var[g] = var[g]·keep + var_weight·(the group's biased variance)
+// each product and sum rounded to x's dtype (no fused multiply-add): PyTorch's update with keep =
+// 1 - momentum, mean_weight = momentum and var_weight = momentum·n / (n - 1) (the unbiased
+// variance), and the bits of the MulScalar and AddScaled kernels the op ran until 2026-12-01 (four
+// kernels a batch norm more). Contiguous [groups] views of x's dtype; either may be empty (null data).
+struct RunningStats {
+  View mean, var;
+  double keep = 1, mean_weight = 0, var_weight = 0;
+};
+
 // One parameter's operands of the Adam step: contiguous views of one shape; max_exp_avg_sq is an
 // empty view (null data) without amsgrad.
 struct AdamOperands {
@@ -242,8 +254,9 @@ class Backend {
   // The fused normalization forward of NormArgs (Note [Fused normalization] in ops/normalization.cpp).
   // Its rstd is rounded after the sum and the square root, as AddScalar and Rsqrt round: the same
   // bits as those ops on `var` (which the backward passes took until 2026-12-01: two more kernels).
+  // `running`: a batch norm's running statistics to update (RunningStats; empty views: none).
   virtual void normalize(const NormArgs& args, const View& y, const View& mean, const View& var, const View& rstd,
-                         const View& x, const View& weight, const View& bias) = 0;
+                         const View& x, const View& weight, const View& bias, const RunningStats& running) = 0;
   // Its first-order gradient, for a backward whose own graph is not needed: with x̂ = (x - mean)·rstd
   // and ĝ = gy·weight over a group's n elements,
   //   gx = rstd·(ĝ - Σĝ/n - x̂·Σ(ĝ·x̂)/n),  gw = Σ gy·x̂,  gb = Σ gy

@@ -54,6 +54,11 @@ inline Tensor operand_for(const char* op, const Tensor& t, DType compute) {
 
 using Grads = std::vector<Tensor>;
 
+// Bumps t's version counter (Note [Saved tensor versions] in autograd.cpp): what an in-place op does
+// after writing t, and an op that has a kernel write t beside its output (batch norm's running
+// statistics).
+void mark_written(const Tensor& t);
+
 // a·x^b, and 0 where x is 0; its derivative is scaled_pow_or_zero(x, a·b, b - 1), so it stays 0 at
 // x = 0 to any order: the derivatives of a norm's root (Note [Norm at zero] in ops/reduce.cpp).
 Tensor scaled_pow_or_zero(const Tensor& x, double scale, double exponent);

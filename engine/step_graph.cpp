@@ -196,8 +196,8 @@ class RecordingBackend final : public Backend {
     return kernels_->channels_last_conv(args, pass, dtype);
   }
   void normalize(const NormArgs& args, const View& y, const View& mean, const View& var, const View& rstd,
-                 const View& x, const View& weight, const View& bias) override {
-    call([=, this] { kernels_->normalize(args, y, mean, var, rstd, x, weight, bias); });
+                 const View& x, const View& weight, const View& bias, const RunningStats& running) override {
+    call([=, this] { kernels_->normalize(args, y, mean, var, rstd, x, weight, bias, running); });
   }
   void normalize_backward(const NormArgs& args, const View& gx, const View& gw, const View& gb, const View& gy,
                           const View& x, const View& mean, const View& rstd, const View& weight) override {

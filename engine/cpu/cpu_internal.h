@@ -391,7 +391,7 @@ class CpuBackend final : public Backend {
   bool has_softmax_dim1() const override { return true; }
   void softmax_dim1(const View& out, const View& x, bool log) override;
   void normalize(const NormArgs& args, const View& y, const View& mean, const View& var, const View& rstd,
-                 const View& x, const View& weight, const View& bias) override;
+                 const View& x, const View& weight, const View& bias, const RunningStats& running) override;
   void normalize_backward(const NormArgs& args, const View& gx, const View& gw, const View& gb, const View& gy,
                           const View& x, const View& mean, const View& rstd, const View& weight) override;
   bool normalize_double_backward(const NormArgs& args, const View& dgy, const View& dx, const View& dw, const View& ggx,

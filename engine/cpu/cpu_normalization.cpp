@@ -652,7 +652,7 @@ void CpuBackend::softmax_dim1(const View& out, const View& x, bool log) {
 }
 
 void CpuBackend::normalize(const NormArgs& args, const View& y, const View& mean, const View& var, const View& rstd,
-                           const View& x, const View& weight, const View& bias) {
+                           const View& x, const View& weight, const View& bias, const RunningStats& running) {
   EF_ASSERT(
       x.is_contiguous() && y.is_contiguous() && mean.is_contiguous() && var.is_contiguous() && rstd.is_contiguous(),
       "normalize: expects contiguous views");
@@ -665,6 +665,21 @@ void CpuBackend::normalize(const NormArgs& args, const View& y, const View& mean
                        static_cast<T*>(rstd.data), static_cast<const T*>(x.data),
                        order.in(static_cast<const T*>(weight.data), w_buf),
                        order.in(static_cast<const T*>(bias.data), b_buf));
+    // RunningStats: each product and sum rounded (this file compiles without contraction).
+    const auto update = [&](const View& stat, const View& group_stat, double stat_weight) {
+      if (stat.data == nullptr) return;
+      EF_ASSERT(stat.is_contiguous() && stat.dtype == x.dtype && stat.numel() == args.groups,
+                "normalize: running statistics are contiguous [groups] views of the input's dtype");
+      auto* r = static_cast<T*>(stat.data);
+      const auto* s = static_cast<const T*>(group_stat.data);
+      const auto keep = static_cast<T>(running.keep), w = static_cast<T>(stat_weight);
+      for (int64_t g = 0; g < args.groups; ++g) {
+        const T kept = r[g] * keep, added = w * s[g];
+        r[g] = kept + added;
+      }
+    };
+    update(running.mean, mean, running.mean_weight);
+    update(running.var, var, running.var_weight);
   });
 }
 

@@ -124,7 +124,7 @@ class CudaBackend final : public Backend {
     return args.dtype == DType::Float32 && args.k > 0 && args.alpha == 1.0 && args.beta == 0.0;
   }
   void normalize(const NormArgs& args, const View& y, const View& mean, const View& var, const View& rstd,
-                 const View& x, const View& weight, const View& bias) override;
+                 const View& x, const View& weight, const View& bias, const RunningStats& running) override;
   void normalize_backward(const NormArgs& args, const View& gx, const View& gw, const View& gb, const View& gy,
                           const View& x, const View& mean, const View& rstd, const View& weight) override;
   bool normalize_double_backward(const NormArgs& args, const View& dgy, const View& dx, const View& dw, const View& ggx,

@@ -82,14 +82,49 @@ __device__ __forceinline__ I param_index(const NormArgs& a, I i) {
   return i % channels * (static_cast<I>(a.inner) / channels) + i / channels;
 }
 
+// RunningStats (backend.h) in the kernels' type: null pointers where there is none to update.
+template <typename T>
+struct RunningUpdate {
+  T* mean = nullptr;
+  T* var = nullptr;
+  T keep = 1, mean_weight = 0, var_weight = 0;
+};
+
+__device__ __forceinline__ float mul_rounded(float a, float b) {
+  return __fmul_rn(a, b);
+}
+__device__ __forceinline__ double mul_rounded(double a, double b) {
+  return __dmul_rn(a, b);
+}
+__device__ __forceinline__ float add_rounded(float a, float b) {
+  return __fadd_rn(a, b);
+}
+__device__ __forceinline__ double add_rounded(double a, double b) {
+  return __dadd_rn(a, b);
+}
+
+// Group g's statistics, and its running ones updated: each product and sum rounded, where nvcc
+// would contract them into an FMA, so that they are the CPU's bits (RunningStats).
+template <typename T>
+__device__ __forceinline__ void write_statistics(int64_t g, T mean, T var, T rstd, T* mean_out, T* var_out, T* rstd_out,
+                                                 const RunningUpdate<T>& running) {
+  mean_out[g] = mean;
+  var_out[g] = var;
+  rstd_out[g] = rstd;
+  if (running.mean != nullptr)
+    running.mean[g] = add_rounded(mul_rounded(running.mean[g], running.keep), mul_rounded(running.mean_weight, mean));
+  if (running.var != nullptr)
+    running.var[g] = add_rounded(mul_rounded(running.var[g], running.keep), mul_rounded(running.var_weight, var));
+}
+
 // NormArgs (backend.h): a block of K = kBlockGroupThreads threads per statistic group (layer norm
 // rows of up to 1024 features take normalize_rows_kernel, large groups normalize_chunks_kernel).
 // Element j of a group is x[(j / inner) * groups * inner + g * inner + j % inner]; I (uint32_t where
 // every offset fits) keeps that division cheap. Three passes over the group: mean, variance about
 // it, output.
 template <typename I, typename T>
-__global__ void normalize_kernel(NormArgs a, T* y, T* mean_out, T* var_out, T* rstd_out, const T* x, const T* w,
-                                 const T* b) {
+__global__ void normalize_kernel(NormArgs a, T* y, T* mean_out, T* var_out, T* rstd_out, RunningUpdate<T> running,
+                                 const T* x, const T* w, const T* b) {
   constexpr int K = kBlockGroupThreads;
   __shared__ T shared[K / 32];
   const int lane = static_cast<int>(threadIdx.x);
@@ -110,11 +145,7 @@ __global__ void normalize_kernel(NormArgs a, T* y, T* mean_out, T* var_out, T* r
     squares = group_all_reduce<K>(squares, SumOf{}, shared);
     const T var = squares / static_cast<T>(n);
     const T rstd = T(1) / scalar::sqrt_(var + static_cast<T>(a.eps));
-    if (lane == 0) {
-      mean_out[g] = mean;
-      var_out[g] = var;
-      rstd_out[g] = rstd;
-    }
+    if (lane == 0) write_statistics(g, mean, var, rstd, mean_out, var_out, rstd_out, running);
     for (I j = lane; j < n; j += K) {
       const I i = j % inner, at = j / inner * stride + i;
       T v = (xg[at] - mean) * rstd;
@@ -130,8 +161,8 @@ __global__ void normalize_kernel(NormArgs a, T* y, T* mean_out, T* var_out, T* r
 // per row, took these rows until 2026-11-30 (layer_norm's forward then took 1.14x PyTorch's time on
 // the H200) and read it three times; the arithmetic is theirs, in their order.
 template <int kPerLane, typename T>
-__global__ void normalize_rows_kernel(NormArgs a, T* y, T* mean_out, T* var_out, T* rstd_out, const T* x, const T* w,
-                                      const T* b) {
+__global__ void normalize_rows_kernel(NormArgs a, T* y, T* mean_out, T* var_out, T* rstd_out, RunningUpdate<T> running,
+                                      const T* x, const T* w, const T* b) {
   const int rows_per_block = static_cast<int>(blockDim.x) / 32;
   const int lane = static_cast<int>(threadIdx.x) % 32, n = static_cast<int>(a.inner);
   for (int64_t g = static_cast<int64_t>(blockIdx.x) * rows_per_block + threadIdx.x / 32; g < a.groups;
@@ -158,11 +189,7 @@ __global__ void normalize_rows_kernel(NormArgs a, T* y, T* mean_out, T* var_out,
     squares = group_all_reduce<32>(squares, SumOf{}, static_cast<T*>(nullptr));
     const T var = squares / static_cast<T>(n);
     const T rstd = T(1) / scalar::sqrt_(var + static_cast<T>(a.eps));
-    if (lane == 0) {
-      mean_out[g] = mean;
-      var_out[g] = var;
-      rstd_out[g] = rstd;
-    }
+    if (lane == 0) write_statistics(g, mean, var, rstd, mean_out, var_out, rstd_out, running);
 #pragma unroll
     for (int k = 0; k < kPerLane; ++k) {
       const int j = lane + 32 * k;
@@ -247,7 +274,8 @@ __global__ void chunk_moments_kernel(NormArgs a, I chunk, T* chunk_mean, T* chun
 
 template <typename I, typename T>
 __global__ void normalize_chunks_kernel(NormArgs a, I chunk, const T* chunk_mean, const T* chunk_m2, T* y, T* mean_out,
-                                        T* var_out, T* rstd_out, const T* x, const T* w, const T* b) {
+                                        T* var_out, T* rstd_out, RunningUpdate<T> running, const T* x, const T* w,
+                                        const T* b) {
   __shared__ T stats[2];
   const int64_t g = blockIdx.x, c = blockIdx.y, chunks = gridDim.y;
   const I inner = static_cast<I>(a.inner), n = static_cast<I>(a.outer * a.inner);
@@ -270,11 +298,7 @@ __global__ void normalize_chunks_kernel(NormArgs a, I chunk, const T* chunk_mean
     const T var = m2 / static_cast<T>(n);
     stats[0] = mean;
     stats[1] = T(1) / scalar::sqrt_(var + static_cast<T>(a.eps));
-    if (c == 0) {
-      mean_out[g] = mean;
-      var_out[g] = var;
-      rstd_out[g] = stats[1];
-    }
+    if (c == 0) write_statistics(g, mean, var, stats[1], mean_out, var_out, rstd_out, running);
   }
   __syncthreads();
   const T mean = stats[0], rstd = stats[1];
@@ -568,7 +592,7 @@ void CudaBackend::softmax(const View& out, const View& x, bool log) {
 }
 
 void CudaBackend::normalize(const NormArgs& args, const View& y, const View& mean, const View& var, const View& rstd,
-                            const View& x, const View& weight, const View& bias) {
+                            const View& x, const View& weight, const View& bias, const RunningStats& running) {
   const auto gate_pass = activate();
   EF_ASSERT(
       x.is_contiguous() && y.is_contiguous() && mean.is_contiguous() && var.is_contiguous() && rstd.is_contiguous(),
@@ -582,6 +606,15 @@ void CudaBackend::normalize(const NormArgs& args, const View& y, const View& mea
     const auto* xp = static_cast<const scalar_t*>(x.data);
     const auto* wp = static_cast<const scalar_t*>(weight.data);
     const auto* bp = static_cast<const scalar_t*>(bias.data);
+    for (const View* stat : {&running.mean, &running.var}) {
+      EF_ASSERT(
+          stat->data == nullptr || (stat->is_contiguous() && stat->dtype == x.dtype && stat->numel() == args.groups),
+          "normalize: running statistics are contiguous [groups] views of the input's dtype");
+    }
+    const RunningUpdate<scalar_t> run{static_cast<scalar_t*>(running.mean.data),
+                                      static_cast<scalar_t*>(running.var.data), static_cast<scalar_t>(running.keep),
+                                      static_cast<scalar_t>(running.mean_weight),
+                                      static_cast<scalar_t>(running.var_weight)};
     const int64_t n = args.outer * args.inner, chunk = statistic_chunk(n), chunks = ceil_div(n, chunk);
     if (chunks > 2 && args.groups <= INT32_MAX) {  // Note [Group statistics in chunks]
       // The scratch buffer stays ours while the library lock is held (Note [Library handles and
@@ -599,7 +632,7 @@ void CudaBackend::normalize(const NormArgs& args, const View& y, const View& mea
             <<<grid, kBlockGroupThreads, 0, stream_>>>(args, static_cast<I>(chunk), chunk_mean, chunk_m2, xp);
         EF_CUDA_CHECK_LAUNCH();
         normalize_chunks_kernel<I, scalar_t><<<grid, kBlockGroupThreads, 0, stream_>>>(
-            args, static_cast<I>(chunk), chunk_mean, chunk_m2, yp, mp, vp, rp, xp, wp, bp);
+            args, static_cast<I>(chunk), chunk_mean, chunk_m2, yp, mp, vp, rp, run, xp, wp, bp);
       });
       EF_CUDA_CHECK_LAUNCH();
       return;
@@ -608,14 +641,14 @@ void CudaBackend::normalize(const NormArgs& args, const View& y, const View& mea
       const int grid = static_cast<int>(std::min<int64_t>(ceil_div(args.groups, kHeldRowsPerBlock), INT32_MAX));
       with_values_per_lane(args.inner, [&](auto per_lane) {
         normalize_rows_kernel<decltype(per_lane)::value, scalar_t>
-            <<<grid, 32 * kHeldRowsPerBlock, 0, stream_>>>(args, yp, mp, vp, rp, xp, wp, bp);
+            <<<grid, 32 * kHeldRowsPerBlock, 0, stream_>>>(args, yp, mp, vp, rp, run, xp, wp, bp);
       });
     } else {
       // Offsets reach outer * groups * inner, plus one stride of the loop.
       with_index_type(x.numel() + args.groups * args.inner, [&](auto index) {
         using I = decltype(index);
         const int grid = static_cast<int>(std::min<int64_t>(args.groups, INT32_MAX));
-        normalize_kernel<I, scalar_t><<<grid, kBlockGroupThreads, 0, stream_>>>(args, yp, mp, vp, rp, xp, wp, bp);
+        normalize_kernel<I, scalar_t><<<grid, kBlockGroupThreads, 0, stream_>>>(args, yp, mp, vp, rp, run, xp, wp, bp);
       });
     }
     EF_CUDA_CHECK_LAUNCH();

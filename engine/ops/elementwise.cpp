@@ -399,14 +399,14 @@ Tensor ne(const Tensor& a, const Tensor& b) {
 
 // --- In place ------------------------------------------------------------------------------------------
 
-static void bump(const Tensor& x) {
+void detail::mark_written(const Tensor& x) {
   x.storage()->version.fetch_add(1);
 }
 
 void fill_(const Tensor& x, double v) {
   check_inplace("fill_", x);
   if (x.numel() > 0) backend_of(x).fill(x.view(), v);
-  bump(x);
+  detail::mark_written(x);
 }
 
 void copy_(const Tensor& dst, const Tensor& src) {
@@ -421,13 +421,13 @@ void copy_(const Tensor& dst, const Tensor& src) {
     const Tensor from = src.contiguous();
     copy_between_devices(dst.device(), dst.data_ptr(), src.device(), from.data_ptr(),
                          static_cast<size_t>(dst.numel()) * dtype_size(dst.dtype()));
-    bump(dst);
+    detail::mark_written(dst);
     return;
   }
   EF_CHECK(detail::broadcast_shapes("copy_", src.shape(), dst.shape()) == dst.shape(), "copy_: source shape ",
            shape_str(src.shape()), " does not broadcast to destination shape ", shape_str(dst.shape()));
   if (dst.numel() > 0) backend_of(dst).copy(dst.view(), detail::broadcast_view(src, dst.shape()));
-  bump(dst);
+  detail::mark_written(dst);
 }
 
 void add_(const Tensor& x, const Tensor& other, double alpha) {
@@ -448,13 +448,13 @@ void add_(const Tensor& x, const Tensor& other, double alpha) {
     backend_of(x).binary(BinaryOp::Add, x.view(), x.view(), y, 0.0);
   else
     backend_of(x).binary(BinaryOp::AddScaled, x.view(), x.view(), y, alpha);
-  bump(x);
+  detail::mark_written(x);
 }
 
 void mul_(const Tensor& x, double s) {
   check_inplace("mul_", x);
   if (x.numel() > 0) backend_of(x).unary(UnaryOp::MulScalar, x.view(), x.view(), s, 0);
-  bump(x);
+  detail::mark_written(x);
 }
 
 void adam_(const AdamArgs& args, const std::vector<AdamTensors>& params) {
@@ -507,7 +507,7 @@ void adam_(const AdamArgs& args, const std::vector<AdamTensors>& params) {
           std::pair{&t.max_exp_avg_sq, &f.max_exp_avg_sq}}) {
       if (updated == &t.max_exp_avg_sq && !args.amsgrad) continue;
       if (!updated->is_contiguous()) copy_(updated->detach(), *used);
-      bump(*updated);
+      detail::mark_written(*updated);
     }
   }
 }

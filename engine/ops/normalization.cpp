@@ -273,7 +273,9 @@ struct Normalized {
   Tensor y, mean, var, rstd;
 };
 
-Normalized normalize(const Normalization& n, const Tensor& x_in, const Tensor& weight, const Tensor& bias) {
+// `running`: a batch norm's running statistics, which the kernel updates (RunningStats).
+Normalized normalize(const Normalization& n, const Tensor& x_in, const Tensor& weight, const Tensor& bias,
+                     const RunningStats& running = {}) {
   const bool nhwc = normalizes_channels_last(n, x_in);
   const Tensor x = nhwc ? x_in : x_in.contiguous();
   Normalized out{detail::empty_in_format(x, x.shape(), nhwc ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous),
@@ -283,7 +285,7 @@ Normalized normalize(const Normalization& n, const Tensor& x_in, const Tensor& w
     const Tensor w = kernel_param(weight), b = kernel_param(bias);
     backend_of(x).normalize(kernel_args(n, nhwc), kernel_activation(out.y, nhwc).view(), out.mean.view(),
                             out.var.view(), out.rstd.view(), kernel_activation(x, nhwc).view(), view_or_none(w),
-                            view_or_none(b));
+                            view_or_none(b), running);
   }
   std::vector<Tensor> saved{x_in};
   if (weight.defined()) saved.push_back(weight);
@@ -323,17 +325,20 @@ Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, con
         stat_shape,   dims,
         stat_shape,   dims,
         {c},          x.dim() == 4};
-    const Normalized out = normalize(geometry, x, weight, bias);
-    if (running_mean.defined() || running_var.defined()) {
-      NoGradGuard no_grad;
-      if (running_mean.defined()) {
-        running_mean.mul_(1.0 - momentum);
-        running_mean.add_(reshape(out.mean, {c}), momentum);
-      }
-      if (running_var.defined()) {
-        running_var.mul_(1.0 - momentum);
-        running_var.add_(reshape(out.var, {c}), momentum * static_cast<double>(n) / static_cast<double>(n - 1));
-      }
+    // The running statistics are updated by the normalization kernel (RunningStats: PyTorch's
+    // formula, rounded as the MulScalar and AddScaled kernels that took four launches until
+    // 2026-12-01), into contiguous copies where a buffer is not contiguous.
+    const Tensor run_mean = running_mean.defined() ? running_mean.contiguous() : Tensor();
+    const Tensor run_var = running_var.defined() ? running_var.contiguous() : Tensor();
+    const RunningStats running{view_or_none(run_mean), view_or_none(run_var), 1.0 - momentum, momentum,
+                               momentum * static_cast<double>(n) / static_cast<double>(n - 1)};
+    const Normalized out = normalize(geometry, x, weight, bias, running);
+    for (const auto& [buffer, updated] : {std::pair{running_mean, run_mean}, std::pair{running_var, run_var}}) {
+      if (!buffer.defined()) continue;
+      if (updated.same(buffer))
+        detail::mark_written(buffer);
+      else
+        buffer.copy_(updated);
     }
     return out.y;
   }

@@ -206,6 +206,23 @@ std::vector<OpCase> realistic_cases() {
   });
   add_case("layer_norm", {{{3, 70001}}, {{70001}}, {{70001}}},
            [trend](const V& x) { return layer_norm(trend(x[0], 1), {70001}, x[1], x[2]); });
+  // Batch norm's running statistics, which the normalization kernels update (RunningStats in
+  // backend.h), beside the output: a warp a group (one image of 8x8), a block a group, a group in
+  // chunks (also channels-last).
+  const auto with_running = [](const Tensor& x, const Tensor& w, const Tensor& b) {
+    const TensorOptions o{.dtype = x.dtype(), .device = x.device()};
+    const Tensor running_mean = full({x.size(1)}, 0.5, o), running_var = full({x.size(1)}, 2.0, o);
+    const Tensor y = batch_norm(x, w, b, running_mean, running_var, true, 0.3);
+    return cat({flatten(y), running_mean, running_var}, 0);
+  };
+  for (const Shape& shape : {Shape{1, 16, 8, 8}, Shape{256, 32, 7, 7}, Shape{32, 64, 56, 56}}) {
+    const Shape channels{shape[1]};
+    add_case("batch_norm", {{shape}, {channels}, {channels}},
+             [with_running](const V& x) { return with_running(x[0], x[1], x[2]); });
+  }
+  add_case("batch_norm", {{{16, 8, 48, 48}}}, [with_running](const V& x) {
+    return with_running(contiguous(x[0], MemoryFormat::ChannelsLast), Tensor(), Tensor());
+  });
   add_case("max_pool2d", {{{32, 64, 56, 56}}}, [](const V& x) {
     return max_pool2d(x[0], {.kernel = {3, 3}, .stride = {{2, 2}}, .padding = {1, 1}});
   });

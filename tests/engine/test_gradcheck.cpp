@@ -162,6 +162,48 @@ TEST_CASE("layer_norm and batch_norm: the fused kernel equals the unfused formul
   }
 }
 
+// RunningStats (engine/backend.h): the normalization kernel updates batch norm's running statistics
+// with the bits of the mul_ and add_ the op ran until 2026-12-01. Groups of 2 values (n / (n - 1) =
+// 2, exact), so that momentum 1 into zeros reads the kernel's own mean and, halved, its variance; then
+// from other buffers with momentum 0.3, against mul_scalar and add_ of those. Both layouts, either
+// statistic alone, a strided buffer (written back, its neighbours untouched), the version counter.
+TEST_CASE("batch_norm: the kernel updates the running statistics with the bits of mul_ then add_") {
+  manual_seed(cpu(), 12);
+  for (const DType dtype : {kFloat64, kFloat32}) {
+    CAPTURE(dtype_name(dtype));
+    const TensorOptions o{.dtype = dtype};
+    for (const MemoryFormat format : {MemoryFormat::Contiguous, MemoryFormat::ChannelsLast}) {
+      const Tensor x = contiguous(add_scalar(randn({1, 5, 1, 2}, o), 0.7), format);
+      Tensor group_mean = zeros({5}, o), group_var = zeros({5}, o);
+      (void)batch_norm(x, {}, {}, group_mean, group_var, true, 1.0);
+      group_var = mul_scalar(group_var, 0.5);  // exact
+      for (const int which : {0, 1, 2}) {      // both, the mean alone, the variance alone
+        CAPTURE(which);
+        const Tensor start_mean = randn({5}, o), start_var = add_scalar(rand({5}, o), 0.5);
+        // Every other element of a [10] buffer: not contiguous.
+        const Tensor backing = full({10}, 9.0, o);
+        const Tensor strided_mean = slice(backing, 0, 0, 10, 2);
+        strided_mean.copy_(start_mean);
+        const Tensor running_var = start_var.clone();
+        const Tensor running_mean = which == 2 ? Tensor() : strided_mean;
+        const Tensor var_buffer = which == 1 ? Tensor() : running_var;
+        const uint64_t version = running_var.version();
+        (void)batch_norm(x, {}, {}, running_mean, var_buffer, true, 0.3);
+        Tensor want_mean = start_mean.clone(), want_var = start_var.clone();
+        want_mean.mul_(0.7);
+        want_mean.add_(group_mean, 0.3);
+        want_var.mul_(0.7);
+        want_var.add_(group_var, 0.3 * 2.0);
+        CHECK(strided_mean.to_vector() == (which == 2 ? start_mean : want_mean).to_vector());
+        CHECK(running_var.to_vector() == (which == 1 ? start_var : want_var).to_vector());
+        CHECK((running_var.version() > version) == (which != 1));
+        const std::vector<double> b = backing.to_vector();
+        for (size_t i = 1; i < b.size(); i += 2) CHECK(b[i] == 9.0);
+      }
+    }
+  }
+}
+
 // Note [Streaming stores]: a normalization whose output is past 16 MiB writes it around the caches.
 // Rows of a layer norm are independent, so the first and last rows of a large one (streamed, rows of
 // 1027 elements: not 16-byte aligned) must equal, bit for bit, the same rows normalized alone (plain
