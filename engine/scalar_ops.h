@@ -251,7 +251,9 @@ EF_HD inline auto visit_binary(BinaryOp op, double a, F&& f) {
 }
 #undef EF_BINARY_CASE
 
-enum class ReduceOp : uint8_t { Sum, Max, Min, ArgMax, ArgMin };
+// Mean: the sum rounded to the dtype, then times 1 / count rounded (MulScalar's bits: mean() was
+// sum and mul_scalar until 2026-12-01, two kernels). Floating dtypes, a count of at least 1.
+enum class ReduceOp : uint8_t { Sum, Max, Min, ArgMax, ArgMin, Mean };
 enum class RandomKind : uint8_t { Uniform, Normal, Bernoulli };
 
 }  // namespace evenflow

@@ -438,6 +438,15 @@ void reduce_impl(ReduceOp op, const View& out, const View& x) {
     switch (op) {
       case ReduceOp::Sum:
         return reduce_typed<ReduceOp::Sum, scalar_t>(out, x);
+      case ReduceOp::Mean:
+        if constexpr (std::is_floating_point_v<scalar_t>) {
+          EF_CHECK(x.numel() > 0, "reduce: mean over an empty dimension");
+          reduce_typed<ReduceOp::Sum, scalar_t>(out, x);
+          const auto scale = static_cast<scalar_t>(1.0 / static_cast<double>(x.numel() / out.numel()));
+          map_elements<scalar_t, scalar_t>(out, {out}, [scale](scalar_t s) { return s * scale; });
+          return;
+        }
+        EF_ERROR("reduce: mean of an integer tensor");
       case ReduceOp::Max:
         return reduce_typed<ReduceOp::Max, scalar_t>(out, x);
       case ReduceOp::Min:

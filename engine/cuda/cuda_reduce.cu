@@ -29,6 +29,18 @@ struct SumOp {
   __device__ Out finish(Acc a) const { return a; }
 };
 
+// The sum times 1 / count, rounded after the sum as mean()'s MulScalar rounded (ReduceOp::Mean).
+template <typename T>
+struct MeanOp {
+  using Acc = T;
+  using Out = T;
+  T scale;
+  __device__ Acc identity() const { return T(0); }
+  __device__ Acc make(T x, int64_t) const { return x; }
+  __device__ Acc combine(Acc a, Acc b) const { return a + b; }
+  __device__ Out finish(Acc a) const { return a * scale; }
+};
+
 template <typename T, bool kMax>
 struct ExtremeOp {
   using Acc = T;
@@ -218,13 +230,17 @@ void CudaBackend::reduce(ReduceOp op, const View& out, const View& x) {
   const ReducePlan p = plan_reduce(*this, out, x);
   if (p.m == 0) return;
   EF_ASSERT(!arg || p.reduced_dims <= 1, "reduce: argmax/argmin reduce one dim, not ", p.reduced_dims);
-  EF_CHECK(p.r > 0 || op == ReduceOp::Sum, "reduce: max/min/argmax/argmin over an empty dimension");
+  EF_CHECK(p.r > 0 || op == ReduceOp::Sum, "reduce: mean/max/min/argmax/argmin over an empty dimension");
   if (p.r == 0) return fill(out, 0.0);
   EF_DISPATCH_ALL(x.dtype, "reduce", [&] {
     using T = scalar_t;
     switch (op) {
       case ReduceOp::Sum:
         return run_reduce<T>(*this, p, out, x, SumOp<T>{});
+      case ReduceOp::Mean:
+        if constexpr (std::is_floating_point_v<T>)
+          return run_reduce<T>(*this, p, out, x, MeanOp<T>{static_cast<T>(1.0 / static_cast<double>(p.r))});
+        EF_ERROR("reduce: mean of an integer tensor");
       case ReduceOp::Max:
         return run_reduce<T>(*this, p, out, x, ExtremeOp<T, true>{});
       case ReduceOp::Min:

@@ -68,7 +68,17 @@ Tensor mean(const Tensor& x, const Shape& dims_in, bool keepdim) {
       dims_in.empty() ? all_dims(x.dim()) : detail::normalize_dims(dims_in, x.dim(), "mean");
   const int64_t n = count_over(x, dims);
   EF_CHECK(n > 0, "mean: reducing over an empty dim of shape ", shape_str(x.shape()));
-  return mul_scalar(sum(x, Shape(dims.begin(), dims.end()), keepdim), 1.0 / static_cast<double>(n));
+  // One kernel (ReduceOp::Mean), with the bits of sum then mul_scalar(1 / n), and their backward.
+  const Shape kept = keepdim_shape(x.shape(), dims);
+  Tensor y = detail::empty_like_shape(x, kept);
+  if (y.numel() > 0) backend_of(x).reduce(ReduceOp::Mean, y.view(), x.view());
+  if (!keepdim)
+    y = make_view(y, squeezed_shape(x.shape(), dims), contiguous_strides(squeezed_shape(x.shape(), dims)), 0);
+  const double scale = 1.0 / static_cast<double>(n);
+  record("mean", {y}, {x}, {}, [kept, shape = x.shape(), scale](const Grads& g) {
+    return Grads{expand(reshape(mul_scalar(g[0], scale), kept), shape)};
+  });
+  return y;
 }
 
 Tensor mean(const Tensor& x) {

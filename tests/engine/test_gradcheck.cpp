@@ -162,6 +162,36 @@ TEST_CASE("layer_norm and batch_norm: the fused kernel equals the unfused formul
   }
 }
 
+// ReduceOp::Mean: mean() as one kernel, with the bits of the sum and mul_scalar(1 / n) it was, and
+// the same gradient: over one dim, several, all; kept or dropped; a transposed input; rows long
+// enough for several threads.
+TEST_CASE("mean: one kernel with the bits of sum then mul_scalar, and the same gradient") {
+  manual_seed(cpu(), 13);
+  for (const DType dtype : {kFloat64, kFloat32}) {
+    CAPTURE(dtype_name(dtype));
+    const Tensor x = randn({6, 70000}, {.dtype = dtype}).requires_grad_();
+    const Tensor small = randn({2, 3, 5}, {.dtype = dtype});
+    const auto check = [](const Tensor& in, const Shape& dims, bool keepdim) {
+      int64_t n = 1;
+      for (const int64_t d : dims) n *= in.size(d);
+      const Tensor want = mul_scalar(sum(in, dims, keepdim), 1.0 / static_cast<double>(n));
+      const Tensor got = mean(in, dims, keepdim);
+      CHECK(got.shape() == want.shape());
+      CHECK(got.to_vector() == want.to_vector());
+      if (in.requires_grad()) {
+        const Tensor g = randn(got.shape(), {.dtype = in.dtype()});
+        CHECK(grad({got}, {in}, {g})[0].to_vector() == grad({want}, {in}, {g})[0].to_vector());
+      }
+    };
+    check(x, {1}, false);
+    check(x, {0}, true);
+    check(x, {0, 1}, false);
+    check(transpose(x, 0, 1), {1}, true);
+    check(small, {0, 2}, false);
+    CHECK(mean(x).to_vector() == mul_scalar(sum(x), 1.0 / static_cast<double>(x.numel())).to_vector());
+  }
+}
+
 // RunningStats (engine/backend.h): the normalization kernel updates batch norm's running statistics
 // with the bits of the mul_ and add_ the op ran until 2026-12-01. Groups of 2 values (n / (n - 1) =
 // 2, exact), so that momentum 1 into zeros reads the kernel's own mean and, halved, its variance; then
