@@ -455,7 +455,9 @@ int run(const Args& a) {
   Tensor step_values;
   const auto device_step = [&] {
     std::vector<Tensor> values;
-    std::vector<Tensor> distance(chunk.size());
+    // Each replica's Wasserstein term of the last critic step, mean(d_fake) - mean(d_real): its
+    // negation is the estimate the log reports (exactly: a - b = -(b - a)), read without a kernel.
+    std::vector<Tensor> wasserstein_terms(chunk.size());
     for (int64_t k = 0; k < a.critic_steps; ++k) {
       const auto reals = critic.scatter(buffers[input("real", k)], part_rows);
       const auto zs = buffers[input("z", k)];
@@ -472,9 +474,9 @@ int run(const Args& a) {
         const auto i = static_cast<size_t>(r);
         nn::Module& d = critic.replica(r);
         const Tensor d_real = d(reals[i]), d_fake = d(fakes[i]);
-        distance[i] = (ef::mean(d_real) - ef::mean(d_fake)).detach();
-        return ef::losses::wasserstein_critic_loss(d_real, d_fake) +
-               penalty(a, d, reals[i], fakes[i], epss[i], noises[i], real_std);
+        const Tensor wasserstein_term = ef::losses::wasserstein_critic_loss(d_real, d_fake);
+        wasserstein_terms[i] = wasserstein_term.detach();
+        return wasserstein_term + penalty(a, d, reals[i], fakes[i], epss[i], noises[i], real_std);
       });
       opt_d.zero_grad();
       loss.backward();
@@ -494,7 +496,7 @@ int run(const Args& a) {
       opt_g.step();
       values.push_back(loss.detach());
     }
-    for (const Tensor& d : distance) values.push_back(d.to(first));
+    for (const Tensor& w : wasserstein_terms) values.push_back(w.to(first));
     step_values = ef::stack(values, 0);
   };
   ef::ReplayedStep step(devices, device_step, {.record = a.cuda_graph, .warm_up = 2, .log = nullptr});
@@ -529,10 +531,11 @@ int run(const Args& a) {
       run.check_loss(v[c], q.step, "critic loss",
                      "step " + std::to_string(q.step) + " critic " + std::to_string(c + 1));
     const double critic_loss = v[k - 1], generator_loss = v[k];
-    // The Wasserstein estimate of the last critic step, chunk-weighted over the replicas.
+    // The Wasserstein estimate of the last critic step, mean(d_real) - mean(d_fake), chunk-weighted
+    // over the replicas.
     double wasserstein = 0;
     for (size_t r = 0; r < chunk.size(); ++r)
-      wasserstein += v[k + 1 + r] * static_cast<double>(chunk[r]) / static_cast<double>(n);
+      wasserstein -= v[k + 1 + r] * static_cast<double>(chunk[r]) / static_cast<double>(n);
     wasserstein = critic.group().processes().sum(wasserstein);
     run.check_loss(generator_loss, q.step, "generator loss", "step " + std::to_string(q.step) + " generator");
     const double images_per_s = static_cast<double>(images_seen) / seconds;
