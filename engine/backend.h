@@ -212,6 +212,14 @@ class Backend {
   virtual void unary(UnaryOp op, const View& out, const View& x, double a, double b) = 0;
   virtual void binary(BinaryOp op, const View& out, const View& x, const View& y, double a) = 0;
   virtual void where(const View& out, const View& cond, const View& x, const View& y) = 0;
+  // out = xs[0] + xs[1] + ... + xs[n - 1], added left to right and rounded after each add: the bits
+  // of the n - 1 Add kernels it stands for (autograd's sum of a tensor's gradients, one launch where
+  // it took n - 1: Note [Gradients summed in one kernel] in autograd.cpp). Contiguous views of one
+  // shape and floating dtype, at least two, out not among them. This default runs those Add kernels.
+  virtual void add_n(const View& out, const std::vector<View>& xs) {
+    binary(BinaryOp::Add, out, xs[0], xs[1], 0.0);
+    for (size_t k = 2; k < xs.size(); ++k) binary(BinaryOp::Add, out, out, xs[k], 0.0);
+  }
 
   // Reduction: out has x's ndim; each dim of out is either x's size or 1 (a reduced dim).
   // ArgMax/ArgMin write int64 indices and reduce exactly one dim.

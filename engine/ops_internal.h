@@ -59,6 +59,11 @@ using Grads = std::vector<Tensor>;
 // statistics).
 void mark_written(const Tensor& t);
 
+// xs[0] + xs[1] + ... in one kernel (Backend::add_n; the bits of the adds), differentiable: each input's
+// gradient is the output's. Contiguous tensors of one shape, floating dtype and device, at least two
+// (Note [Gradients summed in one kernel] in autograd.cpp).
+Tensor add_n(const std::vector<Tensor>& xs);
+
 // a·x^b, and 0 where x is 0; its derivative is scaled_pow_or_zero(x, a·b, b - 1), so it stays 0 at
 // x = 0 to any order: the derivatives of a norm's root (Note [Norm at zero] in ops/reduce.cpp).
 Tensor scaled_pow_or_zero(const Tensor& x, double scale, double exponent);

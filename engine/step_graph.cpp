@@ -175,6 +175,9 @@ class RecordingBackend final : public Backend {
   void where(const View& out, const View& cond, const View& x, const View& y) override {
     call([=, this] { kernels_->where(out, cond, x, y); });
   }
+  void add_n(const View& out, const std::vector<View>& xs) override {
+    call([=, this] { kernels_->add_n(out, xs); });
+  }
   void reduce(ReduceOp op, const View& out, const View& x) override {
     call([=, this] { kernels_->reduce(op, out, x); });
   }

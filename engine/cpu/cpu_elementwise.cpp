@@ -230,6 +230,42 @@ void CpuBackend::where(const View& out, const View& cond, const View& x, const V
   where_impl(out, cond, x, y);
 }
 
+namespace {
+
+// Backend::add_n: in blocks that stay in the first-level cache, each element added left to right
+// (this file compiles without contraction; adds alone would not contract anyway).
+template <typename T>
+void add_n_typed(T* o, const std::vector<const T*>& p, int64_t n) {
+  constexpr int64_t kBlock = 2048;
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+  [[maybe_unused]] const int nt = threads_for(n);
+#pragma omp parallel for num_threads(nt) if (nt > 1)
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t begin = b * kBlock, end = std::min(n, begin + kBlock);
+    for (int64_t i = begin; i < end; ++i) o[i] = p[0][i] + p[1][i];
+    for (size_t k = 2; k < p.size(); ++k) {
+      const T* q = p[k];
+      for (int64_t i = begin; i < end; ++i) o[i] = o[i] + q[i];
+    }
+  }
+}
+
+}  // namespace
+
+void CpuBackend::add_n(const View& out, const std::vector<View>& xs) {
+  const int64_t n = out.numel();
+  EF_ASSERT(xs.size() >= 2 && out.is_contiguous(), "add_n: at least two operands into a contiguous output");
+  for (const View& x : xs) {
+    EF_ASSERT(x.dtype == out.dtype && x.numel() == n && x.is_contiguous() && x.data != out.data,
+              "add_n: contiguous operands of the output's size and dtype, apart from it");
+  }
+  EF_DISPATCH_FLOAT(out.dtype, "add_n", [&] {
+    std::vector<const scalar_t*> p;
+    for (const View& x : xs) p.push_back(static_cast<const scalar_t*>(x.data));
+    add_n_typed(static_cast<scalar_t*>(out.data), p, n);
+  });
+}
+
 void CpuBackend::random(const View& out, RandomKind kind, double a, double b, const RandomKey& key) {
   EF_ASSERT(out.is_contiguous(), "random: output must be contiguous");
   // A recorded step's key is read when the call runs (Note [Step scalars]).

@@ -372,6 +372,7 @@ class CpuBackend final : public Backend {
   void unary(UnaryOp op, const View& out, const View& x, double a, double b) override;
   void binary(BinaryOp op, const View& out, const View& x, const View& y, double a) override;
   void where(const View& out, const View& cond, const View& x, const View& y) override;
+  void add_n(const View& out, const std::vector<View>& xs) override;
   void random(const View& out, RandomKind kind, double a, double b, const RandomKey& key) override;
 
   // Reductions (cpu_reduce.cpp).

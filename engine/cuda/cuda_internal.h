@@ -114,6 +114,7 @@ class CudaBackend final : public Backend {
   void unary(UnaryOp op, const View& out, const View& x, double a, double b) override;
   void binary(BinaryOp op, const View& out, const View& x, const View& y, double a) override;
   void where(const View& out, const View& cond, const View& x, const View& y) override;
+  void add_n(const View& out, const std::vector<View>& xs) override;
   void check_index_range(const View& index, int64_t size, int64_t allowed,
                          std::function<std::string(int64_t)> describe) override;
   void adam(const AdamArgs& args, const std::vector<AdamOperands>& params) override;

@@ -212,6 +212,15 @@ Tensor pow(const Tensor& x, double p) {
       [](const Tensor& in, const Tensor& g, double e, double) { return g * mul_scalar(pow(in, e - 1), e); }, p);
 }
 namespace detail {
+Tensor add_n(const std::vector<Tensor>& xs) {
+  EF_ASSERT(xs.size() >= 2, "add_n: fewer than two tensors");
+  Tensor y = detail::empty_in_format(xs[0], xs[0].shape(), MemoryFormat::Contiguous);
+  std::vector<View> views;
+  for (const Tensor& x : xs) views.push_back(x.view());
+  if (y.numel() > 0) backend_of(xs[0]).add_n(y.view(), views);
+  record("add_n", {y}, xs, {}, [n = xs.size()](const Grads& g) { return Grads(n, g[0]); });
+  return y;
+}
 Tensor scaled_pow_or_zero(const Tensor& x, double scale, double exponent) {
   return unary_op(
       "scaled_pow_or_zero", UnaryOp::ScaledPowOrZero, x,

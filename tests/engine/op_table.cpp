@@ -16,6 +16,9 @@ std::vector<OpCase> build() {
   add_case("add", {{{2, 3}}, {{3}}}, [](const V& x) { return add(x[0], x[1]); });
   add_case("sub", {{{2, 3}}, {{2, 1}}}, [](const V& x) { return sub(x[0], x[1]); });
   add_case("mul", {{{2, 3}}, {{1, 3}}}, [](const V& x) { return mul(x[0], x[1]); });
+  // A tensor used four times: its four partial gradients summed in one kernel (Note [Gradients
+  // summed in one kernel] in autograd.cpp), and again in its second derivatives.
+  add_case("mul", {{{3, 4}}}, [](const V& x) { return x[0] * x[0] * x[0] * x[0]; });
   add_case("div", {{{2, 3}}, {{2, 3}, P}}, [](const V& x) { return div(x[0], x[1]); });
   add_case("neg", {{{2, 3}}}, [](const V& x) { return neg(x[0]); });
   add_case("add_scalar", {{{2, 3}}}, [](const V& x) { return add_scalar(x[0], 0.5); });

@@ -7,6 +7,7 @@
 #include <limits>
 #include <set>
 
+#include "evenflow/engine/ops_internal.h"
 #include "tests/engine/op_table.h"
 
 using namespace evenflow;
@@ -159,6 +160,36 @@ TEST_CASE("layer_norm and batch_norm: the fused kernel equals the unfused formul
     const Tensor batch_var = reshape(var(x, {0, 2, 3}, true), {3});  // unbiased, as PyTorch keeps it
     CHECK(compare(running_mean, mul_scalar(batch_mean, 0.25), tol, tol).empty());
     CHECK(compare(running_var, add_scalar(mul_scalar(batch_var, 0.25), 0.75), tol, tol).empty());
+  }
+}
+
+// Backend::add_n (Note [Gradients summed in one kernel] in autograd.cpp): the bits of the adds, left
+// to right, for 3 to 9 tensors (the CUDA kernel takes 8 a launch) of sizes around the CPU's block
+// of 2048 and past one thread's share; each input's gradient is the output's; and a tensor used
+// four times gets the sum of its four gradients.
+TEST_CASE("add_n: the bits of adding left to right, one gradient for every input") {
+  manual_seed(cpu(), 14);
+  for (const DType dtype : {kFloat64, kFloat32}) {
+    CAPTURE(dtype_name(dtype));
+    for (const int64_t size : {1, 2049, 300001}) {
+      for (const size_t count : {3, 5, 9}) {
+        CAPTURE(size);
+        CAPTURE(count);
+        std::vector<Tensor> xs;
+        for (size_t k = 0; k < count; ++k) xs.push_back(mul_scalar(randn({size}, {.dtype = dtype}), 1e3));
+        Tensor want = xs[0] + xs[1];
+        for (size_t k = 2; k < count; ++k) want = want + xs[k];
+        CHECK(detail::add_n(xs).to_vector() == want.to_vector());
+      }
+    }
+    std::vector<Tensor> leaves;
+    for (int k = 0; k < 3; ++k) leaves.push_back(randn({2, 3}, {.dtype = dtype}).requires_grad_());
+    const Tensor w = randn({2, 3}, {.dtype = dtype});
+    for (const Tensor& g : grad({sum(detail::add_n(leaves) * w)}, leaves)) CHECK(g.to_vector() == w.to_vector());
+    // x·x·x·x: the gradients 3 products reach x by, summed, are 4x³.
+    const Tensor x = randn({5}, {.dtype = dtype}).requires_grad_();
+    const Tensor gx = grad({sum(x * x * x * x)}, {x})[0];
+    CHECK(compare(gx, mul_scalar(x.detach() * x.detach() * x.detach(), 4.0), 1e-6, 1e-5).empty());
   }
 }
 
