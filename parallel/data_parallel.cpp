@@ -386,7 +386,8 @@ Tensor DataParallelCriterion::combine(const std::vector<BatchRows>& rows,
   const bool one_process = group.processes().size() == 1;
   // Each term's sums added on devices[0]; its weights on the host where every rank's is a host
   // weight (a count: no kernel to add or divide by), else as tensors beside the sums.
-  std::vector<losses::LossParts::Term> combined(terms);
+  losses::LossParts combined;
+  combined.terms.resize(terms);
   for (size_t t = 0; t < terms; ++t) {
     std::vector<Tensor> sums;
     bool on_host = true;
@@ -396,9 +397,9 @@ Tensor DataParallelCriterion::combine(const std::vector<BatchRows>& rows,
       on_host = on_host && p.terms[t].host_weight.has_value();
       host_total += p.terms[t].host_weight.value_or(0.0);
     }
-    combined[t].sum = sums.size() == 1 ? sums[0] : reduce_add(sums, first);
+    combined.terms[t].sum = sums.size() == 1 ? sums[0] : reduce_add(sums, first);
     if (on_host) {
-      combined[t].host_weight = host_total;
+      combined.terms[t].host_weight = host_total;
       continue;
     }
     NoGradGuard no_grad;
@@ -409,35 +410,31 @@ Tensor DataParallelCriterion::combine(const std::vector<BatchRows>& rows,
                             ? full({}, *term.host_weight, {.dtype = term.sum.dtype(), .device = term.sum.device()})
                             : term.weight);
     }
-    combined[t].weight = weights.size() == 1 ? weights[0] : reduce_add(weights, first);
+    combined.terms[t].weight = weights.size() == 1 ? weights[0] : reduce_add(weights, first);
   }
   if (!one_process) {
-    // The combined's weights: one all_reduce of every term's (constants, exact in float64 for counts),
+    // The job's weights: one all_reduce of every term's (constants, exact in float64 for counts),
     // the device ones copied to the host first.
     NoGradGuard no_grad;
     std::vector<Tensor> device_weights;
-    for (const losses::LossParts::Term& term : combined)
+    for (const losses::LossParts::Term& term : combined.terms)
       if (!term.host_weight) device_weights.push_back(to_dtype(term.weight, kFloat64));
     const std::vector<double> copied =
         device_weights.empty() ? std::vector<double>{} : host_copy(stack(device_weights, 0)).to_vector();
     std::vector<double> values;
     for (size_t t = 0, d = 0; t < terms; ++t)
-      values.push_back(combined[t].host_weight ? *combined[t].host_weight : copied[d++]);
+      values.push_back(combined.terms[t].host_weight ? *combined.terms[t].host_weight : copied[d++]);
     const Tensor all = from_vector(values, {static_cast<int64_t>(terms)}, {.dtype = kFloat64});
     group.processes().all_reduce(all);
     const std::vector<double> summed = all.to_vector();
     for (size_t t = 0; t < terms; ++t) {
-      if (combined[t].host_weight)
-        combined[t].host_weight = summed[t];
+      if (combined.terms[t].host_weight)
+        combined.terms[t].host_weight = summed[t];
       else
-        combined[t].weight = full({}, summed[t], {.dtype = combined[t].sum.dtype(), .device = first});
+        combined.terms[t].weight = full({}, summed[t], {.dtype = combined.terms[t].sum.dtype(), .device = first});
     }
   }
-  Tensor local;
-  for (const losses::LossParts::Term& term : combined) {
-    const Tensor v = term.value();  // a term of weight 0 (its sum is 0) counts 0
-    local = local.defined() ? local + v : v;
-  }
+  const Tensor local = combined.value();  // a term of weight 0 (its sum is 0) counts 0
   if (one_process) return local;
   // Note [Loss across processes]
   // Every process returns the whole job's loss, but differentiates only its own part: its
