@@ -33,20 +33,26 @@ static std::vector<int64_t> all_dims(int64_t ndim) {
   return d;
 }
 
+// x reduced by `op` (Sum or Mean) over `dims` (an empty x sums to 0), the dims kept (size 1) or
+// dropped: sum's and mean's kernel, without their gradient.
+static Tensor reduced_over(const Tensor& x, ReduceOp op, const std::vector<int64_t>& dims, bool keepdim) {
+  Tensor y = detail::empty_like_shape(x, keepdim_shape(x.shape(), dims));
+  if (y.numel() > 0) {
+    if (x.numel() == 0)
+      backend_of(x).fill(y.view(), 0.0);
+    else
+      backend_of(x).reduce(op, y.view(), x.view());
+  }
+  if (keepdim) return y;
+  return make_view(y, squeezed_shape(x.shape(), dims), contiguous_strides(squeezed_shape(x.shape(), dims)), 0);
+}
+
 Tensor sum(const Tensor& x, const Shape& dims_in, bool keepdim) {
   detail::check_float("sum", x);
   const std::vector<int64_t> dims =
       dims_in.empty() ? all_dims(x.dim()) : detail::normalize_dims(dims_in, x.dim(), "sum");
   const Shape kept = keepdim_shape(x.shape(), dims);
-  Tensor y = detail::empty_like_shape(x, kept);
-  if (y.numel() > 0) {
-    if (x.numel() == 0)
-      backend_of(x).fill(y.view(), 0.0);
-    else
-      backend_of(x).reduce(ReduceOp::Sum, y.view(), x.view());
-  }
-  if (!keepdim)
-    y = make_view(y, squeezed_shape(x.shape(), dims), contiguous_strides(squeezed_shape(x.shape(), dims)), 0);
+  const Tensor y = reduced_over(x, ReduceOp::Sum, dims, keepdim);
   record("sum", {y}, {x}, {},
          [kept, shape = x.shape()](const Grads& g) { return Grads{expand(reshape(g[0], kept), shape)}; });
   return y;
@@ -70,10 +76,7 @@ Tensor mean(const Tensor& x, const Shape& dims_in, bool keepdim) {
   EF_CHECK(n > 0, "mean: reducing over an empty dim of shape ", shape_str(x.shape()));
   // One kernel (ReduceOp::Mean), with the bits of sum then mul_scalar(1 / n), and their backward.
   const Shape kept = keepdim_shape(x.shape(), dims);
-  Tensor y = detail::empty_like_shape(x, kept);
-  if (y.numel() > 0) backend_of(x).reduce(ReduceOp::Mean, y.view(), x.view());
-  if (!keepdim)
-    y = make_view(y, squeezed_shape(x.shape(), dims), contiguous_strides(squeezed_shape(x.shape(), dims)), 0);
+  const Tensor y = reduced_over(x, ReduceOp::Mean, dims, keepdim);
   const double scale = 1.0 / static_cast<double>(n);
   record("mean", {y}, {x}, {}, [kept, shape = x.shape(), scale](const Grads& g) {
     return Grads{expand(reshape(mul_scalar(g[0], scale), kept), shape)};
