@@ -435,7 +435,15 @@ void copy_(const Tensor& dst, const Tensor& src) {
   }
   EF_CHECK(detail::broadcast_shapes("copy_", src.shape(), dst.shape()) == dst.shape(), "copy_: source shape ",
            shape_str(src.shape()), " does not broadcast to destination shape ", shape_str(dst.shape()));
-  if (dst.numel() > 0) backend_of(dst).copy(dst.view(), detail::broadcast_view(src, dst.shape()));
+  if (dst.numel() > 0) {
+    // A source in dst's own memory, but not element for element (dst shifted by a row, say), is
+    // copied first, as add_'s: the kernel would read elements it has already written.
+    const bool overlaps =
+        src.storage() == dst.storage() &&
+        !(src.offset() == dst.offset() && src.shape() == dst.shape() && src.strides() == dst.strides());
+    const Tensor source = overlaps ? src.detach().clone() : src;
+    backend_of(dst).copy(dst.view(), detail::broadcast_view(source, dst.shape()));
+  }
   detail::mark_written(dst);
 }
 

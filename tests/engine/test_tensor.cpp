@@ -89,6 +89,44 @@ TEST_CASE("add_ with alpha: the bits of mul_scalar then add, and an operand in i
   }
 }
 
+TEST_CASE("copy_: a source in the destination's memory read before written; copies past the streaming size exact") {
+  // Shifted by one element: each element gets its left neighbour's value from before.
+  const Tensor shifted = arange(0, 10);
+  shifted.narrow(0, 1, 9).copy_(shifted.narrow(0, 0, 9));
+  CHECK(vals(shifted) == std::vector<double>{0, 0, 1, 2, 3, 4, 5, 6, 7, 8});
+  // The same down a column (a strided walk, element by element).
+  const Tensor column = arange(0, 10).reshape({5, 2});
+  column.select(1, 0).narrow(0, 1, 4).copy_(column.select(1, 0).narrow(0, 0, 4));
+  CHECK(vals(column) == std::vector<double>{0, 1, 0, 3, 2, 5, 4, 7, 6, 9});
+  const Tensor back = arange(0, 10);
+  back.narrow(0, 0, 9).copy_(back.narrow(0, 1, 9));
+  CHECK(vals(back) == std::vector<double>{1, 2, 3, 4, 5, 6, 7, 8, 9, 9});
+  // A row broadcast over its own tensor: every row gets row 1 from before.
+  const Tensor rows = arange(0, 6).reshape({3, 2});
+  rows.copy_(rows.select(0, 1));
+  CHECK(vals(rows) == std::vector<double>{2, 3, 2, 3, 2, 3});
+  const Tensor self = arange(0, 4);
+  self.copy_(self);
+  CHECK(vals(self) == std::vector<double>{0, 1, 2, 3});
+
+  // Past 16 MiB the CPU streams the output (Note [Streaming stores]): whole, by rows of a slice
+  // (each row's start unaligned), from a broadcast row, and of bfloat16.
+  manual_seed(cpu(), 5);
+  const Tensor big = randn({1100, 4097});  // 18 MB of float32
+  CHECK(vals(big.clone()) == vals(big));
+  const Tensor part = big.narrow(1, 1, 4095);
+  const Tensor part_copy = part.contiguous();
+  CHECK(vals(part_copy) == vals(part));
+  CHECK(part_copy.select(0, 7).to_vector() == part.select(0, 7).to_vector());
+  const Tensor row = big.select(0, 3);
+  const Tensor filled = empty({1100, 4097});
+  filled.copy_(row);
+  CHECK(filled.select(0, 1099).to_vector() == row.to_vector());
+  CHECK(vals(filled) == vals(row.expand({1100, 4097})));
+  const Tensor halves = randn({2100, 4097}).to(kBFloat16);  // 17 MB of bfloat16
+  CHECK(vals(halves.clone()) == vals(halves));
+}
+
 TEST_CASE("shape ops: cat, stack, split, chunk, pad") {
   const Tensor a = from_vector({1, 2, 3, 4}, {2, 2});
   const Tensor b = from_vector({5, 6}, {2, 1});
