@@ -122,13 +122,34 @@ bool copy_transposing(const StridedIter<2>& it) {
   return true;
 }
 
+// The copy of one dtype between rows of unit stride, if the walk `it` is one (false otherwise): the
+// bytes moved as they are, a large output streamed (Note [Streaming stores]) straight from the
+// source rather than through write_row's buffer, as map_iter would. (copy_ has already copied a
+// source overlapping its destination other than element for element.)
+template <typename T>
+bool copy_rows(const StridedIter<2>& it) {
+  const int last = it.ndim - 1;
+  if (it.strides[0][last] != sizeof(T) || it.strides[1][last] != sizeof(T)) return false;
+  const bool streaming = streams(it.numel() * static_cast<int64_t>(sizeof(T))) && it.data[0] != it.data[1];
+  for_each_row(it, [streaming](char* const* p, const int64_t*, int64_t n) {
+    if (p[0] == p[1]) return;
+    if (streaming) {
+      stream_copy(p[0], p[1], static_cast<size_t>(n) * sizeof(T));
+      stream_fence();
+    } else {
+      std::memcpy(p[0], p[1], static_cast<size_t>(n) * sizeof(T));
+    }
+  });
+  return true;
+}
+
 // Between any two dtypes (dtype_cast).
 template <typename Out>
 void copy_to(const View& out, const View& x) {
   const StridedIter<2> it = make_iter(std::array<View, 2>{out, x}, 0);
   EF_DISPATCH_STORAGE(x.dtype, "copy", [&] {
     if constexpr (std::is_same_v<Out, scalar_t>)
-      if (copy_transposing<Out>(it)) return;
+      if (copy_rows<Out>(it) || copy_transposing<Out>(it)) return;
     map_iter<Out, scalar_t>(it, [](scalar_t v) { return dtype_cast<Out>(v); });
   });
 }

@@ -290,6 +290,7 @@ void normalize_typed(const NormArgs& a, T* y, T* mean_out, T* var_out, T* rstd_o
       const auto feature_b = [b](int64_t i) { return b[i]; };
       const bool per_feature_w = w != nullptr && !a.affine_per_group,
                  per_feature_b = b != nullptr && !a.affine_per_group;
+      if (g + 1 < a.groups) prefetch_row(xg + a.inner, a.inner);  // Note [Prefetching the next row]
       if (per_feature_w && per_feature_b)
         write(feature_w, feature_b);
       else if (per_feature_w)
@@ -462,6 +463,10 @@ void normalize_backward_typed(const NormArgs& a, T* gx, T* gw, T* gb, const T* g
       const T mean_g = static_cast<T>(sum_g / static_cast<acc_t<T>>(n)) * group_w;
       const T mean_g_x_hat = static_cast<T>(sum_g_x_hat / static_cast<acc_t<T>>(n)) * group_w;
       T* gxg = gx + g * a.inner;
+      if (g + 1 < a.groups) {  // Note [Prefetching the next row]
+        prefetch_row(xg + a.inner, a.inner);
+        prefetch_row(gyg + a.inner, a.inner);
+      }
       for (int64_t o = 0; o < a.outer; ++o) {
         const T* xr = xg + o * stride;
         const T* gyr = gyg + o * stride;
