@@ -209,6 +209,7 @@ class Backend {
   virtual void fill(const View& out, double value) = 0;
   virtual void arange(const View& out, double start, double step) = 0;  // contiguous 1-D
   virtual void copy(const View& out, const View& x) = 0;                // casts between dtypes
+  // Floating dtypes; int64 for AddScalar alone (a counter's in-place increment, `a` integral).
   virtual void unary(UnaryOp op, const View& out, const View& x, double a, double b) = 0;
   virtual void binary(BinaryOp op, const View& out, const View& x, const View& y, double a) = 0;
   virtual void where(const View& out, const View& cond, const View& x, const View& y) = 0;

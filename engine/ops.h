@@ -502,6 +502,9 @@ void fill_(const Tensor& x, double v);
 void copy_(const Tensor& dst, const Tensor& src);
 /// x += alpha·other, other broadcast to x's shape (one dtype, one device).
 void add_(const Tensor& x, const Tensor& other, double alpha = 1.0);
+/// x += s, one kernel. x is float32, float64 or int64 (then s must be integral): a counter such as
+/// batch norm's num_batches_tracked is incremented on its device, as a replayed step needs.
+void add_(const Tensor& x, double s);
 /// x ·= s; x is float32 or float64.
 void mul_(const Tensor& x, double s);
 /// One parameter's tensors for adam_: max_exp_avg_sq only with amsgrad.

@@ -286,6 +286,10 @@ const Tensor& Tensor::add_(const Tensor& other, double alpha) const {
   evenflow::add_(*this, other, alpha);
   return *this;
 }
+const Tensor& Tensor::add_(double s) const {
+  evenflow::add_(*this, s);
+  return *this;
+}
 const Tensor& Tensor::mul_(double s) const {
   evenflow::mul_(*this, s);
   return *this;

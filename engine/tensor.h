@@ -204,6 +204,7 @@ class Tensor {
   const Tensor& copy_(const Tensor& src) const;  ///< same shape (src broadcast), same device
   /// Adds alpha·other: other has this tensor's dtype and device and broadcasts to its shape.
   const Tensor& add_(const Tensor& other, double alpha = 1.0) const;
+  const Tensor& add_(double s) const;  ///< Adds `s` to every element (int64 tensors: `s` integral).
   const Tensor& mul_(double s) const;  ///< Multiplies every element by `s` (float tensors only).
   /// @}
 

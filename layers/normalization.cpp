@@ -66,10 +66,7 @@ Tensor BatchNorm::forward(const Tensor& x) {
   double factor = config_.momentum.value_or(0.0);
   if (is_training() && track) {
     const Tensor& count = buffer("num_batches_tracked");
-    {
-      NoGradGuard no_grad;
-      count.add_(ones_like(count));
-    }
+    count.add_(1.0);  // on its device, one kernel (an int64 buffer: no gradient to guard)
     if (!config_.momentum) factor = 1.0 / count.item();
   }
   const Tensor running_mean = track ? buffer("running_mean") : Tensor();

@@ -57,7 +57,7 @@ Tensor SyncBatchNorm::forward(const Tensor& x) {
   if (cfg.track_running_stats) {
     NoGradGuard no_grad;
     const Tensor& batches = buffer("num_batches_tracked");
-    batches.add_(ones_like(batches));
+    batches.add_(1.0);
     const double momentum = cfg.momentum ? *cfg.momentum : 1.0 / batches.item();
     const Tensor& running_mean = buffer("running_mean");
     const Tensor& running_var = buffer("running_var");

@@ -1,4 +1,4 @@
-// The CPU backend's unary ops (every UnaryOp of scalar_ops.h, float32 and float64): a loop per op
+// The CPU backend's unary ops (every UnaryOp of scalar_ops.h, float32 and float64; AddScalar also int64): a loop per op
 // and dtype, in a file of its own as on CUDA (cuda_unary.cu), so that they compile beside the other
 // families.
 #include "evenflow/engine/cpu/cpu_internal.h"
@@ -12,6 +12,13 @@ namespace {
 
 void unary_impl(UnaryOp op, const View& out, const View& x, double a, double b) {
   EF_ASSERT(out.dtype == x.dtype, "unary: output and input dtypes differ");
+  if (out.dtype == DType::Int64) {
+    // A counter's increment (add_(x, s)): wraps on overflow, as PyTorch's integer add.
+    EF_ASSERT(op == UnaryOp::AddScalar, "unary: int64 only for AddScalar");
+    const auto s = static_cast<uint64_t>(static_cast<int64_t>(a));
+    return map_elements<int64_t, int64_t>(
+        out, {x}, [s](int64_t v) { return static_cast<int64_t>(static_cast<uint64_t>(v) + s); });
+  }
   if (out.dtype == DType::Float32) {
     // Our own functions where glibc's are calls that keep a loop scalar: Note [Vectorized tanh],
     // Note [Vectorized float32 exp, log, sigmoid, softplus and elu].

@@ -468,6 +468,18 @@ void add_(const Tensor& x, const Tensor& other, double alpha) {
   detail::mark_written(x);
 }
 
+void add_(const Tensor& x, double s) {
+  check_inplace("add_", x);
+  if (x.dtype() == kInt64) {
+    EF_CHECK(std::isfinite(s) && s == std::trunc(s) && std::abs(s) <= 0x1p62, "add_: ", s,
+             " is not an integer to add to an int64 tensor");
+  } else {
+    detail::check_float("add_", x);
+  }
+  if (x.numel() > 0) backend_of(x).unary(UnaryOp::AddScalar, x.view(), x.view(), s, 0);
+  detail::mark_written(x);
+}
+
 void mul_(const Tensor& x, double s) {
   check_inplace("mul_", x);
   if (x.numel() > 0) backend_of(x).unary(UnaryOp::MulScalar, x.view(), x.view(), s, 0);

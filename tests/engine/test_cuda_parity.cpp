@@ -465,6 +465,25 @@ TEST_CASE("cuda: copies between host, device and logical devices") {
   CHECK(compare(randn({257}, {.dtype = kFloat64, .device = cuda(0)}).to(cpu()), normal_cpu, 1e-14, 1e-13) == "");
 }
 
+TEST_CASE("cuda: add_ of a number in place, float and int64 (batch norm's counter), the CPU's bits") {
+  if (!cuda_devices_available()) return;
+  manual_seed(cpu(), 13);
+  for (const DType dtype : {kFloat32, kFloat64}) {
+    CAPTURE(dtype_name(dtype));
+    const Tensor x = randn({33, 65}, {.dtype = dtype});
+    const Tensor on_cpu = x.clone(), on_gpu = x.to(cuda(0));
+    on_cpu.select(1, 3).add_(-0.3);  // a strided view, then the whole tensor
+    on_gpu.select(1, 3).add_(-0.3);
+    on_cpu.add_(1.7);
+    on_gpu.add_(1.7);
+    CHECK(on_gpu.to(cpu()).to_vector() == on_cpu.to_vector());
+  }
+  const Tensor count = full({}, 0x1p53, {.dtype = kInt64, .device = cuda(0)});
+  count.add_(1.0);
+  count.add_(1.0);
+  CHECK(count.to(cpu()).to_int_vector() == std::vector<int64_t>{(int64_t{1} << 53) + 2});
+}
+
 TEST_CASE("cuda: bfloat16 casts round on the GPU as on the CPU, bit for bit") {
   if (!cuda_devices_available()) return;
   manual_seed(cpu(), 12);

@@ -89,6 +89,41 @@ TEST_CASE("add_ with alpha: the bits of mul_scalar then add, and an operand in i
   }
 }
 
+TEST_CASE("add_ of a number: add_scalar's bits in place, an int64 counter incremented, bad input refused") {
+  manual_seed(cpu(), 12);
+  for (const DType dtype : {kFloat32, kFloat64}) {
+    CAPTURE(dtype_name(dtype));
+    const Tensor x = randn({5, 7}, {.dtype = dtype});
+    const Tensor got = x.clone();
+    CHECK(&got.add_(-0.3) == &got);
+    CHECK(vals(got) == vals(add_scalar(x, -0.3)));
+    const Tensor column = x.clone();  // a strided view: only its elements change
+    column.select(1, 2).add_(0.5);
+    const Tensor want = x.clone();
+    want.select(1, 2).copy_(add_scalar(x.select(1, 2), 0.5));
+    CHECK(vals(column) == vals(want));
+  }
+  // Batch norm's num_batches_tracked: exact past float32's 2^24 and float64's 2^53, wrapping at the top.
+  const Tensor count = full({}, 0x1p53, {.dtype = kInt64});
+  count.add_(1.0);
+  CHECK(count.to_int_vector() == std::vector<int64_t>{(int64_t{1} << 53) + 1});
+  count.add_(-3.0);
+  CHECK(count.to_int_vector() == std::vector<int64_t>{(int64_t{1} << 53) - 2});
+  const Tensor top = full({2}, 0.0, {.dtype = kInt64});
+  top.fill_(0x1p62).add_(0x1p62).add_(0x1p62);  // 3·2^62 wraps to -2^62, as PyTorch's integer add
+  CHECK(top.to_int_vector() == std::vector<int64_t>{-(int64_t{1} << 62), -(int64_t{1} << 62)});
+  CHECK(error_of([&] { count.add_(0.5); }) == "add_: 0.5 is not an integer to add to an int64 tensor");
+  CHECK(error_of([&] { count.add_(0x1p63); }).find("is not an integer to add to an int64 tensor") != std::string::npos);
+  Tensor leaf = zeros({3});
+  leaf.requires_grad_();
+  CHECK(error_of([&] { leaf.add_(1.0); }).find("add_: ") == 0);
+  {
+    NoGradGuard no_grad;
+    leaf.add_(2.0);
+  }
+  CHECK(vals(leaf) == std::vector<double>{2, 2, 2});
+}
+
 TEST_CASE("copy_: a source in the destination's memory read before written; copies past the streaming size exact") {
   // Shifted by one element: each element gets its left neighbour's value from before.
   const Tensor shifted = arange(0, 10);
