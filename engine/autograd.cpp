@@ -241,7 +241,8 @@ static bool summable_in_one_kernel(const std::vector<Tensor>& partials) {
 }
 
 // Sums a node's partial gradients per output (a differentiable add under create_graph) and fills
-// outputs that received nothing with zeros.
+// outputs that received nothing with zeros (unless the node accepts missing gradients and no
+// grad() capture or retained gradient reads them).
 std::vector<Tensor> take_grads(GraphTask& task, Node* node) {
   std::vector<std::vector<Tensor>> partials;
   {
@@ -253,6 +254,8 @@ std::vector<Tensor> take_grads(GraphTask& task, Node* node) {
     }
   }
   const auto& outs = node->outputs();
+  const bool zeros_for_missing =
+      node->materializes_grads() || task.captures.count(node) != 0 || !node->retained.empty();
   std::vector<Tensor> grads(outs.size());
   for (size_t i = 0; i < outs.size(); ++i) {
     if (i < partials.size()) {
@@ -261,7 +264,8 @@ std::vector<Tensor> take_grads(GraphTask& task, Node* node) {
       else
         for (Tensor& g : partials[i]) grads[i] = grads[i].defined() ? add(grads[i], g) : g;
     }
-    if (!grads[i].defined()) grads[i] = zeros(outs[i].shape, {.dtype = outs[i].dtype, .device = outs[i].device});
+    if (!grads[i].defined() && zeros_for_missing)
+      grads[i] = zeros(outs[i].shape, {.dtype = outs[i].dtype, .device = outs[i].device});
   }
   return grads;
 }

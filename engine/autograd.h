@@ -81,7 +81,8 @@ class Node {
 
   /// Checks saved tensors are unmodified, then runs the closure. Throws ef::Error naming the node
   /// if a saved tensor was modified in place since recording, or if release() has run. grads holds
-  /// one defined tensor per output (the engine materializes zeros for outputs that received none).
+  /// one defined tensor per output: the engine materializes zeros for outputs that received none,
+  /// unless accept_missing_grads() was called (then such an output's tensor is undefined).
   virtual std::vector<Tensor> apply(const std::vector<Tensor>& grads);
   /// Drops the closure and saved tensors (backward without retain_graph).
   virtual void release();
@@ -93,6 +94,12 @@ class Node {
   /// collectives of each device in reverse order of creation (Note [Collectives in backward]).
   void mark_collective() { collective_ = true; }
   bool collective() const { return collective_; }  ///< Whether mark_collective() was called.
+  /// Lets apply() receive an undefined tensor for an output no gradient reached, where the engine
+  /// would fill one with zeros (a kernel each): for a closure that reads a missing gradient as zero
+  /// (a normalization's first-order gradients, of which a penalty's double backward reaches only
+  /// the input's). Outputs that grad() captures or retain_grad() keeps still get zeros.
+  void accept_missing_grads() { materialize_grads_ = false; }
+  bool materializes_grads() const { return materialize_grads_; }  ///< Unless accept_missing_grads() was called.
   /// The order nodes were created in, process-wide (increasing).
   uint64_t sequence_nr() const { return sequence_nr_; }
 
@@ -106,6 +113,7 @@ class Node {
   BackwardFn fn_;                         ///< The backward closure (null after release()).
   bool released_ = false;                 ///< Set by release(): apply() then throws.
   bool collective_ = false;               ///< See collective().
+  bool materialize_grads_ = true;         ///< See materializes_grads().
   uint64_t sequence_nr_;                  ///< See sequence_nr().
 };
 

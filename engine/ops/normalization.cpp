@@ -264,6 +264,9 @@ detail::Grads differentiable_normalize_backward(const Normalization& n, const Te
            const Tensor ggb = has_gb ? g[k++] : Tensor();
            return normalize_double_backward(n, ggx, ggw, ggb, gy, x, mean, rstd, weight);
          });
+  // A penalty's double backward reaches gx alone: gw's and gb's missing gradients are zero to the
+  // closure (undefined, a null view to the kernel) without a fill each.
+  if (outputs[0].grad_fn()) outputs[0].grad_fn()->accept_missing_grads();
   return first;
 }
 

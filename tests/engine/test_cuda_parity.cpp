@@ -292,6 +292,24 @@ TEST_CASE("cuda parity: normalizations' second derivatives at realistic sizes, f
     return batch_norm(contiguous(x[0], MemoryFormat::ChannelsLast), x[1], x[2], Tensor(), Tensor(), true);
   });
   add_case("batch_norm", {{{256, 32, 7, 7}}}, [](const V& x) { return batch_norm(x[0], {}, {}, {}, {}, true); });
+  // A gradient penalty's: the input's gradient alone differentiated, so that the weight's and bias's
+  // first-order gradients get none and reach the kernel as null views (Node::accept_missing_grads).
+  const auto penalty = [](const Shape& shape, MemoryFormat layout) {
+    return [shape, layout](const V& x) {
+      const Tensor y = layer_norm(contiguous(x[0], layout), shape, x[1], x[2]);
+      return grad({y}, {x[0]}, {x[3]}, {.create_graph = true})[0];
+    };
+  };
+  cases.push_back({"layer_norm's input gradient alone",
+                   {{{64, 64, 7, 7}}, {{64, 7, 7}}, {{64, 7, 7}}, {{64, 64, 7, 7}}},
+                   penalty({64, 7, 7}, MemoryFormat::ChannelsLast),
+                   {},
+                   false});
+  cases.push_back({"layer_norm's input gradient alone",
+                   {{{256, 4096}}, {{4096}}, {{4096}}, {{256, 4096}}},
+                   penalty({4096}, MemoryFormat::Contiguous),
+                   {},
+                   false});
   check_parity(cases, kFloat64, {.atol = 1e-10, .rtol = 1e-8});
   check_parity(cases, kFloat32, {.normwise = kFloat32Normwise});
 }

@@ -312,7 +312,9 @@ TEST_CASE("elementwise ops past the streaming threshold equal the same ops compu
 // Note [Fused normalization]: the second-order gradients, from the kernel (a double backward without
 // create_graph) and from its differentiable form (with it), against those of the unfused formula:
 // reaching the input, the output gradient and the weight through all three first-order gradients,
-// for layer norm (also channels-last and without affine parameters) and batch norm (also of [N, C]).
+// and through the input's alone (a gradient penalty: the weight's and bias's first-order gradients
+// get none, which the kernel reads as zero without their fills; Node::accept_missing_grads), for
+// layer norm (also channels-last and without affine parameters) and batch norm (also of [N, C]).
 TEST_CASE("layer_norm and batch_norm: the double backward, kernel and differentiable form, equals the unfused one") {
   manual_seed(cpu(), 13);
   using Norm = std::function<Tensor(const Tensor&, const Tensor&, const Tensor&)>;
@@ -379,22 +381,26 @@ TEST_CASE("layer_norm and batch_norm: the double backward, kernel and differenti
       const Tensor b = affine ? randn(c.param_shape, o).requires_grad_() : Tensor();
       const Tensor gy = randn(c.x_shape, o).requires_grad_();
       const Tensor cw = affine ? randn(c.param_shape, o) : Tensor(), cb = affine ? randn(c.param_shape, o) : Tensor();
-      // A second loss of all three first-order gradients; its gradients with respect to x, gy and w.
-      const auto second = [&](const Norm& norm, bool create_graph) {
+      // A second loss of all three first-order gradients, or of the input's alone; its gradients with
+      // respect to x, gy and w.
+      const auto second = [&](const Norm& norm, bool create_graph, bool input_only) {
         const std::vector<Tensor> inputs = affine ? std::vector<Tensor>{x, w, b} : std::vector<Tensor>{x};
         const std::vector<Tensor> g = grad({norm(x, w, b)}, inputs, {gy}, {.create_graph = true});
         Tensor loss = sum(square(g[0]));
-        if (affine) loss = loss + sum(g[1] * cw) + sum(g[2] * cb);
+        if (affine && !input_only) loss = loss + sum(g[1] * cw) + sum(g[2] * cb);
         const std::vector<Tensor> wrt = affine ? std::vector<Tensor>{x, gy, w} : std::vector<Tensor>{x, gy};
         return grad({loss}, wrt, {}, {.create_graph = create_graph});
       };
-      const std::vector<Tensor> expected = second(c.reference, false);
-      for (const bool create_graph : {false, true}) {
-        CAPTURE(create_graph);
-        const std::vector<Tensor> got = second(c.fused, create_graph);
-        for (size_t i = 0; i < got.size(); ++i)
-          CHECK_MESSAGE(compare(got[i], expected[i], tol, tol).empty(),
-                        "gradient " << i << ": " << compare(got[i], expected[i], tol, tol));
+      for (const bool input_only : {false, true}) {
+        CAPTURE(input_only);
+        const std::vector<Tensor> expected = second(c.reference, false, input_only);
+        for (const bool create_graph : {false, true}) {
+          CAPTURE(create_graph);
+          const std::vector<Tensor> got = second(c.fused, create_graph, input_only);
+          for (size_t i = 0; i < got.size(); ++i)
+            CHECK_MESSAGE(compare(got[i], expected[i], tol, tol).empty(),
+                          "gradient " << i << ": " << compare(got[i], expected[i], tol, tol));
+        }
       }
     }
   }

@@ -240,7 +240,8 @@ TEST_CASE("step graph: replayed critic steps with a gradient penalty equal eager
 // for the CUDA backend's own: cuDNN's, a bias add): 114 kernel calls until 2026-12-01, when the
 // one-device loss was scaled by its sample count and back, a norm's root guarded by where(), a mean
 // two kernels and a parameter's four gradients added pair by pair; 82 since (docs/benchmarks.md, "A
-// recorded WGAN-GP step in fewer kernels").
+// recorded WGAN-GP step in fewer kernels"); 80 since 2026-12-02, when the penalty's double backward
+// stopped filling zeros for the layer norm's weight and bias gradients it does not reach.
 TEST_CASE("step graph: a critic step with its gradient penalty records no more kernel calls than its budget") {
   std::string log;
   (void)train_critic({cpu(0)}, kFloat32, true, 3, false, &log);
@@ -248,7 +249,7 @@ TEST_CASE("step graph: a critic step with its gradient penalty records no more k
   REQUIRE_MESSAGE(at != std::string::npos, log);
   const size_t start = log.rfind(' ', at - 1) + 1;
   const int64_t calls = std::stoll(log.substr(start, at - start));
-  CHECK_MESSAGE(calls <= 82, log);
+  CHECK_MESSAGE(calls <= 80, log);
 }
 
 TEST_CASE("step graph: random draws inside a replayed step are new at every replay, as eager ones (float64)") {
