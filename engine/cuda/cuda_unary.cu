@@ -15,10 +15,8 @@ struct AddInteger {
 void CudaBackend::unary(UnaryOp op, const View& out, const View& x, double a, double b) {
   const auto gate_pass = activate();
   EF_ASSERT(out.dtype == x.dtype, "unary: output ", dtype_name(out.dtype), ", input ", dtype_name(x.dtype));
-  if (out.dtype == DType::Int64) {
-    EF_ASSERT(op == UnaryOp::AddScalar, "unary: int64 only for AddScalar");
+  if (out.dtype == DType::Int64 && op == UnaryOp::AddScalar)
     return map<int64_t, int64_t>(*this, AddInteger{static_cast<uint64_t>(static_cast<int64_t>(a))}, out, x);
-  }
   EF_DISPATCH_FLOAT(out.dtype, "unary op", [&] {
     visit_unary(op, [&](auto fn) { map<scalar_t, scalar_t>(*this, BoundUnary<decltype(fn)>{fn, a, b}, out, x); });
   });

@@ -482,6 +482,7 @@ void add_(const Tensor& x, double s) {
 
 void mul_(const Tensor& x, double s) {
   check_inplace("mul_", x);
+  detail::check_float("mul_", x);
   if (x.numel() > 0) backend_of(x).unary(UnaryOp::MulScalar, x.view(), x.view(), s, 0);
   detail::mark_written(x);
 }

@@ -113,6 +113,10 @@ TEST_CASE("add_ of a number: add_scalar's bits in place, an int64 counter increm
   top.fill_(0x1p62).add_(0x1p62).add_(0x1p62);  // 3·2^62 wraps to -2^62, as PyTorch's integer add
   CHECK(top.to_int_vector() == std::vector<int64_t>{-(int64_t{1} << 62), -(int64_t{1} << 62)});
   CHECK(error_of([&] { count.add_(0.5); }) == "add_: 0.5 is not an integer to add to an int64 tensor");
+  // Other in-place scalar ops and unary ops on int64 still name the dtype (the backends' int64 path
+  // is AddScalar's alone).
+  CHECK(error_of([&] { count.mul_(2.0); }) == "mul_: input must be float32 or float64, got int64");
+  CHECK(error_of([&] { (void)sign(count); }).find("int64 is not supported") != std::string::npos);
   CHECK(error_of([&] { count.add_(0x1p63); }).find("is not an integer to add to an int64 tensor") != std::string::npos);
   Tensor leaf = zeros({3});
   leaf.requires_grad_();
