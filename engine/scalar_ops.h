@@ -173,6 +173,15 @@ EF_BINARY_OPS(EF_DECLARE_BINARY_FUNCTOR)
 #undef EF_DECLARE_UNARY_FUNCTOR
 #undef EF_DECLARE_BINARY_FUNCTOR
 
+// A counter's increment, add_(x, s) of an int64 tensor (UnaryOp::AddScalar on int64, as batch
+// norm's num_batches_tracked): wraps on overflow, as PyTorch's integer add, where a signed add
+// would be undefined behaviour. The float ops reach the functors above; this is the one integer op.
+struct AddInteger {
+  uint64_t s;
+  EF_HD explicit AddInteger(double a) : s(static_cast<uint64_t>(static_cast<int64_t>(a))) {}
+  EF_HD int64_t operator()(int64_t v) const { return static_cast<int64_t>(static_cast<uint64_t>(v) + s); }
+};
+
 // One element of the fused Adam step (AdamArgs, engine/backend.h), written once for both backends.
 // The scalars are rounded to T once per call (adam_scalars); m and v are the moments, v_max the
 // amsgrad maximum or nullptr.

@@ -12,13 +12,9 @@ namespace {
 
 void unary_impl(UnaryOp op, const View& out, const View& x, double a, double b) {
   EF_ASSERT(out.dtype == x.dtype, "unary: output and input dtypes differ");
-  if (out.dtype == DType::Int64 && op == UnaryOp::AddScalar) {
-    // A counter's increment (add_(x, s)): wraps on overflow, as PyTorch's integer add. Other ops
-    // on int64 reach the dispatch below, which names the dtype it does not support.
-    const auto s = static_cast<uint64_t>(static_cast<int64_t>(a));
-    return map_elements<int64_t, int64_t>(
-        out, {x}, [s](int64_t v) { return static_cast<int64_t>(static_cast<uint64_t>(v) + s); });
-  }
+  // Other ops on int64 reach the dispatch below, which names the dtype it does not support.
+  if (out.dtype == DType::Int64 && op == UnaryOp::AddScalar)
+    return map_elements<int64_t, int64_t>(out, {x}, scalar::AddInteger(a));
   if (out.dtype == DType::Float32) {
     // Our own functions where glibc's are calls that keep a loop scalar: Note [Vectorized tanh],
     // Note [Vectorized float32 exp, log, sigmoid, softplus and elu].

@@ -4,19 +4,11 @@
 
 namespace evenflow::cuda_backend {
 
-namespace {
-// A counter's increment (add_(x, s) of an int64 tensor): wraps on overflow, as the CPU's.
-struct AddInteger {
-  uint64_t s;
-  __device__ int64_t operator()(int64_t v) const { return static_cast<int64_t>(static_cast<uint64_t>(v) + s); }
-};
-}  // namespace
-
 void CudaBackend::unary(UnaryOp op, const View& out, const View& x, double a, double b) {
   const auto gate_pass = activate();
   EF_ASSERT(out.dtype == x.dtype, "unary: output ", dtype_name(out.dtype), ", input ", dtype_name(x.dtype));
   if (out.dtype == DType::Int64 && op == UnaryOp::AddScalar)
-    return map<int64_t, int64_t>(*this, AddInteger{static_cast<uint64_t>(static_cast<int64_t>(a))}, out, x);
+    return map<int64_t, int64_t>(*this, scalar::AddInteger(a), out, x);
   EF_DISPATCH_FLOAT(out.dtype, "unary op", [&] {
     visit_unary(op, [&](auto fn) { map<scalar_t, scalar_t>(*this, BoundUnary<decltype(fn)>{fn, a, b}, out, x); });
   });
