@@ -92,11 +92,18 @@ bool onednn_takes_bf16_gemm(const GemmArgs& g) {
 // products in 0.17-0.89 of sgemm's time with 16 to 768 rows of C and an inner dimension of 512 and
 // more (0.49 on that one), and the same to 1.08x its time elsewhere: 1024 and 4096 rows, fewer than
 // 16 rows, an inner dimension of 128 (1.4x), or a plain B (docs/benchmarks.md, "float32 products
-// with B transposed"). A linear layer's forward, x·Wᵀ, is such a product too. Measured on AVX-512
-// only; AVX2 builds keep sgemm (and packed_matmul, cpu_gemm.cpp).
+// with B transposed"). A linear layer's forward, x·Wᵀ, is such a product too. With both operands
+// plain the primitive also won where the inner dimension is long and C has 64 to 512 rows: on an
+// Intel Xeon with AMX (2 threads) 100 x 3136 x 1024 at 304-319 GFLOP/s against sgemm's 254-260,
+// 100 x 2048 x 1024 1.15x, 64 x 3136 x 128 1.07x, 256 x 3136 x 1024 1.03x, on the Zen 4 0.87 and
+// 0.86 of sgemm's time on the first and third; with 16 or 32 rows it lost (0.72-0.87x sgemm's rate
+// on the Xeon, as on the Zen 4 with an inner dimension of 1024), and with 768 it tied
+// (docs/benchmarks.md, "The whole table on an Intel Xeon with AMX"). Measured on AVX-512 only;
+// AVX2 builds keep sgemm (and packed_matmul, cpu_gemm.cpp).
 bool onednn_takes_f32_gemm(const GemmArgs& g) {
 #if defined(__AVX512F__)
-  return g.dtype == DType::Float32 && g.compute == DType::Float32 && g.alpha == 1.0 && g.beta == 0.0 && g.trans_b &&
+  const bool b_fits = g.trans_b || (!g.trans_a && g.k >= 2048 && g.m >= 64 && g.m <= 512);
+  return g.dtype == DType::Float32 && g.compute == DType::Float32 && g.alpha == 1.0 && g.beta == 0.0 && b_fits &&
          g.m >= 16 && g.m <= 768 && g.n >= 16 && g.k >= 512 && g.ldc >= g.n;
 #else
   (void)g;

@@ -15,7 +15,8 @@ inline namespace EF_CPU_ISA {
 bool onednn_takes_bf16_gemm(const GemmArgs& g);
 
 // Whether onednn_gemm runs this float32 product (compute float32) rather than oneDNN's sgemm: on
-// AVX-512, a B transposed, and the shapes where the matmul primitive was measured faster (Note
+// AVX-512, a B transposed or a long inner dimension, and the shapes where the matmul primitive was
+// measured faster (Note
 // [float32 products with B transposed] in onednn_matmul.cpp).
 bool onednn_takes_f32_gemm(const GemmArgs& g);
 

@@ -1,8 +1,8 @@
 // The CPU GEMM: float32 products (oneDNN's sgemm where the build has it, its matmul primitive for a
-// transposed B on AVX-512, Eigen otherwise) against the float64 products (always Eigen) over the
-// layouts matmul hands the backend: transposed operands,
-// batches with broadcast strides, one row or column, empty inner dimension; and BLAS's beta == 0
-// rule, which must overwrite a C holding NaN.
+// transposed B or a long inner dimension on AVX-512, Eigen otherwise) against the float64 products
+// (always Eigen) over the layouts matmul hands the backend: transposed operands, batches with
+// broadcast strides, one row or column, empty inner dimension; and BLAS's beta == 0 rule, which
+// must overwrite a C holding NaN.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -60,7 +60,14 @@ TEST_CASE("matmul float32 equals float64 over transposes, batches and edge shape
                          {768, 520, 17},
                          {769, 512, 16},
                          {16, 511, 16},
-                         {16, 512, 15}}) {
+                         {16, 512, 15},
+                         // Plain A and B through the primitive on AVX-512 from an inner dimension of 2048 with
+                         // 64 to 512 rows of C: the rule's edges and past them.
+                         {64, 2048, 16},
+                         {512, 2048, 17},
+                         {63, 2048, 16},
+                         {513, 2048, 16},
+                         {64, 2047, 16}}) {
     const std::string shape = std::to_string(c.m) + "x" + std::to_string(c.k) + "x" + std::to_string(c.n);
     const Tensor a = randn({c.m, c.k}, f32), b = randn({c.k, c.n}, f32);
     check_against_float64(a, b, shape);
