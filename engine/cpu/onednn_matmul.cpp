@@ -102,9 +102,11 @@ bool onednn_takes_bf16_gemm(const GemmArgs& g) {
 // AVX2 builds keep sgemm (and packed_matmul, cpu_gemm.cpp).
 bool onednn_takes_f32_gemm(const GemmArgs& g) {
 #if defined(__AVX512F__)
-  const bool b_fits = g.trans_b || (!g.trans_a && g.k >= 2048 && g.m >= 64 && g.m <= 512);
-  return g.dtype == DType::Float32 && g.compute == DType::Float32 && g.alpha == 1.0 && g.beta == 0.0 && b_fits &&
-         g.m >= 16 && g.m <= 768 && g.n >= 16 && g.k >= 512 && g.ldc >= g.n;
+  // The Note's two rules: a transposed B, or plain A and B with a long inner dimension.
+  const bool shape_fits =
+      g.trans_b ? g.m >= 16 && g.m <= 768 && g.k >= 512 : !g.trans_a && g.m >= 64 && g.m <= 512 && g.k >= 2048;
+  return g.dtype == DType::Float32 && g.compute == DType::Float32 && g.alpha == 1.0 && g.beta == 0.0 && shape_fits &&
+         g.n >= 16 && g.ldc >= g.n;
 #else
   (void)g;
   return false;

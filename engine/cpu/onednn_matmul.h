@@ -16,8 +16,7 @@ bool onednn_takes_bf16_gemm(const GemmArgs& g);
 
 // Whether onednn_gemm runs this float32 product (compute float32) rather than oneDNN's sgemm: on
 // AVX-512, a B transposed or a long inner dimension, and the shapes where the matmul primitive was
-// measured faster (Note
-// [float32 products with B transposed] in onednn_matmul.cpp).
+// measured faster (Note [float32 products with B transposed] in onednn_matmul.cpp).
 bool onednn_takes_f32_gemm(const GemmArgs& g);
 
 // C = A·B for each matrix of the batch through oneDNN's matmul primitive, for a product one of the
