@@ -315,7 +315,7 @@ int main(int argc, char** argv) {
           ef::manual_seed(d, 1);
           critics.push_back(std::make_shared<ef::apps::WganCritic>(32, "layernorm", ef::nn::ModuleOptions{.device = d},
                                                                    c.channels_last));
-          ef::apps::set_precision(*critics.back(), c.compute, ef::apps::WganCritic::kImageLayer);
+          ef::apps::set_precision(*critics.back(), c.compute, ef::apps::WganCritic::kFloat32Layers);
         }
         const ef::Tensor real = ef::rand({64, 1, 28, 28}, o), fake = ef::rand({64, 1, 28, 28}, o);
         const ef::Tensor eps = ef::rand({64, 1, 1, 1}, o);
@@ -365,8 +365,8 @@ int main(int argc, char** argv) {
           Networks n;
           n.generator = std::make_shared<ef::apps::WganGenerator>(128, 32, ef::nn::ModuleOptions{.device = d}, true);
           n.critic = std::make_shared<ef::apps::WganCritic>(32, "layernorm", ef::nn::ModuleOptions{.device = d}, true);
-          ef::apps::set_precision(*n.generator, config.second, ef::apps::WganGenerator::kImageLayer);
-          ef::apps::set_precision(*n.critic, config.second, ef::apps::WganCritic::kImageLayer);
+          ef::apps::set_precision(*n.generator, config.second, ef::apps::WganGenerator::kFloat32Layers);
+          ef::apps::set_precision(*n.critic, config.second, ef::apps::WganCritic::kFloat32Layers);
           const ef::optim::AdamOptions adam{.lr = 1e-4, .betas = {0.0, 0.9}};
           n.opt_g = std::make_unique<ef::optim::Adam>(n.generator->parameters(), adam);
           n.opt_d = std::make_unique<ef::optim::Adam>(n.critic->parameters(), adam);

@@ -7,6 +7,7 @@
 // parallel/data_parallel.h): each device runs its chunk of the batch and its own loss.
 // scripts/bench_classify.sh compares its speed with PyTorch's (scripts/classify_torch.py).
 #include <CLI/CLI.hpp>
+#include <array>
 #include <cinttypes>
 #include <cstdio>
 #include <memory>
@@ -96,7 +97,7 @@ int run(const Args& a) {
 
   ef::manual_seed(a.seed);
   const auto net = ef::apps::make_fashion_cnn({.dtype = dtype});
-  ef::apps::set_precision(*net, compute, "0");
+  ef::apps::set_precision(*net, compute, std::array<const char*, 1>{"0"});  // the image layer
   ef::parallel::DataParallelModel model(net, devices);
   ef::parallel::DataParallelCriterion criterion(model, ef::losses::CrossEntropyLoss{});
   ef::parallel::ReplicatedOptimizer<ef::optim::Adam> opt(model, ef::optim::AdamOptions{.lr = a.lr});

@@ -254,21 +254,21 @@ int run(const Args& a) {
   const Tensor fixed_noise = ef::randn({64, a.z_dim}, {.dtype = dtype});
   const Tensor fid_noise = ef::randn({a.fid_samples, a.z_dim}, {.dtype = dtype});
   // --precision bf16: both networks' convolutions and products in bfloat16 but the generator's last,
-  // which writes the images, and the critic's first, which reads them (set_precision); the penalty's
-  // norm and everything else float32 (Note [bfloat16 compute]).
+  // which writes the images, the critic's first, which reads them, and the critic's score layer
+  // (set_precision); the penalty's norm and everything else float32 (Note [bfloat16 compute]).
   const bool channels_last = a.layout == "channels-last";
   const nn::ModuleOptions options{.dtype = dtype};
   std::shared_ptr<nn::Module> generator, critic_net;
   if (resnet) {
     generator = std::make_shared<ef::apps::WganResnetGenerator>(a.z_dim, a.width, options, channels_last);
     critic_net = std::make_shared<ef::apps::WganResnetCritic>(a.width, options, channels_last);
-    ef::apps::set_precision(*generator, compute, ef::apps::WganResnetGenerator::kImageLayers);
-    ef::apps::set_precision(*critic_net, compute, ef::apps::WganResnetCritic::kImageLayers);
+    ef::apps::set_precision(*generator, compute, ef::apps::WganResnetGenerator::kFloat32Layers);
+    ef::apps::set_precision(*critic_net, compute, ef::apps::WganResnetCritic::kFloat32Layers);
   } else {
     generator = std::make_shared<ef::apps::WganGenerator>(a.z_dim, a.width, options, channels_last);
     critic_net = std::make_shared<ef::apps::WganCritic>(a.width, a.norm, options, channels_last);
-    ef::apps::set_precision(*generator, compute, ef::apps::WganGenerator::kImageLayer);
-    ef::apps::set_precision(*critic_net, compute, ef::apps::WganCritic::kImageLayer);
+    ef::apps::set_precision(*generator, compute, ef::apps::WganGenerator::kFloat32Layers);
+    ef::apps::set_precision(*critic_net, compute, ef::apps::WganCritic::kFloat32Layers);
   }
   par::DataParallelModel gen(generator, devices);
   par::DataParallelModel critic(critic_net, devices);

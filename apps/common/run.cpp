@@ -95,9 +95,9 @@ std::string describe_precision(const RunOptions& o) {
   return o.precision == "bf16" ? o.dtype + " weights, bfloat16 compute" : o.dtype;
 }
 
-void set_precision(nn::Module& net, DType compute, const std::string& image_layer) {
+void set_precision(nn::Module& net, DType compute, std::span<const char* const> float32_layers) {
   net.set_compute_dtype(compute);
-  net.child(image_layer)->set_compute_dtype(kFloat32);
+  for (const char* layer : float32_layers) net.child(layer)->set_compute_dtype(kFloat32);
 }
 
 std::string metadata_number(double v) {

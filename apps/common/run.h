@@ -21,6 +21,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -71,18 +72,23 @@ DType compute_dtype(const RunOptions& o);
 // "float32", "float64", or "float32 weights, bfloat16 compute": what the programs print at the start.
 std::string describe_precision(const RunOptions& o);
 
-// Sets a network's compute dtype for --precision (Module::set_compute_dtype) except for
-// `image_layer`, the convolution that reads the one-channel images (or, in wgan_gp's generator, the
-// transposed one that writes them), which stays float32: it is a small part of the work (wgan_gp's
-// critic: 6% of its convolutions' FLOPs) and gains nothing in bfloat16 on CPU (one channel is too
-// few for oneDNN's bfloat16 kernels, slower there than its float32 ones; where they do not run, the
-// op rounds the operands for the float32 kernels, passes that only cost: the wgan_gp step was a
-// little faster with the generator's last layer float32; docs/benchmarks.md,
-// "oneDNN convolution dispatch" and "The program's host work"), while rounding the images is the
-// largest single source of error in a gradient penalty: the wgan_gp critic's penalty gradients moved
-// from 1.11e-2 to 8.9e-3 relative error against float64 at worst (scripts/bench_penalty.sh, Intel
-// Sapphire Rapids).
-void set_precision(nn::Module& net, DType compute, const std::string& image_layer);
+// Sets a network's compute dtype for --precision (Module::set_compute_dtype), then each of
+// `float32_layers` (dotted child names) back to float32. Those are the layers where bfloat16 gains
+// nothing:
+// - the convolution that reads the one-channel images (or, in wgan_gp's generators, the one that
+//   writes them): a small part of the work (wgan_gp's critic: 6% of its convolutions' FLOPs), one
+//   channel is too few for oneDNN's bfloat16 kernels, slower there than its float32 ones, and where
+//   they do not run, the op rounds the operands for the float32 kernels, passes that only cost (the
+//   wgan_gp step was a little faster with the generator's last layer float32; docs/benchmarks.md,
+//   "oneDNN convolution dispatch" and "The program's host work"); while rounding the images is the
+//   largest single source of error in a gradient penalty: the wgan_gp critic's penalty gradients
+//   moved from 1.11e-2 to 8.9e-3 relative error against float64 at worst (scripts/bench_penalty.sh,
+//   Intel Sapphire Rapids);
+// - a critic's score layer, the product with one output per image: 2 FLOPs per feature, fewer than
+//   rounding its operands takes (no backend runs a one-column product in bfloat16 itself, so each of
+//   its passes rounded two operands: 94 of the 845 kernel calls of wgan_gp's bfloat16 step, each a
+//   node of its CUDA graph; docs/benchmarks.md, "A critic's score layer in float32").
+void set_precision(nn::Module& net, DType compute, std::span<const char* const> float32_layers);
 
 // What the programs that train by epochs (classify, segment) add: --epochs, --batch-size, --lr
 // (Adam's) and --steps (a stop after that many steps in all, 0: none). Each program sets its defaults.

@@ -1,6 +1,7 @@
 // apps/wgan_gp's critic, shared with apps/bench_processes (which all-reduces its gradients).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 
@@ -15,8 +16,10 @@ class WganCritic : public nn::Cloneable<WganCritic> {
  public:
   // channels_last: the convolutions' activations channels-last (nn::Conv2dConfig::channels_last).
   WganCritic(int64_t width, const std::string& norm, const nn::ModuleOptions& o, bool channels_last = false);
-  // The convolution that reads the images: it stays float32 under --precision bf16 (set_precision).
+  // The convolution that reads the images, and the score layer (one output per image): they stay
+  // float32 under --precision bf16 (run.h's set_precision).
   static constexpr const char* kImageLayer = "conv1";
+  static constexpr std::array<const char*, 2> kFloat32Layers = {kImageLayer, "fc"};
   std::string name() const override { return "Critic"; }
   Tensor forward(const Tensor& x) override;
 };

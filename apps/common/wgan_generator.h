@@ -1,6 +1,7 @@
 // apps/wgan_gp's generator, shared with apps/bench_engine (which times the whole training step).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 
@@ -17,8 +18,9 @@ class WganGenerator : public nn::Cloneable<WganGenerator> {
   // (nn::ConvTranspose2dConfig::channels_last; the batch normalization between them keeps it).
   WganGenerator(int64_t z_dim, int64_t width, const nn::ModuleOptions& o, bool channels_last = false);
   // The transposed convolution that writes the images: it stays float32 under --precision bf16
-  // (set_precision), as the critic's layer that reads them does.
+  // (run.h's set_precision), as the critic's layer that reads them does.
   static constexpr const char* kImageLayer = "up2";
+  static constexpr std::array<const char*, 1> kFloat32Layers = {kImageLayer};
   std::string name() const override { return "Generator"; }
   Tensor forward(const Tensor& z) override;
 

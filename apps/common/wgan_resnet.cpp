@@ -158,9 +158,4 @@ Tensor WganResnetCritic::forward(const Tensor& x) {
   return reshape(child("fc")->forward(features), {x.size(0)});
 }
 
-void set_precision(nn::Module& net, DType compute, std::span<const char* const> image_layers) {
-  net.set_compute_dtype(compute);
-  for (const char* layer : image_layers) net.child(layer)->set_compute_dtype(kFloat32);
-}
-
 }  // namespace evenflow::apps

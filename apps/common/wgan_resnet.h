@@ -24,7 +24,6 @@
 
 #include <array>
 #include <cstdint>
-#include <span>
 #include <string>
 
 #include "evenflow/layers/layers.h"
@@ -95,11 +94,10 @@ class WganResnetGenerator : public nn::Cloneable<WganResnetGenerator> {
   // ef::Error for a z_dim, width or image_channels that is not positive.
   WganResnetGenerator(int64_t z_dim, int64_t width, const nn::ModuleOptions& o, bool channels_last = false,
                       int64_t image_channels = 3);
-  // The convolution that writes the images: it stays float32 under --precision bf16 (set_precision),
-  // as WganGenerator::kImageLayer.
+  // The convolution that writes the images: it stays float32 under --precision bf16 (run.h's
+  // set_precision), as WganGenerator::kImageLayer.
   static constexpr const char* kImageLayer = "conv";
-  // kImageLayer as a list, for the set_precision below.
-  static constexpr std::array<const char*, 1> kImageLayers = {kImageLayer};
+  static constexpr std::array<const char*, 1> kFloat32Layers = {kImageLayer};
   std::string name() const override { return "ResnetGenerator"; }
   Tensor forward(const Tensor& z) override;
 
@@ -117,17 +115,13 @@ class WganResnetCritic : public nn::Cloneable<WganResnetCritic> {
   // width: D (the paper's 128). channels_last: the convolutions' activations channels-last
   // (nn::Conv2dConfig::channels_last). ef::Error for a width or image_channels that is not positive.
   WganResnetCritic(int64_t width, const nn::ModuleOptions& o, bool channels_last = false, int64_t image_channels = 3);
-  // The two convolutions that read the images (the first block's conv1, and its shortcut, which reads
-  // them mean-pooled): they stay float32 under --precision bf16 (the set_precision below), as
-  // WganCritic::kImageLayer. The first block's conv2 reads activations and computes in bfloat16.
-  static constexpr std::array<const char*, 2> kImageLayers = {"blocks.0.conv1", "blocks.0.shortcut"};
+  // What stays float32 under --precision bf16 (run.h's set_precision), as WganCritic's: the two
+  // convolutions that read the images (the first block's conv1, and its shortcut, which reads them
+  // mean-pooled) and the score layer. The first block's conv2 reads activations and computes in
+  // bfloat16.
+  static constexpr std::array<const char*, 3> kFloat32Layers = {"blocks.0.conv1", "blocks.0.shortcut", "fc"};
   std::string name() const override { return "ResnetCritic"; }
   Tensor forward(const Tensor& x) override;
 };
-
-// run.h's set_precision for a network with several image layers: the network's compute dtype set to
-// `compute` (Module::set_compute_dtype), then each of `image_layers` (dotted child names) back to
-// float32. set_precision(critic, compute, WganResnetCritic::kImageLayers).
-void set_precision(nn::Module& net, DType compute, std::span<const char* const> image_layers);
 
 }  // namespace evenflow::apps

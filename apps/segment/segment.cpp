@@ -11,6 +11,7 @@
 // <out>/<loss>[/seed_<s>], then writes <out>/compare.md (mean ± standard deviation) and <out>/predictions.png.
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cinttypes>
 #include <cmath>
@@ -179,7 +180,7 @@ Outcome train(const Args& a, const Setup& s, const std::string& spec, uint64_t s
               bool start_if_missing) {
   ef::manual_seed(seed);
   std::shared_ptr<nn::Module> net = seg::make_model({.dtype = s.dtype});
-  apps::set_precision(*net, apps::compute_dtype(a), "0");
+  apps::set_precision(*net, apps::compute_dtype(a), std::array<const char*, 1>{"0"});  // the image layer
   if (s.devices.size() > 1 || ef::parallel::processes()->size() > 1) net = ef::parallel::convert_sync_batchnorm(net);
   ef::parallel::DataParallelModel model(net, s.devices);
   // The loss of the whole batch, whatever the split (segmentation_loss's parts).

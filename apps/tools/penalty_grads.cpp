@@ -1,9 +1,9 @@
 // penalty_grads: the WGAN-GP penalty's gradients with respect to apps/wgan_gp's critic parameters,
 // computed five ways from one inputs file -- float64, float32, wgan_gp --precision bf16's arithmetic
 // (Note [bfloat16 compute] in engine/ops.h: the critic's convolutions and products with bfloat16
-// operands and float32 accumulation but the first, which reads the images (apps::set_precision);
-// the LayerNorm, the penalty's norm and every sum in float32), the same with the first
-// convolution in bfloat16 too, and wgan_gp's bf16 with every activation between the critic's
+// operands and float32 accumulation but the first, which reads the images, and the score layer
+// (apps::set_precision); the LayerNorm, the penalty's norm and every sum in float32), the same with
+// those two layers in bfloat16 too, and wgan_gp's bf16 with every activation between the critic's
 // layers stored in bfloat16 (critic_with_bf16_storage) -- written to one output file as
 // "<float64|float32|bf16|bf16_all|bf16_storage>.<parameter>". scripts/bench_penalty.sh
 // writes the inputs with PyTorch (critic weights, a real and a generated batch, the interpolation
@@ -79,7 +79,7 @@ int main(int argc, char** argv) {
       critic.load_state_dict(weights, /*strict=*/false);
       const std::string m = mode;
       if (m == "bf16" || m == "bf16_storage")
-        ef::apps::set_precision(critic, compute, ef::apps::WganCritic::kImageLayer);  // as wgan_gp --precision bf16
+        ef::apps::set_precision(critic, compute, ef::apps::WganCritic::kFloat32Layers);  // as wgan_gp --precision bf16
       else if (compute == ef::kBFloat16)
         critic.set_compute_dtype(compute);
       const ef::losses::Critic d = [&critic, &m](const ef::Tensor& x) {

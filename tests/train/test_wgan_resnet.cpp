@@ -2,7 +2,7 @@
 // the parameter count against the architecture's closed form and the documented names, the WGAN-GP
 // penalty through a tiny critic checked to second order in float64 (and the generator to first),
 // channels-last against contiguous (values, gradients, the layout kept through the blocks), the
-// resampling helpers against the engine's pooling and upsampling ops, and set_precision's image
+// resampling helpers against the engine's pooling and upsampling ops, and set_precision's float32
 // layers.
 #include <doctest/doctest.h>
 
@@ -13,6 +13,9 @@
 #include <utility>
 #include <vector>
 
+#include "apps/common/run.h"
+#include "apps/common/wgan_critic.h"
+#include "apps/common/wgan_generator.h"
 #include "apps/common/wgan_resnet.h"
 #include "evenflow/engine/ops.h"
 #include "evenflow/losses/losses.h"
@@ -21,6 +24,8 @@
 
 namespace ef = evenflow;
 using ef::Tensor;
+using ef::apps::WganCritic;
+using ef::apps::WganGenerator;
 using ef::apps::WganResnetCritic;
 using ef::apps::WganResnetGenerator;
 using ef::testing::compare;
@@ -320,16 +325,26 @@ TEST_CASE("wgan_resnet: mean_pool2x2 and upsample_nearest2x equal avg_pool2d and
   CHECK(error_of([] { ef::apps::mean_pool2x2(ef::randn({1, 1, 3, 4})); }).find("even") != std::string::npos);
 }
 
-TEST_CASE("wgan_resnet: set_precision keeps the image layers float32 and the rest bfloat16") {
+TEST_CASE("wgan_resnet: set_precision keeps the image and score layers float32, the rest bfloat16") {
   WganResnetCritic critic(4, {});
   WganResnetGenerator generator(8, 4, {});
-  ef::apps::set_precision(critic, ef::kBFloat16, WganResnetCritic::kImageLayers);
-  ef::apps::set_precision(generator, ef::kBFloat16, WganResnetGenerator::kImageLayers);
+  ef::apps::set_precision(critic, ef::kBFloat16, WganResnetCritic::kFloat32Layers);
+  ef::apps::set_precision(generator, ef::kBFloat16, WganResnetGenerator::kFloat32Layers);
   CHECK(critic.child("blocks.0.conv1")->compute_dtype() == ef::kFloat32);
   CHECK(critic.child("blocks.0.shortcut")->compute_dtype() == ef::kFloat32);
   CHECK(critic.child("blocks.0.conv2")->compute_dtype() == ef::kBFloat16);
   CHECK(critic.child("blocks.3.conv1")->compute_dtype() == ef::kBFloat16);
-  CHECK(critic.child("fc")->compute_dtype() == ef::kBFloat16);
+  CHECK(critic.child("fc")->compute_dtype() == ef::kFloat32);
+  // The DCGAN-style critic and generator the same way.
+  WganCritic small_critic(4, "layernorm", {});
+  WganGenerator small_generator(8, 4, {});
+  ef::apps::set_precision(small_critic, ef::kBFloat16, WganCritic::kFloat32Layers);
+  ef::apps::set_precision(small_generator, ef::kBFloat16, WganGenerator::kFloat32Layers);
+  CHECK(small_critic.child(WganCritic::kImageLayer)->compute_dtype() == ef::kFloat32);
+  CHECK(small_critic.child("conv2")->compute_dtype() == ef::kBFloat16);
+  CHECK(small_critic.child("fc")->compute_dtype() == ef::kFloat32);
+  CHECK(small_generator.child(WganGenerator::kImageLayer)->compute_dtype() == ef::kFloat32);
+  CHECK(small_generator.child("fc")->compute_dtype() == ef::kBFloat16);
   CHECK(generator.child(WganResnetGenerator::kImageLayer)->compute_dtype() == ef::kFloat32);
   CHECK(generator.child("blocks.2.conv2")->compute_dtype() == ef::kBFloat16);
   CHECK(generator.child("fc")->compute_dtype() == ef::kBFloat16);
