@@ -87,7 +87,7 @@ std::string describe_precision(const RunOptions& o);
 // - a critic's score layer, the product with one output per image: 2 FLOPs per feature, fewer than
 //   rounding its operands takes (no backend runs a one-column product in bfloat16 itself, so each of
 //   its passes rounded two operands: 94 of the 845 kernel calls of wgan_gp's bfloat16 step, each a
-//   node of its CUDA graph; docs/benchmarks.md, "A critic's score layer in float32").
+//   node of its CUDA graph; docs/benchmarks.md, "A critic's score layer in float32 under bfloat16").
 void set_precision(nn::Module& net, DType compute, std::span<const char* const> float32_layers);
 
 // What the programs that train by epochs (classify, segment) add: --epochs, --batch-size, --lr
