@@ -28,7 +28,8 @@ void add_run_options(CLI::App& app, RunOptions& o, const std::string& seed_help)
   app.add_option("--dtype", o.dtype, "float32 or float64");
   app.add_option("--precision", o.precision,
                  "fp32, or bf16: the model's convolutions and matrix products with bfloat16 operands and float32 "
-                 "accumulation, everything else (weights, optimizer, normalizations, losses) float32");
+                 "accumulation (but the layers that read or write the images, and a critic's score layer), "
+                 "everything else (weights, optimizer, normalizations, losses) float32");
   app.add_option("--data", o.data, "FashionMNIST folder (IDX files, gzip or raw)");
   app.add_option("--out", o.out, "output folder");
   app.add_option("--workers", o.workers, "data loader threads")->check(CLI::NonNegativeNumber);
