@@ -17,6 +17,7 @@
 
 #include "evenflow/engine/backend.h"
 #include "evenflow/engine/device.h"
+#include "evenflow/engine/tensor.h"
 
 namespace evenflow::detail {
 
@@ -63,12 +64,54 @@ extern std::atomic<int> g_recording;
 // Only the step's allocations come from its pool, only its calls are recorded, only its host reads
 // are refused. (A CUDA stream cannot tell threads apart: while a step is recorded, other threads'
 // work waits at the CUDA backend's gate, Note [Work beside a recording] in cuda/recording_gate.h.)
+class StepConversions;
 struct StepThread {
-  Capture* capture = nullptr;  // the recording this thread works for
-  bool in_step = false;        // allocations on a device with a pool in use come from it
+  Capture* capture = nullptr;              // the recording this thread works for
+  bool in_step = false;                    // allocations on a device with a pool in use come from it
+  StepConversions* conversions = nullptr;  // the step's kept conversions (Note [Conversions kept for a step])
 };
 StepThread step_thread();            // the calling thread's
 void set_step_thread(StepThread s);  // sets the calling thread's
+
+// Note [Conversions kept for a step]
+// Under bfloat16 compute a convolution's weight is converted for each pass that multiplies it, and
+// a training step multiplies the same weight many times: a critic's on the real, generated and
+// interpolated batches of each critic step, a generator's in every critic step and in its own. A
+// ConvOperand (ops/conv.cpp) shares a copy within one op and its backward only. So one call of a
+// step (StepGraph::warm_up and capture, ReplayedStep's eager calls) keeps each weight's conversion
+// until it ends: a later pass over the same view of the same storage at the same version uses the
+// copy, and an optimizer's update (which bumps the version) makes the next pass convert again. The
+// values are the same either way (a conversion is a function of the bits); what changes is the
+// number of kernel calls, the nodes of a recorded step (docs/benchmarks.md, "A weight converted once
+// a step"). Nothing is kept past the call: a replay changes weights without advancing the host's
+// version counters, and the host may write a tensor through data() without bumping its version.
+// Only leaves are kept -- the parameters -- as a computed weight is used by one op and its backward,
+// and keeping it would hold its memory to the step's end.
+class StepConversions {
+ public:
+  // What a conversion makes: `kind` tells conversions of one tensor apart (the caller's enum),
+  // `format` the copy's layout.
+  struct Key {
+    int kind = 0;
+    MemoryFormat format = MemoryFormat::Contiguous;
+    bool operator==(const Key&) const = default;
+  };
+  // The copy `convert` makes of `t`, made now or kept from an earlier call with the same view of
+  // t's storage at t's version and the same key. Thread-safe: a step's threads share it.
+  Tensor get(const Tensor& t, Key key, const std::function<Tensor()>& convert);
+
+ private:
+  struct Entry {
+    Tensor source;  // keeps its storage, so no other tensor can take its address while kept
+    uint64_t version = 0;
+    Key key;
+    Tensor copy;
+  };
+  std::mutex mu_;
+  std::vector<Entry> entries_;
+};
+// The conversions of the step the calling thread works for, or nullptr outside a step.
+StepConversions* step_conversions();
 
 // The capture in progress on `d` that the calling thread works for, or nullptr.
 Capture* capture_of(const Device& d);

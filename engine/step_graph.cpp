@@ -57,6 +57,33 @@ void set_step_thread(StepThread s) {
   tls_step_thread = s;
 }
 
+Tensor StepConversions::get(const Tensor& t, Key key, const std::function<Tensor()>& convert) {
+  const auto same_view = [&](const Entry& e) {
+    return e.source.storage() == t.storage() && e.source.offset() == t.offset() && e.source.dtype() == t.dtype() &&
+           e.source.shape() == t.shape() && e.source.strides() == t.strides() && e.key == key;
+  };
+  const uint64_t version = t.version();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const Entry& e : entries_)
+      if (same_view(e) && e.version == version) return e.copy;
+  }
+  // Converted outside the lock: another device's thread may be converting its own weights.
+  Tensor copy = convert();
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto stale = std::find_if(entries_.begin(), entries_.end(), same_view);
+  if (stale != entries_.end()) {
+    *stale = {t, version, key, copy};  // an older version's copy, which no later pass can use
+  } else {
+    entries_.push_back({t, version, key, copy});
+  }
+  return copy;
+}
+
+StepConversions* step_conversions() {
+  return tls_step_thread.conversions;
+}
+
 Capture* capture_of(const Device& d) {
   if (g_recording.load(std::memory_order_acquire) == 0) return nullptr;
   Capture* c = tls_step_thread.capture;
@@ -427,7 +454,7 @@ namespace {
 class StepThreadGuard {
  public:
   explicit StepThreadGuard(detail::Capture* capture) : previous_(detail::step_thread()) {
-    detail::set_step_thread({.capture = capture, .in_step = true});
+    detail::set_step_thread({.capture = capture, .in_step = true, .conversions = previous_.conversions});
   }
   ~StepThreadGuard() { detail::set_step_thread(previous_); }
   StepThreadGuard(const StepThreadGuard&) = delete;
@@ -436,6 +463,31 @@ class StepThreadGuard {
  private:
   detail::StepThread previous_;
 };
+
+// Keeps the conversions of the calling thread's step, and of the tasks it posts, while it lives
+// (Note [Conversions kept for a step] in capture_internal.h).
+class KeptConversions {
+ public:
+  KeptConversions() : previous_(detail::step_thread()) {
+    detail::StepThread s = previous_;
+    s.conversions = &conversions_;
+    detail::set_step_thread(s);
+  }
+  ~KeptConversions() { detail::set_step_thread(previous_); }
+  KeptConversions(const KeptConversions&) = delete;
+  KeptConversions& operator=(const KeptConversions&) = delete;
+
+ private:
+  detail::StepThread previous_;
+  detail::StepConversions conversions_;
+};
+
+// Runs one call of `step`, its conversions kept until it returns: before a recording ends, so that
+// the copies go back to the pool as the step's other intermediates do.
+void call_step(const std::function<void()>& step) {
+  const KeptConversions kept;
+  step();
+}
 }  // namespace
 
 // Puts `devices`' allocations in the graph's pools while it lives (undoing every one it set, however
@@ -467,7 +519,7 @@ void StepGraph::warm_up(const std::vector<Device>& devices, const std::function<
   reset();
   const PoolScope pools(*impl_, devices);
   const StepThreadGuard in_step(nullptr);
-  step();
+  call_step(step);
 }
 
 namespace {
@@ -520,7 +572,7 @@ void StepGraph::capture(const std::vector<Device>& devices, const std::function<
     try {
       recording = devices[0].is_cuda() ? detail::begin_cuda_recording(devices)
                                        : std::make_unique<detail::CpuRecording>(devices, capture.get());
-      step();
+      call_step(step);
       // The backward passes' bookkeeping ends with the step: nothing of it may run after.
       recording->end();
     } catch (const std::exception& e) {
@@ -593,7 +645,7 @@ ReplayedStep::ReplayedStep(std::vector<Device> devices, std::function<void()> st
 void ReplayedStep::operator()(const std::string& signature) {
   replayed_ = false;
   if (!options_.record) {
-    step_();
+    call_step(step_);
     return;
   }
   const CudaMath math = cuda_math();
@@ -615,7 +667,7 @@ void ReplayedStep::operator()(const std::string& signature) {
     cannot_record_ = false;
   }
   if (cannot_record_) {
-    step_();
+    call_step(step_);
     return;
   }
   if (eager_calls_ < options_.warm_up) {
@@ -631,7 +683,7 @@ void ReplayedStep::operator()(const std::string& signature) {
     } catch (const Error& e) {
       cannot_record_ = true;
       options_.log(detail::str_cat("running the step eagerly: ", e.what()));
-      step_();  // the recording did not run it
+      call_step(step_);  // the recording did not run it
       return;
     }
     const StepGraph::Stats s = graph_.stats();

@@ -22,6 +22,10 @@
 ///   - allocate only from the step's pool: every tensor a recorded step makes on its devices comes
 ///     from a pool private to the StepGraph, so its addresses stay the step's; warm_up() fills the
 ///     pool so that recording needs no new memory from the device.
+/// One call of a step (warm_up, capture, ReplayedStep's eager calls) converts each convolution weight
+/// to bfloat16 once while its version holds (Note [Conversions kept for a step] in
+/// engine/capture_internal.h): inside a step, write a weight through ops (copy_, add_, an optimizer),
+/// which bump its version, not through data().
 /// Indexing ops may be recorded (a loss's class targets, gather, index_select): an index out of range
 /// in a replayed step is an ef::Error naming it -- thrown by replay() on CPU devices, at the next
 /// synchronization on a GPU (Note [Index checks in a recorded step] in cuda/deferred_errors.h).

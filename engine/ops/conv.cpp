@@ -3,6 +3,7 @@
 // once]); conv_transpose2d is conv2d_input_grad.
 #include "evenflow/engine/ops.h"
 
+#include "evenflow/engine/capture_internal.h"
 #include "evenflow/engine/ops_internal.h"
 
 namespace evenflow {
@@ -32,7 +33,9 @@ namespace {
 // nodes keep the float32 tensors too: they are what gets differentiated. A convolution's forward
 // and backward so convert three tensors, not six: a small gain on wgan_gp's bfloat16 step
 // (docs/benchmarks.md, "Convolution operands converted to bfloat16 once"). The
-// copies held for the backward cost half again the memory of each saved convolution input.
+// copies held for the backward cost half again the memory of each saved convolution input. Inside a
+// training step a weight's copy serves later ops too (Note [Conversions kept for a step] in
+// capture_internal.h).
 struct ConvOperand {
   explicit ConvOperand(Tensor t) : value(std::move(t)) {}
   Tensor value;    // what nodes record and differentiate
@@ -40,20 +43,36 @@ struct ConvOperand {
   Tensor rounded;  // `value` rounded to bfloat16, in float32, once a pass needed it
 };
 
+enum class Conversion { Bfloat16, Rounded };
+
+// `convert()`, which converts `t`: for a weight that is a leaf (a parameter), the copy an earlier pass
+// of the step made, if any (Note [Conversions kept for a step] in capture_internal.h).
+Tensor converted(const Tensor& t, bool weight, Conversion kind, MemoryFormat format,
+                 const std::function<Tensor()>& convert) {
+  detail::StepConversions* kept = weight && t.is_leaf() ? detail::step_conversions() : nullptr;
+  return kept != nullptr ? kept->get(t, {.kind = static_cast<int>(kind), .format = format}, convert) : convert();
+}
+
 // `o.value` in bfloat16 and `format`, converted at the first ask.
-const Tensor& bf16_operand(ConvOperand& o, MemoryFormat format) {
+const Tensor& bf16_operand(ConvOperand& o, bool weight, MemoryFormat format) {
   if (!o.bf16.defined()) {
-    o.bf16 = detail::empty_in_format(o.value.shape(), format, {.dtype = kBFloat16, .device = o.value.device()});
-    backend_of(o.value).copy(o.bf16.view(), o.value.view());  // rounds to nearest, ties to even
+    o.bf16 = converted(o.value, weight, Conversion::Bfloat16, format, [&] {
+      Tensor copy = detail::empty_in_format(o.value.shape(), format, {.dtype = kBFloat16, .device = o.value.device()});
+      backend_of(o.value).copy(copy.view(), o.value.view());  // rounds to nearest, ties to even
+      return copy;
+    });
   }
   o.bf16 = o.bf16.contiguous(format);  // a pass of another layout (where the backend chose differently)
   return o.bf16;
 }
 
 // operand_for(o.value), kept for the next pass.
-const Tensor& rounded_operand(const char* op, ConvOperand& o, DType compute) {
+const Tensor& rounded_operand(const char* op, ConvOperand& o, bool weight, DType compute) {
   if (compute != kBFloat16) return o.value;
-  if (!o.rounded.defined()) o.rounded = operand_for(op, o.value, compute);
+  if (!o.rounded.defined()) {
+    o.rounded = converted(o.value, weight, Conversion::Rounded, MemoryFormat::Contiguous,
+                          [&] { return operand_for(op, o.value, compute); });
+  }
   return o.rounded;
 }
 
@@ -83,10 +102,11 @@ ConvCall conv_call(const char* op, ConvArgs a, ConvPass pass, ConvOperand& in0, 
   // The weight's bfloat16 copy is OHWI beside channels-last activations (ConvArgs::channels_last).
   const MemoryFormat weight = backend_converts ? activations : MemoryFormat::Contiguous;
   // The second operand is the weight but in the weight gradient, where it is the output's gradient.
-  const MemoryFormat second = pass == ConvPass::WeightGrad ? activations : weight;
-  if (backend_converts) return {a, bf16_operand(in0, activations), bf16_operand(in1, second)};
-  return {a, rounded_operand(op, in0, compute).contiguous(activations),
-          rounded_operand(op, in1, compute).contiguous(second)};
+  const bool second_is_weight = pass != ConvPass::WeightGrad;
+  const MemoryFormat second = second_is_weight ? weight : activations;
+  if (backend_converts) return {a, bf16_operand(in0, false, activations), bf16_operand(in1, second_is_weight, second)};
+  return {a, rounded_operand(op, in0, false, compute).contiguous(activations),
+          rounded_operand(op, in1, second_is_weight, compute).contiguous(second)};
 }
 
 // An empty activation for a pass to write: in the layout the backend runs it on.

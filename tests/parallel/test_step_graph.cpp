@@ -7,6 +7,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -437,6 +438,63 @@ TEST_CASE("step graph: a step that cannot be recorded runs eagerly, saying why")
   CHECK(seen == 3.0);
   CHECK(log.find("running the step eagerly") != std::string::npos);
   CHECK(log.find("item()") != std::string::npos);
+}
+
+// Note [Conversions kept for a step] in engine/capture_internal.h: within one call of a step, a
+// weight is converted to bfloat16 once while its version holds. Counted in kernel calls (one call
+// per conversion, however the backend multiplies bfloat16), the values checked against the same
+// convolutions outside any step.
+TEST_CASE("step graph: a step converts a weight to bfloat16 once until an update, which it sees") {
+  const Device d = cpu(3);
+  manual_seed(5);
+  const Tensor w = randn({4, 2, 3, 3}, {.device = d}), other = randn({4, 2, 3, 3}, {.device = d});
+  const Tensor x1 = randn({2, 2, 6, 6}, {.device = d}), x2 = randn({2, 2, 6, 6}, {.device = d});
+  const Conv2dOptions o{.padding = {1, 1}, .compute = kBFloat16};
+  Tensor y1, y2;
+  const auto recorded_calls = [&](const std::function<void()>& step) {
+    StepGraph g;
+    g.warm_up({d}, step);
+    g.capture({d}, step);
+    g.replay();
+    return g.stats().calls;
+  };
+  const int64_t one_weight = recorded_calls([&] {
+    y1 = conv2d(x1, w, Tensor(), o);
+    y2 = conv2d(x2, w, Tensor(), o);
+  });
+  CHECK(y1.to_vector() == conv2d(x1, w, Tensor(), o).to_vector());
+  CHECK(y2.to_vector() == conv2d(x2, w, Tensor(), o).to_vector());
+  const int64_t two_weights = recorded_calls([&] {
+    y1 = conv2d(x1, w, Tensor(), o);
+    y2 = conv2d(x2, other, Tensor(), o);
+  });
+  CHECK(one_weight == two_weights - 1);
+  // An update between the passes bumps the weight's version: the second pass converts it again (one
+  // call more for the update, one for the conversion), and its result is the updated weight's.
+  const int64_t updated = recorded_calls([&] {
+    y1 = conv2d(x1, w, Tensor(), o);
+    w.add_(0.25);
+    y2 = conv2d(x2, w, Tensor(), o);
+  });
+  CHECK(updated == one_weight + 2);
+  CHECK(y2.to_vector() == conv2d(x2, w, Tensor(), o).to_vector());
+}
+
+// Nothing is kept from one call to the next: the host may write a weight without bumping its version
+// (through data()), as a replay does on a GPU.
+TEST_CASE("step graph: a weight's bfloat16 copy is not kept from one step to the next") {
+  const Device d = cpu(3);
+  manual_seed(6);
+  const Tensor w = randn({4, 2, 3, 3}, {.device = d}), x = randn({2, 2, 6, 6}, {.device = d});
+  const Conv2dOptions o{.padding = {1, 1}, .compute = kBFloat16};
+  Tensor y;
+  ReplayedStep step({d}, [&] { y = conv2d(x, w, Tensor(), o); }, {.record = false, .warm_up = 2, .log = nullptr});
+  step();
+  const std::vector<double> before = y.to_vector();
+  w.data<float>()[0] += 1.0f;  // no version bump
+  step();
+  CHECK(y.to_vector() != before);
+  CHECK(y.to_vector() == conv2d(x, w, Tensor(), o).to_vector());
 }
 
 // --- On a GPU (scripts/gpu_check.sh; EF_CUDA_DEVICES=0,0 makes two logical devices of one GPU) ------------

@@ -238,10 +238,13 @@ TEST_CASE("wgan_gp: two CUDA logical devices equal one CPU device (float64)") {
 
 // --cuda-graph records one generator step after two eager ones and replays it (Note [Step buffers] in
 // apps/wgan_gp.cpp). On CPU devices the replay runs the recorded kernel calls: the eager run's losses
-// to the bit, every penalty, and a --resume of a recorded run continues it exactly.
+// to the bit, every penalty, in bfloat16 too (whose weights' copies a step keeps: Note [Conversions
+// kept for a step] in engine/capture_internal.h), and a --resume of a recorded run continues it
+// exactly.
 TEST_CASE("wgan_gp: --cuda-graph on CPU devices replays the eager run's losses bitwise, and resumes exactly") {
   Data data;
-  for (const char* variant : {"--norm layernorm --penalty wgan-gp", "--norm syncbn --penalty r1"}) {
+  for (const char* variant :
+       {"--norm layernorm --penalty wgan-gp", "--norm syncbn --penalty r1", "--norm layernorm --precision bf16"}) {
     CAPTURE(variant);
     TempDir eager, recorded, split;
     const std::string common = data.args() + variant + " --devices cpu:2 --critic-steps 2 --print-loss ";
@@ -268,17 +271,17 @@ TEST_CASE("wgan_gp: --cuda-graph on CPU devices replays the eager run's losses b
 }
 
 // On a GPU: the recorded step is one CUDA graph. With cuDNN's deterministic algorithms the replays
-// give the eager run's losses to the bit, in float32 and float64; on two logical devices of the GPU
-// (one graph over both streams) they equal one device's in float64 to cuDNN's rounding; a --resume
-// continues a recorded run exactly.
+// give the eager run's losses to the bit, in float32, float64 and bfloat16; on two logical devices of
+// the GPU (one graph over both streams) they equal one device's in float64 to cuDNN's rounding; a
+// --resume continues a recorded run exactly.
 TEST_CASE("wgan_gp: --cuda-graph on a GPU replays the eager run bitwise, on two logical devices too, and resumes") {
   if (!cuda_devices_available(2)) return;
   Data data;
-  for (const char* dtype : {"float32", "float64"}) {
-    CAPTURE(dtype);
+  for (const char* precision : {"--dtype float32", "--dtype float64", "--dtype float32 --precision bf16"}) {
+    CAPTURE(precision);
     TempDir eager, recorded, split;
     const std::string common =
-        data.args() + "--dtype " + dtype + " --devices cuda:0 --cudnn-deterministic --critic-steps 2 --print-loss ";
+        data.args() + precision + " --devices cuda:0 --cudnn-deterministic --critic-steps 2 --print-loss ";
     const AppResult a = run_wgan(common + "--steps 6 --out " + eager.path().string());
     const AppResult b = run_wgan(common + "--steps 6 --cuda-graph --out " + recorded.path().string());
     REQUIRE_MESSAGE(a.rc == 0, a.output);
