@@ -201,8 +201,8 @@ verify_stamp() {
 mode=check
 allow_dirty=0
 deadline=540
-all_stages="parity,graph,data-parallel,speed,sanitizer"
-stages=$all_stages
+all_stages="parity,graph,data-parallel,speed,sanitizer,profile"
+stages=${all_stages%,profile}  # profile is asked for by name: the others fill one call
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --prepare) mode=prepare; shift ;;
@@ -364,6 +364,7 @@ probe() {
   "$python" -m pip list 2>/dev/null | grep -i -E '^nvidia-(cudnn|nccl)'
   ls /usr/local/cuda/include/cudnn.h /usr/local/cuda/include/nccl.h 2>&1
   command -v compute-sanitizer
+  command -v ncu || ls -d /opt/nvidia/nsight-compute/*/
   nproc
   free -g | head -2
   set +x
@@ -588,6 +589,25 @@ sanitize() {
 }
 wanted sanitizer && stage "compute-sanitizer" sanitizer.log 45 300 sanitize
 [[ -f "$logs/sanitizer.log" ]] && grep '^sanitizer: ' "$logs/sanitizer.log" | sed 's/^/    /' >>"$summary"
+
+# 7. Where the ResNet step's GPU time goes (--stages profile, not in the default list, whose stages
+# fill one call: a second call on the machine still warm, whose build it reuses): each kernel's time a
+# generator step, evenflow's and PyTorch's, float32 and bfloat16 (scripts/profile_wgan_gp.sh, ncu).
+# ncu cannot read the GPU under gVisor.
+profile() {
+  if ((gvisor)); then
+    echo "profile: none: gVisor (kernel 4.4.0), where ncu cannot read the GPU (LibraryNotLoaded)"
+    return 0
+  fi
+  PATH=$PATH:$(ls -d /opt/nvidia/nsight-compute/*/ 2>/dev/null | tail -1) PYTHON=$python \
+    bash scripts/profile_wgan_gp.sh --build "$build" --model resnet --out "$logs/ncu"
+}
+if wanted profile; then
+  stage profile profile.log 60 300 profile
+  [[ -f "$logs/profile.log" ]] && { echo; echo '```'
+    grep -E '^(evenflow|pytorch) resnet|^ +[0-9.]+ +[0-9.]+% |^ +us/step|^profile' "$logs/profile.log"
+    echo '```'; } >>"$summary"
+fi
 
 note ""
 note "gpu_check: $([[ $status == 0 ]] && echo passed || echo FAILED) in $SECONDS s (deadline $deadline s)"

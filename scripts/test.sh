@@ -40,6 +40,8 @@ done
 
 stage "the GPU check's preparation, rehearsed: the GPU build against build-deps/ alone (docs/gpu.md)"
 bash scripts/gpu_check.sh --prepare
+# Its profile stage's arithmetic (a kernel's time a step from two ncu records), on a made-up record.
+python3 scripts/ncu_kernels.py --self-test
 
 # Everything above builds one CUDA architecture; a user's first build has them all (CMakeLists.txt).
 # Their list reaches --version as a definition, which is where a default configuration differs:
