@@ -72,6 +72,17 @@ template <typename T>
 EF_HD inline T log1p_exp_(T t) {
   return (t > T(0) ? t : T(0)) + log1p_(exp_(-abs_(t)));
 }
+// a·b rounded on its own, never fused into the add that follows: nvcc contracts a·b + c into one
+// FMA by default, which rounds once where the CPU's kernels (built with -ffp-contract=off) round
+// twice.
+template <typename T>
+EF_HD inline T product_rounded(T a, T b) {
+#if defined(__CUDA_ARCH__)
+  if constexpr (std::is_same_v<T, float>) return __fmul_rn(a, b);
+  if constexpr (std::is_same_v<T, double>) return __dmul_rn(a, b);
+#endif
+  return a * b;
+}
 // Whether x is NaN; always false for integer types.
 template <typename T>
 EF_HD inline bool isnan_(T x) {
@@ -127,7 +138,7 @@ EF_HD inline bool isnan_(T x) {
 // apply an activation's derivative at y to the incoming gradient x in one pass (no mask tensor):
 // ReluGrad is PyTorch's threshold_backward, y <= 0 ? 0 : x; LeakyReluGrad multiplies x by 1 where
 // y > 0 and by the slope a elsewhere (NaN too), as a mask of those values would. AddScaled is
-// add_(y, alpha) in one pass: on the CPU (no contraction) the bits of MulScalar then Add.
+// add_(y, alpha) in one pass, with the bits of MulScalar then Add on both backends.
 #define EF_BINARY_OPS(X)                    \
   X(Add, x + y)                             \
   X(Sub, x - y)                             \
@@ -143,7 +154,7 @@ EF_HD inline bool isnan_(T x) {
   X(Ne, T(x != y))                          \
   X(ReluGrad, y <= T(0) ? T(0) : x)         \
   X(LeakyReluGrad, y > T(0) ? x : T(a) * x) \
-  X(AddScaled, x + T(a) * y)
+  X(AddScaled, x + product_rounded(T(a), y))
 
 #define EF_DECLARE_UNARY_FUNCTOR(name, expr)            \
   struct name {                                         \
