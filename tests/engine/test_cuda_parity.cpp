@@ -483,17 +483,22 @@ TEST_CASE("cuda: copies between host, device and logical devices") {
   CHECK(compare(randn({257}, {.dtype = kFloat64, .device = cuda(0)}).to(cpu()), normal_cpu, 1e-14, 1e-13) == "");
 }
 
-TEST_CASE("cuda: add_ of a number in place, float and int64 (batch norm's counter), the CPU's bits") {
+// add_(y, alpha) is one kernel (AddScaled) whose product is rounded before the add on both backends:
+// nvcc would otherwise fuse them into one FMA (scalar::product_rounded).
+TEST_CASE("cuda: add_ of a number, and of a tensor times alpha, in place, float and int64, the CPU's bits") {
   if (!cuda_devices_available()) return;
   manual_seed(cpu(), 13);
   for (const DType dtype : {kFloat32, kFloat64}) {
     CAPTURE(dtype_name(dtype));
-    const Tensor x = randn({33, 65}, {.dtype = dtype});
+    const Tensor x = randn({33, 65}, {.dtype = dtype}), y = randn({33, 65}, {.dtype = dtype});
     const Tensor on_cpu = x.clone(), on_gpu = x.to(cuda(0));
     on_cpu.select(1, 3).add_(-0.3);  // a strided view, then the whole tensor
     on_gpu.select(1, 3).add_(-0.3);
     on_cpu.add_(1.7);
     on_gpu.add_(1.7);
+    CHECK(on_gpu.to(cpu()).to_vector() == on_cpu.to_vector());
+    on_cpu.add_(y, -0.1);  // SGD's p.add_(d, -lr)
+    on_gpu.add_(y.to(cuda(0)), -0.1);
     CHECK(on_gpu.to(cpu()).to_vector() == on_cpu.to_vector());
   }
   const Tensor count = full({}, 0x1p53, {.dtype = kInt64, .device = cuda(0)});
