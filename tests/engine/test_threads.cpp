@@ -11,42 +11,61 @@
 
 using namespace evenflow;
 
+namespace {
+
+// Runs `scenario` twice: as it comes -- in a CTest case's own process no CPU worker exists yet, so
+// one-device backward passes run on their calling threads (Note [Backward on the calling thread]) --
+// and again once a CPU device has a worker, when every pass runs on its device's worker.
+template <typename Scenario>
+void without_and_with_cpu_workers(Scenario scenario) {
+  scenario();
+  (void)context(Device("cpu:1")).worker();
+  REQUIRE(cpu_workers_started());
+  scenario();
+}
+
+}  // namespace
+
 TEST_CASE("threads: four threads build and differentiate their own graphs concurrently") {
-  constexpr int kThreads = 4;
-  std::vector<std::vector<double>> grads(kThreads);
-  std::vector<std::thread> threads;
-  for (int t = 0; t < kThreads; ++t) {
-    threads.emplace_back([t, &grads] {
-      const Device d = cpu(t % 2);  // two threads per device: shared allocators and workers
-      Tensor w = full({3, 3}, 0.1 * (t + 1), {.dtype = kFloat64, .device = d}).requires_grad_();
-      Tensor x = ones({2, 3}, {.dtype = kFloat64, .device = d});
-      for (int step = 0; step < 20; ++step) {
-        Tensor loss = sum(square(tanh(matmul(x, w))));
-        loss.backward();
-      }
-      grads[static_cast<size_t>(t)] = w.grad().to_vector();
-    });
-  }
-  for (auto& th : threads) th.join();
-  for (int t = 0; t < kThreads; ++t) {
-    Tensor w = full({3, 3}, 0.1 * (t + 1), {.dtype = kFloat64}).requires_grad_();
-    Tensor x = ones({2, 3}, {.dtype = kFloat64});
-    for (int step = 0; step < 20; ++step) sum(square(tanh(matmul(x, w)))).backward();
-    CHECK(grads[static_cast<size_t>(t)] == w.grad().to_vector());
-  }
+  without_and_with_cpu_workers([] {
+    constexpr int kThreads = 4;
+    std::vector<std::vector<double>> grads(kThreads);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([t, &grads] {
+        const Device d = cpu(t % 2);  // two threads per device: shared allocators and workers
+        Tensor w = full({3, 3}, 0.1 * (t + 1), {.dtype = kFloat64, .device = d}).requires_grad_();
+        Tensor x = ones({2, 3}, {.dtype = kFloat64, .device = d});
+        for (int step = 0; step < 20; ++step) {
+          Tensor loss = sum(square(tanh(matmul(x, w))));
+          loss.backward();
+        }
+        grads[static_cast<size_t>(t)] = w.grad().to_vector();
+      });
+    }
+    for (auto& th : threads) th.join();
+    for (int t = 0; t < kThreads; ++t) {
+      Tensor w = full({3, 3}, 0.1 * (t + 1), {.dtype = kFloat64}).requires_grad_();
+      Tensor x = ones({2, 3}, {.dtype = kFloat64});
+      for (int step = 0; step < 20; ++step) sum(square(tanh(matmul(x, w)))).backward();
+      CHECK(grads[static_cast<size_t>(t)] == w.grad().to_vector());
+    }
+  });
 }
 
 TEST_CASE("threads: concurrent backward passes accumulate into one shared leaf") {
-  Tensor w = ones({4}, {.dtype = kFloat64}).requires_grad_();
-  constexpr int kThreads = 4, kSteps = 10;
-  std::vector<std::thread> threads;
-  for (int t = 0; t < kThreads; ++t) {
-    threads.emplace_back([&w] {
-      for (int s = 0; s < kSteps; ++s) sum(w * 2.0).backward();
-    });
-  }
-  for (auto& th : threads) th.join();
-  CHECK(w.grad().to_vector() == std::vector<double>(4, 2.0 * kThreads * kSteps));
+  without_and_with_cpu_workers([] {
+    Tensor w = ones({4}, {.dtype = kFloat64}).requires_grad_();
+    constexpr int kThreads = 4, kSteps = 10;
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&w] {
+        for (int s = 0; s < kSteps; ++s) sum(w * 2.0).backward();
+      });
+    }
+    for (auto& th : threads) th.join();
+    CHECK(w.grad().to_vector() == std::vector<double>(4, 2.0 * kThreads * kSteps));
+  });
 }
 
 // Note [One OpenMP team per core]: once a CPU device has a worker, only workers run kernels on a
