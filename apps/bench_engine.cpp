@@ -3,11 +3,12 @@
 // scripts/bench_engine.sh runs the same cases in PyTorch in the same run and prints the ratios.
 // Output: one line per case, "case<TAB>seconds<TAB>rate<TAB>unit"; a case that throws prints
 // "case<TAB>failed<TAB>reason" instead, and the next one runs.
-#include <CLI/CLI.hpp>
+#include <CLI/App.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <functional>
+#include <memory>
 #include <new>
 
 #include "apps/common/program.h"
@@ -108,7 +109,8 @@ void report_turn_ratio(const std::string& name, const std::vector<double>& num, 
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"evenflow engine benchmark"};
+  const std::unique_ptr<CLI::App> app_owner = ef::apps::make_app("evenflow engine benchmark");
+  CLI::App& app = *app_owner;
   std::string device = "cpu:0", only;
   double min_seconds = 1.0;
   int threads = 0;

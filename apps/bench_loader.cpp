@@ -9,7 +9,7 @@
 // core, which is what sizes a preprocessing cluster (docs/benchmarks.md, "Data loading"). Every
 // row's batches are checked to be the same bits as the first row's of its pipeline (the loader's
 // promise, Ray included). scripts/bench_loader.sh runs it.
-#include <CLI/CLI.hpp>
+#include <CLI/App.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cinttypes>
@@ -131,8 +131,9 @@ int run(const Args& a) {
 
 int main(int argc, char** argv) {
   Args a;
-  CLI::App app{
-      "evenflow data-loading benchmark: the programs' pipelines, plain and augmented, by loader threads and on Ray"};
+  const std::unique_ptr<CLI::App> app_owner = ef::apps::make_app(
+      "evenflow data-loading benchmark: the programs' pipelines, plain and augmented, by loader threads and on Ray");
+  CLI::App& app = *app_owner;
   app.add_option("--data", a.data, "FashionMNIST folder (IDX files, gzip or raw)");
   app.add_option("--batches", a.batches, "batches per row (from the start of an epoch)")->check(CLI::PositiveNumber);
   app.add_option("--workers", a.workers, "loader thread counts, one row each (0: on the consumer's thread)")

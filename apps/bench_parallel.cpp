@@ -6,10 +6,11 @@
 // first-device peak / mean of the others for each, and the step time on N devices against one.
 // scripts/bench_parallel.sh runs it. Works on CPU devices ("cpu:4") and CUDA logical devices
 // ("cuda:0,1"; EF_CUDA_DEVICES="0,0,0,0" makes four logical devices of one GPU).
-#include <CLI/CLI.hpp>
+#include <CLI/App.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -146,7 +147,9 @@ void print_table(const std::vector<ef::Device>& devices, size_t active, const st
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"evenflow data-parallel benchmark: per-device peak memory and step time"};
+  const std::unique_ptr<CLI::App> app_owner =
+      ef::apps::make_app("evenflow data-parallel benchmark: per-device peak memory and step time");
+  CLI::App& app = *app_owner;
   std::string devices_spec = "cpu:4", dtype = "float32";
   int threads = 0;
   Config c;

@@ -16,10 +16,11 @@
 // over the row's (1: as fast as MPI alone).
 #include <mpi.h>
 
-#include <CLI/CLI.hpp>
+#include <CLI/App.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -69,7 +70,9 @@ double median_seconds(const Config& c, P&& prepare, F&& call) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"evenflow multi-process benchmark: the critic's gradient all-reduce against a bare MPI_Allreduce"};
+  const std::unique_ptr<CLI::App> app_owner = ef::apps::make_app(
+      "evenflow multi-process benchmark: the critic's gradient all-reduce against a bare MPI_Allreduce");
+  CLI::App& app = *app_owner;
   Config c;
   app.add_option("--devices", c.devices, "each process's devices, as parallel::devices: cpu:N, cuda");
   app.add_option("--width", c.width, "the critic's width, as wgan_gp --width")

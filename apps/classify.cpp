@@ -6,7 +6,7 @@
 // With several --devices it trains data-parallel (Note [Data-parallel step] in
 // parallel/data_parallel.h): each device runs its chunk of the batch and its own loss.
 // scripts/bench_classify.sh compares its speed with PyTorch's (scripts/classify_torch.py).
-#include <CLI/CLI.hpp>
+#include <CLI/App.hpp>
 #include <array>
 #include <cinttypes>
 #include <cstdio>
@@ -158,7 +158,9 @@ int run(const Args& a) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"Train the FashionMNIST benchmark CNN with Adam (evenflow)"};
+  const std::unique_ptr<CLI::App> app_owner =
+      ef::apps::make_app("Train the FashionMNIST benchmark CNN with Adam (evenflow)");
+  CLI::App& app = *app_owner;
   Args a;
   ef::apps::add_epoch_options(app, a, "seed of the initialization, dropout and data order");
   return ef::apps::run_program(app, argc, argv, "classify", [&] { return run(a); });

@@ -1,10 +1,11 @@
 // train_demo: the engine end to end. A small MLP learns to classify three interleaved spirals,
 // with an optional input-gradient penalty (a double backward, as in WGAN-GP) and an optional
 // second device that holds the second half of the network, so one backward pass spans two devices.
-#include <CLI/CLI.hpp>
+#include <CLI/App.hpp>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <memory>
 
 #include "apps/common/program.h"
 #include "evenflow/engine/ops.h"
@@ -46,7 +47,9 @@ struct Linear {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"evenflow engine demo: an MLP on three spirals, trained end to end"};
+  const std::unique_ptr<CLI::App> app_owner =
+      ef::apps::make_app("evenflow engine demo: an MLP on three spirals, trained end to end");
+  CLI::App& app = *app_owner;
   std::string device = "cpu:0", second_device;
   int steps = 1500, hidden = 64;
   double lr = 0.3, penalty = 0.0;

@@ -17,7 +17,7 @@
 // apps/classify trains (--classifier), every --fid-every steps and at the end, next to the same
 // distance for real held-out images (the floor); and at the end of the run the fixed evaluation
 // (Note [Final evaluation]), written to evaluation.json.
-#include <CLI/CLI.hpp>
+#include <CLI/App.hpp>
 #include <chrono>
 #include <cinttypes>
 #include <cmath>
@@ -619,7 +619,9 @@ int run(const Args& a) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"Train a WGAN-GP on FashionMNIST, data-parallel over the devices found (evenflow)"};
+  const std::unique_ptr<CLI::App> app_owner =
+      ef::apps::make_app("Train a WGAN-GP on FashionMNIST, data-parallel over the devices found (evenflow)");
+  CLI::App& app = *app_owner;
   Args a;
   ef::apps::add_run_options(app, a, "seed of the initialization, noise and data order");
   app.add_option("--steps", a.steps, "generator steps in all")->check(CLI::PositiveNumber);

@@ -1,10 +1,12 @@
 // The programs' top level (see program.h).
 #include "apps/common/program.h"
 
+#include <CLI/CLI.hpp>  // all of CLI11, for make_app (program.h)
 #include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <exception>
+#include <memory>
 #include <new>
 #include <string>
 
@@ -45,6 +47,10 @@ std::string describe_devices(const std::vector<Device>& devices) {
   const int processes = parallel::processes()->size();
   if (processes > 1) names += " in each of " + std::to_string(processes) + " processes";
   return names;
+}
+
+std::unique_ptr<CLI::App> make_app(const std::string& description) {
+  return std::make_unique<CLI::App>(description);
 }
 
 CLI::Validator finite() {

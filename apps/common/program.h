@@ -9,9 +9,10 @@
 // other one before the job ends.
 #pragma once
 
-#include <CLI/CLI.hpp>
+#include <CLI/App.hpp>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -19,6 +20,13 @@
 #include "evenflow/engine/device.h"
 
 namespace evenflow::apps {
+
+// A program's command line, `description` the first line of its --help. Made in program.cpp, the one
+// file that includes all of CLI11 (its help formatter and its config-file reader): <CLI/CLI.hpp>
+// cost each file that included it 11.4 s of compiling under CI's AddressSanitizer flags, <CLI/App.hpp>
+// 4.9 (docs/contributing.md, "What CI runs"). A file that constructs a CLI::App itself needs
+// <CLI/CLI.hpp>, whose definitions the App's constructor uses.
+std::unique_ptr<CLI::App> make_app(const std::string& description);
 
 // Parses the command line and calls run(); returns the exit status (run()'s, or 2 / 1 as above).
 // Exceptions before setup_done() count as bad input, after it as failures while running.

@@ -15,7 +15,7 @@
 //    the last checkpoint is the last good one.
 #pragma once
 
-#include <CLI/CLI.hpp>
+#include <CLI/App.hpp>
 #include <cstdint>
 #include <filesystem>
 #include <functional>

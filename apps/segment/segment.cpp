@@ -9,7 +9,7 @@
 // (segmentation_loss's parts, added over the devices), BatchNorm made SyncBatchNorm so N devices
 // compute what one does. --compare trains every loss from --seeds seeds with the same budget, each in
 // <out>/<loss>[/seed_<s>], then writes <out>/compare.md (mean ± standard deviation) and <out>/predictions.png.
-#include <CLI/CLI.hpp>
+#include <CLI/App.hpp>
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -382,7 +382,9 @@ int run(const Args& a, const std::string& command) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"Segment FashionMNIST garments on canvases with a small encoder-decoder (evenflow)"};
+  const std::unique_ptr<CLI::App> app_owner =
+      ef::apps::make_app("Segment FashionMNIST garments on canvases with a small encoder-decoder (evenflow)");
+  CLI::App& app = *app_owner;
   Args a;
   ef::apps::add_epoch_options(app, a, "seed of the canvases, the initialization and the data order");
   auto* loss = app.add_option("--loss", a.loss, "ce, focal, dice, lovasz, ohem, or a sum of them such as ce+dice");

@@ -2,9 +2,10 @@
 // training images in order, from weights written to --init, printing each step's loss. With
 // scripts/classify_steps_torch.py (the same from the same weights in PyTorch) it shows whether
 // the two frameworks train the same way step by step: scripts/compare_classify_steps.sh.
-#include <CLI/CLI.hpp>
+#include <CLI/App.hpp>
 #include <cinttypes>
 #include <cstdio>
+#include <memory>
 
 #include "apps/common/fashion_cnn.h"
 #include "apps/common/program.h"
@@ -16,7 +17,9 @@
 namespace ef = evenflow;
 
 int main(int argc, char** argv) {
-  CLI::App app{"classify's network, step by step, without dropout (for comparison with PyTorch)"};
+  const std::unique_ptr<CLI::App> app_owner =
+      ef::apps::make_app("classify's network, step by step, without dropout (for comparison with PyTorch)");
+  CLI::App& app = *app_owner;
   std::string init = "classify_init.safetensors", data = ef::data::kFashionMnistRoot;
   int64_t steps = 200, batch = 100;
   uint64_t seed = 0;

@@ -9,8 +9,9 @@
 // writes the inputs with PyTorch (critic weights, a real and a generated batch, the interpolation
 // weights), computes PyTorch's own gradients (float64, float32, autocast bfloat16) and prints each
 // one's relative error against float64.
-#include <CLI/CLI.hpp>
+#include <CLI/App.hpp>
 #include <cstdio>
+#include <memory>
 
 #include "apps/common/program.h"
 #include "apps/common/run.h"
@@ -42,7 +43,9 @@ ef::Tensor critic_with_bf16_storage(const ef::apps::WganCritic& critic, const ef
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"the WGAN-GP penalty's critic gradients in float64, float32 and bfloat16 compute"};
+  const std::unique_ptr<CLI::App> app_owner =
+      ef::apps::make_app("the WGAN-GP penalty's critic gradients in float64, float32 and bfloat16 compute");
+  CLI::App& app = *app_owner;
   std::string inputs, out, norm = "layernorm";
   int64_t width = 32;
   double lambda = 10.0;
