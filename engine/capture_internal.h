@@ -22,7 +22,7 @@
 namespace evenflow::detail {
 
 // A CPU device's recorded kernel call, with the OpenMP team size its caller would have used (Note
-// [Recording CPU devices] in step_graph.cpp).
+// [Recording CPU devices] in cpu_recording.cpp).
 struct RecordedCall {
   std::function<void()> run;
   int kernel_threads = 1;
@@ -132,7 +132,7 @@ void on_device_memory(const std::vector<Device>& devices, std::function<void()> 
 void check_not_recording(const Device& d, const char* what, const char* why);
 
 // A recording of a step's device work as a backend keeps it: for CUDA devices one CUDA graph of
-// their streams (cuda/cuda_graph.cu); for CPU devices the Capture's calls (step_graph.cpp).
+// their streams (cuda/cuda_graph.cu); for CPU devices the Capture's calls (cpu_recording.cpp).
 class DeviceRecording {
  public:
   virtual ~DeviceRecording() = default;
@@ -146,8 +146,11 @@ class DeviceRecording {
   virtual int64_t size() const = 0;
 };
 // The CPU kernels behind a backend that records their calls while a capture is active (Note
-// [Recording CPU devices] in step_graph.cpp): what make_cpu_backend gives every CPU device.
+// [Recording CPU devices] in cpu_recording.cpp): what make_cpu_backend gives every CPU device.
 std::unique_ptr<Backend> make_recording_backend(std::unique_ptr<Backend> kernels);
+
+// Starts recording the calls of CPU devices into `capture` (cpu_recording.cpp).
+std::unique_ptr<DeviceRecording> begin_cpu_recording(const std::vector<Device>& devices, Capture* capture);
 
 // Starts recording the work of CUDA logical devices of one GPU (dispatch.cpp: ef::Error in a build
 // without CUDA).

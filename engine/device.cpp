@@ -227,7 +227,7 @@ Worker& DeviceContext::worker() {
 }
 
 namespace {
-// A replayed call's recorded team size (Note [Recording CPU devices] in step_graph.cpp); 0: none.
+// A replayed call's recorded team size (Note [Recording CPU devices] in cpu_recording.cpp); 0: none.
 thread_local int tls_kernel_threads = 0;
 }  // namespace
 
