@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -345,7 +346,7 @@ constexpr int kLanes = 8;
 
 // The bytes of the widest vector register this copy's instruction set has. A vector of GCC's
 // extension wider than that is split by the compiler, and one kept across a loop's iterations may
-// be kept in memory, moved 8 bytes at a time (cpu_normalization.cpp's LaneVectors).
+// be kept in memory, moved 8 bytes at a time (LaneVectors, below).
 #if defined(__AVX512F__)
 constexpr int kRegisterBytes = 64;
 #elif defined(__AVX__)
@@ -385,6 +386,39 @@ void store_lanes(E* p, const Vec& v) {
   std::memcpy(static_cast<void*>(p), &v, sizeof(Vec));  // bytes, into any element type (bfloat16's too)
 }
 
+// A row's elements and their lanes (acc_t) as vectors (GCC's vector extension): the kLanes lanes in
+// kParts parts of kPartLanes, a part of lanes filling one vector register of doubles. Eight doubles
+// are one register with AVX-512 only; as one vector elsewhere, GCC kept the lanes in memory
+// through the loop, moved 8 bytes at a time, and layer norm's backward took 1.5x the AVX-512
+// copy's time on the same CPU (docs/benchmarks.md, "The AVX2 kernels on an AVX-512 CPU"). Spelled out
+// per type: GCC 12 lost the vector_size of a typedef depending on a template parameter in some
+// uses (it refused a __builtin_convertvector to it).
+constexpr int kPartLanes = kRegisterBytes / static_cast<int>(sizeof(double));
+constexpr int kParts = kLanes / kPartLanes;
+template <typename T>
+struct LaneVectors;
+template <>
+struct LaneVectors<float> {
+  typedef float Register __attribute__((vector_size(kRegisterBytes)));  // a whole register of T
+  typedef float Row __attribute__((vector_size(kPartLanes * sizeof(float))));
+  typedef double Acc __attribute__((vector_size(kPartLanes * sizeof(double))));
+};
+template <>
+struct LaneVectors<double> {
+  typedef double Register __attribute__((vector_size(kRegisterBytes)));
+  typedef double Row __attribute__((vector_size(kPartLanes * sizeof(double))));
+  typedef double Acc __attribute__((vector_size(kPartLanes * sizeof(double))));
+};
+// A row's kLanes lanes: lane l is part l / kPartLanes, element l % kPartLanes.
+template <typename T>
+using LaneParts = std::array<typename LaneVectors<T>::Acc, kParts>;
+
+// The sum of the lanes, in lane order (lanes_total's).
+template <typename T>
+acc_t<T> parts_total(const LaneParts<T>& parts) {
+  return lanes_total(std::bit_cast<std::array<acc_t<T>, kLanes>>(parts));
+}
+
 // out = value, for every storage dtype (cpu_elementwise.cpp; reduce_impl fills argmax over a dim
 // of size 1 with it).
 void fill_impl(const View& out, double value);
@@ -421,10 +455,12 @@ class CpuBackend final : public Backend {
   bool bf16_conv(const ConvArgs& args, ConvPass pass) override;
   bool channels_last_conv(const ConvArgs& args, ConvPass pass, DType dtype) override;
 
-  // Softmax and normalization (cpu_normalization.cpp).
+  // Softmax (cpu_softmax.cpp).
   void softmax(const View& out, const View& x, bool log) override;
   bool has_softmax_dim1() const override { return true; }
   void softmax_dim1(const View& out, const View& x, bool log) override;
+
+  // Normalization (cpu_normalization.cpp).
   void normalize(const NormArgs& args, const View& y, const View& mean, const View& var, const View& rstd,
                  const View& x, const View& weight, const View& bias, const RunningStats& running) override;
   void normalize_backward(const NormArgs& args, const View& gx, const View& gw, const View& gb, const View& gy,

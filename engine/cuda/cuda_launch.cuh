@@ -1,8 +1,8 @@
 // What every kernel file of the CUDA backend shares: launch shapes, 32/64-bit index choice, the
 // strided-view indexer (Note [Strided indexing]) and temporaries from the device's caching
-// allocator. Included by the kernel files only (cuda_elementwise.cu, cuda_unary.cu, cuda_reduce.cu,
-// cuda_normalization.cu, cuda_indexing.cu, cuda_pooling.cu, cuda_adam.cu); one kernel family per
-// file, so that nvcc compiles the families in parallel.
+// allocator, and sums over a group of threads. Included by the kernel files only (cuda_elementwise.cu,
+// cuda_unary.cu, cuda_reduce.cu, cuda_softmax.cu, cuda_normalization.cu, cuda_indexing.cu, cuda_pooling.cu,
+// cuda_adam.cu); one kernel family per file, so that nvcc compiles the families in parallel.
 #pragma once
 
 #include <algorithm>
@@ -132,6 +132,35 @@ inline void check_same_shape(const View& out, const View& in) {
     EF_ASSERT(in.shape[d] == out.shape[d], "elementwise operand not broadcast to the output's shape");
   }
 }
+
+// --- Sums and maxima over a group of threads (softmax rows, normalization groups) ------------------
+
+struct SumOf {
+  template <typename T>
+  __device__ T operator()(T a, T b) const {
+    return a + b;
+  }
+};
+
+// Combines v over a group of K threads (K = 32: one warp; K > 32: the whole block, K threads);
+// every thread of the group gets the result. `shared` holds K / 32 values.
+template <int K, typename T, typename Combine>
+__device__ __forceinline__ T group_all_reduce(T v, Combine combine, T* shared) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) v = combine(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  if constexpr (K > 32) {
+    const int warp = static_cast<int>(threadIdx.x) / 32;
+    __syncthreads();  // the previous call's readers are done with `shared`
+    if (threadIdx.x % 32 == 0) shared[warp] = v;
+    __syncthreads();
+    v = shared[0];
+    for (int w = 1; w < K / 32; ++w) v = combine(v, shared[w]);
+  }
+  return v;
+}
+
+// Threads of a group that is a whole block: wide softmax rows, normalization groups.
+inline constexpr int kBlockGroupThreads = 512;
 
 // Temporary device memory from the device's caching allocator, so that it counts in the memory
 // statistics and reuses cached blocks (cudaMallocAsync's own pool could fail while the cache holds
