@@ -8,6 +8,12 @@
 # both sides) and PRECISION (fp32, or bf16: the matmul and conv cases in bfloat16, PyTorch's under
 # torch.autocast) from the environment.
 #
+# ROUNDS=N (default 1) runs the two sides N times, alternating (evenflow, PyTorch, evenflow, ...), so
+# that a VM's swings from minute to minute fall on both: each rate is then the median of its N, and
+# the ratio the median of the N rounds' ratios, with their lowest and highest beside it. On the
+# 2-core VMs we measure on, one run's ratio moved by up to 1.5x from run to run (docs/benchmarks.md,
+# "The table in rounds").
+#
 # On CPU, PyTorch runs with glibc's mmap and trim thresholds fixed at 4 GiB (MALLOC_MMAP_THRESHOLD_,
 # MALLOC_TRIM_THRESHOLD_), so that its outputs of 32 MiB come from memory it freed before, as ours
 # come from our allocator's cache. With glibc's defaults they were mapped from the OS at every call
@@ -38,62 +44,94 @@ build=${BUILD_DIR:-build}
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 common=(--threads "$threads" --min-seconds "${MIN_SECONDS:-1}" --tf32 "${TF32:-conv}" --precision "${PRECISION:-fp32}")
-# Each side's error output is shown after it ends, and its last line names how a side that died ended.
+rounds=${ROUNDS:-1}
+[[ $rounds =~ ^[1-9][0-9]*$ ]] || { echo "bench_engine.sh: ROUNDS must be a positive whole number, got '$rounds'" >&2; exit 2; }
+# Each side's error output is shown after it ends, and its last line names how a side that died ended
+# (a round's; the rounds after a side died do not run it again).
 ef_rc=0 torch_rc=0 failed_rows=0
-OMP_NUM_THREADS=$threads "$build/apps/bench_engine" --device "$ef_device" "${common[@]}" \
-  >"$scratch/ours" 2>"$scratch/ours.err" || ef_rc=$?
-cat "$scratch/ours.err" >&2
-env "${torch_env[@]}" OMP_NUM_THREADS=$threads "$python" scripts/bench_torch.py --device "$torch_device" "${common[@]}" \
-  >"$scratch/theirs" 2>"$scratch/theirs.err" || torch_rc=$?
-cat "$scratch/theirs.err" >&2
+for ((round = 1; round <= rounds; round++)); do
+  if ((ef_rc == 0)); then
+    OMP_NUM_THREADS=$threads "$build/apps/bench_engine" --device "$ef_device" "${common[@]}" \
+      >"$scratch/ours.$round" 2>"$scratch/ours.err" || ef_rc=$?
+    cat "$scratch/ours.err" >&2
+  fi
+  if ((torch_rc == 0)); then
+    env "${torch_env[@]}" OMP_NUM_THREADS=$threads "$python" scripts/bench_torch.py --device "$torch_device" \
+      "${common[@]}" >"$scratch/theirs.$round" 2>"$scratch/theirs.err" || torch_rc=$?
+    cat "$scratch/theirs.err" >&2
+  fi
+done
 torch_version=$("$python" -c 'import torch; print(torch.__version__)' 2>/dev/null || echo '? (no torch)')
 echo "device $kind, $threads threads, TF32 ${TF32:-conv} (on CUDA), precision ${PRECISION:-fp32}, $(date -u +%F), PyTorch $torch_version"
-printf "%-42s %12s %12s %8s\n" case evenflow pytorch "time ratio"
+if ((rounds == 1)); then
+  printf "%-42s %12s %12s %8s\n" case evenflow pytorch "time ratio"
+else
+  echo "$rounds rounds, alternating; rates and the ratio are medians over them, the ratio's range after it"
+  printf "%-42s %12s %12s %8s %s\n" case evenflow pytorch "time ratio" "(lowest-highest)"
+fi
 # Rows as "section<TAB>key<TAB>text", sorted, the text printed: 1 both sides (by name), 2 evenflow
 # only (in its order), 3 PyTorch only. A cell is "rate unit", "failed" or "—"; the numeric formats
-# are the table's of before.
-LC_ALL=C awk -F'\t' '
+# are the table's of before. A case that failed in any round is a failed row.
+files=()
+for ((round = 1; round <= rounds; round++)); do
+  for side in ours theirs; do [[ -f "$scratch/$side.$round" ]] && files+=("$scratch/$side.$round"); done
+done
+LC_ALL=C awk -F'\t' -v rounds="$rounds" '
   function cell(width, rate, unit) { return sprintf("%" width ".2f %-5s", rate, substr(unit, 1, 5)) }
   function text(width, s) { return sprintf("%" width "s %-5s", s, "") }
   function dash(width) { return sprintf("%" (width - 1) "s%s %-5s", "", "—", "") }
-  function row(name, in_ef, in_th,    e, t, ok, r, why) {
-    e = !in_ef ? dash(8) : (ef_failed[name] ? text(8, "failed") : cell(8, ef_rate[name], ef_unit[name]))
-    t = !in_th ? dash(7) : (th_failed[name] ? text(7, "failed") : cell(7, th_rate[name], th_unit[name]))
-    ok = in_ef && in_th && !ef_failed[name] && !th_failed[name]
-    r = ok ? sprintf("%8.2f", ef_seconds[name] / th_seconds[name]) : sprintf("%7s%s", "", "—")
+  # The median of v[1..k] (sorted in place).
+  function median(v, k,    i, j, x) {
+    for (i = 2; i <= k; i++) { x = v[i]; for (j = i - 1; j >= 1 && v[j] > x; j--) v[j + 1] = v[j]; v[j + 1] = x }
+    return k % 2 ? v[(k + 1) / 2] : (v[k / 2] + v[k / 2 + 1]) / 2
+  }
+  # The median over the rounds of a side'"'"'s rate of `name`.
+  function rate(side, name,    r, k, v) {
+    k = 0
+    for (r = 1; r <= rounds; r++) if ((side, name, r) in seconds) v[++k] = rates[side, name, r]
+    return median(v, k)
+  }
+  # The row of `name`: each side'"'"'s median rate, and the median of the rounds'"'"' time ratios (rounds
+  # where both sides ran it), with their range when there are several rounds.
+  function row(name, in_ef, in_th,    e, t, r, k, v, lo, hi, ratio, why) {
+    e = !in_ef ? dash(8) : (failed["ef", name] ? text(8, "failed") : cell(8, rate("ef", name), unit["ef", name]))
+    t = !in_th ? dash(7) : (failed["th", name] ? text(7, "failed") : cell(7, rate("th", name), unit["th", name]))
+    k = 0
+    if (in_ef && in_th && !failed["ef", name] && !failed["th", name])
+      for (r = 1; r <= rounds; r++)
+        if (("ef", name, r) in seconds && ("th", name, r) in seconds) v[++k] = seconds["ef", name, r] / seconds["th", name, r]
+    if (k == 0) ratio = sprintf("%7s%s", "", "—")
+    else {
+      lo = hi = v[1]
+      for (r = 2; r <= k; r++) { if (v[r] < lo) lo = v[r]; if (v[r] > hi) hi = v[r] }
+      ratio = sprintf("%8.2f", median(v, k)) (rounds > 1 ? sprintf(" (%.2f-%.2f)", lo, hi) : "")
+    }
     why = ""
-    if (in_ef && ef_failed[name]) why = why "  evenflow failed: " ef_why[name]
-    if (in_th && th_failed[name]) why = why "  pytorch failed: " th_why[name]
-    return sprintf("%-42s %s %s %s%s", name, e, t, r, why)
+    if (in_ef && failed["ef", name]) why = why "  evenflow failed: " reason["ef", name]
+    if (in_th && failed["th", name]) why = why "  pytorch failed: " reason["th", name]
+    return sprintf("%-42s %s %s %s%s", name, e, t, ratio, why)
   }
-  FNR == 1 { side++ }
+  FNR == 1 { side = FILENAME ~ /\/ours\.[0-9]+$/ ? "ef" : "th"; round = FILENAME; sub(/.*\./, "", round) }
   NF < 3 { next }
-  side == 1 {
-    if (!($1 in ef_seen)) order[++n] = $1
-    ef_seen[$1] = 1
-    if ($2 == "failed") { ef_failed[$1] = 1; ef_why[$1] = $3; failures++ }
-    else { ef_failed[$1] = 0; ef_seconds[$1] = $2; ef_rate[$1] = $3; ef_unit[$1] = $4 }
-  }
-  side == 2 {
-    if (!($1 in th_seen)) th_order[++m] = $1
-    th_seen[$1] = 1
-    if ($2 == "failed") { th_failed[$1] = 1; th_why[$1] = $3; failures++ }
-    else { th_failed[$1] = 0; th_seconds[$1] = $2; th_rate[$1] = $3; th_unit[$1] = $4 }
+  {
+    if (!((side, $1) in seen)) { seen[side, $1] = 1; if (side == "ef") order[++n] = $1; else th_order[++m] = $1 }
+    if ($2 == "failed") { failed[side, $1] = 1; reason[side, $1] = $3; failures++ }
+    else { seconds[side, $1, round] = $2; rates[side, $1, round] = $3; unit[side, $1] = $4 }
   }
   END {
     for (i = 1; i <= n; i++) {
       name = order[i]
-      if (name in th_seen) printf "1\t%s\t%s\n", name, row(name, 1, 1)
+      if (("th", name) in seen) printf "1\t%s\t%s\n", name, row(name, 1, 1)
       else { printf "2\t%06d\t%s\n", i, row(name, 1, 0); only_ef++ }
     }
     for (i = 1; i <= m; i++) {
       name = th_order[i]
-      if (!(name in ef_seen)) { printf "3\t%06d\t%s\n", i, row(name, 0, 1); only_th++ }
+      if (!(("ef", name) in seen)) { printf "3\t%06d\t%s\n", i, row(name, 0, 1); only_th++ }
     }
     if (only_ef) printf "2\t\tevenflow only (no PyTorch twin):\n"
     if (only_th) printf "3\t\tpytorch only (no evenflow twin; a group whose setup failed on one side shows here):\n"
     exit (failures > 0)
-  }' "$scratch/ours" "$scratch/theirs" >"$scratch/rows" || failed_rows=1
+  }' "${files[@]}" >"$scratch/rows" || failed_rows=1
 LC_ALL=C sort -t $'\t' -k1,1n -k2,2 "$scratch/rows" | cut -f3-
 # How a side that died ended: its exit status and its last line of error output.
 ended() {  # ended SIDE STATUS ERRFILE
