@@ -2,22 +2,19 @@
 // stored as JSON under tests/fixtures/ (EF_FIXTURE_DIR): tensors are {"shape", "dtype", "data"}.
 #pragma once
 
-#include <fstream>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
 #include "evenflow/layers/module.h"
+#include "tests/testing/json_file.h"
 
 namespace evenflow::testing {
 
 using Json = nlohmann::json;
 
 inline Json load_fixture(const std::string& file) {
-  const std::string path = std::string(EF_FIXTURE_DIR) + "/" + file;
-  std::ifstream in(path);
-  EF_CHECK(in.good(), "cannot open fixture ", path, " (regenerate with scripts/make_layer_fixtures.py)");
-  return Json::parse(in);
+  return read_json_file(std::string(EF_FIXTURE_DIR) + "/" + file, "scripts/make_layer_fixtures.py");
 }
 
 inline Tensor tensor_from_json(const Json& j, const Device& device = cpu()) {

@@ -4,7 +4,6 @@
 // MLP critic, rebuilt here as a function of its parameters.
 #pragma once
 
-#include <fstream>
 #include <map>
 #include <string>
 #include <vector>
@@ -12,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "evenflow/losses/losses.h"
+#include "tests/testing/json_file.h"
 
 namespace evenflow::testing {
 
@@ -19,12 +19,7 @@ using Json = nlohmann::json;
 using Inputs = std::map<std::string, Tensor>;
 
 inline const Json& loss_fixture() {
-  static const Json j = [] {
-    const std::string path = std::string(EF_FIXTURE_DIR) + "/losses.json";
-    std::ifstream in(path);
-    EF_CHECK(in.good(), "cannot open fixture ", path, " (regenerate with scripts/make_loss_fixtures.py)");
-    return Json::parse(in);
-  }();
+  static const Json j = read_json_file(std::string(EF_FIXTURE_DIR) + "/losses.json", "scripts/make_loss_fixtures.py");
   return j;
 }
 
