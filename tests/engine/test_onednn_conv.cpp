@@ -207,6 +207,23 @@ Reference reference(const ConvArgs& a, Pass pass, uint32_t seed, bool bf16_input
   return r;
 }
 
+// The references of the four passes (kPasses' order), inputs drawn from seed, seed + 1 and seed + 2:
+// the forward with bias is the forward's, inputs and all, with the bias added to its float64 sums
+// and |b| to their magnitudes, which halves what the float64 kernels compute for the two passes (the
+// largest cost of the tests below under the sanitizers).
+std::vector<Reference> references(const ConvArgs& a, uint32_t seed) {
+  Reference forward = reference(a, kForward, seed);
+  Reference with_bias = forward;
+  const size_t plane = static_cast<size_t>(a.oh * a.ow);
+  for (size_t i = 0; i < with_bias.want.size(); ++i) {
+    const double b = with_bias.inputs.b[i / plane % static_cast<size_t>(a.c_out)];
+    with_bias.want[i] += b;
+    with_bias.magnitude[i] += std::abs(b);
+  }
+  return {std::move(forward), std::move(with_bias), reference(a, kInputGrad, seed + 1),
+          reference(a, kWeightGrad, seed + 2)};
+}
+
 // "" when every element is within 1e-5 of its magnitude of the float64 result, else the worst.
 std::string mismatch(const std::vector<float>& got, const Reference& r) {
   double worst = 0;
@@ -240,8 +257,10 @@ TEST_CASE("conv float32 (oneDNN and the float32 dispatch) equals the float64 im2
   uint32_t seed = 1;
   for (const Geometry& g : geometries()) {
     const ConvArgs a = g.args();
+    const std::vector<Reference> refs = references(a, seed);
+    seed += 3;
     for (Pass pass : kPasses) {
-      const Reference r = reference(a, pass, seed++);
+      const Reference& r = refs[pass];
       for (const auto& [kernel, run] : float32_kernels()) {
         CAPTURE(g.name);
         CAPTURE(kPassNames[pass]);
@@ -267,7 +286,8 @@ TEST_CASE("conv float32: two threads convolving different shapes at once get the
   uint32_t seed = 100;
   for (size_t t = 0; t < per_thread.size(); ++t)
     for (const Geometry& g : per_thread[t])
-      for (Pass pass : kPasses) refs[t].push_back(reference(g.args(), pass, seed++));
+      for (Reference& r : references(g.args(), seed)) refs[t].push_back(std::move(r));
+  seed += 3;
 
   const int threads_before = num_threads();
   set_num_threads(1);
