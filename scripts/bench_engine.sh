@@ -26,8 +26,51 @@
 # prints "case<TAB>failed<TAB>reason" and goes on) is a row saying so, with the reason; a side that
 # died leaves "—" in its column for the cases it did not reach, and a line after the table says how
 # it ended. Exits 1 if any case failed or either side exited with an error, after the whole table.
+#
+# --self-test: the table of three rounds of made-up sides (stubs in place of bench_engine and of
+# PyTorch's script), against the table it must print; exits 1 if they differ. The test command runs
+# it: the GPU check's speed stage prints its tables through this script.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [[ ${1:-} == --self-test ]]; then
+  stub=$(mktemp -d)
+  trap 'rm -rf "$stub"' EXIT
+  mkdir "$stub/apps"
+  # Ours: a product at 0.001, 0.002 and 0.003 s in rounds 1-3, a case failing in round 2, a case
+  # PyTorch lacks. PyTorch's: the product at 0.002 s in every round, a case we lack.
+  cat >"$stub/apps/bench_engine" <<'STUB'
+#!/usr/bin/env bash
+round=$(($(cat "$(dirname "$0")/../rounds" 2>/dev/null || echo 0) + 1))
+echo "$round" >"$(dirname "$0")/../rounds"
+printf 'matmul_a\t0.00%d\t%s\tGFLOP/s\n' "$round" "$(echo "100 50 33.33" | cut -d' ' -f"$round")"
+if ((round == 2)); then printf 'flaky\tfailed\tout of memory\n'; else printf 'flaky\t0.1\t1.0\tGelem/s\n'; fi
+printf 'ours_only\t0.5\t2.0\tus/op\n'
+STUB
+  cat >"$stub/python" <<'STUB'
+#!/usr/bin/env bash
+if [[ $1 == -c ]]; then echo stub; exit 0; fi
+printf 'matmul_a\t0.002\t50.0\tGFLOP/s\nflaky\t0.2\t0.5\tGelem/s\ntheirs_only\t0.1\t1.0\tGelem/s\n'
+STUB
+  chmod +x "$stub/apps/bench_engine" "$stub/python"
+  cat >"$stub/want" <<'WANT'
+3 rounds, alternating; rates and the ratio are medians over them, the ratio's range after it
+case                                           evenflow      pytorch time ratio (lowest-highest)
+flaky                                        failed          0.50 Gelem        —  evenflow failed: out of memory
+matmul_a                                      50.00 GFLOP   50.00 GFLOP     1.00 (0.50-1.50)
+evenflow only (no PyTorch twin):
+ours_only                                      2.00 us/op       —              —
+pytorch only (no evenflow twin; a group whose setup failed on one side shows here):
+theirs_only                                       —          1.00 Gelem        —
+WANT
+  rc=0
+  ROUNDS=3 BUILD_DIR=$stub PYTHON=$stub/python bash "$0" cpu 1 >"$stub/got" || rc=$?
+  if ((rc != 1)) || ! diff <(tail -n +2 "$stub/got") "$stub/want"; then
+    echo "bench_engine.sh --self-test: the table above is not the one expected (exit status $rc, 1 expected)" >&2
+    exit 1
+  fi
+  echo "bench_engine.sh --self-test: ok"
+  exit 0
+fi
 kind=${1:-cpu}
 threads=${2:-$(nproc)}
 if [[ "$kind" == cpu ]]; then

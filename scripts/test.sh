@@ -42,6 +42,9 @@ stage "the GPU check's preparation, rehearsed: the GPU build against build-deps/
 bash scripts/gpu_check.sh --prepare
 # Its profile stage's arithmetic (a kernel's time a step from two ncu records), on a made-up record.
 python3 scripts/ncu_kernels.py --self-test
+# Its speed stage's tables (scripts/bench_engine.sh: both sides' rates by case, the rounds' medians),
+# on made-up sides.
+bash scripts/bench_engine.sh --self-test
 
 # Everything above builds one CUDA architecture; a user's first build has them all (CMakeLists.txt).
 # Their list reaches --version as a definition, which is where a default configuration differs:
