@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs apps/bench_engine and the same cases in PyTorch, one after the other in this run, with the
 # same thread count, and prints both rates and the ratio (evenflow time / PyTorch time; < 1 means
-# evenflow is faster). Usage: scripts/bench_engine.sh [cpu|cuda] [threads]
+# evenflow is faster). Usage: scripts/bench_engine.sh [cpu|cuda] [threads], or --self-test (below).
 # PYTHON=... picks PyTorch's interpreter; the default on CPU is PyTorch 2.15 from PyPI
 # (scripts/bench_python.sh makes its venv), on CUDA the machine's python3. BUILD_DIR (default build),
 # MIN_SECONDS (per case, default 1), TF32 (conv, the default of both, all or none: the same on
