@@ -285,9 +285,10 @@ TEST_CASE("conv float32: two threads convolving different shapes at once get the
   std::vector<std::vector<Reference>> refs(per_thread.size());
   uint32_t seed = 100;
   for (size_t t = 0; t < per_thread.size(); ++t)
-    for (const Geometry& g : per_thread[t])
+    for (const Geometry& g : per_thread[t]) {
       for (Reference& r : references(g.args(), seed)) refs[t].push_back(std::move(r));
-  seed += 3;
+      seed += 3;
+    }
 
   const int threads_before = num_threads();
   set_num_threads(1);
