@@ -254,7 +254,8 @@ Module& Module::set_compute_dtype(DType compute) {
 
 std::shared_ptr<Module> Module::clone() const {
   std::shared_ptr<Module> copy = clone_impl();
-  EF_CHECK(copy != nullptr && typeid(*copy) == typeid(*this), name(), "::clone_impl must copy-construct ", name(),
+  const Module* made = copy.get();
+  EF_CHECK(made != nullptr && typeid(*made) == typeid(*this), name(), "::clone_impl must copy-construct ", name(),
            " (derive it from Cloneable<", name(), ">)");
   for (auto& [name, t] : copy->params_) t = fresh_leaf(t.detach().clone(), t.requires_grad());
   for (auto& [name, t] : copy->buffers_) t = t.detach().clone();

@@ -13,21 +13,21 @@
 #   FUZZ_TARGETS   targets to run (default "safetensors idx")
 #   BUILD_DIR      build folder (default build-fuzz); JOBS: build jobs (default nproc)
 #
-# Packages: scripts/setup.sh --fuzz's (its own plus clang and libclang-rt-dev, Debian's compiler-rt:
-# libFuzzer's runtime libclang_rt.fuzzer*.a and the sanitizer runtimes).
+# Packages: scripts/setup.sh --clang's (its own plus clang 16 and libclang-rt-16-dev, Debian's
+# compiler-rt: libFuzzer's runtime libclang_rt.fuzzer*.a and the sanitizer runtimes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh --fuzz
+bash scripts/setup.sh --clang
 
 build_dir=${BUILD_DIR:-build-fuzz}
 seconds=${FUZZ_SECONDS:-60}
 read -r -a targets <<<"${FUZZ_TARGETS:-safetensors idx}"
 
-echo "== build (clang, libFuzzer, AddressSanitizer + UBSan) in $build_dir"
+echo "== build (clang 16, libFuzzer, AddressSanitizer + UBSan) in $build_dir"
 # -O1 without NDEBUG: fast enough to fuzz, and the assertions of nlohmann/json and Eigen stay on;
 # line tables are enough for the stack traces of findings and compile much faster than -g.
-# OpenMP off (the readers do not use it, and clang's would need libomp-dev); no test suites.
-cmake -S . -B "$build_dir" -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=Debug -DEF_SHARED=OFF \
+# OpenMP off (the readers do not use it); no test suites.
+cmake -S . -B "$build_dir" -G Ninja -DCMAKE_CXX_COMPILER=clang++-16 -DCMAKE_BUILD_TYPE=Debug -DEF_SHARED=OFF \
   -DCMAKE_CXX_FLAGS_DEBUG="-O1 -gline-tables-only" -DEF_FUZZ=ON -DEF_SANITIZE=address -DEF_CUDA=OFF -DEF_OPENMP=OFF \
   -DBUILD_TESTING=OFF -DEF_RAY=OFF >/dev/null
 build_targets=()

@@ -4,7 +4,8 @@
 # finds it (EF_ONEDNN_ROOT). Idempotent: installs only what is missing. Options:
 #   --fixtures     Debian's PyTorch 1.13 (what scripts/make_*_fixtures.py ran on; the benchmarks'
 #                  PyTorch 2.15 is scripts/bench_python.sh's)
-#   --fuzz         clang and libclang-rt-dev (libFuzzer's and the sanitizers' runtimes, scripts/fuzz.sh)
+#   --clang        clang 16 with its sanitizer and libFuzzer runtimes and its OpenMP: what the
+#                  sanitizer builds of scripts/test.sh and scripts/fuzz.sh compile with
 #   --ray          Ray's C++ API (PyPI ray[cpp], pinned) in a venv where the build finds it
 #                  (EF_RAY_VENV, cmake/ray.cmake), with the `ray` command that starts a cluster
 #   --safetensors  Debian's PyTorch 1.13 and PyPI safetensors (pinned) in a venv that sees it: what
@@ -20,11 +21,11 @@ ray=0 safetensors=0 tensorboard=0
 for arg in "$@"; do
   case "$arg" in
     --fixtures) packages+=(python3-torch python3-numpy) ;;
-    --fuzz) packages+=(clang libclang-rt-dev) ;;
+    --clang) packages+=(clang-16 libclang-rt-16-dev libomp-16-dev) ;;
     --ray) ray=1; packages+=(python3-venv) ;;
     --safetensors) safetensors=1; packages+=(python3-torch python3-venv) ;;
     --tensorboard) tensorboard=1; packages+=(python3-venv) ;;
-    *) echo "setup.sh: unknown argument $arg (--fixtures, --fuzz, --ray, --safetensors, --tensorboard)" >&2; exit 2 ;;
+    *) echo "setup.sh: unknown argument $arg (--clang, --fixtures, --ray, --safetensors, --tensorboard)" >&2; exit 2 ;;
   esac
 done
 

@@ -432,9 +432,11 @@ inline double expm1_of_float(double x) {
 }
 
 // elu with alpha a: x where x > 0, else a·(e^x - 1).
+// Written with x <= 0 (false for NaN) rather than x > 0 || x != x: clang 14-16 compile the latter's
+// select of 0 or x to vminss, which gives +0 for -0 (elu(-0) is -0, as expm1(-0)).
 inline float elu_vectorizable(float x, float a) {
-  const double e_minus_1 = expm1_of_float(x > 0.0f || x != x ? 0.0 : static_cast<double>(x));
-  return x > 0.0f || x != x ? x : static_cast<float>(static_cast<double>(a) * e_minus_1);
+  const double e_minus_1 = expm1_of_float(x <= 0.0f ? static_cast<double>(x) : 0.0);
+  return x <= 0.0f ? static_cast<float>(static_cast<double>(a) * e_minus_1) : x;
 }
 
 #if defined(__FMA__)

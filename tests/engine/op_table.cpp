@@ -85,9 +85,9 @@ std::vector<OpCase> build() {
   add_case("clone", {{{2, 3}}}, [](const V& x) { return clone(x[0]) * x[0]; });
   // Channels-last (Note [Channels-last]): a layout change, elementwise ops on mixed layouts, and a
   // clone of a channels-last tensor, whose gradient goes back channels-last.
-  const MemoryFormat cl = MemoryFormat::ChannelsLast;
-  add_case("contiguous", {{{2, 3, 2, 2}}}, [cl](const V& x) { return contiguous(square(x[0]), cl) * x[0]; });
-  add_case("contiguous", {{{2, 3, 2, 2}}}, [cl](const V& x) {
+  constexpr MemoryFormat cl = MemoryFormat::ChannelsLast;
+  add_case("contiguous", {{{2, 3, 2, 2}}}, [](const V& x) { return contiguous(square(x[0]), cl) * x[0]; });
+  add_case("contiguous", {{{2, 3, 2, 2}}}, [](const V& x) {
     return reshape(contiguous(x[0], cl), {2, -1}) * reshape(x[0], {2, -1});
   });
   add_case("to_dtype", {{{2, 3}}}, [](const V& x) { return to_dtype(to_dtype(x[0], kFloat32) * 3.0, x[0].dtype()); },
@@ -143,7 +143,7 @@ std::vector<OpCase> build() {
   });
   // To one channel with a 4x4 kernel, channels-last: the CPU's own kernel (Note [One-channel input
   // gradient] in cpu_conv.cpp) reading a channels-last input.
-  add_case("conv_transpose2d", {{{2, 3, 3, 3}}, {{3, 1, 4, 4}}, {{1}}}, [cl](const V& x) {
+  add_case("conv_transpose2d", {{{2, 3, 3, 3}}, {{3, 1, 4, 4}}, {{1}}}, [](const V& x) {
     return conv_transpose2d(contiguous(x[0], cl), x[1], x[2],
                             {.stride = {2, 2}, .padding = {1, 1}, .memory_format = cl});
   });
@@ -189,7 +189,7 @@ std::vector<OpCase> build() {
   // Normalization
   add_case("batch_norm", {{{4, 3, 2, 2}}, {{3}}, {{3}}},
            [](const V& x) { return batch_norm(x[0], x[1], x[2], Tensor(), Tensor(), true); });
-  add_case("batch_norm", {{{4, 3, 2, 2}}, {{3}}, {{3}}}, [cl](const V& x) {  // channels-last (Note [Channels-last])
+  add_case("batch_norm", {{{4, 3, 2, 2}}, {{3}}, {{3}}}, [](const V& x) {  // channels-last (Note [Channels-last])
     return batch_norm(contiguous(x[0], cl), x[1], x[2], Tensor(), Tensor(), true);
   });
   add_case("batch_norm", {{{4, 3}}, {{3}}, {{3}}, {{3}}, {{3}, P}},

@@ -362,13 +362,13 @@ TEST_CASE("default initialisation: PyTorch's bounds, from the device's generator
 
 TEST_CASE("update_batchnorm_statistics: the plain average over the batches given, then settings restored") {
   // A BatchNorm2d inside a Sequential, momentum 0.1, in eval mode with statistics of its own.
-  const TensorOptions f64{.dtype = kFloat64};
+  const TensorOptions doubles{.dtype = kFloat64};
   auto net = std::make_shared<Sequential>(Conv2d(2, 3, 1, {}, {.dtype = kFloat64}),
                                           BatchNorm2d(3, {.momentum = 0.1}, {.dtype = kFloat64}));
   manual_seed(cpu(), 5);
-  (*net)(randn({4, 2, 3, 3}, f64));
+  (*net)(randn({4, 2, 3, 3}, doubles));
   net->eval();
-  const std::vector<Tensor> batches = {randn({4, 2, 3, 3}, f64) * 2.0 + 1.0, randn({6, 2, 3, 3}, f64)};
+  const std::vector<Tensor> batches = {randn({4, 2, 3, 3}, doubles) * 2.0 + 1.0, randn({6, 2, 3, 3}, doubles)};
   update_batchnorm_statistics(*net, [&] {
     for (const Tensor& b : batches) (*net)(b);
   });
@@ -398,7 +398,7 @@ TEST_CASE("update_batchnorm_statistics: the plain average over the batches given
   CHECK_FALSE(bn.is_training());
   // An error in the batches restores the settings too.
   CHECK(error_of([&] {
-          update_batchnorm_statistics(*net, [&] { (*net)(zeros({2, 5, 3, 3}, f64)); });
+          update_batchnorm_statistics(*net, [&] { (*net)(zeros({2, 5, 3, 3}, doubles)); });
         }).find("Conv2d: input has 5 channels") == 0);
   CHECK(bn.config().momentum == 0.1);
   CHECK_FALSE(net->is_training());
