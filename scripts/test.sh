@@ -64,6 +64,7 @@ bash scripts/test_install.sh --from build
 # tables only (-g1): what the sanitizers' reports need (file and line of every frame), at half the
 # compile time of -O2 -g (tests/layers/test_module.cpp under ASan: 65 s against 129 s of CPU, 2-core
 # Zen 2, GCC).
+stage "clang 16 (scripts/setup.sh --clang)"
 bash scripts/setup.sh --clang
 sanitizer_flags=(-DCMAKE_CXX_COMPILER=clang++-16 "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG")
 
