@@ -59,11 +59,9 @@ bash scripts/test_install.sh --from build
 
 # The sanitizer builds compile with clang 16, so that CI builds and tests the library with both
 # compilers a user may have (the Release build's is GCC 12; clang's code for elu once lost -0's
-# sign), and sooner: the AddressSanitizer build and tests 8.7 minutes against GCC's 9.75, the
-# ThreadSanitizer tests 76 s against 115 (2-core Zen 4; docs/contributing.md). At -O1 with line
-# tables only (-g1): what the sanitizers' reports need (file and line of every frame), at half the
-# compile time of -O2 -g (tests/layers/test_module.cpp under ASan: 65 s against 129 s of CPU, 2-core
-# Zen 2, GCC).
+# sign), and because its sanitizer stages are shorter; at -O1 with line tables only (-g1), what the
+# sanitizers' reports need (file and line of every frame), at half the compile time of -O2 -g. The
+# figures: docs/contributing.md, "What keeps it short".
 stage "clang 16 (scripts/setup.sh --clang)"
 bash scripts/setup.sh --clang
 sanitizer_flags=(-DCMAKE_CXX_COMPILER=clang++-16 "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG")
