@@ -115,8 +115,8 @@ int main(int argc, char** argv) {
   double min_seconds = 1.0;
   int threads = 0;
   app.add_option("--device", device, "cpu:N or cuda:N");
-  app.add_option("--threads", threads, "intra-op threads on CPU (default: all cores)")->check(CLI::NonNegativeNumber);
-  app.add_option("--min-seconds", min_seconds, "time budget per case")->check(CLI::PositiveNumber & ef::apps::finite());
+  ef::apps::add_integer(app, "--threads", threads, "intra-op threads on CPU (default: all cores)", 0);
+  ef::apps::add_number(app, "--min-seconds", min_seconds, "time budget per case", {.min = 0, .min_excluded = true});
   app.add_option("--only", only, "run only cases whose name contains this");
   std::string tf32 = "conv", precision = "fp32";
   app.add_option("--precision", precision,

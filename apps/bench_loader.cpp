@@ -135,16 +135,15 @@ int main(int argc, char** argv) {
       "evenflow data-loading benchmark: the programs' pipelines, plain and augmented, by loader threads and on Ray");
   CLI::App& app = *app_owner;
   app.add_option("--data", a.data, "FashionMNIST folder (IDX files, gzip or raw)");
-  app.add_option("--batches", a.batches, "batches per row (from the start of an epoch)")->check(CLI::PositiveNumber);
-  app.add_option("--workers", a.workers, "loader thread counts, one row each (0: on the consumer's thread)")
-      ->delimiter(',')
-      ->check(CLI::NonNegativeNumber);
+  ef::apps::add_integer(app, "--batches", a.batches, "batches per row (from the start of an epoch)", 1);
+  ef::apps::add_integer(app, "--workers", a.workers, "loader thread counts, one row each (0: on the consumer's thread)",
+                        0)
+      ->delimiter(',');
   app.add_option("--ray", a.ray, "also through the Ray cluster at this address (ip:port, or auto: as classify's)")
       ->expected(0, 1)
       ->default_str("auto");
-  app.add_option("--ray-in-flight", a.in_flight, "with --ray, batches in flight, one row each")
-      ->delimiter(',')
-      ->check(CLI::PositiveNumber);
+  ef::apps::add_integer(app, "--ray-in-flight", a.in_flight, "with --ray, batches in flight, one row each", 1)
+      ->delimiter(',');
   app.add_option("--only", a.only, "run only the pipelines whose name contains this");
   return ef::apps::run_program(app, argc, argv, "bench_loader", [&] { return run(a); });
 }

@@ -154,13 +154,12 @@ int main(int argc, char** argv) {
   int threads = 0;
   Config c;
   app.add_option("--devices", devices_spec, "devices, as parallel::devices: cpu:N, cuda, cuda:0,2");
-  app.add_option("--batch", c.batch, "images per step")->check(CLI::PositiveNumber);
-  app.add_option("--classes", c.classes, "output channels (classes)")->check(CLI::PositiveNumber);
-  app.add_option("--size", c.size, "image height and width")->check(CLI::PositiveNumber);
-  app.add_option("--steps", c.steps, "timed steps, after one warm-up step")->check(CLI::PositiveNumber);
+  ef::apps::add_integer(app, "--batch", c.batch, "images per step", 1);
+  ef::apps::add_integer(app, "--classes", c.classes, "output channels (classes)", 1);
+  ef::apps::add_integer(app, "--size", c.size, "image height and width", 1);
+  ef::apps::add_integer(app, "--steps", c.steps, "timed steps, after one warm-up step", 1);
   app.add_option("--dtype", dtype, "float32 or float64")->check(CLI::IsMember({"float32", "float64"}));
-  app.add_option("--threads", threads, "intra-op threads of the CPU devices (0: leave as is)")
-      ->check(CLI::NonNegativeNumber);
+  ef::apps::add_integer(app, "--threads", threads, "intra-op threads of the CPU devices (0: leave as is)", 0);
   return ef::apps::run_program(app, argc, argv, "bench_parallel", [&] {
     c.devices = par::devices(devices_spec);
     c.dtype = dtype == "float64" ? ef::kFloat64 : ef::kFloat32;

@@ -75,12 +75,11 @@ int main(int argc, char** argv) {
   CLI::App& app = *app_owner;
   Config c;
   app.add_option("--devices", c.devices, "each process's devices, as parallel::devices: cpu:N, cuda");
-  app.add_option("--width", c.width, "the critic's width, as wgan_gp --width")
-      ->check(CLI::Range(int64_t{1}, int64_t{4096}));
+  ef::apps::add_integer(app, "--width", c.width, "the critic's width, as wgan_gp --width", 1, 4096);
   app.add_option("--norm", c.norm, "the critic's normalization, as wgan_gp --norm")
       ->check(CLI::IsMember({"layernorm", "syncbn", "none"}));
-  app.add_option("--repeats", c.repeats, "timed calls per row")->check(CLI::PositiveNumber);
-  app.add_option("--warmup", c.warmup, "untimed calls before them")->check(CLI::NonNegativeNumber);
+  ef::apps::add_integer(app, "--repeats", c.repeats, "timed calls per row", 1);
+  ef::apps::add_integer(app, "--warmup", c.warmup, "untimed calls before them", 0);
   return ef::apps::run_program(app, argc, argv, "bench_processes", [&] {
     const std::shared_ptr<par::ProcessGroup>& processes = par::processes();
     EF_CHECK(processes->size() > 1, "bench_processes measures several processes: start it with mpirun -np P (P >= 2)");

@@ -57,13 +57,12 @@ int main(int argc, char** argv) {
   std::string dtype = "float32";
   app.add_option("--device", device, "device for the first layers (cpu:N or cuda:N)");
   app.add_option("--second-device", second_device, "device for the last layer (default: the same)");
-  app.add_option("--steps", steps, "training steps")->check(CLI::PositiveNumber);
-  app.add_option("--hidden", hidden, "hidden units")->check(CLI::PositiveNumber);
-  app.add_option("--lr", lr, "SGD learning rate (momentum 0.9)")->check(CLI::PositiveNumber & ef::apps::finite());
-  app.add_option("--penalty", penalty, "weight of the input-gradient penalty (double backward)")
-      ->check(CLI::NonNegativeNumber & ef::apps::finite());
+  ef::apps::add_integer(app, "--steps", steps, "training steps", 1);
+  ef::apps::add_integer(app, "--hidden", hidden, "hidden units", 1);
+  ef::apps::add_number(app, "--lr", lr, "SGD learning rate (momentum 0.9)", {.min = 0, .min_excluded = true});
+  ef::apps::add_number(app, "--penalty", penalty, "weight of the input-gradient penalty (double backward)", {.min = 0});
   app.add_option("--dtype", dtype, "float32 or float64")->check(CLI::IsMember({"float32", "float64"}));
-  app.add_option("--seed", seed, "random seed")->check(CLI::NonNegativeNumber);
+  ef::apps::add_integer(app, "--seed", seed, "random seed", 0);
   return ef::apps::run_program(app, argc, argv, "train_demo", [&] {
     const ef::Device d0(device), d1(second_device.empty() ? device : second_device);
     const ef::DType dt = dtype == "float64" ? ef::kFloat64 : ef::kFloat32;

@@ -624,22 +624,22 @@ int main(int argc, char** argv) {
   CLI::App& app = *app_owner;
   Args a;
   ef::apps::add_run_options(app, a, "seed of the initialization, noise and data order");
-  app.add_option("--steps", a.steps, "generator steps in all")->check(CLI::PositiveNumber);
-  app.add_option("--batch-size", a.batch_size, "batch size")->check(CLI::PositiveNumber);
-  app.add_option("--critic-steps", a.critic_steps, "critic steps per generator step (the paper's: 5)")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--lambda", a.lambda,
-                 "the penalty's coefficient: lambda of WGAN-GP and DRAGAN, gamma of R1 (which adds gamma/2 times the "
-                 "mean squared gradient norm)")
-      ->check(CLI::NonNegativeNumber & ef::apps::finite());
-  app.add_option("--lr", a.lr, "Adam learning rate of both networks (the paper's: 1e-4)")
-      ->check(CLI::PositiveNumber & ef::apps::finite());
-  app.add_option("--lr-decay-steps", a.lr_decay_steps,
-                 "both learning rates fall linearly from --lr to 0 at this generator step (0: constant; usually "
-                 "--steps)")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--beta1", a.beta1, "Adam beta1, in [0, 1)")->check(CLI::Range(0.0, 1.0) & ef::apps::finite());
-  app.add_option("--beta2", a.beta2, "Adam beta2, in [0, 1)")->check(CLI::Range(0.0, 1.0) & ef::apps::finite());
+  ef::apps::add_integer(app, "--steps", a.steps, "generator steps in all", 1);
+  ef::apps::add_integer(app, "--batch-size", a.batch_size, "batch size", 1);
+  ef::apps::add_integer(app, "--critic-steps", a.critic_steps, "critic steps per generator step (the paper's: 5)", 1);
+  ef::apps::add_number(
+      app, "--lambda", a.lambda,
+      "the penalty's coefficient: lambda of WGAN-GP and DRAGAN, gamma of R1 (which adds gamma/2 times the "
+      "mean squared gradient norm)",
+      {.min = 0});
+  ef::apps::add_number(app, "--lr", a.lr, "Adam learning rate of both networks (the paper's: 1e-4)",
+                       {.min = 0, .min_excluded = true});
+  ef::apps::add_integer(app, "--lr-decay-steps", a.lr_decay_steps,
+                        "both learning rates fall linearly from --lr to 0 at this generator step (0: constant; usually "
+                        "--steps)",
+                        0);
+  ef::apps::add_number(app, "--beta1", a.beta1, "Adam beta1", {.min = 0, .max = 1, .max_excluded = true});
+  ef::apps::add_number(app, "--beta2", a.beta2, "Adam beta2", {.min = 0, .max = 1, .max_excluded = true});
   app.add_option("--model", a.model,
                  "dcgan: the DCGAN-style networks on FashionMNIST; resnet: the WGAN-GP paper's CIFAR-10 ResNet on "
                  "synthetic 32x32 RGB images (no Frechet distance)")
@@ -651,27 +651,31 @@ int main(int argc, char** argv) {
                  "memory) where the backend runs them so (oneDNN on CPUs: faster; the same values to rounding), "
                  "or contiguous (NCHW)")
       ->check(CLI::IsMember({"channels-last", "contiguous"}));
-  app.add_option("--ema-decay", a.ema_decay,
-                 "the samples, the Frechet distance and generator.safetensors come from an exponential moving "
-                 "average of the generator's weights with this decay (0: from the trained generator, as the paper)")
-      ->check(CLI::Range(0.0, 0.99999));
-  app.add_option("--width", a.width,
-                 "channels of the first critic layer / last generator layer, 1 to 4096 (default: dcgan 32, resnet "
-                 "128)")
-      ->check(CLI::Range(int64_t{1}, int64_t{4096}));
-  app.add_option("--z-dim", a.z_dim, "noise dimension (1 to 65536)")->check(CLI::Range(int64_t{1}, int64_t{65536}));
-  app.add_option("--sample-every", a.sample_every, "write a sample grid every K steps")->check(CLI::PositiveNumber);
-  app.add_option("--fid-every", a.fid_every, "Frechet distance every K steps")->check(CLI::PositiveNumber);
-  app.add_option("--fid-samples", a.fid_samples, "generated (and real) images the distance uses")
-      ->check(CLI::Range(int64_t{2}, int64_t{100000}));
-  app.add_option("--final-fid-samples", a.final_fid_samples,
-                 "generated (and real) images of the distance after the last step, in evaluation.json (0: none)")
-      ->check(CLI::Range(int64_t{0}, int64_t{100000}));
+  ef::apps::add_number(
+      app, "--ema-decay", a.ema_decay,
+      "the samples, the Frechet distance and generator.safetensors come from an exponential moving "
+      "average of the generator's weights with this decay (0: from the trained generator, as the paper)",
+      {.min = 0, .max = 0.99999});
+  ef::apps::add_integer(app, "--width", a.width,
+                        "channels of the first critic layer / last generator layer (default: dcgan 32, resnet "
+                        "128)",
+                        1, 4096)
+      ->default_str("");
+  ef::apps::add_integer(app, "--z-dim", a.z_dim, "noise dimension", 1, 65536);
+  ef::apps::add_integer(app, "--sample-every", a.sample_every, "write a sample grid every K steps", 1);
+  ef::apps::add_integer(app, "--fid-every", a.fid_every, "Frechet distance every K steps", 1);
+  ef::apps::add_integer(app, "--fid-samples", a.fid_samples, "generated (and real) images the distance uses", 2,
+                        100000);
+  ef::apps::add_integer(app, "--final-fid-samples", a.final_fid_samples,
+                        "generated (and real) images of the distance after the last step, in evaluation.json (0: none)",
+                        0, 100000);
   app.add_option("--classifier", a.classifier, "apps/classify's model.safetensors (the feature space)");
-  return ef::apps::run_program(app, argc, argv, "wgan_gp", [&] {
-    // The model's defaults (Note [Models]).
+  // The model's defaults (Note [Models]), once the options are read and before the run's settings
+  // are written: its config.toml then holds the width and normalization it trained with, and reads
+  // back (a width of 0 would not).
+  app.callback([&a] {
     if (a.width == 0) a.width = a.model == "resnet" ? 128 : 32;
     if (a.norm.empty()) a.norm = a.model == "resnet" ? "none" : "layernorm";
-    return run(a);
   });
+  return ef::apps::run_program(app, argc, argv, "wgan_gp", [&] { return run(a); });
 }

@@ -3,12 +3,15 @@
 
 #include <CLI/CLI.hpp>  // all of CLI11, for make_app (program.h)
 #include <atomic>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <exception>
 #include <memory>
 #include <new>
 #include <string>
+#include <system_error>
+#include <type_traits>
 
 #include "ef_commit.h"  // EF_COMMIT, written at build time (cmake/commit.cmake)
 #include "evenflow/parallel/process_group.h"
@@ -49,24 +52,112 @@ std::string describe_devices(const std::vector<Device>& devices) {
   return names;
 }
 
+namespace {
+
+// --help's option column with each option's bounds and default in words: "--steps INT (>= 1,
+// default 10000)" where CLI11 writes "--steps INT:>= 1=10000".
+class HelpFormatter : public CLI::Formatter {
+ public:
+  std::string make_option_opts(const CLI::Option* opt) const override {
+    std::string rest = CLI::Formatter::make_option_opts(opt);
+    const std::string type = opt->get_type_name(), value = opt->get_default_str();
+    const std::string cli11 = " " + type + (value.empty() ? "" : "=" + value);
+    if (opt->get_type_size() == 0 || !opt->get_option_text().empty() || !rest.starts_with(cli11)) return rest;
+    rest.erase(0, cli11.size());
+    // The type, then its validators' descriptions, each after a ':'.
+    const std::size_t colon = type.find(':');
+    std::string notes = colon == std::string::npos ? "" : type.substr(colon + 1);
+    for (char& c : notes)
+      if (c == ':') c = ',';
+    if (!value.empty()) notes += (notes.empty() ? "default " : ", default ") + value;
+    return " " + type.substr(0, colon) + (notes.empty() ? "" : " (" + notes + ")") + rest;
+  }
+};
+
+}  // namespace
+
 std::unique_ptr<CLI::App> make_app(const std::string& description) {
-  return std::make_unique<CLI::App>(description);
+  auto app = std::make_unique<CLI::App>(description);
+  app->formatter(std::make_shared<HelpFormatter>());
+  app->option_defaults()->always_capture_default();  // --help shows each option's default
+  return app;
 }
 
-CLI::Validator finite() {
+namespace {
+
+// A bound as --help and the messages print it: the shortest text that reads back as it (0.99999,
+// not 0.99999000000000005).
+std::string bound_text(double v) {
+  char text[32];
+  const auto end = std::to_chars(text, text + sizeof text, v).ptr;
+  return std::string(text, end);
+}
+template <class I>
+std::string bound_text(I v) {
+  return std::to_string(v);
+}
+
+// ">= 1", "in [1, 4096]", "> 0", "in [0, 1)": what a value must be, after "must be an integer ".
+template <class T>
+std::string bounds_text(T min, T max, bool min_excluded, bool max_excluded, bool min_is_lowest, bool max_is_largest) {
+  if (min_is_lowest && max_is_largest) return "";
+  if (max_is_largest) return (min_excluded ? "> " : ">= ") + bound_text(min);
+  if (min_is_lowest) return (max_excluded ? "< " : "<= ") + bound_text(max);
+  return std::string("in ") + (min_excluded ? "(" : "[") + bound_text(min) + ", " + bound_text(max) +
+         (max_excluded ? ")" : "]");
+}
+
+}  // namespace
+
+template <class I>
+CLI::Validator integer_check(I min, I max) {
+  // An unsigned option's messages say ">= 0" all the same.
+  const std::string bounds =
+      bounds_text(min, max, false, false, std::is_signed_v<I> && min == std::numeric_limits<I>::lowest(),
+                  max == std::numeric_limits<I>::max());
+  // A value past the type's range is refused with the range written out (">= 1" would not say why).
+  const std::string range = bounds_text(min, max, false, false, false, false);
   return CLI::Validator(
-      [](std::string& value) -> std::string {
-        std::size_t used = 0;
-        double v = 0;
-        try {
-          v = std::stod(value, &used);
-        } catch (const std::exception&) {
-          return "not a number: " + value;
+      [=](std::string& text) -> std::string {
+        // Decimal digits with a sign before them (std::from_chars takes no "+"), handed on as the
+        // value's own digits: CLI11 converts with strtoll in base 0, which reads "010" as 8.
+        const char* first = text.data() + (text.size() > 1 && text[0] == '+' && text[1] != '-' ? 1 : 0);
+        const char* last = text.data() + text.size();
+        I v{};
+        const auto [end, ec] = std::from_chars(first, last, v);
+        if (end == last && ec == std::errc() && v >= min && v <= max) {
+          text = std::to_string(v);
+          return "";
         }
-        if (used != value.size() || !std::isfinite(v)) return "not a finite number: " + value;
-        return "";
+        const bool past_type = end == last && ec == std::errc::result_out_of_range;
+        const std::string& wanted = past_type ? range : bounds;
+        return "must be an integer" + (wanted.empty() ? "" : " " + wanted) + ", got \"" + text + "\"";
       },
-      "FINITE");
+      bounds);
+}
+
+template CLI::Validator integer_check(int min, int max);
+template CLI::Validator integer_check(int64_t min, int64_t max);
+template CLI::Validator integer_check(uint64_t min, uint64_t max);
+
+CLI::Option* add_number(CLI::App& app, const std::string& name, double& value, const std::string& help,
+                        NumberBounds b) {
+  const std::string bounds =
+      bounds_text(b.min, b.max, b.min_excluded, b.max_excluded, std::isinf(b.min), std::isinf(b.max));
+  CLI::Validator check(
+      [=](std::string& text) -> std::string {
+        // What std::from_chars reads (decimal, a sign before it), strtod (CLI11's conversion) reads
+        // the same way; NaN and the infinities parse, and are refused as not finite.
+        const char* first = text.data() + (text.size() > 1 && text[0] == '+' && text[1] != '-' ? 1 : 0);
+        const char* last = text.data() + text.size();
+        double v = 0;
+        const auto [end, ec] = std::from_chars(first, last, v);
+        const bool inside = (b.min_excluded ? v > b.min : v >= b.min) && (b.max_excluded ? v < b.max : v <= b.max);
+        if (ec == std::errc() && end == last && std::isfinite(v) && inside) return "";
+        return "must be a finite number" + (bounds.empty() ? "" : " " + bounds) + ", got \"" + text + "\"";
+      },
+      bounds);
+  return app.add_option(name, value, help)->check(check);
 }
 
 std::string version_text(const std::string& program) {
@@ -107,10 +198,24 @@ int run_program(CLI::App& app, int argc, char** argv, const char* program, const
   app.set_config("--config", "",
                  "read options from this TOML file (name = value, the long options' names; the command line "
                  "wins): e.g. the config.toml a run wrote into its --out");
+  // A key of the --config file that names no option is refused: a misspelt setting would otherwise
+  // be dropped without a word, and the run made with its default.
+  app.allow_config_extras(CLI::config_extras_mode::error);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
+    std::string cause = e.what();
+    // CLI11's words for an unknown key: "INI was not able to parse <key>".
+    const std::string unknown_key = "INI was not able to parse ";
+    if (dynamic_cast<const CLI::ConfigError*>(&e) != nullptr && cause.starts_with(unknown_key)) {
+      cause = "--config " + app.get_config_ptr()->as<std::string>() + ": " + cause.substr(unknown_key.size()) +
+              " is not an option of " + program;
+    } else if (dynamic_cast<const CLI::FileError*>(&e) != nullptr) {
+      cause = "--config " + cause;  // "<file> was not readable (missing?)"
+    }
+    std::fprintf(stderr, "%s: error: %s\n(%s --help lists the options)\n", program, one_line(cause).c_str(), program);
+    return 2;
   }
   // Every option's effective value as its default, so that the TOML has each option's value,
   // given or not (config_to_str writes a default only where it was captured). A flag or an

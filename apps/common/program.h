@@ -12,8 +12,10 @@
 #include <CLI/App.hpp>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -53,8 +55,44 @@ bool primary_process();
 // "cpu:0,cpu:1 in each of 2 processes".
 std::string describe_devices(const std::vector<Device>& devices);
 
-// A check for floating-point options: NaN and infinities parse as numbers and pass CLI11's range
-// checks (NaN compares false), so combine it with them: ->check(CLI::PositiveNumber & finite()).
-CLI::Validator finite();
+// Options whose values are numbers within bounds, refused with a message that names the bounds:
+// "--epochs: must be an integer >= 1, got 1.5". CLI11's own checks printed "Value 0 not in range
+// 0.000000 to 1797693134862315708145...", NaN passed its range checks (NaN compares false), and an
+// integer past int64 was saturated instead of refused.
+//
+// An integer option (or a list of them, std::vector<T>): decimal digits with an optional sign,
+// within [min, max] (max: T's largest).
+template <class T>
+struct IntegerOf {
+  using type = T;
+};
+template <class T>
+struct IntegerOf<std::vector<T>> {
+  using type = T;
+};
+template <class V, class T = typename IntegerOf<V>::type>
+CLI::Option* add_integer(CLI::App& app, const std::string& name, V& value, const std::string& help,
+                         std::type_identity_t<T> min, std::type_identity_t<T> max = std::numeric_limits<T>::max());
+
+// A floating-point option: finite, and within `bounds`.
+struct NumberBounds {
+  double min = -std::numeric_limits<double>::infinity();
+  double max = std::numeric_limits<double>::infinity();
+  bool min_excluded = false;  // (min, ... instead of [min, ...
+  bool max_excluded = false;
+};
+CLI::Option* add_number(CLI::App& app, const std::string& name, double& value, const std::string& help,
+                        NumberBounds bounds);
+
+// The check behind add_integer, a CLI11 transform (it hands CLI11 the value's decimal digits):
+// defined for int, int64_t and uint64_t.
+template <class T>
+CLI::Validator integer_check(T min, T max);
+
+template <class V, class T>
+CLI::Option* add_integer(CLI::App& app, const std::string& name, V& value, const std::string& help,
+                         std::type_identity_t<T> min, std::type_identity_t<T> max) {
+  return app.add_option(name, value, help)->transform(integer_check<T>(min, max));
+}
 
 }  // namespace evenflow::apps

@@ -24,7 +24,7 @@ void add_run_options(CLI::App& app, RunOptions& o, const std::string& seed_help)
   app.add_option("--devices", o.devices,
                  "devices to train on, data-parallel: auto (every GPU, else " + o.cpu_fallback +
                      "), cpu (one CPU device), cpu:N (N CPU devices), cuda (every GPU), cuda:0,1 (those)");
-  app.add_option("--seed", o.seed, seed_help)->check(CLI::NonNegativeNumber);
+  add_integer(app, "--seed", o.seed, seed_help, 0);
   app.add_option("--dtype", o.dtype, "float32 or float64");
   app.add_option("--precision", o.precision,
                  "fp32, or bf16: the model's convolutions and matrix products with bfloat16 operands and float32 "
@@ -32,10 +32,9 @@ void add_run_options(CLI::App& app, RunOptions& o, const std::string& seed_help)
                  "everything else (weights, optimizer, normalizations, losses) float32");
   app.add_option("--data", o.data, "FashionMNIST folder (IDX files, gzip or raw)");
   app.add_option("--out", o.out, "output folder");
-  app.add_option("--workers", o.workers, "data loader threads")->check(CLI::NonNegativeNumber);
-  app.add_option("--threads", o.threads,
-                 "intra-op threads per CPU device (0: the hardware threads shared among the CPU devices)")
-      ->check(CLI::NonNegativeNumber);
+  add_integer(app, "--workers", o.workers, "data loader threads", 0);
+  add_integer(app, "--threads", o.threads,
+                 "intra-op threads per CPU device (0: the hardware threads shared among the CPU devices)", 0);
   auto* resume = app.add_flag("--resume", o.resume, "continue from <out>/checkpoint.safetensors exactly");
   app.add_flag("--overwrite", o.overwrite, "start afresh even where <out> holds an earlier run's checkpoint")
       ->excludes(resume);
@@ -60,10 +59,10 @@ void add_run_options(CLI::App& app, RunOptions& o, const std::string& seed_help)
 
 void add_epoch_options(CLI::App& app, EpochOptions& o, const std::string& seed_help) {
   add_run_options(app, o, seed_help);
-  app.add_option("--epochs", o.epochs, "epochs")->check(CLI::PositiveNumber);
-  app.add_option("--batch-size", o.batch_size, "batch size")->check(CLI::PositiveNumber);
-  app.add_option("--lr", o.lr, "Adam learning rate")->check(CLI::PositiveNumber & finite());
-  app.add_option("--steps", o.steps, "stop after this many steps in all (0: no limit)")->check(CLI::NonNegativeNumber);
+  add_integer(app, "--epochs", o.epochs, "epochs", 1);
+  add_integer(app, "--batch-size", o.batch_size, "batch size", 1);
+  add_number(app, "--lr", o.lr, "Adam learning rate", {.min = 0, .min_excluded = true});
+  add_integer(app, "--steps", o.steps, "stop after this many steps in all (0: no limit)", 0);
   app.add_flag("--augment", o.augment,
                "augment the training images: a small random rotation and scaling, a random crop after padding and a "
                "horizontal flip, drawn per image from (seed, epoch, image), so the batches are the same on any "

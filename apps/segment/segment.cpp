@@ -393,16 +393,15 @@ int main(int argc, char** argv) {
                "(--resume continues each); write <out>/compare.md (mean and standard deviation over the seeds) and "
                "<out>/predictions.png")
       ->excludes(loss);
-  app.add_option("--seeds", a.seeds,
-                 "with --compare, runs per loss: seeds --seed, --seed + 1, ... (the initialization and data order; "
-                 "the canvases stay --seed's), each in <out>/<loss>/seed_<s> when more than one")
-      ->check(CLI::Range(int64_t{1}, int64_t{100}));
+  ef::apps::add_integer(
+      app, "--seeds", a.seeds,
+      "with --compare, runs per loss: seeds --seed, --seed + 1, ... (the initialization and data order; "
+      "the canvases stay --seed's), each in <out>/<loss>/seed_<s> when more than one",
+      1, 100);
   app.add_option("--canvas", a.canvas, "canvas height and width (a multiple of 4, 28 to 1024)");
   // Canvases are drawn when read, but an epoch's order holds an index per canvas: bounded.
-  app.add_option("--train-size", a.train_size, "training canvases (at most 10000000)")
-      ->check(CLI::Range(int64_t{1}, int64_t{10'000'000}));
-  app.add_option("--test-size", a.test_size, "held-out canvases (at most 10000000)")
-      ->check(CLI::Range(int64_t{1}, int64_t{10'000'000}));
+  ef::apps::add_integer(app, "--train-size", a.train_size, "training canvases", 1, 10'000'000);
+  ef::apps::add_integer(app, "--test-size", a.test_size, "held-out canvases", 1, 10'000'000);
   return ef::apps::run_program(app, argc, argv, "segment", [&] {
     std::string command = "segment";
     for (int i = 1; i < argc; ++i) command += std::string(" ") + argv[i];

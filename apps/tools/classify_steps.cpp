@@ -24,9 +24,9 @@ int main(int argc, char** argv) {
   int64_t steps = 200, batch = 100;
   uint64_t seed = 0;
   app.add_option("--init", init, "where to write the initial weights (PyTorch names)");
-  app.add_option("--steps", steps, "Adam steps")->check(CLI::PositiveNumber);
-  app.add_option("--batch-size", batch, "batch size")->check(CLI::PositiveNumber);
-  app.add_option("--seed", seed, "seed of the initial weights")->check(CLI::NonNegativeNumber);
+  ef::apps::add_integer(app, "--steps", steps, "Adam steps", 1);
+  ef::apps::add_integer(app, "--batch-size", batch, "batch size", 1);
+  ef::apps::add_integer(app, "--seed", seed, "seed of the initial weights", 0);
   app.add_option("--data", data, "FashionMNIST folder");
   return ef::apps::run_program(app, argc, argv, "classify_steps", [&] {
     ef::set_num_threads(1);  // one thread on both sides: the same summation order within a kernel

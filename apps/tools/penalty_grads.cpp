@@ -58,10 +58,10 @@ int main(int argc, char** argv) {
          "--out", out,
          "safetensors written: float64.<parameter>, float32.<...>, bf16.<...>, bf16_all.<...>, bf16_storage.<...>")
       ->required();
-  app.add_option("--width", width, "the critic's width, as wgan_gp's --width")->check(CLI::PositiveNumber);
+  ef::apps::add_integer(app, "--width", width, "the critic's width, as wgan_gp's --width", 1);
   app.add_option("--norm", norm, "the critic's normalization: layernorm, syncbn or none");
-  app.add_option("--lambda", lambda, "the penalty's coefficient")->check(CLI::PositiveNumber & ef::apps::finite());
-  app.add_option("--threads", threads, "CPU threads")->check(CLI::PositiveNumber);
+  ef::apps::add_number(app, "--lambda", lambda, "the penalty's coefficient", {.min = 0, .min_excluded = true});
+  ef::apps::add_integer(app, "--threads", threads, "CPU threads", 1);
   return ef::apps::run_program(app, argc, argv, "penalty_grads", [&] {
     ef::set_num_threads(threads);
     const ef::io::SafetensorsFile file = ef::io::load_safetensors(inputs);

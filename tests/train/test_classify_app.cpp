@@ -24,6 +24,7 @@ using evenflow::testing::run_app;
 using evenflow::testing::step_losses;
 using evenflow::testing::TempDir;
 using evenflow::testing::trained_on;
+using evenflow::testing::write_bytes;
 using evenflow::testing::write_fashion_split;
 using Result = evenflow::testing::AppResult;
 
@@ -236,7 +237,26 @@ TEST_CASE("classify: --config reads back the config.toml a run wrote, and the co
 
   const Result missing = run_app(EF_CLASSIFY_BIN, "--config " + data.file("none.toml"));
   CHECK(missing.rc == 2);
-  CHECK_MESSAGE(missing.output.find("none.toml") != std::string::npos, missing.output);
+  CHECK_MESSAGE(missing.output.find("classify: error: --config " + data.file("none.toml")) != std::string::npos,
+                missing.output);
+
+  // A key that names no option, a misspelt setting, is refused, naming the key and the file (CLI11
+  // alone drops it, and the run would have the default).
+  write_bytes(data.file("typo.toml"), "batch-size = 4\nlearning-rate = 0.5\n");
+  // (--data, --steps and --out bound the run a regression would start.)
+  const std::string bounded = " --data " + data.path().string() + " --steps 1 --out " + again.path().string();
+  const Result typo = run_app(EF_CLASSIFY_BIN, "--config " + data.file("typo.toml") + bounded);
+  CHECK(typo.rc == 2);
+  CHECK_MESSAGE(typo.output.find("classify: error: --config " + data.file("typo.toml") +
+                                 ": learning-rate is not an option of classify") != std::string::npos,
+                typo.output);
+  // A value out of its bounds, from the file as from the command line.
+  write_bytes(data.file("zero.toml"), "batch-size = 0\n");
+  const Result zero = run_app(EF_CLASSIFY_BIN, "--config " + data.file("zero.toml") + bounded);
+  CHECK(zero.rc == 2);
+  CHECK_MESSAGE(
+      zero.output.find("classify: error: --batch-size: must be an integer >= 1, got \"0\"") != std::string::npos,
+      zero.output);
 }
 
 // --cuda-graph (Note [Recorded epoch steps] in apps/common/run.cpp): the full batches' step is

@@ -330,6 +330,25 @@ TEST_CASE("wgan_gp: a classifier whose weights hold NaN is refused, naming the f
       r.output);
 }
 
+// The run's config.toml holds the model's width and normalization as it trained with them (not the
+// 0 and "" that stand for them on the command line), so that --config reproduces the run.
+TEST_CASE("wgan_gp: --config reads back the config.toml a run wrote, the model's defaults in it") {
+  Data data;
+  TempDir first, again;
+  // Data::args without --width: the model's 32.
+  std::string args = data.args();
+  args.erase(args.find("--width 4 "), std::string("--width 4 ").size());
+  const AppResult a = run_wgan(args + "--steps 2 --print-loss --out " + first.path().string());
+  REQUIRE_MESSAGE(a.rc == 0, a.output);
+  const std::string config = read_bytes(first.file("config.toml"));
+  CHECK_MESSAGE(config.find("\nwidth=32\n") != std::string::npos, config);
+  CHECK_MESSAGE(config.find("\nnorm=\"layernorm\"\n") != std::string::npos, config);
+  const AppResult b = run_wgan("--config " + first.file("config.toml") + " --out " + again.path().string());
+  REQUIRE_MESSAGE(b.rc == 0, b.output);
+  REQUIRE(labelled_losses(a.output).size() == 6);
+  CHECK(labelled_losses(b.output) == labelled_losses(a.output));  // bitwise
+}
+
 TEST_CASE("wgan_gp: bad arguments exit 2 with a one-line message") {
   Data data;
   TempDir out;
