@@ -2,6 +2,7 @@
 #include "apps/common/program.h"
 
 #include <CLI/CLI.hpp>  // all of CLI11, for make_app (program.h)
+#include <algorithm>
 #include <atomic>
 #include <charconv>
 #include <cmath>
@@ -211,6 +212,11 @@ int run_program(CLI::App& app, int argc, char** argv, const char* program, const
     if (dynamic_cast<const CLI::ConfigError*>(&e) != nullptr && cause.starts_with(unknown_key)) {
       cause = "--config " + app.get_config_ptr()->as<std::string>() + ": " + cause.substr(unknown_key.size()) +
               " is not an option of " + program;
+    } else if (const std::string not_configurable = ": This option is not allowed in a configuration file";
+               dynamic_cast<const CLI::ConfigError*>(&e) != nullptr && cause.ends_with(not_configurable)) {
+      const std::string key = cause.substr(0, cause.size() - not_configurable.size());
+      cause = "--config " + app.get_config_ptr()->as<std::string>() + ": " + key +
+              " is not a setting of the run; give --" + key + " on the command line";
     } else if (dynamic_cast<const CLI::FileError*>(&e) != nullptr) {
       cause = "--config " + cause;  // "<file> was not readable (missing?)"
     }
@@ -218,13 +224,16 @@ int run_program(CLI::App& app, int argc, char** argv, const char* program, const
     return 2;
   }
   // Every option's effective value as its default, so that the TOML has each option's value,
-  // given or not (config_to_str writes a default only where it was captured). A flag or an
-  // optional-value option (--ray) that was not given is left out: CLI11 would write it as `false`,
-  // which reads back as given (--resume and --overwrite would then exclude each other).
+  // given or not (config_to_str writes a default only where it was captured). Left out where not
+  // given: a flag or an optional-value option (--ray), which CLI11 would write as `false`, read back
+  // as given (--resume and --overwrite would then exclude each other); and an option that excludes
+  // one that was given (segment's --loss beside --compare), whose default would read back as given.
   for (CLI::Option* opt : app.get_options()) {
     if (!opt->get_configurable()) continue;
     opt->capture_default_str();
-    if (opt->get_expected_min() == 0 && opt->count() == 0) opt->configurable(false);
+    const bool excluded =
+        std::ranges::any_of(opt->get_excludes(), [](const CLI::Option* other) { return other->count() > 0; });
+    if (opt->count() == 0 && (opt->get_expected_min() == 0 || excluded)) opt->configurable(false);
   }
   g_settings = app.config_to_str(true, false);
   std::string cause;

@@ -34,10 +34,14 @@ void add_run_options(CLI::App& app, RunOptions& o, const std::string& seed_help)
   app.add_option("--out", o.out, "output folder");
   add_integer(app, "--workers", o.workers, "data loader threads", 0);
   add_integer(app, "--threads", o.threads,
-                 "intra-op threads per CPU device (0: the hardware threads shared among the CPU devices)", 0);
-  auto* resume = app.add_flag("--resume", o.resume, "continue from <out>/checkpoint.safetensors exactly");
+              "intra-op threads per CPU device (0: the hardware threads shared among the CPU devices)", 0);
+  // What to do with --out's earlier run, not a setting of the run: left out of config.toml (a resumed
+  // run's, read back into a new folder, would find nothing to resume) and refused in a --config file.
+  auto* resume =
+      app.add_flag("--resume", o.resume, "continue from <out>/checkpoint.safetensors exactly")->configurable(false);
   app.add_flag("--overwrite", o.overwrite, "start afresh even where <out> holds an earlier run's checkpoint")
-      ->excludes(resume);
+      ->excludes(resume)
+      ->configurable(false);
   app.add_flag("--print-loss", o.print_loss, "print every step's loss at full precision");
   app.add_flag("--cudnn-benchmark", o.cudnn_benchmark,
                "on CUDA, time each convolution shape's cuDNN algorithms at its first call and keep the fastest "
@@ -185,6 +189,8 @@ bool Run::resume(parallel::TrainingState& state, const std::string& unit, bool s
   std::error_code ec;
   if (!options_.resume || (start_if_missing && !fs::exists(out_ / kCheckpoint, ec))) return false;
   const std::string path = file(kCheckpoint);
+  EF_CHECK(fs::exists(path, ec), "--resume: --out ", out_.string(), " holds no ", kCheckpoint,
+           " to continue (a run that saved none starts without --resume)");
   // The settings first: one that changes the state's parts (--ema-decay) is named, not a missing key.
   const io::SafetensorsFile checkpoint = io::load_safetensors(path);
   check_metadata(path, checkpoint.metadata, metadata_);

@@ -211,6 +211,19 @@ TEST_CASE("an earlier run's checkpoint is replaced only with --overwrite, contin
     check_case({program, args + "--steps 3 --resume --lr 0.5", "resume with the same --lr"});
     const AppResult again = run_app(bin(program), args + "--steps 2 --overwrite");
     CHECK_MESSAGE(again.rc == 0, again.output);
+    // --resume and --overwrite say what to do with --out's run: not settings, so not in config.toml
+    // (a resumed run's, read back into a new folder, found nothing to resume), nor read from a file.
+    const AppResult resumed = run_app(bin(program), args + "--steps 3 --resume");
+    REQUIRE_MESSAGE(resumed.rc == 0, resumed.output);
+    const std::string config = read_bytes(out.file("config.toml"));
+    CHECK_MESSAGE(config.find("resume") == std::string::npos, config);
+    TempDir fresh;
+    write_bytes(fresh.file("resume.toml"), "resume = true\n");
+    check_case({program,
+                data.args(program) + "--config " + fresh.file("resume.toml") + " --out " + fresh.path().string(),
+                "resume is not a setting of the run; give --resume on the command line"});
+    check_case({program, data.args(program) + "--steps 1 --resume --out " + fresh.path().string(),
+                "--resume: --out " + fresh.path().string() + " holds no checkpoint.safetensors to continue"});
   }
 }
 

@@ -252,6 +252,16 @@ TEST_CASE("segment: --compare trains every loss from each seed and writes compar
   TempDir alone;
   REQUIRE(run_segment(tiny_args(data) + "--loss dice --steps 2 --out " + alone.path().string()).rc == 0);
   CHECK(read_bytes(alone.file("model.safetensors")) == read_bytes(out.file("dice/seed_0/model.safetensors")));
+  // Each run's config.toml holds the comparison's settings, without --loss (which excludes
+  // --compare: its default written there did not read back), and repeats it (one seed: in <loss>/).
+  const std::string config = read_bytes(out.file("dice/seed_0/config.toml"));
+  CHECK_MESSAGE(config.find("\ncompare=true\n") != std::string::npos, config);
+  CHECK_MESSAGE(config.find("\nloss=") == std::string::npos, config);
+  TempDir again;
+  const AppResult repeated =
+      run_segment("--config " + out.file("dice/seed_0/config.toml") + " --seeds 1 --out " + again.path().string());
+  REQUIRE_MESSAGE(repeated.rc == 0, repeated.output);
+  CHECK(read_bytes(again.file("dice/model.safetensors")) == read_bytes(out.file("dice/seed_0/model.safetensors")));
 }
 
 // With --augment too: the image and its label map are turned, cut and mirrored per image, the
