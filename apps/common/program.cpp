@@ -210,8 +210,13 @@ int run_program(CLI::App& app, int argc, char** argv, const char* program, const
     // CLI11's words for an unknown key: "INI was not able to parse <key>".
     const std::string unknown_key = "INI was not able to parse ";
     if (dynamic_cast<const CLI::ConfigError*>(&e) != nullptr && cause.starts_with(unknown_key)) {
-      cause = "--config " + app.get_config_ptr()->as<std::string>() + ": " + cause.substr(unknown_key.size()) +
-              " is not an option of " + program;
+      std::string key = cause.substr(unknown_key.size());
+      // A section "[x]" reaches here as "x.++" (CLI11's mark for opening it).
+      const bool section = key.ends_with(".++");
+      if (section) key = "[" + key.substr(0, key.size() - 3) + "]";
+      cause = "--config " + app.get_config_ptr()->as<std::string>() + ": " + key +
+              (section ? ": " + std::string(program) + " reads its options as keys outside any section"
+                       : " is not an option of " + std::string(program));
     } else if (const std::string not_configurable = ": This option is not allowed in a configuration file";
                dynamic_cast<const CLI::ConfigError*>(&e) != nullptr && cause.ends_with(not_configurable)) {
       const std::string key = cause.substr(0, cause.size() - not_configurable.size());

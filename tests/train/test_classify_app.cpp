@@ -250,6 +250,13 @@ TEST_CASE("classify: --config reads back the config.toml a run wrote, and the co
   CHECK_MESSAGE(typo.output.find("classify: error: --config " + data.file("typo.toml") +
                                  ": learning-rate is not an option of classify") != std::string::npos,
                 typo.output);
+  write_bytes(data.file("section.toml"), "[train]\nlr = 0.5\n");
+  const Result section = run_app(EF_CLASSIFY_BIN, "--config " + data.file("section.toml") + bounded);
+  CHECK(section.rc == 2);
+  CHECK_MESSAGE(
+      section.output.find("classify: error: --config " + data.file("section.toml") +
+                          ": [train]: classify reads its options as keys outside any section") != std::string::npos,
+      section.output);
   // A value out of its bounds, from the file as from the command line.
   write_bytes(data.file("zero.toml"), "batch-size = 0\n");
   const Result zero = run_app(EF_CLASSIFY_BIN, "--config " + data.file("zero.toml") + bounded);
