@@ -70,7 +70,10 @@ class HelpFormatter : public CLI::Formatter {
     std::string notes = colon == std::string::npos ? "" : type.substr(colon + 1);
     for (char& c : notes)
       if (c == ':') c = ',';
-    if (!value.empty()) notes += (notes.empty() ? "default " : ", default ") + value;
+    // An option whose value may be left out (--ray) takes its "default" when given alone; without
+    // the option, it is off.
+    const std::string label = opt->get_expected_min() == 0 ? "given alone: " : "default ";
+    if (!value.empty()) notes += (notes.empty() ? "" : ", ") + label + value;
     return " " + type.substr(0, colon) + (notes.empty() ? "" : " (" + notes + ")") + rest;
   }
 };
