@@ -660,7 +660,7 @@ int main(int argc, char** argv) {
                         "channels of the first critic layer / last generator layer (default: dcgan 32, resnet "
                         "128)",
                         1, 4096)
-      ->default_str("");
+      ->default_str("");  // the model's, not 0
   ef::apps::add_integer(app, "--z-dim", a.z_dim, "noise dimension", 1, 65536);
   ef::apps::add_integer(app, "--sample-every", a.sample_every, "write a sample grid every K steps", 1);
   ef::apps::add_integer(app, "--fid-every", a.fid_every, "Frechet distance every K steps", 1);
@@ -670,12 +670,12 @@ int main(int argc, char** argv) {
                         "generated (and real) images of the distance after the last step, in evaluation.json (0: none)",
                         0, 100000);
   app.add_option("--classifier", a.classifier, "apps/classify's model.safetensors (the feature space)");
-  // The model's defaults (Note [Models]), once the options are read and before the run's settings
-  // are written: its config.toml then holds the width and normalization it trained with, and reads
-  // back (a width of 0 would not).
-  app.callback([&a] {
+  return ef::apps::run_program(app, argc, argv, "wgan_gp", [&] {
+    // The model's defaults (Note [Models]). --width and --norm state no default of their own, so a
+    // run's config.toml leaves them out where they were not given (run_program): read back with
+    // another --model, it takes that model's.
     if (a.width == 0) a.width = a.model == "resnet" ? 128 : 32;
     if (a.norm.empty()) a.norm = a.model == "resnet" ? "none" : "layernorm";
+    return run(a);
   });
-  return ef::apps::run_program(app, argc, argv, "wgan_gp", [&] { return run(a); });
 }

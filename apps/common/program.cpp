@@ -11,6 +11,7 @@
 #include <memory>
 #include <new>
 #include <string>
+#include <string_view>
 #include <system_error>
 #include <type_traits>
 
@@ -111,6 +112,16 @@ std::string bounds_text(T min, T max, bool min_excluded, bool max_excluded, bool
          (max_excluded ? ")" : "]");
 }
 
+// A number's text as std::from_chars reads it: spaces around it dropped (CLI11's conversions skip
+// them: "--workers '0, 1'" reads " 1"), and a "+" before it, which from_chars does not take.
+std::string_view number_text(std::string_view text) {
+  const std::size_t first = text.find_first_not_of(" \t"), last = text.find_last_not_of(" \t");
+  if (first == std::string_view::npos) return {};
+  text = text.substr(first, last - first + 1);
+  if (text.size() > 1 && text[0] == '+' && text[1] != '-') text.remove_prefix(1);
+  return text;
+}
+
 }  // namespace
 
 template <class I>
@@ -123,17 +134,21 @@ CLI::Validator integer_check(I min, I max) {
   const std::string range = bounds_text(min, max, false, false, false, false);
   return CLI::Validator(
       [=](std::string& text) -> std::string {
-        // Decimal digits with a sign before them (std::from_chars takes no "+"), handed on as the
-        // value's own digits: CLI11 converts with strtoll in base 0, which reads "010" as 8.
-        const char* first = text.data() + (text.size() > 1 && text[0] == '+' && text[1] != '-' ? 1 : 0);
-        const char* last = text.data() + text.size();
+        // Decimal digits with a sign, handed on as the value's own digits: CLI11 converts with strtoll
+        // in base 0, which reads "010" as 8.
+        std::string_view digits = number_text(text);
+        // "-0" is 0 for an unsigned type too (from_chars takes no "-" there).
+        if (std::is_unsigned_v<I> && digits.size() > 1 && digits[0] == '-' &&
+            digits.find_first_not_of('0', 1) == std::string_view::npos)
+          digits.remove_prefix(1);
         I v{};
-        const auto [end, ec] = std::from_chars(first, last, v);
-        if (end == last && ec == std::errc() && v >= min && v <= max) {
+        const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), v);
+        const bool whole = !digits.empty() && end == digits.data() + digits.size();
+        if (whole && ec == std::errc() && v >= min && v <= max) {
           text = std::to_string(v);
           return "";
         }
-        const bool past_type = end == last && ec == std::errc::result_out_of_range;
+        const bool past_type = whole && ec == std::errc::result_out_of_range;
         const std::string& wanted = past_type ? range : bounds;
         return "must be an integer" + (wanted.empty() ? "" : " " + wanted) + ", got \"" + text + "\"";
       },
@@ -150,18 +165,22 @@ CLI::Option* add_number(CLI::App& app, const std::string& name, double& value, c
       bounds_text(b.min, b.max, b.min_excluded, b.max_excluded, std::isinf(b.min), std::isinf(b.max));
   CLI::Validator check(
       [=](std::string& text) -> std::string {
-        // What std::from_chars reads (decimal, a sign before it), strtod (CLI11's conversion) reads
-        // the same way; NaN and the infinities parse, and are refused as not finite.
-        const char* first = text.data() + (text.size() > 1 && text[0] == '+' && text[1] != '-' ? 1 : 0);
-        const char* last = text.data() + text.size();
+        // Decimal, handed on as read (strtod, CLI11's conversion, reads it the same way); NaN and the
+        // infinities parse, and are refused as not finite.
+        const std::string_view digits = number_text(text);
         double v = 0;
-        const auto [end, ec] = std::from_chars(first, last, v);
+        const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), v);
+        const bool whole = !digits.empty() && end == digits.data() + digits.size();
         const bool inside = (b.min_excluded ? v > b.min : v >= b.min) && (b.max_excluded ? v < b.max : v <= b.max);
-        if (ec == std::errc() && end == last && std::isfinite(v) && inside) return "";
-        return "must be a finite number" + (bounds.empty() ? "" : " " + bounds) + ", got \"" + text + "\"";
+        if (whole && ec == std::errc() && std::isfinite(v) && inside) {
+          text = digits;
+          return "";
+        }
+        const std::string past = whole && ec == std::errc::result_out_of_range ? " (past a double's range)" : "";
+        return "must be a finite number" + (bounds.empty() ? "" : " " + bounds) + ", got \"" + text + "\"" + past;
       },
       bounds);
-  return app.add_option(name, value, help)->check(check);
+  return app.add_option(name, value, help)->transform(check);
 }
 
 std::string version_text(const std::string& program) {
@@ -234,14 +253,17 @@ int run_program(CLI::App& app, int argc, char** argv, const char* program, const
   // Every option's effective value as its default, so that the TOML has each option's value,
   // given or not (config_to_str writes a default only where it was captured). Left out where not
   // given: a flag or an optional-value option (--ray), which CLI11 would write as `false`, read back
-  // as given (--resume and --overwrite would then exclude each other); and an option that excludes
-  // one that was given (segment's --loss beside --compare), whose default would read back as given.
+  // as given (--resume and --overwrite would then exclude each other); an option that excludes one
+  // that was given (segment's --loss beside --compare), whose default would read back as given; and
+  // one that states no default (wgan_gp's --width and --norm, the model's), so that the file read
+  // back with another --model takes that model's.
   for (CLI::Option* opt : app.get_options()) {
     if (!opt->get_configurable()) continue;
+    const bool no_default = opt->get_default_str().empty();
     opt->capture_default_str();
     const bool excluded =
         std::ranges::any_of(opt->get_excludes(), [](const CLI::Option* other) { return other->count() > 0; });
-    if (opt->count() == 0 && (opt->get_expected_min() == 0 || excluded)) opt->configurable(false);
+    if (opt->count() == 0 && (opt->get_expected_min() == 0 || excluded || no_default)) opt->configurable(false);
   }
   g_settings = app.config_to_str(true, false);
   std::string cause;

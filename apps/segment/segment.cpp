@@ -398,7 +398,7 @@ int main(int argc, char** argv) {
       "with --compare, runs per loss: seeds --seed, --seed + 1, ... (the initialization and data order; "
       "the canvases stay --seed's), each in <out>/<loss>/seed_<s> when more than one",
       1, 100);
-  app.add_option("--canvas", a.canvas, "canvas height and width (a multiple of 4, 28 to 1024)");
+  ef::apps::add_integer(app, "--canvas", a.canvas, "canvas height and width (a multiple of 4)", 28, 1024);
   // Canvases are drawn when read, but an epoch's order holds an index per canvas: bounded.
   ef::apps::add_integer(app, "--train-size", a.train_size, "training canvases", 1, 10'000'000);
   ef::apps::add_integer(app, "--test-size", a.test_size, "held-out canvases", 1, 10'000'000);

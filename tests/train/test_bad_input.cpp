@@ -84,7 +84,10 @@ TEST_CASE("bad input: numbers that are not finite, not integers or out of range 
            {"classify", "--batch-size 0x10", "--batch-size: must be an integer >= 1, got \"0x10\""},
            {"classify", "--threads -1", "--threads: must be an integer >= 0, got \"-1\""},
            {"classify", "--threads 99999999999", "--threads: must be an integer in [0, 2147483647]"},
+           {"wgan_gp", "--lambda 1e-400",
+            "--lambda: must be a finite number >= 0, got \"1e-400\" (past a double's range)"},
            {"segment", "--lr nan", "--lr: must be a finite number > 0"},
+           {"segment", "--canvas 0x40", "--canvas: must be an integer in [28, 1024], got \"0x40\""},
            {"segment", "--train-size 10000000000000", "--train-size: must be an integer in [1, 10000000]"},
            {"train_demo", "--penalty nan", "--penalty: must be a finite number >= 0"},
            {"train_demo", "--lr inf", "--lr: must be a finite number > 0"},
@@ -103,17 +106,20 @@ TEST_CASE("bad input: numbers that are not finite, not integers or out of range 
   check_case({"segment", "--data " + data.dir.path().string() + " --canvas 4294967296", "--canvas"});
 }
 
-// Read as decimal: CLI11 alone read "010" as 8 (strtoll in base 0).
+// Read as decimal (CLI11 alone read "010" as 8: strtoll in base 0), spaces around a number dropped
+// and a sign taken, as CLI11's conversions did.
 TEST_CASE("the programs read integers as decimal, and --help shows each option's bounds and default") {
   const Data data;
   const TempDir out;
   const AppResult r =
       run_app(bin("classify"), "--data " + data.dir.path().string() +
-                                   " --workers 1 --threads 1 --batch-size 4 --epochs 010 --steps 1 --out " +
+                                   " --workers ' 1' --threads +1 --batch-size 4 --epochs 010 --seed -0 --lr ' 2e-3 ' "
+                                   "--steps 1 --out " +
                                    out.path().string());
   REQUIRE_MESSAGE(r.rc == 0, r.output);
   const std::string config = read_bytes(out.file("config.toml"));
-  CHECK_MESSAGE(config.find("\nepochs=10\n") != std::string::npos, config);
+  for (const std::string expected : {"\nepochs=10\n", "\nworkers=1\n", "\nthreads=1\n", "\nseed=0\n", "\nlr=2e-3\n"})
+    CHECK_MESSAGE(config.find(expected) != std::string::npos, expected << " in " << config);
 
   const AppResult help = run_app(bin("wgan_gp"), "--help");
   CHECK_MESSAGE(help.rc == 0, help.output);

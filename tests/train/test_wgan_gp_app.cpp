@@ -330,23 +330,30 @@ TEST_CASE("wgan_gp: a classifier whose weights hold NaN is refused, naming the f
       r.output);
 }
 
-// The run's config.toml holds the model's width and normalization as it trained with them (not the
-// 0 and "" that stand for them on the command line), so that --config reproduces the run.
-TEST_CASE("wgan_gp: --config reads back the config.toml a run wrote, the model's defaults in it") {
+// --width and --norm default to the model's: a run's config.toml leaves them out where they were not
+// given (it held width=0, which did not read back), so the file reproduces the run and, read with
+// another --model, gives that model's normalization.
+TEST_CASE("wgan_gp: --config reads back the config.toml a run wrote; the model's defaults stay the model's") {
   Data data;
-  TempDir first, again;
+  TempDir first, again, resnet;
   // Data::args without --width: the model's 32.
   std::string args = data.args();
   args.erase(args.find("--width 4 "), std::string("--width 4 ").size());
   const AppResult a = run_wgan(args + "--steps 2 --print-loss --out " + first.path().string());
   REQUIRE_MESSAGE(a.rc == 0, a.output);
   const std::string config = read_bytes(first.file("config.toml"));
-  CHECK_MESSAGE(config.find("\nwidth=32\n") != std::string::npos, config);
-  CHECK_MESSAGE(config.find("\nnorm=\"layernorm\"\n") != std::string::npos, config);
+  CHECK_MESSAGE(config.find("\nwidth=") == std::string::npos, config);
+  CHECK_MESSAGE(config.find("\nnorm=") == std::string::npos, config);
+  CHECK_MESSAGE(config.find("\nz-dim=8\n") != std::string::npos, config);
   const AppResult b = run_wgan("--config " + first.file("config.toml") + " --out " + again.path().string());
   REQUIRE_MESSAGE(b.rc == 0, b.output);
   REQUIRE(labelled_losses(a.output).size() == 6);
   CHECK(labelled_losses(b.output) == labelled_losses(a.output));  // bitwise
+  // The ResNet's normalization is none: a written norm="layernorm" would be refused for it.
+  const AppResult c = run_wgan("--config " + first.file("config.toml") + " --model resnet --width 8 --steps 1 --out " +
+                               resnet.path().string());
+  REQUIRE_MESSAGE(c.rc == 0, c.output);
+  CHECK(evenflow::io::load_safetensors(resnet.file("checkpoint.safetensors")).metadata.at("norm") == "none");
 }
 
 TEST_CASE("wgan_gp: bad arguments exit 2 with a one-line message") {
