@@ -123,7 +123,7 @@ TEST_CASE("the programs read integers as decimal, and --help shows each option's
 
   const AppResult help = run_app(bin("wgan_gp"), "--help");
   CHECK_MESSAGE(help.rc == 0, help.output);
-  for (const char* expected :
+  for (const std::string expected :
        {"--steps INT (>= 1, default 10000)", "--lr FLOAT (> 0, default 0.0002)",
         "--beta2 FLOAT (in [0, 1), default 0.9)", "--model TEXT ({dcgan,resnet}, default dcgan)"})
     CHECK_MESSAGE(help.output.find(expected) != std::string::npos, expected << " in " << help.output);
