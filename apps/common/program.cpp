@@ -32,6 +32,30 @@ std::string one_line(std::string s) {
   return s;
 }
 
+// A parse error's text, CLI11's words for a --config file's key or file put as ours.
+std::string parse_error_text(const CLI::App& app, const CLI::ParseError& e, const std::string& program) {
+  const std::string text = e.what();
+  const bool config_error = dynamic_cast<const CLI::ConfigError*>(&e) != nullptr;
+  const std::string file = "--config " + (app.get_config_ptr() ? app.get_config_ptr()->as<std::string>() : "");
+  // An unknown key: "INI was not able to parse <key>"; a section [x] reaches here as "x.++", CLI11's
+  // mark for opening it.
+  const std::string unknown_key = "INI was not able to parse ";
+  if (config_error && text.starts_with(unknown_key)) {
+    const std::string key = text.substr(unknown_key.size());
+    if (key.ends_with(".++"))
+      return file + ": [" + key.substr(0, key.size() - 3) + "]: " + program +
+             " reads its options as keys outside any section";
+    return file + ": " + key + " is not an option of " + program;
+  }
+  const std::string not_configurable = ": This option is not allowed in a configuration file";
+  if (config_error && text.ends_with(not_configurable)) {
+    const std::string key = text.substr(0, text.size() - not_configurable.size());
+    return file + ": " + key + " is not a setting of the run; give --" + key + " on the command line";
+  }
+  if (dynamic_cast<const CLI::FileError*>(&e) != nullptr) return "--config " + text;  // "<file> was not readable"
+  return text;
+}
+
 }  // namespace
 
 const std::string& effective_settings() {
@@ -228,26 +252,8 @@ int run_program(CLI::App& app, int argc, char** argv, const char* program, const
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
-    std::string cause = e.what();
-    // CLI11's words for an unknown key: "INI was not able to parse <key>".
-    const std::string unknown_key = "INI was not able to parse ";
-    if (dynamic_cast<const CLI::ConfigError*>(&e) != nullptr && cause.starts_with(unknown_key)) {
-      std::string key = cause.substr(unknown_key.size());
-      // A section "[x]" reaches here as "x.++" (CLI11's mark for opening it).
-      const bool section = key.ends_with(".++");
-      if (section) key = "[" + key.substr(0, key.size() - 3) + "]";
-      cause = "--config " + app.get_config_ptr()->as<std::string>() + ": " + key +
-              (section ? ": " + std::string(program) + " reads its options as keys outside any section"
-                       : " is not an option of " + std::string(program));
-    } else if (const std::string not_configurable = ": This option is not allowed in a configuration file";
-               dynamic_cast<const CLI::ConfigError*>(&e) != nullptr && cause.ends_with(not_configurable)) {
-      const std::string key = cause.substr(0, cause.size() - not_configurable.size());
-      cause = "--config " + app.get_config_ptr()->as<std::string>() + ": " + key +
-              " is not a setting of the run; give --" + key + " on the command line";
-    } else if (dynamic_cast<const CLI::FileError*>(&e) != nullptr) {
-      cause = "--config " + cause;  // "<file> was not readable (missing?)"
-    }
-    std::fprintf(stderr, "%s: error: %s\n(%s --help lists the options)\n", program, one_line(cause).c_str(), program);
+    std::fprintf(stderr, "%s: error: %s\n(%s --help lists the options)\n", program,
+                 one_line(parse_error_text(app, e, program)).c_str(), program);
     return 2;
   }
   // Every option's effective value as its default, so that the TOML has each option's value,
