@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "evenflow/io/safetensors.h"
@@ -240,30 +241,21 @@ TEST_CASE("classify: --config reads back the config.toml a run wrote, and the co
   CHECK_MESSAGE(missing.output.find("classify: error: --config " + data.file("none.toml")) != std::string::npos,
                 missing.output);
 
-  // A key that names no option, a misspelt setting, is refused, naming the key and the file (CLI11
-  // alone drops it, and the run would have the default).
-  write_bytes(data.file("typo.toml"), "batch-size = 4\nlearning-rate = 0.5\n");
-  // (--data, --steps and --out bound the run a regression would start.)
+  // A key that names no option (a misspelt setting: CLI11 alone drops it, and the run would have the
+  // default) and a section are refused, naming the file; a value out of its bounds is refused as on
+  // the command line. (--data, --steps and --out bound the run a regression would start.)
   const std::string bounded = " --data " + data.path().string() + " --steps 1 --out " + again.path().string();
-  const Result typo = run_app(EF_CLASSIFY_BIN, "--config " + data.file("typo.toml") + bounded);
-  CHECK(typo.rc == 2);
-  CHECK_MESSAGE(typo.output.find("classify: error: --config " + data.file("typo.toml") +
-                                 ": learning-rate is not an option of classify") != std::string::npos,
-                typo.output);
-  write_bytes(data.file("section.toml"), "[train]\nlr = 0.5\n");
-  const Result section = run_app(EF_CLASSIFY_BIN, "--config " + data.file("section.toml") + bounded);
-  CHECK(section.rc == 2);
-  CHECK_MESSAGE(
-      section.output.find("classify: error: --config " + data.file("section.toml") +
-                          ": [train]: classify reads its options as keys outside any section") != std::string::npos,
-      section.output);
-  // A value out of its bounds, from the file as from the command line.
-  write_bytes(data.file("zero.toml"), "batch-size = 0\n");
-  const Result zero = run_app(EF_CLASSIFY_BIN, "--config " + data.file("zero.toml") + bounded);
-  CHECK(zero.rc == 2);
-  CHECK_MESSAGE(
-      zero.output.find("classify: error: --batch-size: must be an integer >= 1, got \"0\"") != std::string::npos,
-      zero.output);
+  for (const auto& [name, toml, expected] : std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"typo.toml", "batch-size = 4\nlearning-rate = 0.5\n", ": learning-rate is not an option of classify"},
+           {"section.toml", "[train]\nlr = 0.5\n", ": [train]: classify reads its options as keys outside any section"},
+           {"zero.toml", "batch-size = 0\n", "--batch-size: must be an integer >= 1, got \"0\""}}) {
+    CAPTURE(name);
+    write_bytes(data.file(name), toml);
+    const Result r = run_app(EF_CLASSIFY_BIN, "--config " + data.file(name) + bounded);
+    CHECK(r.rc == 2);
+    const std::string message = expected.starts_with(": ") ? "--config " + data.file(name) + expected : expected;
+    CHECK_MESSAGE(r.output.find("classify: error: " + message) != std::string::npos, r.output);
+  }
 }
 
 // --cuda-graph (Note [Recorded epoch steps] in apps/common/run.cpp): the full batches' step is
